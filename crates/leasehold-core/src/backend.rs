@@ -1,0 +1,166 @@
+//! The backend contract: one async method per atomic server-side operation.
+
+use std::future::Future;
+use std::time::Duration;
+
+use crate::{BackendError, Error, FencingToken, Grant, HolderId, LeaseKey, Ttl};
+
+/// A request to acquire a lease.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct AcquireRequest {
+    /// The lease to acquire.
+    pub key: LeaseKey,
+    /// Who asks. Asking again with the same holder while holding the lease
+    /// refreshes it and returns the same fencing token (idempotent re-acquire).
+    pub holder: HolderId,
+    /// How long the lease lives unless renewed.
+    pub ttl: Ttl,
+    /// A public label stored beside the lease (a host or pod name) that
+    /// others see in [`LeaseInfo::label`]. Never the holder id.
+    pub label: Option<String>,
+}
+
+impl AcquireRequest {
+    /// A request without a label.
+    #[must_use]
+    pub fn new(key: LeaseKey, holder: HolderId, ttl: Ttl) -> Self {
+        Self {
+            key,
+            holder,
+            ttl,
+            label: None,
+        }
+    }
+
+    /// Adds a public label (at most 256 bytes, no control characters).
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidLabel`] when the label is too long or has control characters.
+    pub fn with_label(mut self, label: impl Into<String>) -> Result<Self, Error> {
+        let label = label.into();
+        let refuse = |reason| Error::InvalidLabel {
+            label: crate::error::excerpt(&label),
+            reason,
+        };
+        if label.len() > 256 {
+            return Err(refuse("a label may be at most 256 bytes long"));
+        }
+        if label.chars().any(char::is_control) {
+            return Err(refuse("a label must not contain control characters"));
+        }
+        self.label = Some(label);
+        Ok(self)
+    }
+}
+
+/// A request to renew a held lease.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct RenewRequest {
+    /// The lease to renew.
+    pub key: LeaseKey,
+    /// The holder that acquired it.
+    pub holder: HolderId,
+    /// The new ttl, counted from when the server runs the renewal.
+    pub ttl: Ttl,
+}
+
+impl RenewRequest {
+    /// A renewal request.
+    #[must_use]
+    pub fn new(key: LeaseKey, holder: HolderId, ttl: Ttl) -> Self {
+        Self { key, holder, ttl }
+    }
+}
+
+/// What the server knows of a held lease, as anyone may see it.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub struct LeaseInfo {
+    /// The holder's public label, if it set one.
+    pub label: Option<String>,
+    /// The fencing token of the current holder; `None` when the key was
+    /// written by something other than leasehold.
+    pub fencing_token: Option<FencingToken>,
+    /// How long the lease lives unless renewed; `None` when the key has no
+    /// expiry (written by something other than leasehold).
+    pub ttl_left: Option<Duration>,
+}
+
+/// The outcome of [`LeaseBackend::try_acquire`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum AcquireOutcome {
+    /// The lease is ours.
+    Acquired(Grant),
+    /// Someone else holds it.
+    Held(LeaseInfo),
+}
+
+/// The outcome of a renewal.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RenewOutcome {
+    /// The lease is still ours and lives for another ttl from the renewal.
+    Renewed,
+    /// The lease is gone or held by someone else: stop work guarded by it.
+    Lost,
+}
+
+/// The outcome of [`LeaseBackend::release`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ReleaseOutcome {
+    /// The lease was ours and is now free.
+    Released,
+    /// The lease was not ours any more (expired, lost or released before).
+    NotHeld,
+}
+
+/// One atomic server-side operation per method.
+///
+/// Backends are cheap to clone (a clone shares connections) and never spawn
+/// tasks of their own. Outcomes the server decides are values; an `Err`
+/// means the outcome is unknown.
+///
+/// # Cancel safety
+///
+/// Dropping a returned future before it completes leaves the operation's
+/// effect unknown, as a timeout does: it may or may not have run.
+pub trait LeaseBackend: Clone + Send + Sync + 'static {
+    /// Acquires `request.key` for `request.holder` if it is free (or already
+    /// theirs, which refreshes the ttl and keeps the fencing token).
+    ///
+    /// The returned grant's `valid_until` counts from the moment the request
+    /// was sent.
+    fn try_acquire(
+        &self,
+        request: &AcquireRequest,
+    ) -> impl Future<Output = Result<AcquireOutcome, BackendError>> + Send;
+
+    /// Extends the lease to another `ttl` if `holder` still holds it
+    /// (compare-and-pexpire).
+    fn renew(
+        &self,
+        request: &RenewRequest,
+    ) -> impl Future<Output = Result<RenewOutcome, BackendError>> + Send;
+
+    /// Renews several leases in as few round trips as the backend allows,
+    /// with one outcome per request, in order.
+    fn renew_many(
+        &self,
+        requests: &[RenewRequest],
+    ) -> impl Future<Output = Vec<Result<RenewOutcome, BackendError>>> + Send;
+
+    /// Frees the lease if `holder` still holds it (compare-and-delete).
+    fn release(
+        &self,
+        key: &LeaseKey,
+        holder: &HolderId,
+    ) -> impl Future<Output = Result<ReleaseOutcome, BackendError>> + Send;
+
+    /// Reads who holds a lease, without changing it. `None` when it is free.
+    fn inspect(
+        &self,
+        key: &LeaseKey,
+    ) -> impl Future<Output = Result<Option<LeaseInfo>, BackendError>> + Send;
+}

@@ -1,0 +1,50 @@
+//! What a successful acquisition or renewal hands back.
+
+use tokio::time::Instant;
+
+use crate::{FencingToken, HolderId, LeaseKey, Ttl, clock_drift};
+
+/// A lease granted by a backend.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Grant {
+    /// The lease key.
+    pub key: LeaseKey,
+    /// The holder the lease was granted to.
+    pub holder: HolderId,
+    /// The fencing token of this acquisition.
+    pub fencing_token: FencingToken,
+    /// The ttl the server was asked for.
+    pub ttl: Ttl,
+    /// Until when, on this process's monotonic clock, the lease is certainly
+    /// still held: the moment the request was *sent*, plus the ttl, minus the
+    /// [`clock_drift`] allowance. Never derived from a wall clock.
+    pub valid_until: Instant,
+}
+
+impl Grant {
+    /// Builds a grant for a request sent at `sent_at`.
+    #[must_use]
+    pub fn new(
+        key: LeaseKey,
+        holder: HolderId,
+        fencing_token: FencingToken,
+        ttl: Ttl,
+        sent_at: Instant,
+    ) -> Self {
+        Self {
+            valid_until: valid_until(sent_at, ttl),
+            key,
+            holder,
+            fencing_token,
+            ttl,
+        }
+    }
+}
+
+/// The end of a lease's certain validity for a request sent at `sent_at`.
+#[must_use]
+pub fn valid_until(sent_at: Instant, ttl: Ttl) -> Instant {
+    // Ttl::MIN (100 ms) exceeds the drift (3 ms at that ttl), so this never underflows.
+    sent_at + (ttl.get() - clock_drift(ttl.get()))
+}

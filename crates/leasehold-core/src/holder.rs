@@ -1,0 +1,107 @@
+//! The unguessable identity of one acquisition.
+
+use std::fmt;
+
+use crate::Error;
+
+/// 128 random bits from the operating system's CSPRNG naming one acquisition.
+///
+/// A backend only renews or releases a lease for the holder id that acquired
+/// it, and ids are never shown in full by `Debug` or `Display` (only their
+/// first 8 hex digits), so no other process can guess or read one from logs.
+///
+/// ```
+/// use leasehold_core::HolderId;
+/// let a = HolderId::generate()?;
+/// let b = HolderId::generate()?;
+/// assert_ne!(a, b);
+/// assert_eq!(a.to_hex().len(), 32);
+/// # Ok::<(), leasehold_core::Error>(())
+/// ```
+#[derive(Clone, Copy, PartialEq, Eq, Hash)]
+pub struct HolderId([u8; 16]);
+
+const HEX: &[u8; 16] = b"0123456789abcdef";
+
+impl HolderId {
+    /// Draws a new holder id from the operating system's random source.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Entropy`] if the operating system cannot supply random bytes.
+    pub fn generate() -> Result<Self, Error> {
+        let mut bytes = [0u8; 16];
+        getrandom::fill(&mut bytes).map_err(|e| Error::Entropy(e.to_string()))?;
+        Ok(Self(bytes))
+    }
+
+    /// The id as 32 lowercase hexadecimal digits: the form stored on the server.
+    #[must_use]
+    pub fn to_hex(&self) -> String {
+        let mut s = String::with_capacity(32);
+        for b in self.0 {
+            s.push(char::from(HEX[usize::from(b >> 4)]));
+            s.push(char::from(HEX[usize::from(b & 0xf)]));
+        }
+        s
+    }
+
+    /// Parses the form written by [`HolderId::to_hex`].
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidHolderId`] unless `s` is 32 hexadecimal digits.
+    pub fn from_hex(s: &str) -> Result<Self, Error> {
+        let digits = s.as_bytes();
+        if digits.len() != 32 {
+            return Err(Error::InvalidHolderId);
+        }
+        let nibble = |c: u8| match c {
+            b'0'..=b'9' => Ok(c - b'0'),
+            b'a'..=b'f' => Ok(c - b'a' + 10),
+            b'A'..=b'F' => Ok(c - b'A' + 10),
+            _ => Err(Error::InvalidHolderId),
+        };
+        let mut bytes = [0u8; 16];
+        for (i, pair) in digits.chunks_exact(2).enumerate() {
+            bytes[i] = (nibble(pair[0])? << 4) | nibble(pair[1])?;
+        }
+        Ok(Self(bytes))
+    }
+
+    /// The first 8 hex digits: enough to tell holders apart in logs, too few
+    /// to act as the holder.
+    #[must_use]
+    pub fn short(&self) -> String {
+        let mut hex = self.to_hex();
+        hex.truncate(8);
+        hex
+    }
+}
+
+impl fmt::Display for HolderId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}…", self.short())
+    }
+}
+
+impl fmt::Debug for HolderId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "HolderId({}…)", self.short())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn hex_round_trips_and_debug_hides_the_id() -> Result<(), Error> {
+        let id = HolderId::generate()?;
+        assert_eq!(HolderId::from_hex(&id.to_hex())?, id);
+        assert!(!format!("{id:?} {id}").contains(&id.to_hex()));
+        assert_eq!(HolderId::from_hex("xyz"), Err(Error::InvalidHolderId));
+        assert_eq!(HolderId::from_hex(&"g".repeat(32)), Err(Error::InvalidHolderId));
+        Ok(())
+    }
+}

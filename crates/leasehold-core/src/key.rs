@@ -1,0 +1,138 @@
+//! The validated lease key and its Redis Cluster hash tag.
+
+use std::fmt;
+use std::str::FromStr;
+use std::sync::Arc;
+
+use crate::Error;
+use crate::error::excerpt;
+
+/// The name of a lease.
+///
+/// A key is 1 to [`LeaseKey::MAX_LEN`] bytes of UTF-8 without control
+/// characters (they would corrupt logs and terminals). It is cheap to clone.
+///
+/// A key may carry a Redis Cluster *hash tag*, the text between the first
+/// `{` and the next `}` (`order:{42}` has the tag `42`): backends store the
+/// lease, its fencing counter and its release channel under that tag, so a
+/// lease can sit in the same slot as the data it guards.
+///
+/// ```
+/// use leasehold_core::LeaseKey;
+/// let key = LeaseKey::new("order:{42}")?;
+/// assert_eq!(key.hash_tag(), Some("42"));
+/// assert!(LeaseKey::new("").is_err());
+/// # Ok::<(), leasehold_core::Error>(())
+/// ```
+#[derive(Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct LeaseKey(Arc<str>);
+
+impl LeaseKey {
+    /// The longest key accepted, in bytes.
+    pub const MAX_LEN: usize = 512;
+
+    /// Validates a lease key.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidKey`] when the key is empty, longer than
+    /// [`LeaseKey::MAX_LEN`] bytes, or contains a control character.
+    pub fn new(key: impl AsRef<str>) -> Result<Self, Error> {
+        let key = key.as_ref();
+        let refuse = |reason| Error::InvalidKey {
+            key: excerpt(key),
+            reason,
+        };
+        if key.is_empty() {
+            return Err(refuse("a lease key must not be empty"));
+        }
+        if key.len() > Self::MAX_LEN {
+            return Err(refuse("a lease key may be at most 512 bytes long"));
+        }
+        if key.chars().any(char::is_control) {
+            return Err(refuse(
+                "a lease key must not contain control characters such as newlines or tabs",
+            ));
+        }
+        Ok(Self(Arc::from(key)))
+    }
+
+    /// The key as text.
+    #[must_use]
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+
+    /// The Redis Cluster hash tag of the key, if it has one: the non-empty
+    /// text between the first `{` and the first `}` after it.
+    #[must_use]
+    pub fn hash_tag(&self) -> Option<&str> {
+        let open = self.0.find('{')?;
+        let rest = &self.0[open + 1..];
+        let close = rest.find('}')?;
+        (close > 0).then(|| &rest[..close])
+    }
+}
+
+impl FromStr for LeaseKey {
+    type Err = Error;
+    fn from_str(s: &str) -> Result<Self, Error> {
+        Self::new(s)
+    }
+}
+
+impl TryFrom<&str> for LeaseKey {
+    type Error = Error;
+    fn try_from(s: &str) -> Result<Self, Error> {
+        Self::new(s)
+    }
+}
+
+impl TryFrom<String> for LeaseKey {
+    type Error = Error;
+    fn try_from(s: String) -> Result<Self, Error> {
+        Self::new(s)
+    }
+}
+
+impl AsRef<str> for LeaseKey {
+    fn as_ref(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Display for LeaseKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl fmt::Debug for LeaseKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "LeaseKey({:?})", &*self.0)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn hash_tags_follow_the_cluster_rule() {
+        let tag = |k: &str| LeaseKey::new(k).map(|k| k.hash_tag().map(str::to_owned));
+        assert_eq!(tag("order:{42}:lock"), Ok(Some("42".to_owned())));
+        assert_eq!(tag("{a}{b}"), Ok(Some("a".to_owned())));
+        assert_eq!(tag("x{}y"), Ok(None));
+        assert_eq!(tag("a}b{c"), Ok(None));
+        assert_eq!(tag("plain"), Ok(None));
+    }
+
+    #[test]
+    fn refuses_bad_keys() {
+        for bad in ["", "a\nb", "tab\there", &"k".repeat(513)] {
+            assert!(matches!(LeaseKey::new(bad), Err(Error::InvalidKey { .. })), "{bad:?}");
+        }
+        assert!(LeaseKey::new("k".repeat(512)).is_ok());
+        assert!(LeaseKey::new("ünïcode:{ok}").is_ok());
+    }
+}

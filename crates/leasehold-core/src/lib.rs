@@ -1,0 +1,50 @@
+//! The vocabulary and the backend contract of leasehold.
+//!
+//! A *lease* is a time-bounded, owner-checked lock. This crate names its
+//! parts and fixes what a storage backend must do, without any I/O:
+//!
+//! - [`LeaseKey`]: a validated key that knows its Redis Cluster hash tag;
+//! - [`Ttl`]: a validated lease duration, parsed from humantime strings;
+//! - [`HolderId`]: 128 unguessable bits naming one acquisition;
+//! - [`FencingToken`]: strictly increasing per key across acquisitions;
+//! - [`Grant`]: what a successful acquisition hands back, with a local,
+//!   monotonic [`Grant::valid_until`];
+//! - [`LeaseBackend`]: one async method per atomic server-side operation;
+//! - [`MemoryBackend`]: the same semantics in process, on the tokio clock.
+//!
+//! ```
+//! use leasehold_core::{AcquireOutcome, AcquireRequest, HolderId, LeaseBackend, LeaseKey, MemoryBackend, Ttl};
+//!
+//! # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! let backend = MemoryBackend::new();
+//! let key = LeaseKey::new("reports:nightly")?;
+//! let request = AcquireRequest::new(key, HolderId::random(), "30s".parse::<Ttl>()?);
+//! match backend.try_acquire(&request).await? {
+//!     AcquireOutcome::Acquired(grant) => println!("fencing token {}", grant.fencing_token),
+//!     AcquireOutcome::Held(info) => println!("held for another {:?}", info.ttl_left),
+//! }
+//! # Ok(()) }
+//! ```
+
+mod backend;
+mod error;
+mod fencing;
+mod grant;
+mod holder;
+mod key;
+mod memory;
+mod timing;
+mod ttl;
+
+pub use backend::{
+    AcquireOutcome, AcquireRequest, LeaseBackend, LeaseInfo, ReleaseOutcome,
+    RenewOutcome, RenewRequest,
+};
+pub use error::{BackendError, Cause, Error};
+pub use fencing::FencingToken;
+pub use grant::{Grant, valid_until};
+pub use holder::HolderId;
+pub use key::LeaseKey;
+pub use memory::MemoryBackend;
+pub use timing::{clock_drift, parse_duration};
+pub use ttl::Ttl;

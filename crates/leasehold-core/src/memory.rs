@@ -1,0 +1,320 @@
+//! An in-process backend with the semantics of the Redis scripts.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::time::Duration;
+
+use tokio::sync::watch;
+use tokio::time::Instant;
+
+use crate::{
+    AcquireOutcome, AcquireRequest, BackendError, FencingToken, Grant, HolderId, LeaseBackend,
+    LeaseInfo, LeaseKey, ReleaseOutcome, RenewOutcome, RenewRequest, Ttl,
+};
+
+/// A [`LeaseBackend`] kept in this process, on the tokio clock.
+///
+/// It behaves like the Redis backend (idempotent re-acquire, strictly rising
+/// fencing tokens, compare-and-pexpire, compare-and-delete) but only
+/// excludes holders within one process: use it for single-process programs,
+/// examples, and tests. Under `tokio::time::pause()` its leases expire on the
+/// paused clock, so timing tests run instantly and deterministically.
+///
+/// It can also inject faults ([`set_latency`](Self::set_latency),
+/// [`hang`](Self::hang), [`vanish`](Self::vanish),
+/// [`hand_over`](Self::hand_over)) so that programs can test how they
+/// handle a lost lease.
+///
+/// ```
+/// use leasehold_core::{AcquireOutcome, AcquireRequest, HolderId, LeaseBackend, LeaseKey, MemoryBackend, Ttl};
+///
+/// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// let backend = MemoryBackend::new();
+/// let key = LeaseKey::new("job")?;
+/// let ttl = Ttl::parse("10s")?;
+/// let first = backend.try_acquire(&AcquireRequest::new(key.clone(), HolderId::generate()?, ttl)).await?;
+/// let second = backend.try_acquire(&AcquireRequest::new(key, HolderId::generate()?, ttl)).await?;
+/// assert!(matches!(first, AcquireOutcome::Acquired(_)));
+/// assert!(matches!(second, AcquireOutcome::Held(_)));
+/// # Ok(()) }
+/// ```
+#[derive(Clone, Default)]
+pub struct MemoryBackend {
+    inner: Arc<Inner>,
+}
+
+#[derive(Default)]
+struct Inner {
+    state: Mutex<State>,
+    latency: Mutex<Duration>,
+    hung: HangSwitch,
+}
+
+struct HangSwitch(watch::Sender<bool>);
+
+impl Default for HangSwitch {
+    fn default() -> Self {
+        Self(watch::Sender::new(false))
+    }
+}
+
+#[derive(Default)]
+struct State {
+    leases: HashMap<LeaseKey, Entry>,
+    fences: HashMap<LeaseKey, u64>,
+}
+
+#[derive(Clone)]
+struct Entry {
+    holder: HolderId,
+    token: FencingToken,
+    label: Option<String>,
+    expires_at: Instant,
+}
+
+impl Entry {
+    fn info(&self, now: Instant) -> LeaseInfo {
+        LeaseInfo {
+            label: self.label.clone(),
+            fencing_token: Some(self.token),
+            ttl_left: Some(self.expires_at.saturating_duration_since(now)),
+        }
+    }
+}
+
+impl State {
+    /// The live entry for `key`, dropping it first if it has expired.
+    fn live(&mut self, key: &LeaseKey, now: Instant) -> Option<&mut Entry> {
+        if self.leases.get(key).is_some_and(|e| e.expires_at <= now) {
+            self.leases.remove(key);
+        }
+        self.leases.get_mut(key)
+    }
+
+    fn next_token(&mut self, key: &LeaseKey) -> FencingToken {
+        let counter = self.fences.entry(key.clone()).or_insert(0);
+        *counter += 1;
+        FencingToken(*counter)
+    }
+}
+
+impl MemoryBackend {
+    /// An empty backend.
+    #[must_use]
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    fn state(&self) -> MutexGuard<'_, State> {
+        // A panic while holding the lock cannot leave State half-updated
+        // (every update is a single insert or remove), so poisoning is ignored.
+        self.inner.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Every operation first waits for the injected latency and while hung.
+    async fn gate(&self) {
+        let latency = *self.inner.latency.lock().unwrap_or_else(PoisonError::into_inner);
+        if !latency.is_zero() {
+            tokio::time::sleep(latency).await;
+        }
+        let mut hung = self.inner.hung.0.subscribe();
+        // The sender lives in `self`, so `wait_for` cannot fail while we hold it.
+        let _ = hung.wait_for(|h| !*h).await;
+    }
+
+    /// Delays every following operation by `latency` (zero turns it off).
+    pub fn set_latency(&self, latency: Duration) {
+        *self.inner.latency.lock().unwrap_or_else(PoisonError::into_inner) = latency;
+    }
+
+    /// Makes every operation, including those already waiting, hang until
+    /// [`resume`](Self::resume) is called, as a paused or cut-off server
+    /// would. Leases keep expiring meanwhile.
+    pub fn hang(&self) {
+        self.inner.hung.0.send_replace(true);
+    }
+
+    /// Ends a [`hang`](Self::hang): waiting operations proceed.
+    pub fn resume(&self) {
+        self.inner.hung.0.send_replace(false);
+    }
+
+    /// Deletes a lease behind its holder's back, as an expiry, a failover or
+    /// an operator's `DEL` would. Returns whether there was one.
+    pub fn vanish(&self, key: &LeaseKey) -> bool {
+        self.state().leases.remove(key).is_some()
+    }
+
+    /// Gives the lease to a new holder with a new fencing token, whether or
+    /// not someone holds it, as a second client that saw it expire would.
+    ///
+    /// # Errors
+    ///
+    /// [`crate::Error::Entropy`] if no holder id can be drawn.
+    pub fn hand_over(&self, key: &LeaseKey, ttl: Ttl) -> Result<Grant, crate::Error> {
+        let holder = HolderId::generate()?;
+        let now = Instant::now();
+        let mut state = self.state();
+        let token = state.next_token(key);
+        state.leases.insert(
+            key.clone(),
+            Entry {
+                holder,
+                token,
+                label: None,
+                expires_at: now + ttl.get(),
+            },
+        );
+        Ok(Grant::new(key.clone(), holder, token, ttl, now))
+    }
+
+    fn renew_now(&self, request: &RenewRequest) -> RenewOutcome {
+        let now = Instant::now();
+        match self.state().live(&request.key, now) {
+            Some(entry) if entry.holder == request.holder => {
+                entry.expires_at = now + request.ttl.get();
+                RenewOutcome::Renewed
+            }
+            _ => RenewOutcome::Lost,
+        }
+    }
+}
+
+impl std::fmt::Debug for MemoryBackend {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("MemoryBackend")
+            .field("leases", &self.state().leases.len())
+            .finish_non_exhaustive()
+    }
+}
+
+impl LeaseBackend for MemoryBackend {
+    async fn try_acquire(&self, request: &AcquireRequest) -> Result<AcquireOutcome, BackendError> {
+        let sent_at = Instant::now();
+        self.gate().await;
+        let now = Instant::now();
+        let mut state = self.state();
+        if let Some(entry) = state.live(&request.key, now) {
+            if entry.holder != request.holder {
+                return Ok(AcquireOutcome::Held(entry.info(now)));
+            }
+            entry.expires_at = now + request.ttl.get();
+            entry.label.clone_from(&request.label);
+            let token = entry.token;
+            return Ok(AcquireOutcome::Acquired(Grant::new(
+                request.key.clone(),
+                request.holder,
+                token,
+                request.ttl,
+                sent_at,
+            )));
+        }
+        let token = state.next_token(&request.key);
+        state.leases.insert(
+            request.key.clone(),
+            Entry {
+                holder: request.holder,
+                token,
+                label: request.label.clone(),
+                expires_at: now + request.ttl.get(),
+            },
+        );
+        Ok(AcquireOutcome::Acquired(Grant::new(
+            request.key.clone(),
+            request.holder,
+            token,
+            request.ttl,
+            sent_at,
+        )))
+    }
+
+    async fn renew(&self, request: &RenewRequest) -> Result<RenewOutcome, BackendError> {
+        self.gate().await;
+        Ok(self.renew_now(request))
+    }
+
+    async fn renew_many(&self, requests: &[RenewRequest]) -> Vec<Result<RenewOutcome, BackendError>> {
+        self.gate().await;
+        requests.iter().map(|r| Ok(self.renew_now(r))).collect()
+    }
+
+    async fn release(&self, key: &LeaseKey, holder: &HolderId) -> Result<ReleaseOutcome, BackendError> {
+        self.gate().await;
+        let now = Instant::now();
+        let mut state = self.state();
+        match state.live(key, now) {
+            Some(entry) if entry.holder == *holder => {
+                state.leases.remove(key);
+                Ok(ReleaseOutcome::Released)
+            }
+            _ => Ok(ReleaseOutcome::NotHeld),
+        }
+    }
+
+    async fn inspect(&self, key: &LeaseKey) -> Result<Option<LeaseInfo>, BackendError> {
+        self.gate().await;
+        let now = Instant::now();
+        Ok(self.state().live(key, now).map(|e| e.info(now)))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    type TestResult = Result<(), Box<dyn std::error::Error>>;
+
+    fn key() -> LeaseKey {
+        LeaseKey::new("k").expect("valid key")
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn exclusive_until_expiry_with_rising_tokens() -> TestResult {
+        let backend = MemoryBackend::new();
+        let ttl = Ttl::parse("1s")?;
+        let (a, b) = (HolderId::generate()?, HolderId::generate()?);
+        let AcquireOutcome::Acquired(first) =
+            backend.try_acquire(&AcquireRequest::new(key(), a, ttl)).await?
+        else {
+            panic!("a free key must be acquired");
+        };
+        assert!(matches!(
+            backend.try_acquire(&AcquireRequest::new(key(), b, ttl)).await?,
+            AcquireOutcome::Held(_)
+        ));
+        // Re-acquire by the same holder keeps the token.
+        let AcquireOutcome::Acquired(again) =
+            backend.try_acquire(&AcquireRequest::new(key(), a, ttl)).await?
+        else {
+            panic!("re-acquire by the holder must succeed");
+        };
+        assert_eq!(again.fencing_token, first.fencing_token);
+        tokio::time::advance(Duration::from_millis(1001)).await;
+        assert_eq!(backend.renew(&RenewRequest::new(key(), a, ttl)).await?, RenewOutcome::Lost);
+        let AcquireOutcome::Acquired(second) =
+            backend.try_acquire(&AcquireRequest::new(key(), b, ttl)).await?
+        else {
+            panic!("an expired key must be acquired");
+        };
+        assert!(second.fencing_token > first.fencing_token);
+        assert_eq!(backend.release(&key(), &a).await?, ReleaseOutcome::NotHeld);
+        assert_eq!(backend.release(&key(), &b).await?, ReleaseOutcome::Released);
+        assert_eq!(backend.inspect(&key()).await?, None);
+        Ok(())
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn hang_blocks_until_resume() -> TestResult {
+        let backend = MemoryBackend::new();
+        backend.hang();
+        let pending = tokio::spawn({
+            let backend = backend.clone();
+            async move { backend.inspect(&key()).await }
+        });
+        tokio::time::sleep(Duration::from_secs(60)).await;
+        assert!(!pending.is_finished());
+        backend.resume();
+        assert_eq!(pending.await??, None);
+        Ok(())
+    }
+}
