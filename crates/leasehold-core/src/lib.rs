@@ -18,7 +18,7 @@
 //! # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), Box<dyn std::error::Error>> {
 //! let backend = MemoryBackend::new();
 //! let key = LeaseKey::new("reports:nightly")?;
-//! let request = AcquireRequest::new(key, HolderId::random(), "30s".parse::<Ttl>()?);
+//! let request = AcquireRequest::new(key, HolderId::generate()?, "30s".parse::<Ttl>()?);
 //! match backend.try_acquire(&request).await? {
 //!     AcquireOutcome::Acquired(grant) => println!("fencing token {}", grant.fencing_token),
 //!     AcquireOutcome::Held(info) => println!("held for another {:?}", info.ttl_left),
