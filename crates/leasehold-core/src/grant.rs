@@ -16,6 +16,9 @@ pub struct Grant {
     pub fencing_token: FencingToken,
     /// The ttl the server was asked for.
     pub ttl: Ttl,
+    /// When the request that granted the lease was sent, on this process's
+    /// monotonic clock.
+    pub sent_at: Instant,
     /// Until when, on this process's monotonic clock, the lease is certainly
     /// still held: the moment the request was *sent*, plus the ttl, minus the
     /// [`clock_drift`] allowance. Never derived from a wall clock.
@@ -34,6 +37,7 @@ impl Grant {
     ) -> Self {
         Self {
             valid_until: valid_until(sent_at, ttl),
+            sent_at,
             key,
             holder,
             fencing_token,

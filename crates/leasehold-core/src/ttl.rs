@@ -29,6 +29,8 @@ impl Ttl {
     pub const MIN: Duration = Duration::from_millis(100);
     /// The longest ttl accepted: 24 hours.
     pub const MAX: Duration = Duration::from_secs(24 * 60 * 60);
+    /// 30 seconds: the default ttl, as in Redisson's lock watchdog.
+    pub const DEFAULT: Ttl = Ttl(Duration::from_secs(30));
 
     /// Validates a duration as a ttl.
     ///

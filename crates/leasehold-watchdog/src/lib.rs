@@ -1,1 +1,43 @@
-//! placeholder
+//! Keeping leases alive: the [`LeaseManager`], its single watchdog task, and
+//! the [`Lease`] handle.
+//!
+//! A manager acquires leases from any [`LeaseBackend`] and renews each at a
+//! third of its ttl. When a lease can no longer be kept, its holder's
+//! [`CancellationToken`](tokio_util::sync::CancellationToken) is cancelled
+//! with a [`LossReason`] *before* anyone else can take the lease:
+//!
+//! - [`LossReason::Lost`]: the server says it is gone or someone else's;
+//! - [`LossReason::RenewalLimit`]: the cap on renewals was reached;
+//! - [`LossReason::Deadline`]: renewals failed or hung until the lease's
+//!   certain validity minus the safety margin ran out (no answer from the
+//!   server needed);
+//! - [`LossReason::Shutdown`]: the manager shut down.
+//!
+//! ```
+//! use std::time::Duration;
+//! use leasehold_core::MemoryBackend;
+//! use leasehold_watchdog::{LeaseManager, LeaseOptions};
+//!
+//! # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! let manager = LeaseManager::new(MemoryBackend::new())?;
+//! let options = LeaseOptions::builder().ttl("10s".parse()?).wait(Duration::from_secs(5)).build()?;
+//! let lease = manager.acquire("billing:close-month", &options).await?;
+//! println!("fencing token {}", lease.fencing_token());
+//! lease.release().await?;
+//! # Ok(()) }
+//! ```
+//!
+//! [`LeaseBackend`]: leasehold_core::LeaseBackend
+
+mod backoff;
+mod error;
+mod lease;
+mod manager;
+mod options;
+mod renewal;
+
+pub use backoff::Backoff;
+pub use error::LeaseError;
+pub use lease::{Lease, LossReason};
+pub use manager::LeaseManager;
+pub use options::{LeaseOptions, LeaseOptionsBuilder};

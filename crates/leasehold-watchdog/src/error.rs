@@ -1,0 +1,61 @@
+//! Why a lease could not be acquired, kept or released.
+
+use std::time::Duration;
+
+use leasehold_core::{BackendError, LeaseInfo};
+
+use crate::LossReason;
+
+/// The error of every fallible operation of the watchdog crate.
+#[derive(Debug, Clone, thiserror::Error)]
+#[non_exhaustive]
+pub enum LeaseError {
+    /// A key, ttl, label or duration was refused.
+    #[error(transparent)]
+    Invalid(#[from] leasehold_core::Error),
+    /// The lease options do not fit together.
+    #[error("invalid lease options: {reason}")]
+    InvalidOptions {
+        /// What does not fit, with the values involved.
+        reason: String,
+    },
+    /// Another holder kept the lease for the whole wait.
+    #[error("lease {key:?} is held by {}; gave up after waiting {}", holder_text(.holder), humantime::format_duration(*.waited))]
+    NotAcquired {
+        /// The lease key.
+        key: String,
+        /// How long `acquire` waited.
+        waited: Duration,
+        /// What is known of the holder.
+        holder: LeaseInfo,
+    },
+    /// The backend failed; its message names the operation and the key.
+    #[error(transparent)]
+    Backend(#[from] BackendError),
+    /// The manager was shut down, so it no longer acquires or releases.
+    #[error("the lease manager has shut down; create a new one to acquire leases")]
+    ManagerStopped,
+    /// A manager was created outside a tokio runtime.
+    #[error("a LeaseManager needs a tokio runtime: create it inside #[tokio::main] or Runtime::block_on")]
+    NoRuntime,
+    /// A lease guarding a running future ended before the future did.
+    #[error("lease {key:?} ended while its work was running: {reason}")]
+    LeaseEnded {
+        /// The lease key.
+        key: String,
+        /// Why the lease ended.
+        reason: LossReason,
+    },
+}
+
+fn holder_text(info: &LeaseInfo) -> String {
+    let who = info.label.as_deref().map_or_else(|| "another holder".to_owned(), |l| format!("{l:?}"));
+    match info.ttl_left {
+        Some(left) => format!("{who} for another {}", humantime::format_duration(round_ms(left))),
+        None => format!("{who} with no expiry"),
+    }
+}
+
+fn round_ms(d: Duration) -> Duration {
+    Duration::from_millis(u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+}

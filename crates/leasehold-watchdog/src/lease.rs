@@ -1,0 +1,280 @@
+//! The holder's handle on a lease, and why a lease ends.
+
+use std::fmt;
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+
+use leasehold_core::{FencingToken, HolderId, LeaseKey, ReleaseOutcome, Ttl};
+use tokio::sync::{mpsc, oneshot};
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+
+use crate::LeaseError;
+use crate::renewal::{Command, Timing};
+
+/// Why a lease's token was cancelled.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum LossReason {
+    /// The server said the lease is gone or held by someone else.
+    Lost,
+    /// The configured cap on renewals was reached; the token fired before
+    /// the last renewal's validity ran out.
+    RenewalLimit,
+    /// Renewals kept failing or hanging until the lease's certain validity,
+    /// less the safety margin, ran out. Decided on the local clock alone.
+    Deadline,
+    /// The manager is shutting down and releases every lease.
+    Shutdown,
+}
+
+impl LossReason {
+    /// A short lowercase name, as used in metrics labels.
+    #[must_use]
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Lost => "lost",
+            Self::RenewalLimit => "renewal_limit",
+            Self::Deadline => "deadline",
+            Self::Shutdown => "shutdown",
+        }
+    }
+}
+
+impl fmt::Display for LossReason {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Self::Lost => "the server no longer has it for this holder (expired, deleted or taken over)",
+            Self::RenewalLimit => "the cap on renewals was reached",
+            Self::Deadline => "renewals did not succeed in time, so it may expire",
+            Self::Shutdown => "the lease manager shut down",
+        })
+    }
+}
+
+/// State shared by the handle and the watchdog.
+pub(crate) struct Shared {
+    pub(crate) key: LeaseKey,
+    pub(crate) holder: HolderId,
+    pub(crate) fencing_token: FencingToken,
+    pub(crate) ttl: Ttl,
+    pub(crate) name: std::borrow::Cow<'static, str>,
+    pub(crate) timing: Timing,
+    /// Cancelled by the watchdog; the holder sees a child of it.
+    pub(crate) token: CancellationToken,
+    state: Mutex<State>,
+}
+
+#[derive(Clone, Copy)]
+struct State {
+    valid_until: Instant,
+    renewals: u32,
+    loss: Option<LossReason>,
+}
+
+impl Shared {
+    pub(crate) fn new(
+        key: LeaseKey,
+        holder: HolderId,
+        fencing_token: FencingToken,
+        ttl: Ttl,
+        name: std::borrow::Cow<'static, str>,
+        timing: Timing,
+        valid_until: Instant,
+    ) -> Self {
+        Self {
+            key,
+            holder,
+            fencing_token,
+            ttl,
+            name,
+            timing,
+            token: CancellationToken::new(),
+            state: Mutex::new(State {
+                valid_until,
+                renewals: 0,
+                loss: None,
+            }),
+        }
+    }
+
+    fn state(&self) -> MutexGuard<'_, State> {
+        // Every update is a plain field store, so a poisoned lock holds consistent data.
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    pub(crate) fn renewed(&self, valid_until: Instant) {
+        let mut state = self.state();
+        state.valid_until = valid_until;
+        state.renewals += 1;
+    }
+
+    /// Records the reason first, so that whoever wakes on the token sees it.
+    /// The first reason wins.
+    pub(crate) fn end(&self, reason: LossReason) -> bool {
+        {
+            let mut state = self.state();
+            if state.loss.is_some() {
+                return false;
+            }
+            state.loss = Some(reason);
+        }
+        self.token.cancel();
+        true
+    }
+
+    pub(crate) fn loss(&self) -> Option<LossReason> {
+        self.state().loss
+    }
+
+    pub(crate) fn valid_until(&self) -> Instant {
+        self.state().valid_until
+    }
+
+    pub(crate) fn renewals(&self) -> u32 {
+        self.state().renewals
+    }
+}
+
+/// A held lease.
+///
+/// The watchdog renews it in the background until it is released. Watch
+/// [`token`](Self::token): it is cancelled, with a [`LossReason`], before the
+/// lease can be taken by anyone else. Pass
+/// [`fencing_token`](Self::fencing_token) to the stores you write to.
+///
+/// Dropping a `Lease` releases it in the background; prefer
+/// [`release`](Self::release) to learn the outcome.
+#[must_use = "dropping a Lease releases it at once"]
+pub struct Lease {
+    shared: Arc<Shared>,
+    id: u64,
+    token: CancellationToken,
+    commands: mpsc::UnboundedSender<Command>,
+    released: bool,
+}
+
+impl Lease {
+    pub(crate) fn new(shared: Arc<Shared>, id: u64, commands: mpsc::UnboundedSender<Command>) -> Self {
+        Self {
+            token: shared.token.child_token(),
+            shared,
+            id,
+            commands,
+            released: false,
+        }
+    }
+
+    /// The lease key.
+    #[must_use]
+    pub fn key(&self) -> &LeaseKey {
+        &self.shared.key
+    }
+
+    /// The lease's name in metrics and logs.
+    #[must_use]
+    pub fn name(&self) -> &str {
+        &self.shared.name
+    }
+
+    /// The fencing token of this acquisition: strictly greater than that of
+    /// every earlier acquisition of the key.
+    #[must_use]
+    pub fn fencing_token(&self) -> FencingToken {
+        self.shared.fencing_token
+    }
+
+    /// The lease's ttl.
+    #[must_use]
+    pub fn ttl(&self) -> Ttl {
+        self.shared.ttl
+    }
+
+    /// A token cancelled when the lease ends for any reason other than
+    /// [`release`](Self::release). Cancelling it yourself does not affect the
+    /// lease.
+    #[must_use]
+    pub fn token(&self) -> CancellationToken {
+        self.token.clone()
+    }
+
+    /// Until when, on this process's monotonic clock, the lease is certainly
+    /// held, as of the last successful renewal.
+    #[must_use]
+    pub fn valid_until(&self) -> Instant {
+        self.shared.valid_until()
+    }
+
+    /// How many times the watchdog has renewed the lease.
+    #[must_use]
+    pub fn renewals(&self) -> u32 {
+        self.shared.renewals()
+    }
+
+    /// Why the lease ended, once its token has been cancelled.
+    #[must_use]
+    pub fn loss_reason(&self) -> Option<LossReason> {
+        self.shared.loss()
+    }
+
+    /// Waits until the lease ends and says why.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe: it only waits on the token.
+    pub async fn lost(&self) -> LossReason {
+        self.shared.token.cancelled().await;
+        // `end` records the reason before cancelling the token.
+        self.shared.loss().unwrap_or(LossReason::Lost)
+    }
+
+    /// Stops renewing and frees the lease on the server (compare-and-delete),
+    /// so a waiter can take it at once.
+    ///
+    /// # Errors
+    ///
+    /// [`LeaseError::Backend`] when the server could not be reached (the
+    /// lease then expires by itself within its ttl), and
+    /// [`LeaseError::ManagerStopped`] after the manager has shut down (which
+    /// released every lease).
+    ///
+    /// # Cancel safety
+    ///
+    /// If the future is dropped, the release still happens in the background.
+    pub async fn release(mut self) -> Result<ReleaseOutcome, LeaseError> {
+        self.released = true;
+        let (reply, answer) = oneshot::channel();
+        self.commands
+            .send(Command::Release {
+                id: self.id,
+                reply: Some(reply),
+            })
+            .map_err(|_| LeaseError::ManagerStopped)?;
+        answer.await.map_err(|_| LeaseError::ManagerStopped)?
+    }
+}
+
+impl Drop for Lease {
+    fn drop(&mut self) {
+        if !self.released {
+            // Never blocks: the watchdog does the release. If it is gone the
+            // manager has shut down and released everything already.
+            let _ = self.commands.send(Command::Release {
+                id: self.id,
+                reply: None,
+            });
+        }
+    }
+}
+
+impl fmt::Debug for Lease {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Lease")
+            .field("key", &self.shared.key)
+            .field("name", &self.shared.name)
+            .field("fencing_token", &self.shared.fencing_token)
+            .field("ttl", &self.shared.ttl)
+            .field("renewals", &self.renewals())
+            .field("loss", &self.loss_reason())
+            .finish_non_exhaustive()
+    }
+}

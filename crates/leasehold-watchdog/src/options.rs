@@ -1,0 +1,301 @@
+//! What a caller may choose about one lease, with checked relations.
+
+use std::borrow::Cow;
+use std::time::Duration;
+
+use leasehold_core::{Ttl, clock_drift};
+
+use crate::{Backoff, LeaseError};
+
+/// How a lease is acquired and kept.
+///
+/// Three durations must fit together: the **ttl** the server keeps the lease
+/// for, the **renew interval** (a third of the ttl unless set), and the
+/// **safety margin** before the end of the lease's certain validity at which
+/// the holder's token fires when renewals have not come through. The
+/// builder refuses a mix in which the first renewal could not happen before
+/// that point.
+///
+/// Defaults follow Redisson's watchdog: a 30 s ttl renewed every 10 s.
+///
+/// ```
+/// use std::time::Duration;
+/// use leasehold_watchdog::LeaseOptions;
+///
+/// let options = LeaseOptions::builder()
+///     .ttl("10s".parse()?)
+///     .wait(Duration::from_secs(60))
+///     .max_renewals(360)
+///     .name("nightly-report")
+///     .build()?;
+/// assert_eq!(options.renew_interval(), Duration::from_secs(10) / 3);
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LeaseOptions {
+    ttl: Ttl,
+    renew_interval: Duration,
+    safety_margin: Duration,
+    wait: Option<Duration>,
+    max_renewals: Option<u32>,
+    backoff: Backoff,
+    name: Cow<'static, str>,
+    label: Option<String>,
+}
+
+impl Default for LeaseOptions {
+    fn default() -> Self {
+        // The default builder always passes its own checks.
+        Self::from_parts(LeaseOptionsBuilder::default())
+    }
+}
+
+impl LeaseOptions {
+    /// A builder starting from the defaults.
+    pub fn builder() -> LeaseOptionsBuilder {
+        LeaseOptionsBuilder::default()
+    }
+
+    /// Options with the given ttl and every other value at its default.
+    ///
+    /// A ttl always fits the default renew interval (a third of it) and
+    /// safety margin (a tenth of it).
+    #[must_use]
+    pub fn with_ttl(ttl: Ttl) -> Self {
+        Self::from_parts(LeaseOptionsBuilder {
+            ttl,
+            ..LeaseOptionsBuilder::default()
+        })
+    }
+
+    fn from_parts(b: LeaseOptionsBuilder) -> Self {
+        let ttl = b.ttl.get();
+        Self {
+            ttl: b.ttl,
+            renew_interval: b.renew_interval.unwrap_or(ttl / 3),
+            safety_margin: b.safety_margin.unwrap_or(ttl / 10),
+            wait: b.wait,
+            max_renewals: b.max_renewals,
+            backoff: b.backoff,
+            name: b.name,
+            label: b.label,
+        }
+    }
+
+    /// How long the server keeps the lease unless renewed.
+    #[must_use]
+    pub fn ttl(&self) -> Ttl {
+        self.ttl
+    }
+
+    /// How often the watchdog renews the lease.
+    #[must_use]
+    pub fn renew_interval(&self) -> Duration {
+        self.renew_interval
+    }
+
+    /// How long before the end of certain validity the token fires when
+    /// renewals have not come through.
+    #[must_use]
+    pub fn safety_margin(&self) -> Duration {
+        self.safety_margin
+    }
+
+    /// How long `acquire` waits for a held lease; `None` tries once.
+    #[must_use]
+    pub fn wait(&self) -> Option<Duration> {
+        self.wait
+    }
+
+    /// The most renewals the watchdog makes; `None` for no limit.
+    #[must_use]
+    pub fn max_renewals(&self) -> Option<u32> {
+        self.max_renewals
+    }
+
+    /// The retry backoff while waiting.
+    #[must_use]
+    pub fn backoff(&self) -> Backoff {
+        self.backoff
+    }
+
+    /// The lease's name in metrics and logs (bounded; never the raw key).
+    #[must_use]
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// The public label stored beside the lease.
+    #[must_use]
+    pub fn label(&self) -> Option<&str> {
+        self.label.as_deref()
+    }
+
+    /// The time from sending a successful request to the moment the token
+    /// fires if no later renewal succeeds: ttl − clock drift − safety margin.
+    #[must_use]
+    pub fn deadline_after(&self) -> Duration {
+        // Checked in build(): the margin and drift are below the ttl.
+        self.ttl
+            .get()
+            .saturating_sub(clock_drift(self.ttl.get()))
+            .saturating_sub(self.safety_margin)
+    }
+}
+
+/// Builds [`LeaseOptions`]; every setter documents its default.
+#[derive(Debug, Clone)]
+#[must_use]
+pub struct LeaseOptionsBuilder {
+    ttl: Ttl,
+    renew_interval: Option<Duration>,
+    safety_margin: Option<Duration>,
+    wait: Option<Duration>,
+    max_renewals: Option<u32>,
+    backoff: Backoff,
+    name: Cow<'static, str>,
+    label: Option<String>,
+}
+
+impl Default for LeaseOptionsBuilder {
+    fn default() -> Self {
+        Self {
+            ttl: Ttl::DEFAULT,
+            renew_interval: None,
+            safety_margin: None,
+            wait: None,
+            max_renewals: None,
+            backoff: Backoff::default(),
+            name: Cow::Borrowed("default"),
+            label: None,
+        }
+    }
+}
+
+impl LeaseOptionsBuilder {
+    /// The lease's ttl. Default: 30 s.
+    pub fn ttl(mut self, ttl: Ttl) -> Self {
+        self.ttl = ttl;
+        self
+    }
+
+    /// How often to renew. Default: a third of the ttl.
+    pub fn renew_interval(mut self, interval: Duration) -> Self {
+        self.renew_interval = Some(interval);
+        self
+    }
+
+    /// How long before the end of certain validity the token fires when
+    /// renewals fail or hang. Default: a tenth of the ttl.
+    pub fn safety_margin(mut self, margin: Duration) -> Self {
+        self.safety_margin = Some(margin);
+        self
+    }
+
+    /// How long `acquire` may wait for a held lease. Default: no waiting
+    /// (one attempt).
+    pub fn wait(mut self, wait: Duration) -> Self {
+        self.wait = Some(wait);
+        self
+    }
+
+    /// The most renewals to make; the token then fires before the last
+    /// renewal's validity ends. Default: no limit.
+    pub fn max_renewals(mut self, max: u32) -> Self {
+        self.max_renewals = Some(max);
+        self
+    }
+
+    /// The retry backoff while waiting. Default: 25 ms doubling to 500 ms,
+    /// jittered.
+    pub fn backoff(mut self, backoff: Backoff) -> Self {
+        self.backoff = backoff;
+        self
+    }
+
+    /// The lease's name for metrics labels and logs: a bounded set such as
+    /// `"nightly-report"`, never a raw key. Default: `"default"`.
+    pub fn name(mut self, name: impl Into<Cow<'static, str>>) -> Self {
+        self.name = name.into();
+        self
+    }
+
+    /// A public label stored beside the lease, such as a host or pod name.
+    /// Default: none.
+    pub fn label(mut self, label: impl Into<String>) -> Self {
+        self.label = Some(label.into());
+        self
+    }
+
+    /// Checks the durations against each other.
+    ///
+    /// # Errors
+    ///
+    /// [`LeaseError::InvalidOptions`] when the renew interval is zero, or
+    /// when the first renewal would not be due before the token's deadline
+    /// (renew interval ≥ ttl − clock drift − safety margin), or when the
+    /// margin is zero or leaves no validity.
+    pub fn build(self) -> Result<LeaseOptions, LeaseError> {
+        let options = LeaseOptions::from_parts(self);
+        let ttl = options.ttl.get();
+        let invalid = |reason: String| LeaseError::InvalidOptions { reason };
+        if options.renew_interval.is_zero() {
+            return Err(invalid("the renew interval must be greater than zero".to_owned()));
+        }
+        if options.safety_margin.is_zero() {
+            return Err(invalid(
+                "the safety margin must be greater than zero: it is the holder's time to stop".to_owned(),
+            ));
+        }
+        let usable = ttl.saturating_sub(clock_drift(ttl));
+        if options.safety_margin >= usable {
+            return Err(invalid(format!(
+                "a safety margin of {} leaves nothing of a {} lease (after {} clock-drift allowance)",
+                humantime::format_duration(options.safety_margin),
+                options.ttl,
+                humantime::format_duration(clock_drift(ttl)),
+            )));
+        }
+        if options.renew_interval >= options.deadline_after() {
+            return Err(invalid(format!(
+                "renewing every {} is too late for a {} lease with a {} safety margin: renewals must be due before {} after each grant",
+                humantime::format_duration(options.renew_interval),
+                options.ttl,
+                humantime::format_duration(options.safety_margin),
+                humantime::format_duration(options.deadline_after()),
+            )));
+        }
+        Ok(options)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults_fit_and_impossible_mixes_are_refused() -> Result<(), Box<dyn std::error::Error>> {
+        let d = LeaseOptions::default();
+        assert_eq!(d.ttl().get(), Duration::from_secs(30));
+        assert_eq!(d.renew_interval(), Duration::from_secs(10));
+        assert_eq!(d.safety_margin(), Duration::from_secs(3));
+        assert_eq!(LeaseOptions::builder().build()?, d);
+        let min = LeaseOptions::with_ttl(Ttl::new(Ttl::MIN)?);
+        assert!(min.renew_interval() < min.deadline_after());
+
+        let ttl = Ttl::parse("1s")?;
+        for bad in [
+            LeaseOptions::builder().ttl(ttl).renew_interval(Duration::ZERO),
+            LeaseOptions::builder().ttl(ttl).safety_margin(Duration::ZERO),
+            LeaseOptions::builder().ttl(ttl).safety_margin(Duration::from_secs(1)),
+            LeaseOptions::builder().ttl(ttl).renew_interval(Duration::from_millis(900)),
+            LeaseOptions::builder()
+                .ttl(ttl)
+                .safety_margin(Duration::from_millis(600))
+                .renew_interval(Duration::from_millis(400)),
+        ] {
+            assert!(matches!(bad.build(), Err(LeaseError::InvalidOptions { .. })));
+        }
+        Ok(())
+    }
+}

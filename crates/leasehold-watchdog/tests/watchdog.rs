@@ -1,0 +1,236 @@
+//! Timing of the watchdog on `MemoryBackend` and tokio's paused clock.
+
+use std::time::Duration;
+
+use leasehold_core::{LeaseBackend, LeaseKey, MemoryBackend, ReleaseOutcome, Ttl, clock_drift};
+use leasehold_watchdog::{LeaseError, LeaseManager, LeaseOptions, LossReason};
+use tokio::time::{Instant, advance, sleep, sleep_until};
+
+type TestResult = Result<(), Box<dyn std::error::Error>>;
+
+const MS: Duration = Duration::from_millis(1);
+
+fn options(ttl: &str) -> LeaseOptions {
+    LeaseOptions::with_ttl(Ttl::parse(ttl).expect("valid ttl"))
+}
+
+fn key(k: &str) -> LeaseKey {
+    LeaseKey::new(k).expect("valid key")
+}
+
+/// Lets the watchdog task process what it was sent, without moving the clock.
+async fn settle() {
+    for _ in 0..10 {
+        tokio::task::yield_now().await;
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn renews_at_a_third_of_the_ttl() -> TestResult {
+    let backend = MemoryBackend::new();
+    let manager = LeaseManager::new(backend.clone())?;
+    let start = Instant::now();
+    let lease = manager.acquire("job", &options("3s")).await?;
+    assert_eq!(lease.renewals(), 0);
+    for n in 1..=6u32 {
+        let due = start + Duration::from_secs(u64::from(n));
+        sleep_until(due - MS).await;
+        assert_eq!(lease.renewals(), n - 1, "renewal {n} came early");
+        sleep_until(due + MS).await;
+        assert_eq!(lease.renewals(), n, "renewal {n} did not come at {n}s");
+        // valid_until counts from when the renewal was sent.
+        assert_eq!(lease.valid_until(), due + Duration::from_secs(3) - clock_drift(Duration::from_secs(3)));
+    }
+    // The lease outlived its ttl twice over by renewals alone.
+    assert!(backend.inspect(&key("job")).await?.is_some());
+    assert!(!lease.token().is_cancelled());
+    Ok(())
+}
+
+#[tokio::test(start_paused = true)]
+async fn renewal_cap_fires_before_the_last_validity_ends() -> TestResult {
+    let backend = MemoryBackend::new();
+    let manager = LeaseManager::new(backend.clone())?;
+    let options = LeaseOptions::builder().ttl(Ttl::parse("3s")?).max_renewals(2).build()?;
+    let start = Instant::now();
+    let lease = manager.acquire("capped", &options).await?;
+    assert_eq!(lease.lost().await, LossReason::RenewalLimit);
+    let fired = Instant::now();
+    assert_eq!(lease.renewals(), 2);
+    // The second renewal was sent at 2 s; the token fires a safety margin
+    // before that renewal's validity ends, while the server still has it.
+    assert_eq!(lease.valid_until(), start + Duration::from_secs(5) - clock_drift(Duration::from_secs(3)));
+    assert_eq!(fired, lease.valid_until() - options.safety_margin());
+    assert!(backend.inspect(&key("capped")).await?.is_some());
+    Ok(())
+}
+
+#[tokio::test(start_paused = true)]
+async fn hanging_backend_fires_the_deadline_before_validity_ends() -> TestResult {
+    let backend = MemoryBackend::new();
+    let manager = LeaseManager::new(backend.clone())?;
+    let options = options("3s");
+    let lease = manager.acquire("hang", &options).await?;
+    let valid_until = lease.valid_until();
+    backend.hang();
+    assert_eq!(lease.lost().await, LossReason::Deadline);
+    let fired = Instant::now();
+    assert!(fired < valid_until, "token fired {:?} after validity", fired - valid_until);
+    assert_eq!(fired, valid_until - options.safety_margin());
+    assert_eq!(lease.renewals(), 0);
+    // A renewal that finally answers after the deadline does not revive it.
+    backend.resume();
+    sleep(Duration::from_secs(5)).await;
+    assert_eq!(lease.loss_reason(), Some(LossReason::Deadline));
+    Ok(())
+}
+
+#[tokio::test(start_paused = true)]
+async fn lease_taken_over_is_lost_at_the_next_renewal() -> TestResult {
+    let backend = MemoryBackend::new();
+    let manager = LeaseManager::new(backend.clone())?;
+    let start = Instant::now();
+    let lease = manager.acquire("stolen", &options("3s")).await?;
+    sleep(Duration::from_millis(100)).await;
+    let other = backend.hand_over(&key("stolen"), Ttl::parse("3s")?)?;
+    assert!(other.fencing_token > lease.fencing_token());
+    assert_eq!(lease.lost().await, LossReason::Lost);
+    assert_eq!(Instant::now(), start + Duration::from_secs(1));
+    // Releasing a lost lease leaves the new holder alone.
+    assert_eq!(lease.release().await?, ReleaseOutcome::NotHeld);
+    assert!(backend.inspect(&key("stolen")).await?.is_some());
+    Ok(())
+}
+
+#[tokio::test(start_paused = true)]
+async fn vanished_lease_is_lost_at_the_next_renewal() -> TestResult {
+    let backend = MemoryBackend::new();
+    let manager = LeaseManager::new(backend.clone())?;
+    let lease = manager.acquire("vanish", &options("600ms")).await?;
+    assert!(backend.vanish(&key("vanish")));
+    assert_eq!(lease.lost().await, LossReason::Lost);
+    Ok(())
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_watchdog_woken_past_the_deadline_cancels_without_renewing() -> TestResult {
+    let backend = MemoryBackend::new();
+    let manager = LeaseManager::new(backend.clone())?;
+    let lease = manager.acquire("late", &options("3s")).await?;
+    // The clock jumps in one step, as it does for a process that was not
+    // scheduled: the renewal at 1 s and the deadline at 2.67 s are both past.
+    advance(Duration::from_millis(2900)).await;
+    settle().await;
+    assert_eq!(lease.loss_reason(), Some(LossReason::Deadline));
+    assert_eq!(lease.renewals(), 0);
+    // No renewal reached the server: it still expires 3 s after acquisition.
+    let left = backend.inspect(&key("late")).await?.and_then(|i| i.ttl_left);
+    assert_eq!(left, Some(Duration::from_millis(100)));
+    Ok(())
+}
+
+#[tokio::test(start_paused = true)]
+async fn release_and_drop_free_the_lease() -> TestResult {
+    let backend = MemoryBackend::new();
+    let manager = LeaseManager::new(backend.clone())?;
+    let lease = manager.acquire("a", &options("3s")).await?;
+    assert_eq!(lease.release().await?, ReleaseOutcome::Released);
+    assert_eq!(backend.inspect(&key("a")).await?, None);
+
+    let lease = manager.acquire("b", &options("3s")).await?;
+    drop(lease);
+    settle().await;
+    assert_eq!(backend.inspect(&key("b")).await?, None);
+    Ok(())
+}
+
+#[tokio::test(start_paused = true)]
+async fn waiting_acquire_gets_the_lease_when_it_is_freed() -> TestResult {
+    let backend = MemoryBackend::new();
+    let manager = LeaseManager::new(backend.clone())?;
+    let first = manager.acquire("w", &options("3s")).await?;
+
+    // Without a wait: one attempt, refused at once with who holds it.
+    let start = Instant::now();
+    match manager.acquire("w", &options("3s")).await {
+        Err(LeaseError::NotAcquired { holder, .. }) => assert!(holder.fencing_token.is_some()),
+        other => panic!("expected NotAcquired, got {other:?}"),
+    }
+    assert_eq!(Instant::now(), start);
+
+    // With a wait shorter than the holder keeps it: refused when it runs out.
+    let short = LeaseOptions::builder().ttl(Ttl::parse("3s")?).wait(Duration::from_secs(2)).build()?;
+    let err = manager.acquire("w", &short).await.err();
+    assert!(matches!(err, Some(LeaseError::NotAcquired { .. })), "{err:?}");
+    assert_eq!(Instant::now(), start + Duration::from_secs(2));
+
+    // With a longer wait: acquired soon after the release.
+    let long = LeaseOptions::builder().ttl(Ttl::parse("3s")?).wait(Duration::from_secs(60)).build()?;
+    let waiter = tokio::spawn({
+        let manager = manager.clone();
+        async move { manager.acquire("w", &long).await.map(|l| (Instant::now(), l)) }
+    });
+    sleep(Duration::from_secs(1)).await;
+    let released_at = Instant::now();
+    let first_token = first.fencing_token();
+    first.release().await?;
+    let (acquired_at, second) = waiter.await??;
+    assert!(acquired_at - released_at <= short.backoff().max(), "{:?}", acquired_at - released_at);
+    assert!(second.fencing_token() > first_token);
+    Ok(())
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_holder_that_crashed_blocks_others_for_at_most_its_ttl() -> TestResult {
+    let backend = MemoryBackend::new();
+    // A holder that acquired and then crashed: nothing renews or releases.
+    let ttl = Ttl::parse("3s")?;
+    let request = leasehold_core::AcquireRequest::new(key("crash"), leasehold_core::HolderId::generate()?, ttl);
+    let crashed_at = Instant::now();
+    assert!(matches!(backend.try_acquire(&request).await?, leasehold_core::AcquireOutcome::Acquired(_)));
+    let manager = LeaseManager::new(backend.clone())?;
+    let wait = LeaseOptions::builder().ttl(ttl).wait(Duration::from_secs(10)).build()?;
+    let lease = manager.acquire("crash", &wait).await?;
+    // Acquired as soon as the ttl ran out: the retry sleeps until the expiry.
+    let blocked = Instant::now() - crashed_at;
+    assert!(blocked >= ttl.get() && blocked <= ttl.get() + 2 * MS, "{blocked:?}");
+    drop(lease);
+    Ok(())
+}
+
+#[tokio::test(start_paused = true)]
+async fn shutdown_cancels_and_releases_every_lease() -> TestResult {
+    let backend = MemoryBackend::new();
+    let manager = LeaseManager::new(backend.clone())?;
+    let a = manager.acquire("s1", &options("3s")).await?;
+    let b = manager.acquire("s2", &options("3s")).await?;
+    manager.shutdown().await;
+    assert_eq!(a.loss_reason(), Some(LossReason::Shutdown));
+    assert_eq!(b.loss_reason(), Some(LossReason::Shutdown));
+    assert!(a.token().is_cancelled() && b.token().is_cancelled());
+    assert_eq!(backend.inspect(&key("s1")).await?, None);
+    assert_eq!(backend.inspect(&key("s2")).await?, None);
+    assert!(matches!(manager.acquire("s3", &options("3s")).await, Err(LeaseError::ManagerStopped)));
+    assert!(matches!(a.release().await, Err(LeaseError::ManagerStopped)));
+    Ok(())
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_abandoned_acquisition_is_released_in_the_background() -> TestResult {
+    let backend = MemoryBackend::new();
+    let manager = LeaseManager::new(backend.clone())?;
+    backend.hang();
+    let attempt = tokio::time::timeout(Duration::from_secs(1), manager.acquire("orphan", &options("30s"))).await;
+    assert!(attempt.is_err(), "the hung acquisition must time out");
+    // The acquisition was queued on the server and runs when it answers
+    // again; the orphan release queued after it frees the key.
+    backend.resume();
+    settle().await;
+    assert_eq!(backend.inspect(&key("orphan")).await?, None);
+    Ok(())
+}
+
+#[test]
+fn a_manager_needs_a_runtime() {
+    assert!(matches!(LeaseManager::new(MemoryBackend::new()), Err(LeaseError::NoRuntime)));
+}
