@@ -1,1 +1,40 @@
-//! placeholder
+//! Test support for leasehold: throwaway `redis-server` processes for
+//! integration tests, and the faults a lease must survive.
+//!
+//! [`RedisServer::start`] spawns a real `redis-server` on a free port of
+//! 127.0.0.1, in its own temporary directory, without persistence, and
+//! returns once it answers `PING`. The server can then be paused (SIGSTOP),
+//! resumed, killed (SIGKILL), stopped (SIGTERM) and restarted on the same
+//! port and directory; [`RedisServer::cli`] sends single commands over a
+//! built-in RESP2 client, so `redis-cli` is not needed. Dropping the server
+//! kills it and removes its directory.
+//!
+//! All calls are synchronous and short, and work inside `#[tokio::test]`.
+//! The binary is found on `PATH` or through `LEASEHOLD_REDIS_SERVER`; see
+//! [`redis_server_binary`]. Unix only.
+//!
+//! ```no_run
+//! use leasehold_testkit::{RedisServer, TestkitError};
+//!
+//! # fn main() -> Result<(), TestkitError> {
+//! let mut server = RedisServer::builder().appendonly(true).start()?;
+//! assert_eq!(server.cli(&["SET", "lease", "me", "PX", "30000"])?, "OK");
+//!
+//! server.pause()?; // clients now time out
+//! server.resume()?;
+//!
+//! server.kill()?; // crash...
+//! server.restart()?; // ...and recover from the append-only file
+//! assert_eq!(server.cli(&["GET", "lease"])?, "me");
+//! println!("connect to {}", server.url());
+//! # Ok(()) }
+//! ```
+
+mod binary;
+mod error;
+mod resp;
+mod server;
+
+pub use binary::{REDIS_SERVER_ENV, redis_server_binary};
+pub use error::TestkitError;
+pub use server::{RedisServer, ServerBuilder, free_port};

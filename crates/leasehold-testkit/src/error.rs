@@ -1,0 +1,112 @@
+//! The error type of the testkit.
+
+use std::io;
+use std::path::PathBuf;
+use std::process::ExitStatus;
+use std::time::Duration;
+
+/// Everything that can go wrong while running a throwaway `redis-server`.
+#[non_exhaustive]
+#[derive(Debug, thiserror::Error)]
+pub enum TestkitError {
+    /// No usable `redis-server` binary: not on `PATH`, or
+    /// `LEASEHOLD_REDIS_SERVER` names something that is not an executable file.
+    #[error(
+        "redis-server was not found on PATH; install it with `apt-get install -y redis-server` \
+         (Debian/Ubuntu) or `brew install redis`, or set LEASEHOLD_REDIS_SERVER"
+    )]
+    NotInstalled,
+
+    /// The `redis-server` process could not be spawned.
+    #[error("could not spawn {}: {source}", binary.display())]
+    Spawn {
+        /// The binary that was executed.
+        binary: PathBuf,
+        /// The underlying error.
+        #[source]
+        source: io::Error,
+    },
+
+    /// The server did not answer `PING` in time; the process has been killed.
+    #[error(
+        "redis-server on port {port} did not answer PING after {after:?}; last log lines:\n{log_tail}"
+    )]
+    NotReady {
+        /// The port the server was started on.
+        port: u16,
+        /// How long the testkit waited.
+        after: Duration,
+        /// The last lines of the server's log file.
+        log_tail: String,
+    },
+
+    /// The port was already taken by another process (after all retries,
+    /// or at once for a fixed port and for [`restart`](crate::RedisServer::restart)).
+    #[error(
+        "port {port} is already in use (tried {attempts} time(s)); last log lines:\n{log_tail}"
+    )]
+    PortInUse {
+        /// The (last) port that was tried.
+        port: u16,
+        /// How many ports were tried.
+        attempts: usize,
+        /// The last lines of the server's log file.
+        log_tail: String,
+    },
+
+    /// The server exited before it became ready, for a reason other than a
+    /// taken port.
+    #[error(
+        "redis-server on port {port} exited early with {status} (command line: {command}; \
+         configuration errors go to its discarded stderr: run it by hand to see them); \
+         last log lines:\n{log_tail}"
+    )]
+    Exited {
+        /// The port the server was started on.
+        port: u16,
+        /// The exit status of the process.
+        status: ExitStatus,
+        /// The command line, shell-quoted, for running it by hand.
+        command: String,
+        /// The last lines of the server's log file.
+        log_tail: String,
+    },
+
+    /// The operation needs a running server, but it has been killed or stopped.
+    #[error("redis-server is not running")]
+    NotRunning,
+
+    /// Sending a signal to the server process failed.
+    #[error("could not send {signal} to pid {pid}: {source}")]
+    Signal {
+        /// The name of the signal, e.g. `"SIGSTOP"`.
+        signal: &'static str,
+        /// The process id.
+        pid: u32,
+        /// The underlying error.
+        #[source]
+        source: io::Error,
+    },
+
+    /// An operation did not complete in time (a reply that never came, a
+    /// process that did not exit).
+    #[error("timed out after {after:?} waiting for {what}")]
+    Timeout {
+        /// What was being waited for.
+        what: &'static str,
+        /// How long the testkit waited.
+        after: Duration,
+    },
+
+    /// The server answered with a RESP error reply (`-ERR ...`).
+    #[error("redis replied with an error: {0}")]
+    Reply(String),
+
+    /// The server sent bytes that are not valid RESP2, or the command was empty.
+    #[error("protocol error: {0}")]
+    Protocol(String),
+
+    /// Any other I/O error (temporary directory, socket, process wait).
+    #[error(transparent)]
+    Io(#[from] io::Error),
+}
