@@ -30,7 +30,9 @@ pub enum Error {
         reason: String,
     },
     /// A duration string could not be parsed.
-    #[error("invalid duration {value:?}: {reason}; write durations like \"30s\", \"1m 30s\" or \"500ms\"")]
+    #[error(
+        "invalid duration {value:?}: {reason}; write durations like \"30s\", \"1m 30s\" or \"500ms\""
+    )]
     InvalidDuration {
         /// The string that was given.
         value: String,
@@ -62,7 +64,9 @@ pub enum Error {
 #[non_exhaustive]
 pub enum BackendError {
     /// No reply arrived in time; the operation may or may not have taken effect.
-    #[error("{op} on lease {key:?} got no reply within {after:?}; its outcome is unknown (the server may be paused, overloaded or cut off)")]
+    #[error(
+        "{op} on lease {key:?} got no reply within {after:?}; its outcome is unknown (the server may be paused, overloaded or cut off)"
+    )]
     Timeout {
         /// The operation (`acquire`, `renew`, `release`, `inspect`).
         op: &'static str,
@@ -72,7 +76,9 @@ pub enum BackendError {
         after: Duration,
     },
     /// The server could not be reached or the connection broke.
-    #[error("{op} on lease {key:?} could not reach the server; check that it is running and reachable")]
+    #[error(
+        "{op} on lease {key:?} could not reach the server; check that it is running and reachable"
+    )]
     Unavailable {
         /// The operation.
         op: &'static str,
@@ -83,7 +89,9 @@ pub enum BackendError {
         source: Cause,
     },
     /// The lease key holds a value of another type than a string.
-    #[error("lease key {key:?} holds a value that is not a string (another program uses this key); choose another lease key or delete it")]
+    #[error(
+        "lease key {key:?} holds a value that is not a string (another program uses this key); choose another lease key or delete it"
+    )]
     WrongType {
         /// The lease key.
         key: String,

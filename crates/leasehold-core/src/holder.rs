@@ -101,7 +101,10 @@ mod tests {
         assert_eq!(HolderId::from_hex(&id.to_hex())?, id);
         assert!(!format!("{id:?} {id}").contains(&id.to_hex()));
         assert_eq!(HolderId::from_hex("xyz"), Err(Error::InvalidHolderId));
-        assert_eq!(HolderId::from_hex(&"g".repeat(32)), Err(Error::InvalidHolderId));
+        assert_eq!(
+            HolderId::from_hex(&"g".repeat(32)),
+            Err(Error::InvalidHolderId)
+        );
         Ok(())
     }
 }

@@ -10,7 +10,9 @@ use crate::error::excerpt;
 /// The name of a lease.
 ///
 /// A key is 1 to [`LeaseKey::MAX_LEN`] bytes of UTF-8 without control
-/// characters (they would corrupt logs and terminals). It is cheap to clone.
+/// characters (they would corrupt logs and terminals), not starting with `}`
+/// (which would defeat the hash tag backends wrap around it). It is cheap to
+/// clone.
 ///
 /// A key may carry a Redis Cluster *hash tag*, the text between the first
 /// `{` and the next `}` (`order:{42}` has the tag `42`): backends store the
@@ -53,6 +55,11 @@ impl LeaseKey {
             return Err(refuse(
                 "a lease key must not contain control characters such as newlines or tabs",
             ));
+        }
+        if key.starts_with('}') {
+            // Stored as `namespace:{key}`, such a key would have an empty hash
+            // tag, and Redis Cluster could split the lease from its counter.
+            return Err(refuse("a lease key must not start with '}'"));
         }
         Ok(Self(Arc::from(key)))
     }
@@ -129,8 +136,11 @@ mod tests {
 
     #[test]
     fn refuses_bad_keys() {
-        for bad in ["", "a\nb", "tab\there", &"k".repeat(513)] {
-            assert!(matches!(LeaseKey::new(bad), Err(Error::InvalidKey { .. })), "{bad:?}");
+        for bad in ["", "a\nb", "tab\there", "}abc", &"k".repeat(513)] {
+            assert!(
+                matches!(LeaseKey::new(bad), Err(Error::InvalidKey { .. })),
+                "{bad:?}"
+            );
         }
         assert!(LeaseKey::new("k".repeat(512)).is_ok());
         assert!(LeaseKey::new("ünïcode:{ok}").is_ok());

@@ -108,12 +108,19 @@ impl MemoryBackend {
     fn state(&self) -> MutexGuard<'_, State> {
         // A panic while holding the lock cannot leave State half-updated
         // (every update is a single insert or remove), so poisoning is ignored.
-        self.inner.state.lock().unwrap_or_else(PoisonError::into_inner)
+        self.inner
+            .state
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
     }
 
     /// Every operation first waits for the injected latency and while hung.
     async fn gate(&self) {
-        let latency = *self.inner.latency.lock().unwrap_or_else(PoisonError::into_inner);
+        let latency = *self
+            .inner
+            .latency
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
         if !latency.is_zero() {
             tokio::time::sleep(latency).await;
         }
@@ -124,7 +131,11 @@ impl MemoryBackend {
 
     /// Delays every following operation by `latency` (zero turns it off).
     pub fn set_latency(&self, latency: Duration) {
-        *self.inner.latency.lock().unwrap_or_else(PoisonError::into_inner) = latency;
+        *self
+            .inner
+            .latency
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner) = latency;
     }
 
     /// Makes every operation, including those already waiting, hang until
@@ -233,12 +244,19 @@ impl LeaseBackend for MemoryBackend {
         Ok(self.renew_now(request))
     }
 
-    async fn renew_many(&self, requests: &[RenewRequest]) -> Vec<Result<RenewOutcome, BackendError>> {
+    async fn renew_many(
+        &self,
+        requests: &[RenewRequest],
+    ) -> Vec<Result<RenewOutcome, BackendError>> {
         self.gate().await;
         requests.iter().map(|r| Ok(self.renew_now(r))).collect()
     }
 
-    async fn release(&self, key: &LeaseKey, holder: &HolderId) -> Result<ReleaseOutcome, BackendError> {
+    async fn release(
+        &self,
+        key: &LeaseKey,
+        holder: &HolderId,
+    ) -> Result<ReleaseOutcome, BackendError> {
         self.gate().await;
         let now = Instant::now();
         let mut state = self.state();
@@ -273,26 +291,34 @@ mod tests {
         let backend = MemoryBackend::new();
         let ttl = Ttl::parse("1s")?;
         let (a, b) = (HolderId::generate()?, HolderId::generate()?);
-        let AcquireOutcome::Acquired(first) =
-            backend.try_acquire(&AcquireRequest::new(key(), a, ttl)).await?
+        let AcquireOutcome::Acquired(first) = backend
+            .try_acquire(&AcquireRequest::new(key(), a, ttl))
+            .await?
         else {
             panic!("a free key must be acquired");
         };
         assert!(matches!(
-            backend.try_acquire(&AcquireRequest::new(key(), b, ttl)).await?,
+            backend
+                .try_acquire(&AcquireRequest::new(key(), b, ttl))
+                .await?,
             AcquireOutcome::Held(_)
         ));
         // Re-acquire by the same holder keeps the token.
-        let AcquireOutcome::Acquired(again) =
-            backend.try_acquire(&AcquireRequest::new(key(), a, ttl)).await?
+        let AcquireOutcome::Acquired(again) = backend
+            .try_acquire(&AcquireRequest::new(key(), a, ttl))
+            .await?
         else {
             panic!("re-acquire by the holder must succeed");
         };
         assert_eq!(again.fencing_token, first.fencing_token);
         tokio::time::advance(Duration::from_millis(1001)).await;
-        assert_eq!(backend.renew(&RenewRequest::new(key(), a, ttl)).await?, RenewOutcome::Lost);
-        let AcquireOutcome::Acquired(second) =
-            backend.try_acquire(&AcquireRequest::new(key(), b, ttl)).await?
+        assert_eq!(
+            backend.renew(&RenewRequest::new(key(), a, ttl)).await?,
+            RenewOutcome::Lost
+        );
+        let AcquireOutcome::Acquired(second) = backend
+            .try_acquire(&AcquireRequest::new(key(), b, ttl))
+            .await?
         else {
             panic!("an expired key must be acquired");
         };

@@ -55,7 +55,7 @@ impl Ttl {
                 humantime::format_duration(Self::MAX)
             )));
         }
-        if duration.subsec_nanos() % 1_000_000 != 0 {
+        if !duration.subsec_nanos().is_multiple_of(1_000_000) {
             return Err(refuse(
                 "a ttl must be a whole number of milliseconds, the unit Redis stores".to_owned(),
             ));
@@ -128,9 +128,15 @@ mod tests {
         assert_eq!(Ttl::parse("100ms").map(Ttl::get), Ok(Ttl::MIN));
         assert_eq!(Ttl::parse("24h").map(Ttl::get), Ok(Ttl::MAX));
         for bad in ["0s", "99ms", "24h 1ms", "2days"] {
-            assert!(matches!(Ttl::parse(bad), Err(Error::InvalidTtl { .. })), "{bad}");
+            assert!(
+                matches!(Ttl::parse(bad), Err(Error::InvalidTtl { .. })),
+                "{bad}"
+            );
         }
-        assert!(matches!(Ttl::parse("soon"), Err(Error::InvalidDuration { .. })));
+        assert!(matches!(
+            Ttl::parse("soon"),
+            Err(Error::InvalidDuration { .. })
+        ));
         assert!(matches!(
             Ttl::new(Duration::from_micros(1_000_500)),
             Err(Error::InvalidTtl { .. })
@@ -139,6 +145,9 @@ mod tests {
 
     #[test]
     fn displays_the_humantime_way() {
-        assert_eq!(Ttl::parse("90s").map(|t| t.to_string()), Ok("1m 30s".to_owned()));
+        assert_eq!(
+            Ttl::parse("90s").map(|t| t.to_string()),
+            Ok("1m 30s".to_owned())
+        );
     }
 }

@@ -83,6 +83,9 @@ mod tests {
             let d = b.delay(attempt);
             assert!(d >= ceiling / 2 && d <= ceiling, "attempt {attempt}: {d:?}");
         }
-        assert_eq!(Backoff::fixed(Duration::from_millis(7)).delay(9), Duration::from_millis(7));
+        assert_eq!(
+            Backoff::fixed(Duration::from_millis(7)).delay(9),
+            Duration::from_millis(7)
+        );
     }
 }

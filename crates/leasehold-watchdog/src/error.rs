@@ -36,7 +36,9 @@ pub enum LeaseError {
     #[error("the lease manager has shut down; create a new one to acquire leases")]
     ManagerStopped,
     /// A manager was created outside a tokio runtime.
-    #[error("a LeaseManager needs a tokio runtime: create it inside #[tokio::main] or Runtime::block_on")]
+    #[error(
+        "a LeaseManager needs a tokio runtime: create it inside #[tokio::main] or Runtime::block_on"
+    )]
     NoRuntime,
     /// A lease guarding a running future ended before the future did.
     #[error("lease {key:?} ended while its work was running: {reason}")]
@@ -49,9 +51,15 @@ pub enum LeaseError {
 }
 
 fn holder_text(info: &LeaseInfo) -> String {
-    let who = info.label.as_deref().map_or_else(|| "another holder".to_owned(), |l| format!("{l:?}"));
+    let who = info
+        .label
+        .as_deref()
+        .map_or_else(|| "another holder".to_owned(), |l| format!("{l:?}"));
     match info.ttl_left {
-        Some(left) => format!("{who} for another {}", humantime::format_duration(round_ms(left))),
+        Some(left) => format!(
+            "{who} for another {}",
+            humantime::format_duration(round_ms(left))
+        ),
         None => format!("{who} with no expiry"),
     }
 }

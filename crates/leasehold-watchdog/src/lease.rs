@@ -43,7 +43,9 @@ impl LossReason {
 impl fmt::Display for LossReason {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(match self {
-            Self::Lost => "the server no longer has it for this holder (expired, deleted or taken over)",
+            Self::Lost => {
+                "the server no longer has it for this holder (expired, deleted or taken over)"
+            }
             Self::RenewalLimit => "the cap on renewals was reached",
             Self::Deadline => "renewals did not succeed in time, so it may expire",
             Self::Shutdown => "the lease manager shut down",
@@ -154,7 +156,11 @@ pub struct Lease {
 }
 
 impl Lease {
-    pub(crate) fn new(shared: Arc<Shared>, id: u64, commands: mpsc::UnboundedSender<Command>) -> Self {
+    pub(crate) fn new(
+        shared: Arc<Shared>,
+        id: u64,
+        commands: mpsc::UnboundedSender<Command>,
+    ) -> Self {
         Self {
             token: shared.token.child_token(),
             shared,

@@ -41,3 +41,5 @@ pub use error::LeaseError;
 pub use lease::{Lease, LossReason};
 pub use manager::LeaseManager;
 pub use options::{LeaseOptions, LeaseOptionsBuilder};
+/// The token type handed to holders, re-exported for convenience.
+pub use tokio_util::sync::CancellationToken;

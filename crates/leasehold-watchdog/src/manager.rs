@@ -3,15 +3,17 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 
-use leasehold_core::{AcquireOutcome, AcquireRequest, Grant, HolderId, LeaseBackend, LeaseInfo, LeaseKey};
+use leasehold_core::{
+    AcquireOutcome, AcquireRequest, Grant, HolderId, LeaseBackend, LeaseInfo, LeaseKey,
+};
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tracing::{Instrument, debug, info_span};
 
-use crate::renewal::{Command, Timing, Watchdog};
 use crate::lease::Shared;
+use crate::renewal::{Command, Timing, Watchdog};
 use crate::{Lease, LeaseError, LeaseOptions};
 
 /// Acquires leases and keeps them alive with a single watchdog task.
@@ -113,13 +115,21 @@ impl<B: LeaseBackend> LeaseManager<B> {
     ///
     /// Dropping the future abandons the attempt; if it may have succeeded on
     /// the server, the watchdog releases it in the background.
-    pub async fn acquire(&self, key: impl AsRef<str>, options: &LeaseOptions) -> Result<Lease, LeaseError> {
+    pub async fn acquire(
+        &self,
+        key: impl AsRef<str>,
+        options: &LeaseOptions,
+    ) -> Result<Lease, LeaseError> {
         let key = LeaseKey::new(key)?;
         let span = info_span!("acquire", key = %key, name = %options.name());
         self.acquire_key(key, options).instrument(span).await
     }
 
-    async fn acquire_key(&self, key: LeaseKey, options: &LeaseOptions) -> Result<Lease, LeaseError> {
+    async fn acquire_key(
+        &self,
+        key: LeaseKey,
+        options: &LeaseOptions,
+    ) -> Result<Lease, LeaseError> {
         if self.inner.shutdown.is_cancelled() {
             return Err(LeaseError::ManagerStopped);
         }
@@ -200,7 +210,11 @@ impl<B: LeaseBackend> LeaseManager<B> {
         let lease = Lease::new(Arc::clone(&shared), id, self.inner.commands.clone());
         self.inner
             .commands
-            .send(Command::Register { id, shared, sent_at })
+            .send(Command::Register {
+                id,
+                shared,
+                sent_at,
+            })
             .map_err(|_| LeaseError::ManagerStopped)?;
         Ok(lease)
     }
@@ -215,7 +229,12 @@ impl<B: LeaseBackend> LeaseManager<B> {
     /// If the future is dropped, the shutdown still completes in the background.
     pub async fn shutdown(&self) {
         self.inner.shutdown.cancel();
-        let task = self.inner.task.lock().unwrap_or_else(PoisonError::into_inner).take();
+        let task = self
+            .inner
+            .task
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .take();
         if let Some(task) = task {
             // The watchdog never panics on its own; a join error means the
             // runtime is shutting down, which ends it anyway.

@@ -240,11 +240,14 @@ impl LeaseOptionsBuilder {
         let ttl = options.ttl.get();
         let invalid = |reason: String| LeaseError::InvalidOptions { reason };
         if options.renew_interval.is_zero() {
-            return Err(invalid("the renew interval must be greater than zero".to_owned()));
+            return Err(invalid(
+                "the renew interval must be greater than zero".to_owned(),
+            ));
         }
         if options.safety_margin.is_zero() {
             return Err(invalid(
-                "the safety margin must be greater than zero: it is the holder's time to stop".to_owned(),
+                "the safety margin must be greater than zero: it is the holder's time to stop"
+                    .to_owned(),
             ));
         }
         let usable = ttl.saturating_sub(clock_drift(ttl));
@@ -285,16 +288,27 @@ mod tests {
 
         let ttl = Ttl::parse("1s")?;
         for bad in [
-            LeaseOptions::builder().ttl(ttl).renew_interval(Duration::ZERO),
-            LeaseOptions::builder().ttl(ttl).safety_margin(Duration::ZERO),
-            LeaseOptions::builder().ttl(ttl).safety_margin(Duration::from_secs(1)),
-            LeaseOptions::builder().ttl(ttl).renew_interval(Duration::from_millis(900)),
+            LeaseOptions::builder()
+                .ttl(ttl)
+                .renew_interval(Duration::ZERO),
+            LeaseOptions::builder()
+                .ttl(ttl)
+                .safety_margin(Duration::ZERO),
+            LeaseOptions::builder()
+                .ttl(ttl)
+                .safety_margin(Duration::from_secs(1)),
+            LeaseOptions::builder()
+                .ttl(ttl)
+                .renew_interval(Duration::from_millis(900)),
             LeaseOptions::builder()
                 .ttl(ttl)
                 .safety_margin(Duration::from_millis(600))
                 .renew_interval(Duration::from_millis(400)),
         ] {
-            assert!(matches!(bad.build(), Err(LeaseError::InvalidOptions { .. })));
+            assert!(matches!(
+                bad.build(),
+                Err(LeaseError::InvalidOptions { .. })
+            ));
         }
         Ok(())
     }

@@ -237,14 +237,20 @@ impl<B: LeaseBackend> Watchdog<B> {
                     // scheduled for a while must not renew a lease whose
                     // holder should already have been told.
                     Event::Renew if now < entry.deadline => {
-                        entry.timer = Some(self.timers.insert_at((id, Event::Deadline), entry.deadline));
+                        entry.timer =
+                            Some(self.timers.insert_at((id, Event::Deadline), entry.deadline));
                         due.push(id);
                     }
                     Event::Deadline if entry.capped() => self.end(id, LossReason::RenewalLimit),
                     Event::Renew | Event::Deadline => self.end(id, LossReason::Deadline),
                 }
             }
-            next = self.timers.next().now_or_never().flatten().map(delay_queue::Expired::into_inner);
+            next = self
+                .timers
+                .next()
+                .now_or_never()
+                .flatten()
+                .map(delay_queue::Expired::into_inner);
         }
         for ids in due.chunks(MAX_BATCH) {
             self.send_renewals(ids.to_vec());
@@ -319,7 +325,10 @@ impl<B: LeaseBackend> Watchdog<B> {
             self.timers.try_remove(&key);
         }
         if entry.shared.end(reason) {
-            let left = entry.shared.valid_until().saturating_duration_since(Instant::now());
+            let left = entry
+                .shared
+                .valid_until()
+                .saturating_duration_since(Instant::now());
             warn!(
                 key = %entry.shared.key,
                 name = %entry.shared.name,

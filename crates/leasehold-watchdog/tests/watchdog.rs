@@ -39,7 +39,10 @@ async fn renews_at_a_third_of_the_ttl() -> TestResult {
         sleep_until(due + MS).await;
         assert_eq!(lease.renewals(), n, "renewal {n} did not come at {n}s");
         // valid_until counts from when the renewal was sent.
-        assert_eq!(lease.valid_until(), due + Duration::from_secs(3) - clock_drift(Duration::from_secs(3)));
+        assert_eq!(
+            lease.valid_until(),
+            due + Duration::from_secs(3) - clock_drift(Duration::from_secs(3))
+        );
     }
     // The lease outlived its ttl twice over by renewals alone.
     assert!(backend.inspect(&key("job")).await?.is_some());
@@ -51,7 +54,10 @@ async fn renews_at_a_third_of_the_ttl() -> TestResult {
 async fn renewal_cap_fires_before_the_last_validity_ends() -> TestResult {
     let backend = MemoryBackend::new();
     let manager = LeaseManager::new(backend.clone())?;
-    let options = LeaseOptions::builder().ttl(Ttl::parse("3s")?).max_renewals(2).build()?;
+    let options = LeaseOptions::builder()
+        .ttl(Ttl::parse("3s")?)
+        .max_renewals(2)
+        .build()?;
     let start = Instant::now();
     let lease = manager.acquire("capped", &options).await?;
     assert_eq!(lease.lost().await, LossReason::RenewalLimit);
@@ -59,7 +65,10 @@ async fn renewal_cap_fires_before_the_last_validity_ends() -> TestResult {
     assert_eq!(lease.renewals(), 2);
     // The second renewal was sent at 2 s; the token fires a safety margin
     // before that renewal's validity ends, while the server still has it.
-    assert_eq!(lease.valid_until(), start + Duration::from_secs(5) - clock_drift(Duration::from_secs(3)));
+    assert_eq!(
+        lease.valid_until(),
+        start + Duration::from_secs(5) - clock_drift(Duration::from_secs(3))
+    );
     assert_eq!(fired, lease.valid_until() - options.safety_margin());
     assert!(backend.inspect(&key("capped")).await?.is_some());
     Ok(())
@@ -75,7 +84,11 @@ async fn hanging_backend_fires_the_deadline_before_validity_ends() -> TestResult
     backend.hang();
     assert_eq!(lease.lost().await, LossReason::Deadline);
     let fired = Instant::now();
-    assert!(fired < valid_until, "token fired {:?} after validity", fired - valid_until);
+    assert!(
+        fired < valid_until,
+        "token fired {:?} after validity",
+        fired - valid_until
+    );
     assert_eq!(fired, valid_until - options.safety_margin());
     assert_eq!(lease.renewals(), 0);
     // A renewal that finally answers after the deadline does not revive it.
@@ -124,7 +137,10 @@ async fn a_watchdog_woken_past_the_deadline_cancels_without_renewing() -> TestRe
     assert_eq!(lease.loss_reason(), Some(LossReason::Deadline));
     assert_eq!(lease.renewals(), 0);
     // No renewal reached the server: it still expires 3 s after acquisition.
-    let left = backend.inspect(&key("late")).await?.and_then(|i| i.ttl_left);
+    let left = backend
+        .inspect(&key("late"))
+        .await?
+        .and_then(|i| i.ttl_left);
     assert_eq!(left, Some(Duration::from_millis(100)));
     Ok(())
 }
@@ -159,23 +175,41 @@ async fn waiting_acquire_gets_the_lease_when_it_is_freed() -> TestResult {
     assert_eq!(Instant::now(), start);
 
     // With a wait shorter than the holder keeps it: refused when it runs out.
-    let short = LeaseOptions::builder().ttl(Ttl::parse("3s")?).wait(Duration::from_secs(2)).build()?;
+    let short = LeaseOptions::builder()
+        .ttl(Ttl::parse("3s")?)
+        .wait(Duration::from_secs(2))
+        .build()?;
     let err = manager.acquire("w", &short).await.err();
-    assert!(matches!(err, Some(LeaseError::NotAcquired { .. })), "{err:?}");
+    assert!(
+        matches!(err, Some(LeaseError::NotAcquired { .. })),
+        "{err:?}"
+    );
     assert_eq!(Instant::now(), start + Duration::from_secs(2));
 
     // With a longer wait: acquired soon after the release.
-    let long = LeaseOptions::builder().ttl(Ttl::parse("3s")?).wait(Duration::from_secs(60)).build()?;
+    let long = LeaseOptions::builder()
+        .ttl(Ttl::parse("3s")?)
+        .wait(Duration::from_secs(60))
+        .build()?;
     let waiter = tokio::spawn({
         let manager = manager.clone();
-        async move { manager.acquire("w", &long).await.map(|l| (Instant::now(), l)) }
+        async move {
+            manager
+                .acquire("w", &long)
+                .await
+                .map(|l| (Instant::now(), l))
+        }
     });
     sleep(Duration::from_secs(1)).await;
     let released_at = Instant::now();
     let first_token = first.fencing_token();
     first.release().await?;
     let (acquired_at, second) = waiter.await??;
-    assert!(acquired_at - released_at <= short.backoff().max(), "{:?}", acquired_at - released_at);
+    assert!(
+        acquired_at - released_at <= short.backoff().max(),
+        "{:?}",
+        acquired_at - released_at
+    );
     assert!(second.fencing_token() > first_token);
     Ok(())
 }
@@ -185,15 +219,28 @@ async fn a_holder_that_crashed_blocks_others_for_at_most_its_ttl() -> TestResult
     let backend = MemoryBackend::new();
     // A holder that acquired and then crashed: nothing renews or releases.
     let ttl = Ttl::parse("3s")?;
-    let request = leasehold_core::AcquireRequest::new(key("crash"), leasehold_core::HolderId::generate()?, ttl);
+    let request = leasehold_core::AcquireRequest::new(
+        key("crash"),
+        leasehold_core::HolderId::generate()?,
+        ttl,
+    );
     let crashed_at = Instant::now();
-    assert!(matches!(backend.try_acquire(&request).await?, leasehold_core::AcquireOutcome::Acquired(_)));
+    assert!(matches!(
+        backend.try_acquire(&request).await?,
+        leasehold_core::AcquireOutcome::Acquired(_)
+    ));
     let manager = LeaseManager::new(backend.clone())?;
-    let wait = LeaseOptions::builder().ttl(ttl).wait(Duration::from_secs(10)).build()?;
+    let wait = LeaseOptions::builder()
+        .ttl(ttl)
+        .wait(Duration::from_secs(10))
+        .build()?;
     let lease = manager.acquire("crash", &wait).await?;
     // Acquired as soon as the ttl ran out: the retry sleeps until the expiry.
     let blocked = Instant::now() - crashed_at;
-    assert!(blocked >= ttl.get() && blocked <= ttl.get() + 2 * MS, "{blocked:?}");
+    assert!(
+        blocked >= ttl.get() && blocked <= ttl.get() + 2 * MS,
+        "{blocked:?}"
+    );
     drop(lease);
     Ok(())
 }
@@ -210,7 +257,10 @@ async fn shutdown_cancels_and_releases_every_lease() -> TestResult {
     assert!(a.token().is_cancelled() && b.token().is_cancelled());
     assert_eq!(backend.inspect(&key("s1")).await?, None);
     assert_eq!(backend.inspect(&key("s2")).await?, None);
-    assert!(matches!(manager.acquire("s3", &options("3s")).await, Err(LeaseError::ManagerStopped)));
+    assert!(matches!(
+        manager.acquire("s3", &options("3s")).await,
+        Err(LeaseError::ManagerStopped)
+    ));
     assert!(matches!(a.release().await, Err(LeaseError::ManagerStopped)));
     Ok(())
 }
@@ -220,7 +270,11 @@ async fn an_abandoned_acquisition_is_released_in_the_background() -> TestResult 
     let backend = MemoryBackend::new();
     let manager = LeaseManager::new(backend.clone())?;
     backend.hang();
-    let attempt = tokio::time::timeout(Duration::from_secs(1), manager.acquire("orphan", &options("30s"))).await;
+    let attempt = tokio::time::timeout(
+        Duration::from_secs(1),
+        manager.acquire("orphan", &options("30s")),
+    )
+    .await;
     assert!(attempt.is_err(), "the hung acquisition must time out");
     // The acquisition was queued on the server and runs when it answers
     // again; the orphan release queued after it frees the key.
@@ -232,5 +286,8 @@ async fn an_abandoned_acquisition_is_released_in_the_background() -> TestResult 
 
 #[test]
 fn a_manager_needs_a_runtime() {
-    assert!(matches!(LeaseManager::new(MemoryBackend::new()), Err(LeaseError::NoRuntime)));
+    assert!(matches!(
+        LeaseManager::new(MemoryBackend::new()),
+        Err(LeaseError::NoRuntime)
+    ));
 }

@@ -1,0 +1,189 @@
+//! Where a lease lives on the server: the key layout.
+
+use leasehold_core::LeaseKey;
+
+use crate::Error;
+
+/// The Redis keys of leases in one namespace.
+///
+/// For a lease key `K` in namespace `N` the *prefix* `P` is `N:K` when `K`
+/// has a hash tag (`order:{42}` → `N:order:{42}`), else `N:{K}`
+/// (`reports:nightly` → `N:{reports:nightly}`). Then:
+///
+/// | key       | holds                                                                   |
+/// |-----------|-------------------------------------------------------------------------|
+/// | `P`       | the lease: `<holder hex, 32 digits>:<fencing token>:<label or empty>`, with an expiry |
+/// | `P:fence` | the fencing counter, never expiring                                     |
+///
+/// Both keys share the hash tag of `P`, so they sit in one Redis Cluster
+/// slot and one script can touch both. A lease key with its own hash tag
+/// keeps it, so a lease can live in the slot of the data it guards.
+///
+/// The namespace may not contain `{` or `}`: they would change the hash tag.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct KeyLayout {
+    namespace: std::sync::Arc<str>,
+}
+
+impl KeyLayout {
+    /// The default namespace: `leasehold`.
+    pub const DEFAULT_NAMESPACE: &'static str = "leasehold";
+
+    /// The longest namespace accepted, in bytes.
+    pub const MAX_NAMESPACE_LEN: usize = 64;
+
+    /// A layout for `namespace`.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidConfig`] when the namespace is empty, longer than
+    /// [`KeyLayout::MAX_NAMESPACE_LEN`] bytes, or contains braces, whitespace
+    /// or control characters.
+    pub fn new(namespace: &str) -> Result<Self, Error> {
+        let refuse = |reason: &str| Error::InvalidConfig {
+            field: "namespace",
+            reason: format!("{namespace:?} {reason}"),
+        };
+        if namespace.is_empty() {
+            return Err(refuse("is empty; use a short name such as \"leasehold\""));
+        }
+        if namespace.len() > Self::MAX_NAMESPACE_LEN {
+            return Err(refuse("is longer than 64 bytes; use a short name"));
+        }
+        if namespace.contains(['{', '}']) {
+            return Err(refuse(
+                "contains '{' or '}', which would change the Redis Cluster hash tag of every lease; remove them",
+            ));
+        }
+        if namespace
+            .chars()
+            .any(|c| c.is_control() || c.is_whitespace())
+        {
+            return Err(refuse(
+                "contains whitespace or control characters; remove them",
+            ));
+        }
+        Ok(Self {
+            namespace: namespace.into(),
+        })
+    }
+
+    /// The namespace every key starts with.
+    #[must_use]
+    pub fn namespace(&self) -> &str {
+        &self.namespace
+    }
+
+    /// The prefix `P` of a lease: `N:K` if `K` has a hash tag, else `N:{K}`.
+    fn prefix(&self, key: &LeaseKey) -> String {
+        let (ns, k) = (&*self.namespace, key.as_str());
+        if key.hash_tag().is_some() {
+            format!("{ns}:{k}")
+        } else {
+            format!("{ns}:{{{k}}}")
+        }
+    }
+
+    /// The Redis key holding the lease itself (`P`).
+    #[must_use]
+    pub fn lease(&self, key: &LeaseKey) -> String {
+        self.prefix(key)
+    }
+
+    /// The Redis key holding the lease's fencing counter (`P:fence`).
+    #[must_use]
+    pub fn fence(&self, key: &LeaseKey) -> String {
+        let mut p = self.prefix(key);
+        p.push_str(":fence");
+        p
+    }
+}
+
+impl Default for KeyLayout {
+    fn default() -> Self {
+        Self {
+            namespace: Self::DEFAULT_NAMESPACE.into(),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The part of a Redis key that Redis Cluster hashes (the cluster spec's rule).
+    fn hashed_part(key: &str) -> &str {
+        key.find('{')
+            .and_then(|open| {
+                let rest = &key[open + 1..];
+                rest.find('}')
+                    .filter(|&close| close > 0)
+                    .map(|close| &rest[..close])
+            })
+            .unwrap_or(key)
+    }
+
+    fn k(s: &str) -> LeaseKey {
+        LeaseKey::new(s).expect("valid key")
+    }
+
+    #[test]
+    fn keys_follow_the_documented_layout() {
+        let layout = KeyLayout::default();
+        assert_eq!(
+            layout.lease(&k("reports:nightly")),
+            "leasehold:{reports:nightly}"
+        );
+        assert_eq!(
+            layout.fence(&k("reports:nightly")),
+            "leasehold:{reports:nightly}:fence"
+        );
+        assert_eq!(layout.lease(&k("order:{42}")), "leasehold:order:{42}");
+        assert_eq!(layout.fence(&k("order:{42}")), "leasehold:order:{42}:fence");
+        assert_eq!(hashed_part(&layout.lease(&k("order:{42}"))), "42");
+    }
+
+    #[test]
+    fn lease_and_fence_share_a_slot() {
+        let layout = KeyLayout::new("app").expect("valid namespace");
+        for key in [
+            "plain",
+            "order:{42}",
+            "{a}{b}",
+            "x{}y",
+            "a}b{c",
+            "{}",
+            "a{b",
+            "ü{ñ}",
+        ] {
+            let key = k(key);
+            assert_eq!(
+                hashed_part(&layout.lease(&key)),
+                hashed_part(&layout.fence(&key)),
+                "{key:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn refuses_bad_namespaces() {
+        for bad in ["", "a{b", "a}b", "a b", "a\nb", &"n".repeat(65)] {
+            assert!(
+                matches!(
+                    KeyLayout::new(bad),
+                    Err(Error::InvalidConfig {
+                        field: "namespace",
+                        ..
+                    })
+                ),
+                "{bad:?}"
+            );
+        }
+        assert_eq!(
+            KeyLayout::new("my-app:leases")
+                .map(|l| l.namespace().to_owned())
+                .ok(),
+            Some("my-app:leases".to_owned())
+        );
+    }
+}

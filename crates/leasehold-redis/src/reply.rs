@@ -1,0 +1,473 @@
+//! Turning script replies into outcomes, and Redis errors into [`BackendError`]s.
+//!
+//! Nothing here panics: a reply of a shape the scripts never produce becomes
+//! [`BackendError::UnexpectedReply`] with a short description of the shape
+//! (never of the contents, which may hold another holder's id).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use leasehold_core::{
+    AcquireOutcome, AcquireRequest, BackendError, FencingToken, Grant, LeaseInfo, LeaseKey,
+    ReleaseOutcome, RenewOutcome,
+};
+use redis::{ErrorKind, RedisError, RetryMethod, Value};
+use tokio::time::Instant;
+
+/// Why an operation produced no outcome, before it is tied to a lease key.
+///
+/// One failure of a batched call becomes the error of every request in it.
+#[derive(Debug, Clone)]
+pub(crate) enum Failure {
+    /// No reply within the operation timeout.
+    Timeout(Duration),
+    /// The client or the server reported an error.
+    Redis(Arc<RedisError>),
+    /// The reply had a shape the script never produces.
+    Unexpected(String),
+}
+
+impl Failure {
+    /// Classifies a Redis error; `op_timeout` is reported for timeouts.
+    pub(crate) fn from_redis(err: RedisError, op_timeout: Duration) -> Self {
+        if err.is_timeout() {
+            Self::Timeout(op_timeout)
+        } else {
+            Self::Redis(Arc::new(err))
+        }
+    }
+
+    /// The [`BackendError`] of operation `op` on `key`.
+    pub(crate) fn for_key(&self, op: &'static str, key: &LeaseKey) -> BackendError {
+        let key = key.as_str().to_owned();
+        match self {
+            Self::Timeout(after) => BackendError::Timeout {
+                op,
+                key,
+                after: *after,
+            },
+            Self::Unexpected(detail) => BackendError::UnexpectedReply {
+                op,
+                key,
+                detail: detail.clone(),
+            },
+            Self::Redis(err) => redis_error(op, key, err),
+        }
+    }
+}
+
+/// Maps a Redis error by its kind, code and retry method (never its text).
+fn redis_error(op: &'static str, key: String, err: &Arc<RedisError>) -> BackendError {
+    if err.code() == Some("WRONGTYPE") {
+        return BackendError::WrongType { key };
+    }
+    if err.is_io_error() || err.is_connection_dropped() || err.is_connection_refusal() {
+        return BackendError::Unavailable {
+            op,
+            key,
+            source: err.clone(),
+        };
+    }
+    match err.kind() {
+        ErrorKind::Parse | ErrorKind::UnexpectedReturnType => BackendError::UnexpectedReply {
+            op,
+            key,
+            detail: err.to_string(),
+        },
+        ErrorKind::Server(_) | ErrorKind::Extension | ErrorKind::AuthenticationFailed => {
+            let code = err.code().unwrap_or("AUTH");
+            let detail = match err.detail() {
+                Some(detail) => format!("{code} {detail}"),
+                None => code.to_owned(),
+            };
+            BackendError::Server {
+                op,
+                key,
+                detail,
+                transient: is_transient(err),
+            }
+        }
+        // Client-side failures (TLS setup, a closed connection, …): the
+        // request did not get through.
+        _ => BackendError::Unavailable {
+            op,
+            key,
+            source: err.clone(),
+        },
+    }
+}
+
+/// Whether a server error may go away by itself (failover, loading, a busy script).
+fn is_transient(err: &RedisError) -> bool {
+    // BUSY (a long-running script) and NOREPLICAS (min-replicas-to-write not
+    // met) are codes the client library does not classify.
+    if matches!(err.code(), Some("BUSY" | "NOREPLICAS")) {
+        return true;
+    }
+    !matches!(err.retry_method(), RetryMethod::NoRetry)
+}
+
+/// A short description of a reply's shape, for error messages.
+fn describe(value: &Value) -> String {
+    match value {
+        Value::Nil => "nil".to_owned(),
+        Value::Int(i) => format!("integer {i}"),
+        Value::BulkString(b) => format!("a string of {} bytes", b.len()),
+        Value::SimpleString(_) | Value::VerbatimString { .. } => "a status string".to_owned(),
+        Value::Okay => "OK".to_owned(),
+        Value::Array(items) => format!("an array of {} items", items.len()),
+        Value::Map(items) => format!("a map of {} entries", items.len()),
+        Value::Set(items) => format!("a set of {} items", items.len()),
+        Value::Double(_) => "a double".to_owned(),
+        Value::Boolean(b) => format!("boolean {b}"),
+        Value::ServerError(e) => format!("an error reply ({})", e.code()),
+        _ => "a reply of another RESP type".to_owned(),
+    }
+}
+
+fn unexpected(expected: &str, got: &Value) -> Failure {
+    Failure::Unexpected(format!("expected {expected}, got {}", describe(got)))
+}
+
+fn int(value: &Value) -> Option<i64> {
+    match value {
+        Value::Int(i) => Some(*i),
+        _ => None,
+    }
+}
+
+fn bytes(value: &Value) -> Option<&[u8]> {
+    match value {
+        Value::BulkString(b) => Some(b),
+        Value::SimpleString(s) => Some(s.as_bytes()),
+        _ => None,
+    }
+}
+
+/// Unwraps RESP3 attributes, which may decorate any reply.
+fn plain(value: &Value) -> &Value {
+    match value {
+        Value::Attribute { data, .. } => plain(data),
+        other => other,
+    }
+}
+
+fn token(value: &Value) -> Result<FencingToken, Failure> {
+    bytes(value)
+        .and_then(|b| std::str::from_utf8(b).ok())
+        .and_then(|s| s.parse::<u64>().ok())
+        .map(FencingToken)
+        .ok_or_else(|| unexpected("a fencing token in decimal", value))
+}
+
+/// The ttl left from a PTTL reply: `None` for -1 (no expiry).
+fn ttl_left(value: &Value) -> Result<Option<Duration>, Failure> {
+    match int(value) {
+        Some(ms) if ms >= 0 => Ok(Some(Duration::from_millis(ms.unsigned_abs()))),
+        Some(-1) => Ok(None),
+        _ => Err(unexpected("a PTTL of -1 or more", value)),
+    }
+}
+
+/// Reads a stored lease value `<holder hex>:<token>:<label>` as others may
+/// see it: the holder id is dropped. A value in another format (written by
+/// something other than leasehold) has no token and no label.
+pub(crate) fn lease_info(stored: &[u8], ttl_left: Option<Duration>) -> LeaseInfo {
+    let mut info = LeaseInfo::default();
+    info.ttl_left = ttl_left;
+    if let Some((token, label)) = parse_stored(stored) {
+        info.fencing_token = Some(token);
+        info.label = (!label.is_empty()).then(|| label.to_owned());
+    }
+    info
+}
+
+fn parse_stored(stored: &[u8]) -> Option<(FencingToken, &str)> {
+    let text = std::str::from_utf8(stored).ok()?;
+    let (holder, rest) = (text.get(..32)?, text.get(32..)?);
+    if !holder.bytes().all(|b| b.is_ascii_hexdigit()) {
+        return None;
+    }
+    let (token, label) = rest.strip_prefix(':')?.split_once(':')?;
+    if token.is_empty() || !token.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    Some((FencingToken(token.parse().ok()?), label))
+}
+
+/// The reply of `acquire.lua`: `{1, token}` or `{0, value, pttl}`.
+pub(crate) fn acquired(
+    request: &AcquireRequest,
+    sent_at: Instant,
+    reply: &Value,
+) -> Result<AcquireOutcome, Failure> {
+    const SHAPE: &str = "{1, token} or {0, value, pttl}";
+    let Value::Array(items) = plain(reply) else {
+        return Err(unexpected(SHAPE, reply));
+    };
+    match (items.first().map(plain).and_then(int), items.as_slice()) {
+        (Some(1), [_, token_reply]) => Ok(AcquireOutcome::Acquired(Grant::new(
+            request.key.clone(),
+            request.holder,
+            token(plain(token_reply))?,
+            request.ttl,
+            sent_at,
+        ))),
+        (Some(0), [_, value, pttl]) => {
+            let stored =
+                bytes(plain(value)).ok_or_else(|| unexpected("the holder's value", value))?;
+            Ok(AcquireOutcome::Held(lease_info(
+                stored,
+                ttl_left(plain(pttl))?,
+            )))
+        }
+        _ => Err(unexpected(SHAPE, reply)),
+    }
+}
+
+/// The reply of `renew.lua` for `count` requests: one 1 or 0 each.
+pub(crate) fn renewed(count: usize, reply: &Value) -> Result<Vec<RenewOutcome>, Failure> {
+    let expected = || format!("an array of {count} ones and zeros");
+    let Value::Array(items) = plain(reply) else {
+        return Err(unexpected(&expected(), reply));
+    };
+    if items.len() != count {
+        return Err(unexpected(&expected(), reply));
+    }
+    items
+        .iter()
+        .map(|item| match int(plain(item)) {
+            Some(1) => Ok(RenewOutcome::Renewed),
+            Some(0) => Ok(RenewOutcome::Lost),
+            _ => Err(unexpected(&expected(), item)),
+        })
+        .collect()
+}
+
+/// The reply of `release.lua`: 1 or 0.
+pub(crate) fn released(reply: &Value) -> Result<ReleaseOutcome, Failure> {
+    match int(plain(reply)) {
+        Some(1) => Ok(ReleaseOutcome::Released),
+        Some(0) => Ok(ReleaseOutcome::NotHeld),
+        _ => Err(unexpected("1 or 0", reply)),
+    }
+}
+
+/// The reply of `inspect.lua`: `{value, pttl}` or `{nil, -2}`.
+pub(crate) fn inspected(reply: &Value) -> Result<Option<LeaseInfo>, Failure> {
+    const SHAPE: &str = "{value, pttl} or {nil, -2}";
+    let Value::Array(items) = plain(reply) else {
+        return Err(unexpected(SHAPE, reply));
+    };
+    let [value, pttl] = items.as_slice() else {
+        return Err(unexpected(SHAPE, reply));
+    };
+    match plain(value) {
+        Value::Nil | Value::Boolean(false) => Ok(None),
+        value => {
+            let stored = bytes(value).ok_or_else(|| unexpected("the holder's value", value))?;
+            Ok(Some(lease_info(stored, ttl_left(plain(pttl))?)))
+        }
+    }
+}
+
+/// The reply of `DEL`: the number of keys deleted.
+pub(crate) fn deleted(reply: &Value) -> Result<bool, Failure> {
+    match int(plain(reply)) {
+        Some(n) if n >= 0 => Ok(n > 0),
+        _ => Err(unexpected("the number of deleted keys", reply)),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use leasehold_core::{HolderId, Ttl};
+
+    type TestResult = Result<(), Box<dyn std::error::Error>>;
+
+    fn bulk(s: &str) -> Value {
+        Value::BulkString(s.as_bytes().to_vec())
+    }
+
+    const HOLDER: &str = "0123456789abcdef0123456789abcdef";
+
+    #[test]
+    fn stored_values_are_read_without_the_holder() {
+        let info = lease_info(
+            format!("{HOLDER}:42:pod-7").as_bytes(),
+            Some(Duration::from_millis(900)),
+        );
+        assert_eq!(info.fencing_token, Some(FencingToken(42)));
+        assert_eq!(info.label.as_deref(), Some("pod-7"));
+        assert_eq!(info.ttl_left, Some(Duration::from_millis(900)));
+        assert!(!format!("{info:?}").contains(HOLDER));
+
+        let with_colons = lease_info(format!("{HOLDER}:7:host:8080").as_bytes(), None);
+        assert_eq!(with_colons.label.as_deref(), Some("host:8080"));
+        assert_eq!(with_colons.fencing_token, Some(FencingToken(7)));
+
+        let no_label = lease_info(format!("{HOLDER}:7:").as_bytes(), None);
+        assert_eq!(
+            (no_label.label, no_label.fencing_token),
+            (None, Some(FencingToken(7)))
+        );
+
+        for foreign in [
+            "locked".as_bytes(),
+            b"",
+            format!("{HOLDER}:x:label").as_bytes(),
+            format!("{HOLDER}:7").as_bytes(),
+            format!("{HOLDER}:99999999999999999999999:l").as_bytes(),
+            format!("{}:7:l", "z".repeat(32)).as_bytes(),
+            "ü".repeat(20).as_bytes(),
+            &[0xff, 0xfe, 0x00],
+        ] {
+            let info = lease_info(foreign, None);
+            assert_eq!(
+                (info.label, info.fencing_token),
+                (None, None),
+                "{foreign:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn acquire_replies() -> TestResult {
+        let request = AcquireRequest::new(
+            LeaseKey::new("k")?,
+            HolderId::generate()?,
+            Ttl::parse("1s")?,
+        );
+        let now = Instant::now();
+        let ok = acquired(
+            &request,
+            now,
+            &Value::Array(vec![Value::Int(1), bulk("1700000000000001")]),
+        );
+        assert!(
+            matches!(ok, Ok(AcquireOutcome::Acquired(g)) if g.fencing_token == FencingToken(1_700_000_000_000_001))
+        );
+        let held = acquired(
+            &request,
+            now,
+            &Value::Array(vec![
+                Value::Int(0),
+                bulk(&format!("{HOLDER}:5:")),
+                Value::Int(250),
+            ]),
+        );
+        assert!(matches!(held, Ok(AcquireOutcome::Held(ref i))
+            if i.fencing_token == Some(FencingToken(5)) && i.ttl_left == Some(Duration::from_millis(250))));
+        for bad in [
+            Value::Nil,
+            Value::Int(1),
+            Value::Array(vec![]),
+            Value::Array(vec![Value::Int(1)]),
+            Value::Array(vec![Value::Int(1), bulk("-3")]),
+            Value::Array(vec![Value::Int(1), Value::Int(3)]),
+            Value::Array(vec![Value::Int(2), bulk("3")]),
+            Value::Array(vec![Value::Int(0), Value::Nil, Value::Int(3)]),
+            Value::Array(vec![Value::Int(0), bulk("v"), Value::Int(-2)]),
+            Value::Array(vec![Value::Int(0), bulk("v"), bulk("3")]),
+        ] {
+            assert!(
+                matches!(acquired(&request, now, &bad), Err(Failure::Unexpected(_))),
+                "{bad:?}"
+            );
+        }
+        Ok(())
+    }
+
+    #[test]
+    fn renew_release_inspect_replies() {
+        assert!(matches!(
+            renewed(
+                3,
+                &Value::Array(vec![Value::Int(1), Value::Int(0), Value::Int(1)])
+            )
+            .as_deref(),
+            Ok([
+                RenewOutcome::Renewed,
+                RenewOutcome::Lost,
+                RenewOutcome::Renewed
+            ])
+        ));
+        assert!(renewed(2, &Value::Array(vec![Value::Int(1)])).is_err());
+        assert!(renewed(1, &Value::Array(vec![Value::Int(5)])).is_err());
+        assert!(renewed(1, &Value::Okay).is_err());
+
+        assert!(matches!(
+            released(&Value::Int(1)),
+            Ok(ReleaseOutcome::Released)
+        ));
+        assert!(matches!(
+            released(&Value::Int(0)),
+            Ok(ReleaseOutcome::NotHeld)
+        ));
+        assert!(released(&bulk("1")).is_err());
+
+        assert!(matches!(
+            inspected(&Value::Array(vec![Value::Nil, Value::Int(-2)])),
+            Ok(None)
+        ));
+        let foreign = inspected(&Value::Array(vec![bulk("x"), Value::Int(-1)]));
+        assert!(matches!(foreign, Ok(Some(ref i)) if *i == LeaseInfo::default()));
+        assert!(inspected(&Value::Array(vec![bulk("x")])).is_err());
+        assert!(inspected(&Value::Array(vec![Value::Int(3), Value::Int(5)])).is_err());
+
+        assert!(matches!(deleted(&Value::Int(1)), Ok(true)));
+        assert!(matches!(deleted(&Value::Int(0)), Ok(false)));
+        assert!(deleted(&Value::Nil).is_err());
+    }
+
+    #[test]
+    fn descriptions_never_show_contents() {
+        let secret = format!("{HOLDER}:1:");
+        let Err(Failure::Unexpected(detail)) = released(&bulk(&secret)) else {
+            panic!("a string is not a release reply");
+        };
+        assert!(!detail.contains(HOLDER), "{detail}");
+    }
+
+    #[test]
+    fn errors_are_classified_by_kind_and_code() -> TestResult {
+        let key = LeaseKey::new("k")?;
+        let io = |kind| RedisError::from(std::io::Error::new(kind, "x"));
+        let after = Duration::from_millis(200);
+
+        assert!(matches!(
+            Failure::from_redis(io(std::io::ErrorKind::TimedOut), after).for_key("renew", &key),
+            BackendError::Timeout { after: a, .. } if a == after
+        ));
+        for kind in [
+            std::io::ErrorKind::ConnectionRefused,
+            std::io::ErrorKind::BrokenPipe,
+        ] {
+            let err = Failure::from_redis(io(kind), after).for_key("renew", &key);
+            assert!(matches!(err, BackendError::Unavailable { .. }) && err.is_transient());
+        }
+        let server = |code: &str| {
+            Failure::from_redis(
+                redis::make_extension_error(code.to_owned(), Some("detail".to_owned())),
+                after,
+            )
+            .for_key("acquire", &key)
+        };
+        assert!(matches!(
+            server("WRONGTYPE"),
+            BackendError::WrongType { .. }
+        ));
+        assert!(matches!(
+            server("BUSY"),
+            BackendError::Server {
+                transient: true,
+                ..
+            }
+        ));
+        assert!(
+            matches!(server("NOPE"), BackendError::Server { transient: false, ref detail, .. } if detail == "NOPE detail")
+        );
+        Ok(())
+    }
+}

@@ -1,0 +1,53 @@
+-- acquire.lua: take a free lease, or refresh one this holder already has.
+--
+-- KEYS[1]  P        the lease: "<holder hex>:<fencing token>:<label>", with a PX expiry
+-- KEYS[2]  P:fence  the lease's fencing counter (same hash tag, so same cluster slot)
+-- ARGV[1]  holder   the holder id, 32 lowercase hex digits
+-- ARGV[2]  ttl      the lease's time to live, in milliseconds
+-- ARGV[3]  label    a public label shown to others (may be empty)
+--
+-- Returns {1, token}        when the lease is ours (token: the fencing token, a decimal string)
+--      or {0, value, pttl}  when someone else holds it (their stored value and PTTL).
+--
+-- Numbers go to redis.call only through string.format('%.0f', n): Redis may
+-- render a large Lua number in exponent form.
+
+local holder, ttl, label = ARGV[1], ARGV[2], ARGV[3]
+local mine = holder .. ':'
+
+-- 1. Read the lease. A key of another type gives WRONGTYPE, passed on as the reply's
+--    own error (not wrapped as a script error, as Redis 6 would), so the client sees its code.
+local current = redis.pcall('GET', KEYS[1])
+if type(current) == 'table' and current.err then
+  return redis.error_reply(current.err)
+end
+
+if current then
+  if string.sub(current, 1, 33) == mine then
+    -- 2a. Ours already (idempotent re-acquire): keep the token, take the new label and ttl.
+    local rest = string.sub(current, 34)
+    local colon = string.find(rest, ':', 1, true)
+    local token = colon and string.sub(rest, 1, colon - 1) or rest
+    redis.call('SET', KEYS[1], mine .. token .. ':' .. label, 'PX', ttl)
+    return {1, token}
+  end
+  -- 2b. Someone else's: report their public value and how long it still lives.
+  return {0, current, redis.call('PTTL', KEYS[1])}
+end
+
+-- 3. Free. Take a floor from the server clock, in microseconds (< 2^53, so exact),
+--    so tokens keep rising even if a restart lost the counter.
+local t = redis.call('TIME')
+local floor = tonumber(t[1]) * 1000000 + tonumber(t[2])
+
+-- 4. Advance the counter; lift it to the floor if it fell behind (or was lost).
+local n = redis.call('INCR', KEYS[2])
+if n < floor then
+  n = floor
+  redis.call('SET', KEYS[2], string.format('%.0f', n))
+end
+local token = string.format('%.0f', n)
+
+-- 5. Store the lease with its expiry.
+redis.call('SET', KEYS[1], mine .. token .. ':' .. label, 'PX', ttl)
+return {1, token}

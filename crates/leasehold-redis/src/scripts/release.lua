@@ -1,0 +1,26 @@
+-- release.lua: compare-and-delete.
+--
+-- KEYS[1]  P       the lease
+-- ARGV[1]  holder  the holder id expected in it, 32 lowercase hex digits
+--
+-- Returns 1 when the lease was ours and is now deleted, 0 when it was not ours.
+
+-- 1. Read the lease. A key of another type gives WRONGTYPE, passed on as the reply's
+--    own error (not wrapped as a script error, as Redis 6 would), so the client sees its code.
+local v = redis.pcall('GET', KEYS[1])
+if type(v) == 'table' and v.err then
+  return redis.error_reply(v.err)
+end
+
+-- 2. Not ours (gone, or another holder's): leave it alone.
+if not v or string.sub(v, 1, 33) ~= ARGV[1] .. ':' then
+  return 0
+end
+
+-- 3. Ours: delete it. The fencing counter (P:fence) stays, so tokens keep rising.
+redis.call('DEL', KEYS[1])
+
+-- 4. Release notice: the PUBLISH (or SPUBLISH) to the release channel P:released
+--    goes here, with the channel passed as KEYS[2]. Not sent yet.
+
+return 1

@@ -1,0 +1,262 @@
+//! Faults against a real `redis-server`: a paused server, a restart that
+//! loses everything, a flushed script cache, and keys of the wrong type.
+
+mod common;
+
+use std::time::Duration;
+
+use common::{TestResult, acquire, connect, holder, key, retry_transient, storage_key, ttl};
+use leasehold_core::{
+    AcquireOutcome, AcquireRequest, BackendError, LeaseBackend, ReleaseOutcome, RenewOutcome,
+    RenewRequest,
+};
+use leasehold_redis::RedisBackend;
+use leasehold_testkit::RedisServer;
+use tokio::time::Instant;
+
+#[tokio::test]
+async fn a_paused_server_times_out_and_later_answers_go_to_the_right_requests() -> TestResult {
+    let mut server = RedisServer::start()?;
+    let backend = RedisBackend::builder(server.url())
+        .op_timeout(Duration::from_millis(200))
+        .connect()
+        .await?;
+    let (before, a) = (key("before-pause"), holder());
+    acquire(&backend, &before, a, ttl("1h")).await?;
+    // Load every script now: a call that times out never gets to reload a
+    // script after NOSCRIPT, and this test wants the queued calls to run.
+    backend.inspect(&before).await?;
+    backend
+        .renew(&RenewRequest::new(before.clone(), a, ttl("1h")))
+        .await?;
+    backend.release(&key("unheld"), &a).await?;
+
+    server.pause()?;
+    let started = Instant::now();
+    let during = key("during-pause");
+    let outcomes = (
+        backend.inspect(&before).await,
+        backend
+            .try_acquire(&AcquireRequest::new(during.clone(), holder(), ttl("1h")))
+            .await,
+        backend
+            .renew(&RenewRequest::new(before.clone(), a, ttl("1h")))
+            .await,
+        backend
+            .renew_many(&[RenewRequest::new(before.clone(), a, ttl("1h"))])
+            .await,
+        backend.release(&before, &a).await,
+    );
+    let waited = started.elapsed();
+    server.resume()?;
+
+    let after = Duration::from_millis(200);
+    assert!(
+        matches!(outcomes.0, Err(BackendError::Timeout { op: "inspect", after: t, .. }) if t == after),
+        "{:?}",
+        outcomes.0
+    );
+    assert!(
+        matches!(outcomes.1, Err(BackendError::Timeout { op: "acquire", .. })),
+        "{:?}",
+        outcomes.1
+    );
+    assert!(
+        matches!(outcomes.2, Err(BackendError::Timeout { op: "renew", .. })),
+        "{:?}",
+        outcomes.2
+    );
+    assert!(
+        matches!(
+            outcomes.3.as_slice(),
+            [Err(BackendError::Timeout { op: "renew", .. })]
+        ),
+        "{:?}",
+        outcomes.3
+    );
+    assert!(
+        matches!(outcomes.4, Err(BackendError::Timeout { op: "release", .. })),
+        "{:?}",
+        outcomes.4
+    );
+    assert!(outcomes.0.as_ref().is_err_and(BackendError::is_transient));
+    assert!(
+        waited < Duration::from_millis(5 * 200 + 500),
+        "each call bounded by op_timeout: {waited:?}"
+    );
+
+    // The same backend works again, and each answer is for its own request:
+    // the late replies to the timed-out calls are not handed to these.
+    let fresh = key("after-resume");
+    let grant = acquire(&backend, &fresh, holder(), ttl("1h")).await?;
+    let info = backend.inspect(&fresh).await?.expect("just acquired");
+    assert_eq!(info.fencing_token, Some(grant.fencing_token));
+    // The calls that timed out were queued by the paused server and ran when
+    // it woke up: "outcome unknown" means exactly this.
+    assert_eq!(
+        backend.inspect(&before).await?,
+        None,
+        "the queued release ran after resume"
+    );
+    assert!(
+        backend
+            .inspect(&during)
+            .await?
+            .is_some_and(|i| i.fencing_token.is_some())
+    );
+    Ok(())
+}
+
+#[tokio::test]
+async fn tokens_keep_rising_after_a_restart_that_lost_everything() -> TestResult {
+    let mut server = RedisServer::start()?;
+    let backend = connect(&server).await;
+    let (k, ttl) = (key("survivor"), ttl("1h"));
+    let mut last = None;
+    for _ in 0..20 {
+        let h = holder();
+        last = Some(acquire(&backend, &k, h, ttl).await?.fencing_token);
+        backend.release(&k, &h).await?;
+    }
+    let last = last.expect("acquired at least once");
+    let held_by = holder();
+    acquire(&backend, &k, held_by, ttl).await?;
+
+    server.restart()?;
+    assert_eq!(
+        server.cli(&["DBSIZE"])?,
+        "0",
+        "the restart lost the lease and the counter"
+    );
+
+    // The first call after the restart may see the dropped connection; the
+    // backend reconnects by itself.
+    let renewal_request = RenewRequest::new(k.clone(), held_by, ttl);
+    let renewal = retry_transient(|| backend.renew(&renewal_request)).await?;
+    assert_eq!(
+        renewal,
+        RenewOutcome::Lost,
+        "the lease was lost with the server's memory"
+    );
+    let grant = retry_transient(|| async {
+        match backend
+            .try_acquire(&AcquireRequest::new(k.clone(), holder(), ttl))
+            .await?
+        {
+            AcquireOutcome::Acquired(grant) => Ok(grant),
+            AcquireOutcome::Held(info) => {
+                panic!("the restarted server holds nothing, got {info:?}")
+            }
+        }
+    })
+    .await?;
+    assert!(
+        grant.fencing_token > last,
+        "{} after {last}",
+        grant.fencing_token
+    );
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_killed_server_is_unavailable_not_a_hang() -> TestResult {
+    let mut server = RedisServer::start()?;
+    let backend = connect(&server).await;
+    let k = key("gone");
+    server.kill()?;
+    let started = Instant::now();
+    let err = backend.inspect(&k).await.expect_err("the server is gone");
+    assert!(err.is_transient(), "{err:?}");
+    assert!(
+        matches!(
+            err,
+            BackendError::Unavailable { .. } | BackendError::Timeout { .. }
+        ),
+        "{err:?}"
+    );
+    assert!(started.elapsed() <= backend.op_timeout() + Duration::from_millis(500));
+    server.restart()?;
+    assert_eq!(retry_transient(|| backend.inspect(&k)).await?, None);
+    Ok(())
+}
+
+#[tokio::test]
+async fn scripts_are_reloaded_after_script_flush() -> TestResult {
+    let server = RedisServer::start()?;
+    let backend = connect(&server).await;
+    let (k, a) = (key("flushed"), holder());
+    let grant = acquire(&backend, &k, a, ttl("30s")).await?;
+    assert_eq!(server.cli(&["SCRIPT", "FLUSH"])?, "OK");
+    assert_eq!(
+        backend
+            .renew(&RenewRequest::new(k.clone(), a, ttl("30s")))
+            .await?,
+        RenewOutcome::Renewed
+    );
+    server.cli(&["SCRIPT", "FLUSH"])?;
+    assert_eq!(
+        backend.inspect(&k).await?.and_then(|i| i.fencing_token),
+        Some(grant.fencing_token)
+    );
+    server.cli(&["SCRIPT", "FLUSH"])?;
+    assert!(matches!(
+        backend.try_acquire(&AcquireRequest::new(k.clone(), a, ttl("30s"))).await?,
+        AcquireOutcome::Acquired(g) if g.fencing_token == grant.fencing_token
+    ));
+    server.cli(&["SCRIPT", "FLUSH"])?;
+    assert_eq!(backend.release(&k, &a).await?, ReleaseOutcome::Released);
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_lease_key_of_another_type_is_wrong_type_or_lost() -> TestResult {
+    let server = RedisServer::start()?;
+    let backend = connect(&server).await;
+    let (k, a) = (key("hashed"), holder());
+    server.cli(&["HSET", &storage_key(&k), "field", "value"])?;
+
+    let err = backend
+        .try_acquire(&AcquireRequest::new(k.clone(), a, ttl("30s")))
+        .await
+        .expect_err("wrong type");
+    assert!(
+        matches!(&err, BackendError::WrongType { key } if key == "hashed"),
+        "{err:?}"
+    );
+    assert!(!err.is_transient());
+    assert_eq!(
+        backend
+            .renew(&RenewRequest::new(k.clone(), a, ttl("30s")))
+            .await?,
+        RenewOutcome::Lost
+    );
+    assert!(matches!(
+        backend.release(&k, &a).await,
+        Err(BackendError::WrongType { .. })
+    ));
+    assert!(matches!(
+        backend.inspect(&k).await,
+        Err(BackendError::WrongType { .. })
+    ));
+    assert_eq!(
+        server.cli(&["HGET", &storage_key(&k), "field"])?,
+        "value",
+        "left alone"
+    );
+
+    // A fencing counter of another type stops acquisition the same way.
+    let f = key("fence-hashed");
+    server.cli(&[
+        "HSET",
+        &format!("{}:fence", storage_key(&f)),
+        "field",
+        "value",
+    ])?;
+    let err = backend
+        .try_acquire(&AcquireRequest::new(f.clone(), a, ttl("30s")))
+        .await
+        .expect_err("wrong type");
+    assert!(matches!(&err, BackendError::WrongType { .. }), "{err:?}");
+    assert_eq!(backend.inspect(&f).await?, None, "nothing was written");
+    Ok(())
+}

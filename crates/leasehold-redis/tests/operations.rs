@@ -1,0 +1,391 @@
+//! The lease operations against a real `redis-server`: acquire, renew,
+//! renew_many, release, inspect, force_release, fencing tokens and the key
+//! layout.
+
+mod common;
+
+use std::time::Duration;
+
+use common::{TestResult, acquire, connect, held, holder, key, storage_key, ttl};
+use leasehold_core::{
+    AcquireOutcome, AcquireRequest, FencingToken, LeaseBackend, ReleaseOutcome, RenewOutcome,
+    RenewRequest,
+};
+use leasehold_redis::RedisBackend;
+use leasehold_testkit::RedisServer;
+use tokio::time::Instant;
+
+#[tokio::test]
+async fn acquire_held_reacquire_release() -> TestResult {
+    let server = RedisServer::start()?;
+    let backend = connect(&server).await;
+    let (k, a, b, ttl) = (key("reports:nightly"), holder(), holder(), ttl("30s"));
+
+    let before = Instant::now();
+    let request = AcquireRequest::new(k.clone(), a, ttl).with_label("worker:a")?;
+    let AcquireOutcome::Acquired(grant) = backend.try_acquire(&request).await? else {
+        panic!("a free lease must be acquired");
+    };
+    assert_eq!(
+        (grant.key.clone(), grant.holder, grant.ttl),
+        (k.clone(), a, ttl)
+    );
+    assert!(grant.valid_until >= before + Duration::from_millis(29_000));
+    assert!(grant.valid_until <= Instant::now() + ttl.get());
+
+    // Someone else sees it held, with the label and token but not the holder.
+    let info = held(&backend, &k, ttl).await?;
+    assert_eq!(info.label.as_deref(), Some("worker:a"));
+    assert_eq!(info.fencing_token, Some(grant.fencing_token));
+    assert!(
+        info.ttl_left
+            .is_some_and(|left| left > Duration::from_secs(29) && left <= ttl.get())
+    );
+
+    // The holder acquiring again keeps its token and takes the new label.
+    let again = AcquireRequest::new(k.clone(), a, ttl).with_label("worker:a2")?;
+    let AcquireOutcome::Acquired(regrant) = backend.try_acquire(&again).await? else {
+        panic!("re-acquire by the holder must succeed");
+    };
+    assert_eq!(regrant.fencing_token, grant.fencing_token);
+    let info = backend.inspect(&k).await?.expect("held");
+    assert_eq!(info.label.as_deref(), Some("worker:a2"));
+    assert_eq!(info.fencing_token, Some(grant.fencing_token));
+
+    // The stored value never leaves the server with the holder id in it.
+    assert!(!format!("{info:?}").contains(&a.to_hex()));
+    assert!(
+        server
+            .cli(&["GET", &storage_key(&k)])?
+            .starts_with(&a.to_hex())
+    );
+
+    assert_eq!(backend.release(&k, &b).await?, ReleaseOutcome::NotHeld);
+    assert_eq!(backend.release(&k, &a).await?, ReleaseOutcome::Released);
+    assert_eq!(backend.release(&k, &a).await?, ReleaseOutcome::NotHeld);
+    assert_eq!(backend.inspect(&k).await?, None);
+
+    let next = acquire(&backend, &k, b, ttl).await?;
+    assert!(next.fencing_token > grant.fencing_token);
+    Ok(())
+}
+
+#[tokio::test]
+async fn renew_is_compare_and_pexpire() -> TestResult {
+    let server = RedisServer::start()?;
+    let backend = connect(&server).await;
+    let (k, a) = (key("renewed"), holder());
+    let p = storage_key(&k);
+
+    acquire(&backend, &k, a, ttl("1s")).await?;
+    assert_eq!(
+        backend
+            .renew(&RenewRequest::new(k.clone(), a, ttl("60s")))
+            .await?,
+        RenewOutcome::Renewed
+    );
+    let pttl: u64 = server.cli(&["PTTL", &p])?.parse()?;
+    assert!(pttl > 59_000, "renewal set the new ttl: {pttl}");
+
+    // Someone else's holder id does not renew and does not touch the expiry.
+    assert_eq!(
+        backend
+            .renew(&RenewRequest::new(k.clone(), holder(), ttl("1h")))
+            .await?,
+        RenewOutcome::Lost
+    );
+    let pttl: u64 = server.cli(&["PTTL", &p])?.parse()?;
+    assert!(pttl <= 60_000);
+
+    // Deleted behind the holder's back: lost.
+    server.cli(&["DEL", &p])?;
+    assert_eq!(
+        backend
+            .renew(&RenewRequest::new(k.clone(), a, ttl("60s")))
+            .await?,
+        RenewOutcome::Lost
+    );
+    assert_eq!(
+        server.cli(&["EXISTS", &p])?,
+        "0",
+        "a lost renewal creates nothing"
+    );
+
+    // Overwritten by another program: lost, and left alone.
+    acquire(&backend, &k, a, ttl("60s")).await?;
+    server.cli(&["SET", &p, "someone-else"])?;
+    assert_eq!(
+        backend
+            .renew(&RenewRequest::new(k.clone(), a, ttl("60s")))
+            .await?,
+        RenewOutcome::Lost
+    );
+    assert_eq!(server.cli(&["GET", &p])?, "someone-else");
+    assert_eq!(server.cli(&["PTTL", &p])?, "-1");
+    Ok(())
+}
+
+#[tokio::test]
+async fn renew_many_gives_one_outcome_per_request_in_one_call() -> TestResult {
+    let server = RedisServer::start()?;
+    let backend = connect(&server).await;
+    let ttl = ttl("30s");
+    let a = holder();
+    let keys: Vec<_> = (0..6).map(|i| key(&format!("batch:{i}"))).collect();
+    for k in &keys[..5] {
+        acquire(&backend, k, a, ttl).await?;
+    }
+    server.cli(&["DEL", &storage_key(&keys[2])])?; // gone
+    server.cli(&["SET", &storage_key(&keys[3]), "overwritten"])?; // someone else's value
+    server.cli(&["DEL", &storage_key(&keys[4])])?;
+    server.cli(&["HSET", &storage_key(&keys[4]), "f", "v"])?; // another type
+    // keys[5] was never acquired.
+    // Load the script first, so that the count below has no NOSCRIPT retry.
+    backend
+        .renew(&RenewRequest::new(keys[0].clone(), a, ttl))
+        .await?;
+
+    let calls_before = evalsha_calls(&server)?;
+    let requests: Vec<_> = keys
+        .iter()
+        .map(|k| RenewRequest::new(k.clone(), a, ttl))
+        .collect();
+    let outcomes = backend.renew_many(&requests).await;
+    assert_eq!(
+        evalsha_calls(&server)? - calls_before,
+        1,
+        "one round trip for the batch"
+    );
+    let outcomes: Vec<_> = outcomes.into_iter().collect::<Result<_, _>>()?;
+    use RenewOutcome::{Lost, Renewed};
+    assert_eq!(outcomes, [Renewed, Renewed, Lost, Lost, Lost, Lost]);
+
+    assert!(backend.renew_many(&[]).await.is_empty());
+    Ok(())
+}
+
+#[tokio::test]
+async fn renew_many_splits_large_batches_and_keeps_the_order() -> TestResult {
+    let server = RedisServer::start()?;
+    let backend = connect(&server).await;
+    let (a, ttl) = (holder(), ttl("30s"));
+    let keys: Vec<_> = (0..2_500).map(|i| key(&format!("many:{i}"))).collect();
+    for k in &keys {
+        acquire(&backend, k, a, ttl).await?;
+    }
+    for lost in [0, 999, 1_000, 1_777, 2_499] {
+        server.cli(&["DEL", &storage_key(&keys[lost])])?;
+    }
+    backend
+        .renew(&RenewRequest::new(keys[1].clone(), a, ttl))
+        .await?;
+    let calls_before = evalsha_calls(&server)?;
+    let requests: Vec<_> = keys
+        .iter()
+        .map(|k| RenewRequest::new(k.clone(), a, ttl))
+        .collect();
+    let outcomes = backend.renew_many(&requests).await;
+    assert_eq!(
+        evalsha_calls(&server)? - calls_before,
+        3,
+        "1000 renewals per call"
+    );
+    assert_eq!(outcomes.len(), keys.len());
+    for (i, outcome) in outcomes.into_iter().enumerate() {
+        let want = if [0, 999, 1_000, 1_777, 2_499].contains(&i) {
+            RenewOutcome::Lost
+        } else {
+            RenewOutcome::Renewed
+        };
+        assert_eq!(outcome?, want, "request {i}");
+    }
+    Ok(())
+}
+
+#[tokio::test]
+async fn fencing_tokens_strictly_increase_over_1000_cycles() -> TestResult {
+    let server = RedisServer::start()?;
+    let backend = connect(&server).await;
+    let (k, ttl) = (key("fenced"), ttl("10s"));
+    let mut last = FencingToken(0);
+    for cycle in 0..1_000 {
+        let h = holder();
+        let grant = acquire(&backend, &k, h, ttl).await?;
+        assert!(
+            grant.fencing_token > last,
+            "cycle {cycle}: {} after {last}",
+            grant.fencing_token
+        );
+        last = grant.fencing_token;
+        assert_eq!(backend.release(&k, &h).await?, ReleaseOutcome::Released);
+    }
+    Ok(())
+}
+
+#[tokio::test]
+async fn leases_expire_on_the_server() -> TestResult {
+    let server = RedisServer::start()?;
+    let backend = connect(&server).await;
+    let (k, a) = (key("short"), holder());
+    let first = acquire(&backend, &k, a, ttl("100ms")).await?;
+    tokio::time::sleep(Duration::from_millis(250)).await;
+    assert_eq!(backend.inspect(&k).await?, None);
+    assert_eq!(
+        backend
+            .renew(&RenewRequest::new(k.clone(), a, ttl("1s")))
+            .await?,
+        RenewOutcome::Lost
+    );
+    let second = acquire(&backend, &k, holder(), ttl("1s")).await?;
+    assert!(second.fencing_token > first.fencing_token);
+    Ok(())
+}
+
+#[tokio::test]
+async fn keys_written_by_others_show_as_held_without_token() -> TestResult {
+    let server = RedisServer::start()?;
+    let backend = connect(&server).await;
+    let k = key("foreign");
+    server.cli(&["SET", &storage_key(&k), "locked-by-a-shell-script"])?;
+    let info = backend.inspect(&k).await?.expect("the key exists");
+    assert_eq!(
+        (info.label, info.fencing_token, info.ttl_left),
+        (None, None, None)
+    );
+    let info = held(&backend, &k, ttl("1s")).await?;
+    assert_eq!((info.fencing_token, info.ttl_left), (None, None));
+    assert_eq!(
+        backend.release(&k, &holder()).await?,
+        ReleaseOutcome::NotHeld
+    );
+    assert_eq!(
+        server.cli(&["GET", &storage_key(&k)])?,
+        "locked-by-a-shell-script"
+    );
+    Ok(())
+}
+
+#[tokio::test]
+async fn key_layout_on_the_server() -> TestResult {
+    let server = RedisServer::start()?;
+    let backend = RedisBackend::builder(server.url())
+        .namespace("billing")
+        .connect()
+        .await?;
+    assert_eq!(backend.namespace(), "billing");
+    let (tagged, plain, a) = (key("order:{42}"), key("nightly"), holder());
+    let grant = acquire(&backend, &tagged, a, ttl("30s")).await?;
+    acquire(&backend, &plain, a, ttl("30s")).await?;
+    let mut keys: Vec<String> = server
+        .cli(&["KEYS", "*"])?
+        .lines()
+        .map(str::to_owned)
+        .collect();
+    keys.sort();
+    assert_eq!(
+        keys,
+        [
+            "billing:order:{42}",
+            "billing:order:{42}:fence",
+            "billing:{nightly}",
+            "billing:{nightly}:fence"
+        ]
+    );
+    assert_eq!(
+        server.cli(&["GET", "billing:order:{42}"])?,
+        format!("{}:{}:", a.to_hex(), grant.fencing_token)
+    );
+    assert_eq!(
+        server.cli(&["GET", "billing:order:{42}:fence"])?,
+        grant.fencing_token.to_string()
+    );
+    // The tokens start from the server clock in microseconds.
+    let now_us = u64::try_from(
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)?
+            .as_micros(),
+    )?;
+    assert!(
+        grant.fencing_token.get().abs_diff(now_us) < 60_000_000,
+        "{} vs {now_us}",
+        grant.fencing_token
+    );
+    Ok(())
+}
+
+#[tokio::test]
+async fn force_release_takes_over_and_keeps_tokens_rising() -> TestResult {
+    let server = RedisServer::start()?;
+    let backend = connect(&server).await;
+    let (k, a) = (key("stuck"), holder());
+    let old = acquire(&backend, &k, a, ttl("1h")).await?;
+    assert!(backend.force_release(&k).await?);
+    assert!(!backend.force_release(&k).await?);
+    assert_eq!(
+        backend
+            .renew(&RenewRequest::new(k.clone(), a, ttl("1h")))
+            .await?,
+        RenewOutcome::Lost
+    );
+    let new = acquire(&backend, &k, holder(), ttl("1h")).await?;
+    assert!(new.fencing_token > old.fencing_token);
+    Ok(())
+}
+
+#[tokio::test]
+async fn clones_share_the_connection_and_debug_shows_no_password() -> TestResult {
+    let server = RedisServer::builder()
+        .arg("--requirepass")
+        .arg("hunter2-secret")
+        .start()?;
+    let url = format!("redis://:hunter2-secret@127.0.0.1:{}", server.port());
+    let backend = RedisBackend::connect(url).await?;
+    let clone = backend.clone();
+    let (k, a) = (key("shared"), holder());
+    acquire(&backend, &k, a, ttl("30s")).await?;
+    assert_eq!(clone.release(&k, &a).await?, ReleaseOutcome::Released);
+    let shown = format!("{backend:?}");
+    assert!(!shown.contains("hunter2"), "{shown}");
+    assert!(shown.contains(":***@127.0.0.1"), "{shown}");
+    assert_eq!(
+        server
+            .cli(&["CLIENT", "LIST"])?
+            .lines()
+            .filter(|l| !l.contains("cmd=client"))
+            .count(),
+        1
+    );
+    Ok(())
+}
+
+/// How many times the server ran `EVALSHA`.
+fn evalsha_calls(server: &RedisServer) -> Result<u64, Box<dyn std::error::Error>> {
+    let stats = server.cli(&["INFO", "commandstats"])?;
+    let line = stats
+        .lines()
+        .find(|l| l.starts_with("cmdstat_evalsha:"))
+        .unwrap_or("calls=0,");
+    let calls = line
+        .split(['=', ','])
+        .skip_while(|part| !part.ends_with("calls"))
+        .nth(1)
+        .unwrap_or("0");
+    Ok(calls.parse()?)
+}
+
+#[tokio::test]
+async fn resp3_connections_read_the_same_replies() -> TestResult {
+    let server = RedisServer::start()?;
+    let backend = RedisBackend::connect(format!("{}/?protocol=resp3", server.url())).await?;
+    let (k, a) = (key("resp3"), holder());
+    assert_eq!(backend.inspect(&k).await?, None);
+    let grant = acquire(&backend, &k, a, ttl("30s")).await?;
+    let info = held(&backend, &k, ttl("30s")).await?;
+    assert_eq!(info.fencing_token, Some(grant.fencing_token));
+    let outcomes = backend
+        .renew_many(&[RenewRequest::new(k.clone(), a, ttl("30s"))])
+        .await;
+    assert!(matches!(outcomes.as_slice(), [Ok(RenewOutcome::Renewed)]));
+    assert_eq!(backend.release(&k, &a).await?, ReleaseOutcome::Released);
+    Ok(())
+}

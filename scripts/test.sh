@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# Runs the whole test suite against real redis-server processes, installing
+# redis-server first when it is missing (Debian/Ubuntu: apt-get; macOS: brew).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+if ! command -v redis-server >/dev/null 2>&1; then
+  echo "redis-server is not on PATH; installing it..."
+  if command -v apt-get >/dev/null 2>&1; then
+    sudo=""
+    [ "$(id -u)" -ne 0 ] && sudo="sudo"
+    $sudo apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq redis-server redis-tools >/dev/null
+  elif command -v brew >/dev/null 2>&1; then
+    brew install redis
+  else
+    echo "cannot install redis-server here: install it by hand and run again" >&2
+    exit 1
+  fi
+fi
+redis-server --version
+
+cargo test --workspace --all-targets "$@"
+cargo test --workspace --doc

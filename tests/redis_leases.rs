@@ -1,0 +1,286 @@
+//! The lease spine end to end on a real `redis-server` started by the testkit.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use leasehold::redis::{Error as RedisError, RedisBackend};
+use leasehold::{
+    AcquireOutcome, AcquireRequest, HolderId, LeaseBackend, LeaseError, LeaseKey, LeaseManager,
+    LeaseOptions, LossReason, ReleaseOutcome, RenewOutcome, RenewRequest, Ttl, clock_drift,
+};
+use leasehold_testkit::RedisServer;
+use tokio::time::Instant;
+
+type TestResult = Result<(), Box<dyn std::error::Error>>;
+
+async fn backend(server: &RedisServer) -> Result<RedisBackend, RedisError> {
+    RedisBackend::builder(server.url())
+        .op_timeout(Duration::from_millis(250))
+        .connect()
+        .await
+}
+
+fn opts(ttl: &str, wait: Option<Duration>) -> LeaseOptions {
+    let b = LeaseOptions::builder().ttl(Ttl::parse(ttl).expect("valid ttl"));
+    match wait {
+        Some(w) => b.wait(w),
+        None => b,
+    }
+    .build()
+    .expect("valid options")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn thirty_two_contenders_never_overlap_and_all_get_the_lease() -> TestResult {
+    let server = RedisServer::start()?;
+    let mut managers = Vec::new();
+    for _ in 0..4 {
+        managers.push(LeaseManager::new(backend(&server).await?)?);
+    }
+    let holders = Arc::new(AtomicUsize::new(0));
+    let most = Arc::new(AtomicUsize::new(0));
+    let mut tasks = Vec::new();
+    for i in 0..32 {
+        let manager = managers[i % managers.len()].clone();
+        let (holders, most) = (Arc::clone(&holders), Arc::clone(&most));
+        tasks.push(tokio::spawn(async move {
+            let lease = manager
+                .acquire("contended", &opts("2s", Some(Duration::from_secs(60))))
+                .await?;
+            let now = holders.fetch_add(1, Ordering::SeqCst) + 1;
+            most.fetch_max(now, Ordering::SeqCst);
+            tokio::time::sleep(Duration::from_millis(5)).await;
+            holders.fetch_sub(1, Ordering::SeqCst);
+            let token = lease.fencing_token();
+            assert_eq!(lease.release().await?, ReleaseOutcome::Released);
+            Ok::<_, LeaseError>(token)
+        }));
+    }
+    let mut tokens = Vec::new();
+    for task in tasks {
+        tokens.push(task.await??);
+    }
+    assert_eq!(
+        most.load(Ordering::SeqCst),
+        1,
+        "two tasks held the lease at once"
+    );
+    assert_eq!(tokens.len(), 32, "every task got the lease");
+    tokens.sort();
+    tokens.dedup();
+    assert_eq!(
+        tokens.len(),
+        32,
+        "every acquisition had its own fencing token"
+    );
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_one_second_lease_is_held_for_five_seconds_by_renewals() -> TestResult {
+    let server = RedisServer::start()?;
+    let manager = LeaseManager::new(backend(&server).await?)?;
+    let lease = manager.acquire("long-job", &opts("1s", None)).await?;
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    assert_eq!(lease.loss_reason(), None);
+    assert!(
+        lease.renewals() >= 12,
+        "only {} renewals in 5 s",
+        lease.renewals()
+    );
+    let key = LeaseKey::new("long-job")?;
+    let info = manager
+        .backend()
+        .inspect(&key)
+        .await?
+        .ok_or("the lease vanished")?;
+    assert_eq!(info.fencing_token, Some(lease.fencing_token()));
+    assert_eq!(lease.release().await?, ReleaseOutcome::Released);
+    assert_eq!(manager.backend().inspect(&key).await?, None);
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_lease_deleted_or_overwritten_behind_the_holders_back_is_lost_within_a_renew_interval()
+-> TestResult {
+    let server = RedisServer::start()?;
+    let manager = LeaseManager::new(backend(&server).await?)?;
+    let options = opts("1s", None);
+    let allowed = options.renew_interval() + Duration::from_millis(150);
+    for (key, sabotage) in [
+        ("deleted", vec!["DEL", "leasehold:{deleted}"]),
+        (
+            "overwritten",
+            vec!["SET", "leasehold:{overwritten}", "someone-else"],
+        ),
+    ] {
+        let lease = manager.acquire(key, &options).await?;
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        let at = Instant::now();
+        server.cli(&sabotage)?;
+        assert_eq!(lease.lost().await, LossReason::Lost);
+        let took = at.elapsed();
+        println!("{key}: token fired {took:?} after the change (allowed {allowed:?})");
+        assert!(
+            took <= allowed,
+            "{key}: token fired {took:?} after the change"
+        );
+    }
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_paused_server_fires_the_deadline_before_the_lease_can_expire() -> TestResult {
+    let mut server = RedisServer::start()?;
+    let manager = LeaseManager::new(backend(&server).await?)?;
+    let options = opts("1s", None);
+    let lease = manager.acquire("paused", &options).await?;
+    // Let a few renewals succeed first.
+    while lease.renewals() < 2 {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let first_token = lease.fencing_token();
+    server.pause()?;
+    let reason = lease.lost().await;
+    let fired = Instant::now();
+    server.resume()?;
+    assert_eq!(reason, LossReason::Deadline);
+    // The server expires the key no earlier than ttl after the last
+    // successful renewal was sent.
+    let ttl = options.ttl().get();
+    let last_sent = lease.valid_until() - (ttl - clock_drift(ttl));
+    let earliest_expiry = last_sent + ttl;
+    assert!(
+        fired < earliest_expiry,
+        "token fired {:?} after the lease could expire",
+        fired - earliest_expiry
+    );
+    println!(
+        "SIGSTOP: token fired {:?} before the earliest server-side expiry",
+        earliest_expiry - fired
+    );
+
+    // After SIGCONT the same manager works again, and late replies to the
+    // requests queued during the pause are not taken for newer answers.
+    drop(lease);
+    let again = manager
+        .acquire("paused", &opts("1s", Some(Duration::from_secs(5))))
+        .await?;
+    assert!(again.fencing_token() > first_token);
+    let info = manager
+        .backend()
+        .inspect(&LeaseKey::new("paused")?)
+        .await?
+        .ok_or("lease missing")?;
+    assert_eq!(info.fencing_token, Some(again.fencing_token()));
+    while again.renewals() < 3 {
+        assert_eq!(again.loss_reason(), None);
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(again.release().await?, ReleaseOutcome::Released);
+    Ok(())
+}
+
+#[tokio::test]
+async fn only_the_holder_can_renew_or_release() -> TestResult {
+    let server = RedisServer::start()?;
+    let backend = backend(&server).await?;
+    let key = LeaseKey::new("mine")?;
+    let ttl = Ttl::parse("10s")?;
+    let (owner, intruder) = (HolderId::generate()?, HolderId::generate()?);
+    let AcquireOutcome::Acquired(grant) = backend
+        .try_acquire(&AcquireRequest::new(key.clone(), owner, ttl))
+        .await?
+    else {
+        return Err("a free key must be acquired".into());
+    };
+    assert_eq!(
+        backend
+            .renew(&RenewRequest::new(key.clone(), intruder, ttl))
+            .await?,
+        RenewOutcome::Lost
+    );
+    assert_eq!(
+        backend.release(&key, &intruder).await?,
+        ReleaseOutcome::NotHeld
+    );
+    let info = backend
+        .inspect(&key)
+        .await?
+        .ok_or("the intruder removed the lease")?;
+    assert_eq!(info.fencing_token, Some(grant.fencing_token));
+    assert_eq!(
+        backend
+            .renew(&RenewRequest::new(key.clone(), owner, ttl))
+            .await?,
+        RenewOutcome::Renewed
+    );
+    assert_eq!(
+        backend.release(&key, &owner).await?,
+        ReleaseOutcome::Released
+    );
+    Ok(())
+}
+
+#[tokio::test]
+async fn fencing_tokens_strictly_increase_over_a_thousand_acquisitions() -> TestResult {
+    let server = RedisServer::start()?;
+    let manager = LeaseManager::new(backend(&server).await?)?;
+    let options = opts("10s", None);
+    let mut last = None;
+    for _ in 0..1000 {
+        let lease = manager.acquire("fenced", &options).await?;
+        let token = lease.fencing_token();
+        assert!(last < Some(token), "token {token} after {last:?}");
+        last = Some(token);
+        assert_eq!(lease.release().await?, ReleaseOutcome::Released);
+    }
+    Ok(())
+}
+
+#[tokio::test]
+async fn bad_input_gets_the_documented_errors() -> TestResult {
+    use leasehold::Error;
+    for key in ["", "line\nbreak", &"k".repeat(LeaseKey::MAX_LEN + 1)] {
+        assert!(
+            matches!(LeaseKey::new(key), Err(Error::InvalidKey { .. })),
+            "{key:?}"
+        );
+    }
+    for ttl in ["0s", "99ms", "25h", "1s 500us"] {
+        assert!(
+            matches!(Ttl::parse(ttl), Err(Error::InvalidTtl { .. })),
+            "{ttl:?}"
+        );
+    }
+    for ttl in ["", "ten seconds", "5", "-1s"] {
+        assert!(
+            matches!(Ttl::parse(ttl), Err(Error::InvalidDuration { .. })),
+            "{ttl:?}"
+        );
+    }
+    for url in [
+        "http://localhost:6379",
+        "not a url",
+        "redis://:hunter2@localhost:99999",
+    ] {
+        match RedisBackend::connect(url).await {
+            Err(e @ RedisError::InvalidUrl { .. }) => {
+                assert!(!e.to_string().contains("hunter2"), "{e}")
+            }
+            Err(other) => return Err(format!("{url}: expected InvalidUrl, got {other}").into()),
+            Ok(_) => return Err(format!("{url}: connected").into()),
+        }
+    }
+    // A manager refuses a bad key before talking to the server.
+    let server = RedisServer::start()?;
+    let manager = LeaseManager::new(backend(&server).await?)?;
+    assert!(matches!(
+        manager
+            .acquire("bad\u{7}key", &LeaseOptions::default())
+            .await,
+        Err(LeaseError::Invalid(Error::InvalidKey { .. }))
+    ));
+    Ok(())
+}
