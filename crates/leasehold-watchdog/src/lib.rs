@@ -33,6 +33,7 @@ mod backoff;
 mod error;
 mod lease;
 mod manager;
+pub mod metrics;
 mod options;
 mod renewal;
 

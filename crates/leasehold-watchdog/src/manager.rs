@@ -76,6 +76,7 @@ impl<B: LeaseBackend> LeaseManager<B> {
         let runtime = tokio::runtime::Handle::try_current().map_err(|_| LeaseError::NoRuntime)?;
         let (commands, receiver) = mpsc::unbounded_channel();
         let shutdown = CancellationToken::new();
+        crate::metrics::describe();
         let watchdog = Watchdog::new(backend.clone(), receiver, shutdown.clone());
         let task = runtime.spawn(watchdog.run());
         Ok(Self {
@@ -122,7 +123,15 @@ impl<B: LeaseBackend> LeaseManager<B> {
     ) -> Result<Lease, LeaseError> {
         let key = LeaseKey::new(key)?;
         let span = info_span!("acquire", key = %key, name = %options.name());
-        self.acquire_key(key, options).instrument(span).await
+        let started = Instant::now();
+        let result = self.acquire_key(key, options).instrument(span).await;
+        let outcome = match &result {
+            Ok(_) => "acquired",
+            Err(LeaseError::NotAcquired { .. }) => "not_acquired",
+            Err(_) => "error",
+        };
+        crate::metrics::acquired(options.name(), outcome, started.elapsed());
+        result
     }
 
     async fn acquire_key(

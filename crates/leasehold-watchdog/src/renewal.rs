@@ -26,6 +26,7 @@ use tracing::{Instrument, debug, debug_span, warn};
 
 use crate::LeaseError;
 use crate::lease::{LossReason, Shared};
+use crate::metrics::{self, RENEW_ERROR, RENEW_LOST, RENEWED, RenewalTally};
 
 /// The most renewals sent to the backend in one call.
 pub(crate) const MAX_BATCH: usize = 1000;
@@ -80,6 +81,18 @@ struct Entry {
     deadline: Instant,
     timer: Option<delay_queue::Key>,
     ended: bool,
+    /// When the acquisition was sent: the start of the hold-time metric.
+    acquired_at: Instant,
+}
+
+impl Entry {
+    /// Records the hold time and leaves the held gauge, once per lease.
+    fn finish(&mut self, how: &'static str) {
+        if !self.ended {
+            self.ended = true;
+            metrics::ended(&self.shared.name, how, self.acquired_at.elapsed());
+        }
+    }
 }
 
 impl Entry {
@@ -168,12 +181,14 @@ impl<B: LeaseBackend> Watchdog<B> {
             } => {
                 let timing = shared.timing;
                 let deadline = valid_until(sent_at, shared.ttl) - timing.safety_margin;
+                metrics::held(&shared.name, 1.0);
                 let entry = Entry {
                     shared,
                     timing,
                     deadline,
                     timer: None,
                     ended: false,
+                    acquired_at: sent_at,
                 };
                 let renew_at = sent_at + timing.renew_interval;
                 self.entries.insert(id, entry);
@@ -182,7 +197,17 @@ impl<B: LeaseBackend> Watchdog<B> {
             Command::Release { id, reply } => match self.entries.remove(&id) {
                 Some(mut entry) => {
                     self.cancel_timer(&mut entry);
-                    self.release(&entry.shared.key, entry.shared.holder, reply);
+                    entry.finish(if reply.is_some() {
+                        "released"
+                    } else {
+                        "dropped"
+                    });
+                    self.release(
+                        &entry.shared.key,
+                        Some(&entry.shared.name),
+                        entry.shared.holder,
+                        reply,
+                    );
                 }
                 None => {
                     // Released at shutdown already.
@@ -191,7 +216,7 @@ impl<B: LeaseBackend> Watchdog<B> {
                     }
                 }
             },
-            Command::ReleaseOrphan { key, holder } => self.release(&key, holder, None),
+            Command::ReleaseOrphan { key, holder } => self.release(&key, None, holder, None),
         }
     }
 
@@ -289,6 +314,8 @@ impl<B: LeaseBackend> Watchdog<B> {
             return;
         };
         let now = Instant::now();
+        metrics::renew_batch(now.saturating_duration_since(sent_at));
+        let mut tally = RenewalTally::default();
         for (id, outcome) in ids.into_iter().zip(outcomes) {
             let Some(entry) = self.entries.get_mut(&id) else {
                 continue; // released while the renewal was in flight
@@ -298,6 +325,7 @@ impl<B: LeaseBackend> Watchdog<B> {
             }
             match outcome {
                 Ok(RenewOutcome::Renewed) => {
+                    tally.add(&entry.shared.name, RENEWED);
                     let valid = valid_until(sent_at, entry.shared.ttl);
                     entry.deadline = valid - entry.timing.safety_margin;
                     entry.shared.renewed(valid);
@@ -305,14 +333,19 @@ impl<B: LeaseBackend> Watchdog<B> {
                     debug!(key = %entry.shared.key, name = %entry.shared.name, "lease renewed");
                     self.schedule(id, renew_at);
                 }
-                Ok(RenewOutcome::Lost) => self.end(id, LossReason::Lost),
+                Ok(RenewOutcome::Lost) => {
+                    tally.add(&entry.shared.name, RENEW_LOST);
+                    self.end(id, LossReason::Lost);
+                }
                 Err(error) => {
+                    tally.add(&entry.shared.name, RENEW_ERROR);
                     debug!(key = %entry.shared.key, name = %entry.shared.name, %error, "renewal failed; retrying");
                     let retry_at = now + entry.timing.retry_delay();
                     self.schedule(id, retry_at);
                 }
             }
         }
+        tally.record();
     }
 
     /// Cancels the holder's token; the entry stays until its handle releases it.
@@ -320,11 +353,12 @@ impl<B: LeaseBackend> Watchdog<B> {
         let Some(entry) = self.entries.get_mut(&id) else {
             return;
         };
-        entry.ended = true;
+        entry.finish(reason.as_str());
         if let Some(key) = entry.timer.take() {
             self.timers.try_remove(&key);
         }
         if entry.shared.end(reason) {
+            metrics::lost(&entry.shared.name, reason.as_str());
             let left = entry
                 .shared
                 .valid_until()
@@ -341,24 +375,42 @@ impl<B: LeaseBackend> Watchdog<B> {
 
     fn stop_all(&mut self) {
         self.timers.clear();
-        for (_, entry) in std::mem::take(&mut self.entries) {
-            entry.shared.end(LossReason::Shutdown);
-            self.release(&entry.shared.key, entry.shared.holder, None);
+        for (_, mut entry) in std::mem::take(&mut self.entries) {
+            entry.finish(LossReason::Shutdown.as_str());
+            if entry.shared.end(LossReason::Shutdown) {
+                metrics::lost(&entry.shared.name, LossReason::Shutdown.as_str());
+            }
+            self.release(
+                &entry.shared.key,
+                Some(&entry.shared.name),
+                entry.shared.holder,
+                None,
+            );
         }
     }
 
-    fn release(&mut self, key: &LeaseKey, holder: HolderId, reply: Option<ReleaseReply>) {
+    fn release(
+        &mut self,
+        key: &LeaseKey,
+        name: Option<&str>,
+        holder: HolderId,
+        reply: Option<ReleaseReply>,
+    ) {
         let backend = self.backend.clone();
+        let span = debug_span!("release", key = %key, name);
         let key = key.clone();
-        self.work.push(Box::pin(async move {
-            let outcome = backend.release(&key, &holder).await;
-            if let Err(error) = &outcome {
-                debug!(%key, %error, "release failed; the lease expires by itself");
+        self.work.push(Box::pin(
+            async move {
+                let outcome = backend.release(&key, &holder).await;
+                if let Err(error) = &outcome {
+                    debug!(%key, %error, "release failed; the lease expires by itself");
+                }
+                if let Some(reply) = reply {
+                    let _ = reply.send(outcome.map_err(LeaseError::from));
+                }
+                Done::Released
             }
-            if let Some(reply) = reply {
-                let _ = reply.send(outcome.map_err(LeaseError::from));
-            }
-            Done::Released
-        }));
+            .instrument(span),
+        ));
     }
 }

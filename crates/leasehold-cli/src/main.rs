@@ -1,0 +1,3 @@
+//! The `leasehold` command.
+
+fn main() {}

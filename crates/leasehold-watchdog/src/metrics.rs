@@ -1,0 +1,159 @@
+//! Metric names and the watchdog's recording hooks, through the `metrics`
+//! facade.
+//!
+//! Nothing is recorded anywhere until the application installs a recorder
+//! (such as `metrics-exporter-prometheus`). Every metric is labelled with
+//! the lease *name* ([`LeaseOptions::name`](crate::LeaseOptions::name),
+//! `"default"` unless set), plus a bounded outcome or reason; never with the
+//! raw key or the holder id, so the number of series stays small whatever
+//! the keys are. docs/operations.md describes each metric and suggests
+//! alerts.
+//!
+//! ```
+//! use leasehold_watchdog::metrics;
+//!
+//! // After installing a recorder, so that it receives the descriptions.
+//! metrics::describe();
+//! assert_eq!(metrics::HOLD_TIME, "leasehold_lease_hold_seconds");
+//! ```
+
+// Names are taken as `&Cow<'static, str>`: cloning a borrowed `'static`
+// name makes a label without copying it.
+#![allow(clippy::ptr_arg)]
+
+use std::borrow::Cow;
+use std::time::Duration;
+
+use ::metrics::{
+    Unit, counter, describe_counter, describe_gauge, describe_histogram, gauge, histogram,
+};
+
+/// Counter: acquisitions, labelled `name` and `outcome` (`acquired`,
+/// `not_acquired` when the wait ran out, `error` when the backend failed).
+pub const ACQUISITIONS: &str = "leasehold_acquisitions_total";
+/// Histogram, seconds: how long `acquire` took, waiting included, labelled
+/// `name` and `outcome` (as for [`ACQUISITIONS`]).
+pub const ACQUIRE_WAIT: &str = "leasehold_acquire_wait_seconds";
+/// Counter: renewal results, labelled `name` and `outcome` (`renewed`,
+/// `lost` when the server no longer had the lease for us, `error` when the
+/// backend failed and the renewal is retried).
+pub const RENEWALS: &str = "leasehold_renewals_total";
+/// Histogram, seconds: the latency of one batch of renewals (one backend
+/// round trip for up to 1,000 leases). Unlabelled: a batch mixes names.
+pub const RENEWAL_LATENCY: &str = "leasehold_renew_batch_seconds";
+/// Counter: leases whose holder's token was cancelled, labelled `name` and
+/// `reason` (`lost`, `renewal_limit`, `deadline`, `shutdown`).
+pub const LOSSES: &str = "leasehold_losses_total";
+/// Gauge: leases currently held and kept by a watchdog, labelled `name`.
+pub const HELD: &str = "leasehold_leases_held";
+/// Histogram, seconds: how long a lease was held, recorded once when it
+/// ends, labelled `name` and `ended` (`released`, `dropped`, `lost`,
+/// `renewal_limit`, `deadline`, `shutdown`).
+pub const HOLD_TIME: &str = "leasehold_lease_hold_seconds";
+
+/// Label: the lease name.
+pub const LABEL_NAME: &str = "name";
+/// Label: the outcome of an acquisition or renewal.
+pub const LABEL_OUTCOME: &str = "outcome";
+/// Label: why a lease was lost.
+pub const LABEL_REASON: &str = "reason";
+/// Label: how a lease's hold ended.
+pub const LABEL_ENDED: &str = "ended";
+
+/// Describes every metric (unit and meaning) to the installed recorder.
+///
+/// [`LeaseManager::new`](crate::LeaseManager::new) calls it, so it is only
+/// needed when the recorder is installed after the first manager was
+/// created. Calling it again is harmless.
+pub fn describe() {
+    describe_counter!(ACQUISITIONS, Unit::Count, "Lease acquisitions by outcome.");
+    describe_histogram!(
+        ACQUIRE_WAIT,
+        Unit::Seconds,
+        "Time spent in acquire, waiting included, by outcome."
+    );
+    describe_counter!(RENEWALS, Unit::Count, "Lease renewals by outcome.");
+    describe_histogram!(
+        RENEWAL_LATENCY,
+        Unit::Seconds,
+        "Latency of one batch of lease renewals."
+    );
+    describe_counter!(
+        LOSSES,
+        Unit::Count,
+        "Leases whose holder was told to stop, by reason."
+    );
+    describe_gauge!(HELD, Unit::Count, "Leases currently held.");
+    describe_histogram!(
+        HOLD_TIME,
+        Unit::Seconds,
+        "How long leases were held, recorded when each ends, by how it ended."
+    );
+}
+
+fn label(name: &Cow<'static, str>) -> ::metrics::SharedString {
+    // Borrowed names (the usual `&'static str`) are not copied.
+    ::metrics::SharedString::from(name.clone())
+}
+
+pub(crate) fn acquired(name: &str, outcome: &'static str, waited: Duration) {
+    let name = name.to_owned();
+    counter!(ACQUISITIONS, LABEL_NAME => name.clone(), LABEL_OUTCOME => outcome).increment(1);
+    histogram!(ACQUIRE_WAIT, LABEL_NAME => name, LABEL_OUTCOME => outcome).record(waited);
+}
+
+pub(crate) fn held(name: &Cow<'static, str>, delta: f64) {
+    gauge!(HELD, LABEL_NAME => label(name)).increment(delta);
+}
+
+pub(crate) fn ended(name: &Cow<'static, str>, ended: &'static str, held_for: Duration) {
+    held(name, -1.0);
+    histogram!(HOLD_TIME, LABEL_NAME => label(name), LABEL_ENDED => ended).record(held_for);
+}
+
+pub(crate) fn lost(name: &Cow<'static, str>, reason: &'static str) {
+    counter!(LOSSES, LABEL_NAME => label(name), LABEL_REASON => reason).increment(1);
+}
+
+pub(crate) fn renew_batch(latency: Duration) {
+    histogram!(RENEWAL_LATENCY).record(latency);
+}
+
+/// Renewal results of one batch, counted per lease name so that a batch of
+/// a thousand leases costs one counter lookup per name and outcome, not one
+/// per lease.
+#[derive(Default)]
+pub(crate) struct RenewalTally {
+    // Few distinct names per batch: a linear scan beats hashing.
+    counts: Vec<(Cow<'static, str>, [u64; 3])>,
+}
+
+/// Indices into a tally's counts.
+pub(crate) const RENEWED: usize = 0;
+pub(crate) const RENEW_LOST: usize = 1;
+pub(crate) const RENEW_ERROR: usize = 2;
+const RENEW_OUTCOMES: [&str; 3] = ["renewed", "lost", "error"];
+
+impl RenewalTally {
+    pub(crate) fn add(&mut self, name: &Cow<'static, str>, outcome: usize) {
+        match self.counts.iter_mut().find(|(n, _)| n == name) {
+            Some((_, counts)) => counts[outcome] += 1,
+            None => {
+                let mut counts = [0; 3];
+                counts[outcome] = 1;
+                self.counts.push((name.clone(), counts));
+            }
+        }
+    }
+
+    pub(crate) fn record(self) {
+        for (name, counts) in self.counts {
+            for (outcome, n) in RENEW_OUTCOMES.iter().zip(counts) {
+                if n > 0 {
+                    counter!(RENEWALS, LABEL_NAME => label(&name), LABEL_OUTCOME => *outcome)
+                        .increment(n);
+                }
+            }
+        }
+    }
+}

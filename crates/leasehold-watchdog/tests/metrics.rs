@@ -1,0 +1,297 @@
+//! The metrics a manager records, read back from a global
+//! `DebuggingRecorder` (the watchdog runs on its own task, so only a global
+//! recorder sees it). Runs on `MemoryBackend` and tokio's paused clock.
+//!
+//! The recorder is shared by the whole test binary and each snapshot drains
+//! it (counters and gauges restart from zero, histograms are emptied), so
+//! the snapshots are summed up here, the tests take turns, and each uses its
+//! own lease name.
+
+use std::sync::{Mutex, OnceLock};
+use std::time::Duration;
+
+use leasehold_core::{LeaseKey, MemoryBackend, Ttl};
+use leasehold_watchdog::metrics::{
+    ACQUIRE_WAIT, ACQUISITIONS, HELD, HOLD_TIME, LOSSES, RENEWAL_LATENCY, RENEWALS,
+};
+use leasehold_watchdog::{LeaseError, LeaseManager, LeaseOptions, LossReason};
+use metrics::Unit;
+use metrics_util::debugging::{DebugValue, DebuggingRecorder, Snapshotter};
+use tokio::time::sleep;
+
+type TestResult = Result<(), Box<dyn std::error::Error>>;
+/// A metric's key, unit and value summed over every snapshot.
+type Entry = (metrics_util::CompositeKey, Option<Unit>, Value);
+
+#[derive(Debug, Clone)]
+enum Value {
+    Counter(u64),
+    Gauge(f64),
+    Histogram(Vec<f64>),
+}
+
+impl From<DebugValue> for Value {
+    fn from(value: DebugValue) -> Self {
+        match value {
+            DebugValue::Counter(n) => Self::Counter(n),
+            DebugValue::Gauge(g) => Self::Gauge(g.0),
+            DebugValue::Histogram(values) => Self::Histogram(values.iter().map(|v| v.0).collect()),
+        }
+    }
+}
+
+/// Installs the recorder (before any manager records into the void) and
+/// waits for this test's turn.
+async fn turn() -> tokio::sync::MutexGuard<'static, ()> {
+    static TURN: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+    snapshotter();
+    TURN.lock().await
+}
+
+fn snapshotter() -> &'static Snapshotter {
+    static SNAPSHOTTER: OnceLock<Snapshotter> = OnceLock::new();
+    SNAPSHOTTER.get_or_init(|| {
+        let recorder = DebuggingRecorder::new();
+        let snapshotter = recorder.snapshotter();
+        recorder
+            .install()
+            .expect("the only recorder of this binary");
+        snapshotter
+    })
+}
+
+/// Everything recorded so far by this test binary.
+fn snapshot() -> Vec<Entry> {
+    static TOTALS: Mutex<Vec<Entry>> = Mutex::new(Vec::new());
+    let mut totals = TOTALS.lock().expect("not poisoned");
+    for (key, unit, _, value) in snapshotter().snapshot().into_vec() {
+        let value = Value::from(value);
+        let Some(total) = totals.iter_mut().find(|(k, ..)| *k == key) else {
+            totals.push((key, unit, value));
+            continue;
+        };
+        total.1 = total.1.or(unit);
+        match (&mut total.2, value) {
+            (Value::Counter(sum), Value::Counter(n)) => *sum += n,
+            // The watchdog only moves the gauge up and down, so deltas add up.
+            (Value::Gauge(sum), Value::Gauge(g)) => *sum += g,
+            (Value::Histogram(all), Value::Histogram(more)) => all.extend(more),
+            (slot, value) => *slot = value,
+        }
+    }
+    totals.clone()
+}
+
+/// The value of `metric` with exactly these labels.
+fn value<'a>(snap: &'a [Entry], metric: &str, labels: &[(&str, &str)]) -> Option<&'a Value> {
+    snap.iter()
+        .find(|(ck, ..)| {
+            let key = ck.key();
+            key.name() == metric
+                && key.labels().count() == labels.len()
+                && labels
+                    .iter()
+                    .all(|(k, v)| key.labels().any(|l| l.key() == *k && l.value() == *v))
+        })
+        .map(|(.., value)| value)
+}
+
+fn counter(snap: &[Entry], metric: &str, labels: &[(&str, &str)]) -> u64 {
+    match value(snap, metric, labels) {
+        Some(Value::Counter(n)) => *n,
+        _ => 0,
+    }
+}
+
+fn gauge(snap: &[Entry], name: &str) -> Option<f64> {
+    match value(snap, HELD, &[("name", name)]) {
+        Some(Value::Gauge(g)) => Some(*g),
+        _ => None,
+    }
+}
+
+fn histogram(snap: &[Entry], metric: &str, labels: &[(&str, &str)]) -> Vec<f64> {
+    match value(snap, metric, labels) {
+        Some(Value::Histogram(values)) => values.clone(),
+        _ => Vec::new(),
+    }
+}
+
+fn options(name: &'static str) -> LeaseOptions {
+    LeaseOptions::builder()
+        .ttl(Ttl::parse("3s").expect("valid ttl"))
+        .name(name)
+        .build()
+        .expect("valid options")
+}
+
+/// Lets the watchdog task process what it was sent, without moving the clock.
+async fn settle() {
+    for _ in 0..10 {
+        tokio::task::yield_now().await;
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn acquisitions_renewals_gauge_and_hold_time_of_a_released_lease() -> TestResult {
+    let _turn = turn().await;
+    let batches_before = histogram(&snapshot(), RENEWAL_LATENCY, &[]).len();
+    let manager = LeaseManager::new(MemoryBackend::new())?;
+    let name = "m-released";
+    let lease = manager.acquire("metrics:released", &options(name)).await?;
+    let busy = manager.acquire("metrics:released", &options(name)).await;
+    assert!(matches!(busy, Err(LeaseError::NotAcquired { .. })));
+    // Sleeping (not `advance`) lets the paused clock stop at each renewal.
+    sleep(Duration::from_millis(3500)).await;
+    assert_eq!(lease.renewals(), 3);
+
+    let snap = snapshot();
+    let acquired = [("name", name), ("outcome", "acquired")];
+    assert_eq!(counter(&snap, ACQUISITIONS, &acquired), 1);
+    let not_acquired = [("name", name), ("outcome", "not_acquired")];
+    assert_eq!(counter(&snap, ACQUISITIONS, &not_acquired), 1);
+    assert_eq!(histogram(&snap, ACQUIRE_WAIT, &acquired), vec![0.0]);
+    let renewed = [("name", name), ("outcome", "renewed")];
+    assert_eq!(counter(&snap, RENEWALS, &renewed), 3);
+    let batches = histogram(&snap, RENEWAL_LATENCY, &[]).len() - batches_before;
+    assert_eq!(batches, 3);
+    assert_eq!(gauge(&snap, name), Some(1.0));
+    // Not ended yet: no hold time.
+    assert!(histogram(&snap, HOLD_TIME, &[("name", name), ("ended", "released")]).is_empty());
+    let units: Vec<_> = snap
+        .iter()
+        .filter(|(ck, ..)| ck.key().name() == HOLD_TIME || ck.key().name() == ACQUIRE_WAIT)
+        .map(|(_, unit, ..)| *unit)
+        .collect();
+    assert!(units.iter().all(|u| *u == Some(Unit::Seconds)), "{units:?}");
+
+    lease.release().await?;
+    let snap = snapshot();
+    assert_eq!(gauge(&snap, name), Some(0.0));
+    assert_eq!(
+        histogram(&snap, HOLD_TIME, &[("name", name), ("ended", "released")]),
+        vec![3.5]
+    );
+    // No key or holder id in any label.
+    for (ck, ..) in &snap {
+        for label in ck.key().labels() {
+            assert!(!label.value().contains("metrics:"), "{ck:?}");
+        }
+    }
+    Ok(())
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_lost_lease_counts_one_loss_and_one_hold_time() -> TestResult {
+    let _turn = turn().await;
+    let backend = MemoryBackend::new();
+    let manager = LeaseManager::new(backend.clone())?;
+    let name = "m-lost";
+    let lease = manager.acquire("metrics:lost", &options(name)).await?;
+    assert!(backend.vanish(&LeaseKey::new("metrics:lost")?));
+    assert_eq!(lease.lost().await, LossReason::Lost);
+    settle().await;
+    let snap = snapshot();
+    assert_eq!(
+        counter(&snap, LOSSES, &[("name", name), ("reason", "lost")]),
+        1
+    );
+    assert_eq!(
+        counter(&snap, RENEWALS, &[("name", name), ("outcome", "lost")]),
+        1
+    );
+    assert_eq!(gauge(&snap, name), Some(0.0));
+    // The first renewal, at a third of the 3 s ttl, found it gone.
+    assert_eq!(
+        histogram(&snap, HOLD_TIME, &[("name", name), ("ended", "lost")]),
+        vec![1.0]
+    );
+
+    // Dropping the handle afterwards does not end it a second time.
+    drop(lease);
+    settle().await;
+    let snap = snapshot();
+    assert!(histogram(&snap, HOLD_TIME, &[("name", name), ("ended", "dropped")]).is_empty());
+    assert_eq!(gauge(&snap, name), Some(0.0));
+    Ok(())
+}
+
+#[tokio::test(start_paused = true)]
+async fn renewal_limit_dropped_and_shutdown_are_told_apart() -> TestResult {
+    let _turn = turn().await;
+    let manager = LeaseManager::new(MemoryBackend::new())?;
+    let name = "m-ends";
+    let capped = LeaseOptions::builder()
+        .ttl(Ttl::parse("3s")?)
+        .max_renewals(1)
+        .name(name)
+        .build()?;
+    let limited = manager.acquire("metrics:capped", &capped).await?;
+    let dropped = manager.acquire("metrics:dropped", &options(name)).await?;
+    let kept = manager.acquire("metrics:kept", &options(name)).await?;
+    settle().await;
+    assert_eq!(gauge(&snapshot(), name), Some(3.0));
+
+    assert_eq!(limited.lost().await, LossReason::RenewalLimit);
+    drop(dropped);
+    settle().await;
+    manager.shutdown().await;
+    assert_eq!(kept.loss_reason(), Some(LossReason::Shutdown));
+
+    let snap = snapshot();
+    assert_eq!(gauge(&snap, name), Some(0.0));
+    let ended = |how| histogram(&snap, HOLD_TIME, &[("name", name), ("ended", how)]);
+    assert_eq!(ended("renewal_limit").len(), 1);
+    assert_eq!(ended("dropped").len(), 1);
+    assert_eq!(ended("shutdown").len(), 1);
+    // The capped lease was held past its one renewal (at 1 s) until its
+    // token fired; the other was dropped at that same instant.
+    assert!(
+        ended("renewal_limit")[0] > 1.0,
+        "{:?}",
+        ended("renewal_limit")
+    );
+    assert_eq!(ended("dropped"), ended("renewal_limit"));
+    for reason in ["renewal_limit", "shutdown"] {
+        assert_eq!(
+            counter(&snap, LOSSES, &[("name", name), ("reason", reason)]),
+            1,
+            "{reason}"
+        );
+    }
+    assert_eq!(
+        counter(&snap, LOSSES, &[("name", name), ("reason", "lost")]),
+        0
+    );
+    Ok(())
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_large_batch_is_counted_per_name() -> TestResult {
+    let _turn = turn().await;
+    let batches_before = histogram(&snapshot(), RENEWAL_LATENCY, &[]).len();
+    let manager = LeaseManager::new(MemoryBackend::new())?;
+    let mut leases = Vec::new();
+    for i in 0..1500 {
+        let name = if i % 3 == 0 { "m-batch-a" } else { "m-batch-b" };
+        leases.push(
+            manager
+                .acquire(format!("metrics:batch:{i}"), &options(name))
+                .await?,
+        );
+    }
+    sleep(Duration::from_millis(1100)).await;
+    assert!(leases.iter().all(|l| l.renewals() == 1));
+    let snap = snapshot();
+    let renewed = |name| counter(&snap, RENEWALS, &[("name", name), ("outcome", "renewed")]);
+    assert_eq!(renewed("m-batch-a"), 500);
+    assert_eq!(renewed("m-batch-b"), 1000);
+    assert_eq!(gauge(&snap, "m-batch-a"), Some(500.0));
+    // Renewals due together go out in batches, not one call per lease (the
+    // timer queue hands over at most tokio's cooperative budget of expired
+    // timers per poll, so more than the two batches of 1,000 a single poll
+    // would give).
+    let batches = histogram(&snap, RENEWAL_LATENCY, &[]).len() - batches_before;
+    assert!((2..=20).contains(&batches), "{batches} batches");
+    Ok(())
+}
