@@ -30,6 +30,8 @@
 //! [`LeaseBackend`]: leasehold_core::LeaseBackend
 
 mod backoff;
+#[cfg(feature = "serde")]
+mod config;
 mod error;
 mod lease;
 mod manager;
@@ -38,6 +40,8 @@ mod options;
 mod renewal;
 
 pub use backoff::Backoff;
+#[cfg(feature = "serde")]
+pub use config::{ConfigError, LeaseConfig};
 pub use error::LeaseError;
 pub use lease::{Lease, LossReason};
 pub use manager::LeaseManager;

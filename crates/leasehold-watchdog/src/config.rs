@@ -1,0 +1,537 @@
+//! Lease settings from a TOML file or environment variables.
+
+use std::time::Duration;
+
+use leasehold_core::Ttl;
+use serde::Deserialize;
+
+use crate::{Backoff, LeaseError, LeaseOptions};
+
+/// Lease settings as an operator writes them: durations as humantime
+/// strings (`"30s"`, `"1m 30s"`, `"500ms"`), every field optional, every
+/// value checked with an error that names the field and the value.
+///
+/// Read it with [`from_toml_str`](Self::from_toml_str) or
+/// [`from_env`](Self::from_env), or embed it in your own serde
+/// configuration (it deserialises from the same fields, and unknown fields
+/// are refused so that a typo is not silently ignored). Turn it into
+/// [`LeaseOptions`] with [`lease_options`](Self::lease_options).
+///
+/// | TOML field        | environment (`LEASEHOLD_` prefix) | default          |
+/// |-------------------|-----------------------------------|------------------|
+/// | `ttl`             | `LEASEHOLD_TTL`                   | `"30s"`          |
+/// | `max_renewals`    | `LEASEHOLD_MAX_RENEWALS`          | no limit         |
+/// | `safety_margin`   | `LEASEHOLD_SAFETY_MARGIN`         | a tenth of ttl   |
+/// | `wait`            | `LEASEHOLD_WAIT`                  | one attempt      |
+/// | `backoff_initial` | `LEASEHOLD_BACKOFF_INITIAL`       | `"25ms"`         |
+/// | `backoff_max`     | `LEASEHOLD_BACKOFF_MAX`           | `"500ms"`        |
+/// | `name`            | `LEASEHOLD_NAME`                  | `"default"`      |
+/// | `label`           | `LEASEHOLD_LABEL`                 | none             |
+/// | `redis_url`       | `LEASEHOLD_REDIS_URL`             | none             |
+///
+/// ```
+/// use std::time::Duration;
+/// use leasehold_watchdog::LeaseConfig;
+///
+/// let config = LeaseConfig::from_toml_str(r#"
+///     ttl = "1m"
+///     max_renewals = 120
+///     wait = "5m"
+///     name = "nightly-report"
+///     redis_url = "redis://127.0.0.1:6379"
+/// "#)?;
+/// let options = config.lease_options()?;
+/// assert_eq!(options.renew_interval(), Duration::from_secs(20));
+/// assert_eq!(options.name(), "nightly-report");
+///
+/// let bad = LeaseConfig::from_toml_str(r#"ttl = "30 seconds later""#).unwrap_err();
+/// assert!(bad.to_string().contains("ttl"));
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(try_from = "RawConfig")]
+#[non_exhaustive]
+pub struct LeaseConfig {
+    /// How long the server keeps the lease unless renewed.
+    pub ttl: Ttl,
+    /// The most renewals the watchdog makes; `None` for no limit.
+    pub max_renewals: Option<u32>,
+    /// How long before the end of certain validity the holder is told to
+    /// stop; `None` for a tenth of the ttl.
+    pub safety_margin: Option<Duration>,
+    /// How long to wait for a lease held by someone else; `None` tries once.
+    pub wait: Option<Duration>,
+    /// The first retry delay while waiting.
+    pub backoff_initial: Duration,
+    /// The longest retry delay while waiting.
+    pub backoff_max: Duration,
+    /// The lease's name in metrics and logs (a bounded set, never a key).
+    pub name: String,
+    /// A public label stored beside the lease, such as a host name.
+    pub label: Option<String>,
+    /// Where the Redis server is; read by the application or the
+    /// `leasehold` command, not by the watchdog.
+    pub redis_url: Option<String>,
+}
+
+impl Default for LeaseConfig {
+    fn default() -> Self {
+        let backoff = Backoff::default();
+        Self {
+            ttl: Ttl::DEFAULT,
+            max_renewals: None,
+            safety_margin: None,
+            wait: None,
+            backoff_initial: backoff.initial(),
+            backoff_max: backoff.max(),
+            name: "default".to_owned(),
+            label: None,
+            redis_url: None,
+        }
+    }
+}
+
+/// Why lease settings were refused.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum ConfigError {
+    /// One setting has a value that cannot be used.
+    #[error("invalid {field} {value:?}: {reason}")]
+    Invalid {
+        /// The TOML field or environment variable.
+        field: String,
+        /// The value given (cut to its first 64 characters).
+        value: String,
+        /// What is wrong and what is accepted.
+        reason: String,
+    },
+    /// An environment variable was not valid UTF-8.
+    #[error("environment variable {field} is not valid UTF-8")]
+    NotUnicode {
+        /// The variable.
+        field: String,
+    },
+    /// The TOML text could not be read (bad syntax, a wrong type, an
+    /// unknown field); the message says where.
+    #[error("invalid lease configuration: {message}")]
+    Toml {
+        /// What the TOML parser said, with the line and column.
+        message: String,
+    },
+    /// The settings are each valid but do not fit together.
+    #[error("lease settings do not fit together: {reason}")]
+    Mismatch {
+        /// Which values conflict, and why.
+        reason: String,
+    },
+}
+
+/// The fields as written, before checking.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawConfig {
+    ttl: Option<String>,
+    max_renewals: Option<u32>,
+    safety_margin: Option<String>,
+    wait: Option<String>,
+    backoff_initial: Option<String>,
+    backoff_max: Option<String>,
+    name: Option<String>,
+    label: Option<String>,
+    redis_url: Option<String>,
+}
+
+impl TryFrom<RawConfig> for LeaseConfig {
+    type Error = ConfigError;
+
+    fn try_from(raw: RawConfig) -> Result<Self, ConfigError> {
+        let mut fields = Fields::default();
+        fields.set("ttl", raw.ttl);
+        fields.set("max_renewals", raw.max_renewals.map(|n| n.to_string()));
+        fields.set("safety_margin", raw.safety_margin);
+        fields.set("wait", raw.wait);
+        fields.set("backoff_initial", raw.backoff_initial);
+        fields.set("backoff_max", raw.backoff_max);
+        fields.set("name", raw.name);
+        fields.set("label", raw.label);
+        fields.set("redis_url", raw.redis_url);
+        fields.check()
+    }
+}
+
+/// Each field's value and the name to report it under (a TOML field or an
+/// environment variable).
+#[derive(Default)]
+struct Fields {
+    values: Vec<(&'static str, String, String)>,
+}
+
+impl Fields {
+    fn set(&mut self, field: &'static str, value: Option<String>) {
+        self.set_as(field, field.to_owned(), value);
+    }
+
+    fn set_as(&mut self, field: &'static str, shown: String, value: Option<String>) {
+        if let Some(value) = value {
+            self.values.push((field, shown, value));
+        }
+    }
+
+    fn check(self) -> Result<LeaseConfig, ConfigError> {
+        let mut config = LeaseConfig::default();
+        for (field, shown, value) in self.values {
+            let invalid = |reason: String| ConfigError::Invalid {
+                field: shown.clone(),
+                value: excerpt(&value),
+                reason,
+            };
+            let duration = || parse_duration(&value).map_err(invalid);
+            match field {
+                "ttl" => {
+                    config.ttl = Ttl::new(duration()?).map_err(|e| invalid(reason_of(e)))?;
+                }
+                "max_renewals" => {
+                    let n: u32 = value.trim().parse().map_err(|_| {
+                        invalid(format!("expected a whole number from 1 to {}", u32::MAX))
+                    })?;
+                    if n == 0 {
+                        return Err(invalid(
+                            "must be at least 1; leave it out for no limit".to_owned(),
+                        ));
+                    }
+                    config.max_renewals = Some(n);
+                }
+                "safety_margin" => config.safety_margin = Some(duration()?),
+                "wait" => config.wait = Some(duration()?),
+                "backoff_initial" => config.backoff_initial = positive(duration()?, invalid)?,
+                "backoff_max" => config.backoff_max = positive(duration()?, invalid)?,
+                "name" => {
+                    if value.is_empty() || value.len() > 64 || value.chars().any(char::is_control) {
+                        return Err(invalid(
+                            "a lease name is 1 to 64 characters without control characters"
+                                .to_owned(),
+                        ));
+                    }
+                    config.name = value;
+                }
+                "label" => {
+                    // The bounds `AcquireRequest::with_label` applies, checked
+                    // here so that the error names the field.
+                    if value.len() > 256 || value.chars().any(char::is_control) {
+                        return Err(invalid(
+                            "a label is at most 256 bytes without control characters".to_owned(),
+                        ));
+                    }
+                    config.label = Some(value);
+                }
+                "redis_url" => {
+                    if !value.contains("://") {
+                        return Err(invalid(
+                            "expected a URL such as redis://127.0.0.1:6379".to_owned(),
+                        ));
+                    }
+                    config.redis_url = Some(value);
+                }
+                _ => {}
+            }
+        }
+        if config.backoff_initial > config.backoff_max {
+            return Err(ConfigError::Mismatch {
+                reason: format!(
+                    "backoff_initial ({}) is longer than backoff_max ({})",
+                    humantime::format_duration(config.backoff_initial),
+                    humantime::format_duration(config.backoff_max),
+                ),
+            });
+        }
+        Ok(config)
+    }
+}
+
+fn positive(
+    d: Duration,
+    invalid: impl FnOnce(String) -> ConfigError,
+) -> Result<Duration, ConfigError> {
+    if d.is_zero() {
+        Err(invalid("must be greater than zero".to_owned()))
+    } else {
+        Ok(d)
+    }
+}
+
+fn parse_duration(value: &str) -> Result<Duration, String> {
+    humantime::parse_duration(value.trim())
+        .map_err(|e| format!("{e}; write durations like \"30s\", \"1m 30s\" or \"500ms\""))
+}
+
+/// The reason alone, since the field and value are reported beside it.
+fn reason_of(error: leasehold_core::Error) -> String {
+    match error {
+        leasehold_core::Error::InvalidTtl { reason, .. }
+        | leasehold_core::Error::InvalidDuration { reason, .. } => reason,
+        leasehold_core::Error::InvalidLabel { reason, .. }
+        | leasehold_core::Error::InvalidKey { reason, .. } => reason.to_owned(),
+        other => other.to_string(),
+    }
+}
+
+fn excerpt(value: &str) -> String {
+    value.chars().take(64).collect()
+}
+
+/// The environment variable suffix of each field.
+const ENV_FIELDS: [(&str, &str); 9] = [
+    ("ttl", "TTL"),
+    ("max_renewals", "MAX_RENEWALS"),
+    ("safety_margin", "SAFETY_MARGIN"),
+    ("wait", "WAIT"),
+    ("backoff_initial", "BACKOFF_INITIAL"),
+    ("backoff_max", "BACKOFF_MAX"),
+    ("name", "NAME"),
+    ("label", "LABEL"),
+    ("redis_url", "REDIS_URL"),
+];
+
+impl LeaseConfig {
+    /// Reads settings from TOML text; fields left out keep their defaults.
+    ///
+    /// # Errors
+    ///
+    /// [`ConfigError::Toml`] for bad syntax, a value of the wrong type or an
+    /// unknown field, [`ConfigError::Invalid`] for a value that cannot be
+    /// used (naming the field and the value), and [`ConfigError::Mismatch`]
+    /// for values that contradict each other.
+    pub fn from_toml_str(text: &str) -> Result<Self, ConfigError> {
+        let raw: RawConfig = toml::from_str(text).map_err(|e| ConfigError::Toml {
+            message: e.message().to_owned() + &location(text, e.span()),
+        })?;
+        Self::try_from(raw)
+    }
+
+    /// Reads settings from environment variables named `prefix` + the field
+    /// in capitals, such as `LEASEHOLD_TTL=30s` for the prefix
+    /// `"LEASEHOLD_"`. Unset variables keep their defaults; set but empty
+    /// ones are refused.
+    ///
+    /// # Errors
+    ///
+    /// [`ConfigError::Invalid`] naming the variable and its value,
+    /// [`ConfigError::NotUnicode`] for a variable that is not UTF-8, and
+    /// [`ConfigError::Mismatch`] for values that contradict each other.
+    pub fn from_env(prefix: &str) -> Result<Self, ConfigError> {
+        let mut fields = Fields::default();
+        for (field, suffix) in ENV_FIELDS {
+            let var = format!("{prefix}{suffix}");
+            let value = match std::env::var(&var) {
+                Ok(value) => Some(value),
+                Err(std::env::VarError::NotPresent) => None,
+                Err(std::env::VarError::NotUnicode(_)) => {
+                    return Err(ConfigError::NotUnicode { field: var });
+                }
+            };
+            fields.set_as(field, var, value);
+        }
+        fields.check()
+    }
+
+    /// Like [`from_env`](Self::from_env), reading the variables through
+    /// `lookup` instead of the process environment (for tests, or other
+    /// sources of key-value pairs).
+    ///
+    /// # Errors
+    ///
+    /// As for [`from_env`](Self::from_env).
+    pub fn from_env_with(
+        prefix: &str,
+        mut lookup: impl FnMut(&str) -> Option<String>,
+    ) -> Result<Self, ConfigError> {
+        let mut fields = Fields::default();
+        for (field, suffix) in ENV_FIELDS {
+            let var = format!("{prefix}{suffix}");
+            let value = lookup(&var);
+            fields.set_as(field, var, value);
+        }
+        fields.check()
+    }
+
+    /// The [`LeaseOptions`] these settings describe.
+    ///
+    /// # Errors
+    ///
+    /// [`ConfigError::Mismatch`] when the ttl, safety margin and renew
+    /// interval do not fit together (see [`LeaseOptions`]).
+    pub fn lease_options(&self) -> Result<LeaseOptions, ConfigError> {
+        let mut builder = LeaseOptions::builder()
+            .ttl(self.ttl)
+            .backoff(Backoff::new(self.backoff_initial, self.backoff_max))
+            .name(self.name.clone());
+        if let Some(max) = self.max_renewals {
+            builder = builder.max_renewals(max);
+        }
+        if let Some(margin) = self.safety_margin {
+            builder = builder.safety_margin(margin);
+        }
+        if let Some(wait) = self.wait {
+            builder = builder.wait(wait);
+        }
+        if let Some(label) = &self.label {
+            builder = builder.label(label.clone());
+        }
+        builder.build().map_err(|e| match e {
+            LeaseError::InvalidOptions { reason } => ConfigError::Mismatch { reason },
+            other => ConfigError::Mismatch {
+                reason: other.to_string(),
+            },
+        })
+    }
+}
+
+/// " at line L, column C" for a byte span of `text`.
+fn location(text: &str, span: Option<std::ops::Range<usize>>) -> String {
+    let Some(span) = span else {
+        return String::new();
+    };
+    let before = text.get(..span.start).unwrap_or(text);
+    let line = before.matches('\n').count() + 1;
+    let column = before.rsplit('\n').next().map_or(0, |l| l.chars().count()) + 1;
+    format!(" (at line {line}, column {column})")
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::HashMap;
+
+    use super::*;
+
+    #[test]
+    fn toml_fields_become_lease_options() -> Result<(), Box<dyn std::error::Error>> {
+        let config = LeaseConfig::from_toml_str(
+            r#"
+            ttl = "10s"
+            max_renewals = 6
+            safety_margin = "2s"
+            wait = "1m 30s"
+            backoff_initial = "10ms"
+            backoff_max = "1s"
+            name = "nightly"
+            label = "worker-3"
+            redis_url = "redis://10.0.0.1:6380/2"
+            "#,
+        )?;
+        assert_eq!(config.redis_url.as_deref(), Some("redis://10.0.0.1:6380/2"));
+        let options = config.lease_options()?;
+        assert_eq!(options.ttl(), Ttl::parse("10s")?);
+        assert_eq!(options.max_renewals(), Some(6));
+        assert_eq!(options.safety_margin(), Duration::from_secs(2));
+        assert_eq!(options.wait(), Some(Duration::from_secs(90)));
+        assert_eq!(
+            options.backoff(),
+            Backoff::new(Duration::from_millis(10), Duration::from_secs(1))
+        );
+        assert_eq!(options.name(), "nightly");
+        assert_eq!(options.label(), Some("worker-3"));
+        assert_eq!(
+            LeaseConfig::from_toml_str("")?.lease_options()?,
+            LeaseOptions::default()
+        );
+        Ok(())
+    }
+
+    #[test]
+    fn every_bad_value_names_its_field_and_value() {
+        for (text, field, value) in [
+            (r#"ttl = "3 fortnights""#, "ttl", "3 fortnights"),
+            (r#"ttl = "1ms""#, "ttl", "1ms"),
+            (r#"ttl = "1.5ms""#, "ttl", "1.5ms"),
+            ("max_renewals = 0", "max_renewals", "0"),
+            (r#"safety_margin = "soon""#, "safety_margin", "soon"),
+            (r#"wait = "-1s""#, "wait", "-1s"),
+            (r#"backoff_initial = "0s""#, "backoff_initial", "0s"),
+            (r#"backoff_max = "x""#, "backoff_max", "x"),
+            (r#"name = """#, "name", ""),
+            ("label = \"a\\nb\"", "label", "a\nb"),
+            (r#"redis_url = "localhost""#, "redis_url", "localhost"),
+        ] {
+            match LeaseConfig::from_toml_str(text) {
+                Err(e @ ConfigError::Invalid { .. }) => {
+                    let message = e.to_string();
+                    assert!(message.contains(field), "{text}: {message}");
+                    assert!(message.contains(&format!("{value:?}")), "{text}: {message}");
+                }
+                other => panic!("{text}: {other:?}"),
+            }
+        }
+    }
+
+    #[test]
+    fn syntax_types_unknown_fields_and_mismatches_are_refused() {
+        for text in ["ttl = ", "ttl = 30", "max_renewals = -1", "tll = \"30s\""] {
+            let error = LeaseConfig::from_toml_str(text);
+            assert!(
+                matches!(&error, Err(ConfigError::Toml { message }) if message.contains("line 1")),
+                "{text}: {error:?}"
+            );
+        }
+        let unknown = LeaseConfig::from_toml_str("tll = \"30s\"").map_err(|e| e.to_string());
+        assert!(
+            matches!(&unknown, Err(m) if m.contains("tll")),
+            "{unknown:?}"
+        );
+        let backoff = LeaseConfig::from_toml_str("backoff_initial = \"2s\"\nbackoff_max = \"1s\"");
+        assert!(matches!(backoff, Err(ConfigError::Mismatch { .. })));
+        let late = LeaseConfig::from_toml_str("ttl = \"1s\"\nsafety_margin = \"1s\"")
+            .and_then(|c| c.lease_options());
+        assert!(
+            matches!(&late, Err(ConfigError::Mismatch { reason }) if reason.contains("safety margin")),
+            "{late:?}"
+        );
+    }
+
+    #[test]
+    fn environment_variables_with_a_prefix() -> Result<(), Box<dyn std::error::Error>> {
+        let vars: HashMap<&str, &str> = [
+            ("APP_LEASE_TTL", "45s"),
+            ("APP_LEASE_WAIT", "5m"),
+            ("APP_LEASE_NAME", "reports"),
+            ("APP_LEASE_REDIS_URL", "rediss://cache:6380"),
+            ("LEASEHOLD_TTL", "not for us"),
+        ]
+        .into_iter()
+        .collect();
+        let lookup = |var: &str| vars.get(var).map(|v| (*v).to_owned());
+        let config = LeaseConfig::from_env_with("APP_LEASE_", lookup)?;
+        assert_eq!(config.ttl, Ttl::parse("45s")?);
+        assert_eq!(config.wait, Some(Duration::from_secs(300)));
+        assert_eq!(config.name, "reports");
+        assert_eq!(config.redis_url.as_deref(), Some("rediss://cache:6380"));
+        assert_eq!(config.max_renewals, None);
+
+        let bad = LeaseConfig::from_env_with("LEASEHOLD_", lookup).map_err(|e| e.to_string());
+        assert_eq!(
+            bad,
+            Err("invalid LEASEHOLD_TTL \"not for us\": expected number at 0; write durations like \"30s\", \"1m 30s\" or \"500ms\"".to_owned())
+        );
+        // The process environment has no such variables: all defaults.
+        assert_eq!(
+            LeaseConfig::from_env("LEASEHOLD_TEST_UNSET_")?,
+            LeaseConfig::default()
+        );
+        Ok(())
+    }
+
+    #[test]
+    fn embeds_in_an_application_config() -> Result<(), Box<dyn std::error::Error>> {
+        #[derive(Debug, Deserialize)]
+        struct App {
+            lease: LeaseConfig,
+        }
+        let app: App = toml::from_str("[lease]\nttl = \"2m\"\n")?;
+        assert_eq!(app.lease.ttl, Ttl::parse("2m")?);
+        let bad = toml::from_str::<App>("[lease]\nttl = \"2 moons\"\n").map_err(|e| e.to_string());
+        assert!(
+            matches!(&bad, Err(m) if m.contains("invalid ttl \"2 moons\"")),
+            "{bad:?}"
+        );
+        Ok(())
+    }
+}
