@@ -1,3 +1,61 @@
-//! The `leasehold` command.
+//! The `leasehold` command: run a command only while holding a lease on
+//! Redis, and inspect, watch or take over leases.
+//!
+//! ```text
+//! leasehold run --key reports:nightly --ttl 30s --wait 5m -- ./nightly-report.sh
+//! leasehold status reports:nightly --json
+//! leasehold watch reports:nightly
+//! leasehold release reports:nightly --force
+//! ```
+//!
+//! See `leasehold --help` and docs/operations.md for the exit codes.
 
-fn main() {}
+mod admin;
+mod args;
+mod exit;
+mod run;
+
+use std::process::ExitCode;
+
+use clap::Parser;
+use clap::error::ErrorKind;
+
+use crate::args::{Cli, Command};
+use crate::exit::Failure;
+
+fn main() -> ExitCode {
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(e) if matches!(e.kind(), ErrorKind::DisplayHelp | ErrorKind::DisplayVersion) => {
+            let _ = e.print();
+            return ExitCode::SUCCESS;
+        }
+        Err(e) => {
+            let _ = e.print();
+            return ExitCode::from(exit::USAGE);
+        }
+    };
+    let runtime = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(runtime) => runtime,
+        Err(e) => return Failure::internal(format!("could not start the runtime: {e}")).report(),
+    };
+    let result = runtime.block_on(async {
+        match cli.command {
+            Command::Run(run) => run::run(&cli.url, cli.namespace.as_deref(), run).await,
+            Command::Status { key, json } => {
+                admin::status(&cli.url, cli.namespace.as_deref(), &key, json).await
+            }
+            Command::Release { key, force } => {
+                admin::release(&cli.url, cli.namespace.as_deref(), &key, force).await
+            }
+            Command::Watch { key } => admin::watch(&cli.url, cli.namespace.as_deref(), &key).await,
+        }
+    });
+    match result {
+        Ok(code) => ExitCode::from(code),
+        Err(failure) => failure.report(),
+    }
+}

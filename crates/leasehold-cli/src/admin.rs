@@ -1,0 +1,211 @@
+//! `leasehold status`, `release --force` and `watch`.
+
+use std::time::{Duration, SystemTime};
+
+use leasehold_core::{LeaseBackend, LeaseInfo, LeaseKey};
+use tokio::signal::unix::{SignalKind, signal};
+
+use crate::exit::{self, Failure};
+
+/// How often `watch` looks at the lease.
+const WATCH_INTERVAL: Duration = Duration::from_millis(100);
+
+pub(crate) async fn status(
+    url: &Option<String>,
+    namespace: Option<&str>,
+    key: &LeaseKey,
+    json: bool,
+) -> Result<u8, Failure> {
+    let backend = exit::connect(url, namespace).await?;
+    let info = backend.inspect(key).await.map_err(|e| exit::backend(&e))?;
+    if json {
+        println!("{}", to_json(key, info.as_ref()));
+    } else {
+        match &info {
+            None => println!("lease {:?} is not held", key.as_str()),
+            Some(info) => {
+                println!("lease {:?} is held", key.as_str());
+                println!("  holder:        {}", label_text(info));
+                println!("  fencing token: {}", token_text(info));
+                println!("  ttl left:      {}", ttl_text(info));
+            }
+        }
+    }
+    Ok(if info.is_some() { 0 } else { 1 })
+}
+
+pub(crate) async fn release(
+    url: &Option<String>,
+    namespace: Option<&str>,
+    key: &LeaseKey,
+    force: bool,
+) -> Result<u8, Failure> {
+    if !force {
+        return Err(Failure::new(
+            exit::USAGE,
+            format!(
+                "refusing to release lease {:?} without --force: its holder is not told and may still be working",
+                key.as_str()
+            ),
+        ));
+    }
+    let backend = exit::connect(url, namespace).await?;
+    let info = backend.inspect(key).await.map_err(|e| exit::backend(&e))?;
+    if let Some(info) = &info {
+        eprintln!(
+            "leasehold: warning: deleting lease {:?} held by {} (fencing token {}, {} left). \
+             The holder is not told; it stops at its next renewal, within a third of its ttl, \
+             and may write until then (stores that check fencing tokens refuse it after a new holder writes).",
+            key.as_str(),
+            label_text(info),
+            token_text(info),
+            ttl_text(info),
+        );
+    }
+    let deleted = backend
+        .force_release(key)
+        .await
+        .map_err(|e| exit::backend(&e))?;
+    if deleted {
+        println!("lease {:?} released", key.as_str());
+        Ok(0)
+    } else {
+        println!("lease {:?} was not held", key.as_str());
+        Ok(1)
+    }
+}
+
+pub(crate) async fn watch(
+    url: &Option<String>,
+    namespace: Option<&str>,
+    key: &LeaseKey,
+) -> Result<u8, Failure> {
+    let signal_error =
+        |e: std::io::Error| Failure::internal(format!("could not handle signals: {e}"));
+    let mut interrupt = signal(SignalKind::interrupt()).map_err(signal_error)?;
+    let mut terminate = signal(SignalKind::terminate()).map_err(signal_error)?;
+    let backend = exit::connect(url, namespace).await?;
+    let mut tick = tokio::time::interval(WATCH_INTERVAL);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    // Compared without the ttl, which changes at every look.
+    let mut last: Option<Option<(Option<String>, Option<u64>)>> = None;
+    loop {
+        tokio::select! {
+            _ = interrupt.recv() => return Ok(0),
+            _ = terminate.recv() => return Ok(0),
+            _ = tick.tick() => {}
+        }
+        let info = match backend.inspect(key).await {
+            Ok(info) => info,
+            Err(e) => {
+                // A watcher outlives short outages: say so and keep looking.
+                eprintln!("leasehold: {}", exit::chain(&e));
+                continue;
+            }
+        };
+        let holder = info
+            .as_ref()
+            .map(|i| (i.label.clone(), i.fencing_token.map(|t| t.get())));
+        if last.as_ref() == Some(&holder) {
+            continue;
+        }
+        let now = humantime::format_rfc3339_millis(SystemTime::now());
+        match &info {
+            None => println!("{now} {:?} free", key.as_str()),
+            Some(info) => println!(
+                "{now} {:?} held by {} (fencing token {}, {} left)",
+                key.as_str(),
+                label_text(info),
+                token_text(info),
+                ttl_text(info)
+            ),
+        }
+        last = Some(holder);
+    }
+}
+
+fn label_text(info: &LeaseInfo) -> String {
+    info.label
+        .as_deref()
+        .map_or_else(|| "(no label)".to_owned(), |l| format!("{l:?}"))
+}
+
+fn token_text(info: &LeaseInfo) -> String {
+    info.fencing_token
+        .map_or_else(|| "none".to_owned(), |t| t.to_string())
+}
+
+fn ttl_text(info: &LeaseInfo) -> String {
+    info.ttl_left.map_or_else(
+        || "no expiry".to_owned(),
+        |d| {
+            humantime::format_duration(Duration::from_millis(
+                u64::try_from(d.as_millis()).unwrap_or(u64::MAX),
+            ))
+            .to_string()
+        },
+    )
+}
+
+/// One JSON object; written by hand to keep the command's dependencies few.
+fn to_json(key: &LeaseKey, info: Option<&LeaseInfo>) -> String {
+    let mut out = format!(
+        "{{\"key\":{},\"held\":{}",
+        json_string(key.as_str()),
+        info.is_some()
+    );
+    if let Some(info) = info {
+        let label = info
+            .label
+            .as_deref()
+            .map_or_else(|| "null".to_owned(), json_string);
+        let token = info
+            .fencing_token
+            .map_or_else(|| "null".to_owned(), |t| t.to_string());
+        let ttl = info
+            .ttl_left
+            .map_or_else(|| "null".to_owned(), |d| d.as_millis().to_string());
+        out.push_str(&format!(
+            ",\"label\":{label},\"fencing_token\":{token},\"ttl_left_ms\":{ttl}"
+        ));
+    }
+    out.push('}');
+    out
+}
+
+fn json_string(s: &str) -> String {
+    let mut out = String::with_capacity(s.len() + 2);
+    out.push('"');
+    for c in s.chars() {
+        match c {
+            '"' => out.push_str("\\\""),
+            '\\' => out.push_str("\\\\"),
+            c if u32::from(c) < 0x20 => out.push_str(&format!("\\u{:04x}", u32::from(c))),
+            c => out.push(c),
+        }
+    }
+    out.push('"');
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use leasehold_core::FencingToken;
+
+    use super::*;
+
+    #[test]
+    fn json_is_escaped() -> Result<(), leasehold_core::Error> {
+        let key = LeaseKey::new("a\"b\\c")?;
+        assert_eq!(to_json(&key, None), r#"{"key":"a\"b\\c","held":false}"#);
+        let mut info = LeaseInfo::default();
+        info.label = Some("host\u{1}".to_owned());
+        info.fencing_token = Some(FencingToken(7));
+        info.ttl_left = Some(Duration::from_millis(1500));
+        assert_eq!(
+            to_json(&key, Some(&info)),
+            r#"{"key":"a\"b\\c","held":true,"label":"host\u0001","fencing_token":7,"ttl_left_ms":1500}"#
+        );
+        Ok(())
+    }
+}

@@ -1,0 +1,195 @@
+//! The command line, as clap reads it.
+
+use std::ffi::OsString;
+use std::time::Duration;
+
+use clap::{Args, Parser, Subcommand};
+use leasehold_core::{LeaseKey, Ttl};
+
+/// Run commands under distributed leases held in Redis, and inspect leases.
+///
+/// Exit codes: the command's own for `run`; 64 bad usage, 69 Redis
+/// unreachable, 70 internal error, 75 lease not acquired in time, 76 lease
+/// lost while the command ran, 78 bad configuration; 1 for `status` or
+/// `release` of a lease that is not held.
+#[derive(Debug, Parser)]
+#[command(name = "leasehold", version, max_term_width = 100)]
+pub(crate) struct Cli {
+    /// The Redis server [default: $LEASEHOLD_URL, $LEASEHOLD_REDIS_URL,
+    /// $REDIS_URL, or redis://127.0.0.1:6379]
+    #[arg(long, global = true, value_name = "URL")]
+    pub(crate) url: Option<String>,
+    /// The prefix of the keys leasehold stores in Redis (a lease KEY is
+    /// stored as NAMESPACE:{KEY}) [default: leasehold]
+    #[arg(long, global = true, value_name = "NAMESPACE")]
+    pub(crate) namespace: Option<String>,
+    #[command(subcommand)]
+    pub(crate) command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+pub(crate) enum Command {
+    /// Run a command only while holding a lease (like flock, across machines).
+    ///
+    /// Waits for the lease, runs CMD with LEASEHOLD_KEY and
+    /// LEASEHOLD_FENCING_TOKEN in its environment, renews the lease while CMD
+    /// runs, and releases it when CMD exits; CMD's exit code is passed
+    /// through (128+N when a signal N ended it). If the lease is lost, CMD
+    /// gets SIGTERM, then SIGKILL after the grace period, and leasehold exits
+    /// with 76. SIGINT and SIGTERM sent to leasehold are passed to CMD.
+    /// Unset options are read from LEASEHOLD_TTL, LEASEHOLD_WAIT,
+    /// LEASEHOLD_MAX_RENEWALS, LEASEHOLD_SAFETY_MARGIN, LEASEHOLD_NAME and
+    /// LEASEHOLD_LABEL.
+    Run(RunArgs),
+    /// Show who holds a lease: its label, fencing token and remaining ttl.
+    ///
+    /// Exits with 0 when the lease is held and 1 when it is not.
+    Status {
+        /// The lease key.
+        #[arg(value_parser = parse_key)]
+        key: LeaseKey,
+        /// Print one JSON object instead of text.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Delete a lease whatever its holder (an administrator's takeover).
+    ///
+    /// The holder is not told: it learns of the loss at its next renewal
+    /// (within a third of the ttl) and meanwhile may still be working. Use
+    /// it for a holder known to be dead. Refused without --force. Exits
+    /// with 0 when a lease was deleted and 1 when none was held.
+    Release {
+        /// The lease key.
+        #[arg(value_parser = parse_key)]
+        key: LeaseKey,
+        /// Yes, delete the lease even though someone may hold it.
+        #[arg(long)]
+        force: bool,
+    },
+    /// Print each change of a lease's holder as it happens, until interrupted.
+    ///
+    /// Polls the lease every 100 ms, so a holder that comes and goes within
+    /// one poll is not seen.
+    Watch {
+        /// The lease key.
+        #[arg(value_parser = parse_key)]
+        key: LeaseKey,
+    },
+}
+
+#[derive(Debug, Args)]
+pub(crate) struct RunArgs {
+    /// The lease key.
+    #[arg(long, value_parser = parse_key)]
+    pub(crate) key: LeaseKey,
+    /// How long Redis keeps the lease unless renewed (100ms to 24h); it is
+    /// renewed every third of it [default: 30s]
+    #[arg(long, value_parser = parse_ttl)]
+    pub(crate) ttl: Option<Ttl>,
+    /// How long to wait while another holder has the lease [default: try once]
+    #[arg(long, value_parser = parse_duration, value_name = "DURATION")]
+    pub(crate) wait: Option<Duration>,
+    /// Stop renewing after N renewals: the command is then stopped before the
+    /// lease can expire [default: no limit]
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
+    pub(crate) max_renewals: Option<u32>,
+    /// How long the command has to exit after SIGTERM before SIGKILL, once
+    /// the lease is lost
+    #[arg(long, value_parser = parse_duration, default_value = "10s", value_name = "DURATION")]
+    pub(crate) grace: Duration,
+    /// The lease name in logs (a bounded set, not a key) [default: default]
+    #[arg(long)]
+    pub(crate) name: Option<String>,
+    /// A public label stored beside the lease, shown by `status` [default:
+    /// the host name]
+    #[arg(long)]
+    pub(crate) label: Option<String>,
+    /// The command and its arguments (after `--`).
+    #[arg(
+        required = true,
+        trailing_var_arg = true,
+        allow_hyphen_values = true,
+        value_name = "CMD"
+    )]
+    pub(crate) command: Vec<OsString>,
+}
+
+fn parse_key(s: &str) -> Result<LeaseKey, String> {
+    LeaseKey::new(s).map_err(|e| e.to_string())
+}
+
+fn parse_ttl(s: &str) -> Result<Ttl, String> {
+    Ttl::parse(s).map_err(|e| e.to_string())
+}
+
+fn parse_duration(s: &str) -> Result<Duration, String> {
+    leasehold_core::parse_duration(s).map_err(|e| e.to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::CommandFactory;
+
+    use super::*;
+
+    #[test]
+    fn the_command_line_is_consistent() {
+        Cli::command().debug_assert();
+    }
+
+    #[test]
+    fn run_takes_the_command_after_its_options() -> Result<(), clap::Error> {
+        let cli = Cli::try_parse_from([
+            "leasehold",
+            "run",
+            "--key",
+            "k",
+            "--ttl",
+            "5s",
+            "--",
+            "sh",
+            "-c",
+            "exit 3",
+        ])?;
+        let Command::Run(run) = cli.command else {
+            panic!("not run: {cli:?}");
+        };
+        assert_eq!(run.key.as_str(), "k");
+        assert_eq!(
+            run.ttl,
+            Some(
+                Ttl::parse("5s")
+                    .map_err(|_| clap::Error::new(clap::error::ErrorKind::InvalidValue))?
+            )
+        );
+        assert_eq!(run.grace, Duration::from_secs(10));
+        assert_eq!(run.command, ["sh", "-c", "exit 3"]);
+        Ok(())
+    }
+
+    #[test]
+    fn bad_values_are_refused_with_the_value() {
+        for (args, value) in [
+            (
+                vec!["run", "--key", "k", "--ttl", "3 weeks ago", "--", "true"],
+                "3 weeks ago",
+            ),
+            (
+                vec!["run", "--key", "k", "--ttl", "10ms", "--", "true"],
+                "10ms",
+            ),
+            (vec!["run", "--key", "", "--", "true"], "--key"),
+            (
+                vec!["run", "--key", "k", "--max-renewals", "0", "--", "true"],
+                "0",
+            ),
+            (vec!["run", "--key", "k"], "CMD"),
+        ] {
+            let error = Cli::try_parse_from(std::iter::once("leasehold").chain(args.clone()));
+            match error {
+                Err(e) => assert!(e.to_string().contains(value), "{args:?}: {e}"),
+                Ok(cli) => panic!("{args:?} was accepted: {cli:?}"),
+            }
+        }
+    }
+}
