@@ -10,8 +10,7 @@
 //! the listening address, and `LEASEHOLD_SERVE_SECS` how long the metrics
 //! stay up after the jobs are done (default 60 s).
 //!
-//! The jobs, a few seconds in all, end their leases every way a lease can
-//! end: three workers take turns on one report (released), a billing run
+//! The jobs, a few seconds in all, end their leases in four ways: three workers take turns on one report (released), a billing run
 //! reaches its renewal cap, an operator deletes a cache warmer's lease
 //! (lost), a scratch lease is dropped, and a leader lease is still held
 //! while the metrics are served.
@@ -30,8 +29,7 @@ use tracing::info;
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
     tracing_subscriber::fmt()
         .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| "info".into()),
+            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
         )
         .with_target(false)
         .init();
@@ -144,7 +142,10 @@ where
     };
 
     // A cache warmer whose lease an operator deletes after 1 s.
-    let warmer = LeaseOptions::builder().ttl(ttl).name("cache-warmer").build()?;
+    let warmer = LeaseOptions::builder()
+        .ttl(ttl)
+        .name("cache-warmer")
+        .build()?;
     let warmer = manager.acquire("cache:warm", &warmer).await?;
     let sabotage = async {
         tokio::time::sleep(Duration::from_secs(1)).await;
