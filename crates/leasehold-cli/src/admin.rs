@@ -89,6 +89,7 @@ pub(crate) async fn watch(
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     // Compared without the ttl, which changes at every look.
     let mut last: Option<Option<(Option<String>, Option<u64>)>> = None;
+    let mut failing: Option<String> = None;
     loop {
         tokio::select! {
             _ = interrupt.recv() => return Ok(0),
@@ -96,10 +97,18 @@ pub(crate) async fn watch(
             _ = tick.tick() => {}
         }
         let info = match backend.inspect(key).await {
-            Ok(info) => info,
+            Ok(info) => {
+                failing = None;
+                info
+            }
             Err(e) => {
-                // A watcher outlives short outages: say so and keep looking.
-                eprintln!("leasehold: {}", exit::chain(&e));
+                // A watcher outlives short outages: say so (once per kind of
+                // failure, not ten times a second) and keep looking.
+                let message = exit::chain(&e);
+                if failing.as_ref() != Some(&message) {
+                    eprintln!("leasehold: {message}");
+                    failing = Some(message);
+                }
                 continue;
             }
         };

@@ -295,3 +295,37 @@ async fn a_large_batch_is_counted_per_name() -> TestResult {
     assert!((2..=20).contains(&batches), "{batches} batches");
     Ok(())
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_hanging_backend_ends_the_lease_by_deadline() -> TestResult {
+    let _turn = turn().await;
+    let backend = MemoryBackend::new();
+    let manager = LeaseManager::new(backend.clone())?;
+    let name = "m-deadline";
+    let options = options(name);
+    let lease = manager.acquire("metrics:deadline", &options).await?;
+    backend.hang();
+    assert_eq!(lease.lost().await, LossReason::Deadline);
+    settle().await;
+    let snap = snapshot();
+    assert_eq!(
+        counter(&snap, LOSSES, &[("name", name), ("reason", "deadline")]),
+        1
+    );
+    // The renewal in flight never answered: neither renewed nor lost.
+    for outcome in ["renewed", "lost", "error"] {
+        assert_eq!(
+            counter(&snap, RENEWALS, &[("name", name), ("outcome", outcome)]),
+            0,
+            "{outcome}"
+        );
+    }
+    // Held from the acquisition to the deadline, on the paused clock.
+    assert_eq!(
+        histogram(&snap, HOLD_TIME, &[("name", name), ("ended", "deadline")]),
+        vec![options.deadline_after().as_secs_f64()]
+    );
+    assert_eq!(gauge(&snap, name), Some(0.0));
+    backend.resume();
+    Ok(())
+}
