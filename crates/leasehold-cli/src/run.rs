@@ -58,6 +58,10 @@ pub(crate) async fn run(
     let acquired = tokio::select! {
         acquired = acquire(&manager, &backend, &args.key, &options) => acquired,
         signal = signals.next() => {
+            if std::io::stderr().is_terminal() {
+                // Clears the waiting line, if one was shown.
+                eprint!("\r\x1b[K");
+            }
             manager.shutdown().await;
             return Ok(128 + signal as u8);
         }

@@ -369,3 +369,43 @@ fn bad_values_get_clear_errors_and_usage_or_config_codes() -> TestResult {
     assert!(text(&out.stderr).contains("could not connect"));
     Ok(())
 }
+
+/// On a terminal (here the pseudo-terminal of util-linux `script`), `run`
+/// shows that it waits, on which key, for whom, and for how long.
+#[test]
+fn waiting_is_shown_on_a_terminal() -> TestResult {
+    let f = Fixture::new()?;
+    let holder_script = "touch started; while [ ! -e stop ]; do sleep 0.01; done";
+    let mut holder = f.spawn(&[
+        "run",
+        "--key",
+        "queue",
+        "--ttl",
+        "1s",
+        "--label",
+        "first",
+        "--",
+        "sh",
+        "-c",
+        holder_script,
+    ])?;
+    wait_for_file(&f.path("started"))?;
+    let waiter = format!(
+        "{BIN} --url {} run --key queue --wait 1500ms -- true",
+        f.server.url()
+    );
+    let out = Command::new("script")
+        .args(["--quiet", "--return", "--command", &waiter, "/dev/null"])
+        .current_dir(f.dir.path())
+        .stdin(Stdio::null())
+        .output()?;
+    let shown = text(&out.stdout);
+    assert_eq!(out.status.code(), Some(75), "{shown}");
+    assert!(
+        shown.contains("waiting for lease \"queue\" held by \"first\": 1s of 1s 500ms"),
+        "{shown}"
+    );
+    std::fs::write(f.path("stop"), "")?;
+    assert_eq!(wait_for_exit(&mut holder)?.code(), Some(0));
+    Ok(())
+}
