@@ -30,16 +30,20 @@
 //! [`LeaseBackend`]: leasehold_core::LeaseBackend
 
 mod backoff;
+mod election;
 mod error;
 mod lease;
 mod manager;
 mod options;
+mod queue;
 mod renewal;
+mod scope;
 
 pub use backoff::Backoff;
+pub use election::Election;
 pub use error::LeaseError;
 pub use lease::{Lease, LossReason};
-pub use manager::LeaseManager;
+pub use manager::{DEFAULT_MAX_WAITERS, LeaseManager, LeaseManagerBuilder};
 pub use options::{LeaseOptions, LeaseOptionsBuilder};
 /// The token type handed to holders, re-exported for convenience.
 pub use tokio_util::sync::CancellationToken;
