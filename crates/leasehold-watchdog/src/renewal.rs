@@ -361,8 +361,11 @@ impl<B: LeaseBackend> Watchdog<B> {
         let key = key.clone();
         self.work.push(Box::pin(async move {
             let outcome = backend.release(&key, &holder).await;
-            // Only now may the next local waiter try: before, it would find
-            // the lease still held.
+            // Only now may the next local waiter try. Handing the turn on as
+            // soon as the release is sent would save a round trip per local
+            // handoff, but local waiters would then always beat waiters in
+            // other processes, who hear of the release a moment later: those
+            // would starve.
             drop(turn);
             if let Err(error) = &outcome {
                 debug!(%key, %error, "release failed; the lease expires by itself");
