@@ -9,7 +9,6 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use crate::LeaseError;
-use crate::queue::Turn;
 use crate::renewal::{Command, Timing};
 
 /// Why a lease's token was cancelled.
@@ -153,8 +152,6 @@ pub struct Lease {
     id: u64,
     token: CancellationToken,
     commands: mpsc::UnboundedSender<Command>,
-    /// This manager's turn on the key, handed on once the lease is released.
-    turn: Option<Turn>,
     released: bool,
 }
 
@@ -163,14 +160,12 @@ impl Lease {
         shared: Arc<Shared>,
         id: u64,
         commands: mpsc::UnboundedSender<Command>,
-        turn: Turn,
     ) -> Self {
         Self {
             token: shared.token.child_token(),
             shared,
             id,
             commands,
-            turn: Some(turn),
             released: false,
         }
     }
@@ -258,7 +253,6 @@ impl Lease {
             .send(Command::Release {
                 id: self.id,
                 reply: Some(reply),
-                turn: self.turn.take(),
             })
             .map_err(|_| LeaseError::ManagerStopped)?;
         answer.await.map_err(|_| LeaseError::ManagerStopped)?
@@ -273,7 +267,6 @@ impl Drop for Lease {
             let _ = self.commands.send(Command::Release {
                 id: self.id,
                 reply: None,
-                turn: self.turn.take(),
             });
         }
     }

@@ -15,7 +15,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::{Instrument, debug, info_span};
 
 use crate::lease::Shared;
-use crate::queue::{QueueError, Queues, Turn};
+use crate::queue::{QueueError, Queues};
 use crate::renewal::{Command, Timing, Watchdog};
 use crate::{Lease, LeaseError, LeaseOptions};
 
@@ -179,7 +179,11 @@ impl<B: LeaseBackend> LeaseManager<B> {
                 Ok(AcquireOutcome::Acquired(grant)) => {
                     orphan.armed = false;
                     if Instant::now() < grant.valid_until - options.safety_margin() {
-                        return self.register(grant, options, turn);
+                        // The next local waiter becomes the head now and waits
+                        // for the release notice like waiters elsewhere do, so
+                        // this process's waiters get no head start on others.
+                        drop(turn);
+                        return self.register(grant, options);
                     }
                     // The reply came too late to use the lease: give it back.
                     orphan.armed = true;
@@ -225,12 +229,7 @@ impl<B: LeaseBackend> LeaseManager<B> {
         }
     }
 
-    fn register(
-        &self,
-        grant: Grant,
-        options: &LeaseOptions,
-        turn: Turn,
-    ) -> Result<Lease, LeaseError> {
+    fn register(&self, grant: Grant, options: &LeaseOptions) -> Result<Lease, LeaseError> {
         let id = self.inner.next_id.fetch_add(1, Ordering::Relaxed);
         let sent_at = grant.sent_at;
         let shared = Arc::new(Shared::new(
@@ -246,7 +245,7 @@ impl<B: LeaseBackend> LeaseManager<B> {
             },
             grant.valid_until,
         ));
-        let lease = Lease::new(Arc::clone(&shared), id, self.inner.commands.clone(), turn);
+        let lease = Lease::new(Arc::clone(&shared), id, self.inner.commands.clone());
         self.inner
             .commands
             .send(Command::Register {

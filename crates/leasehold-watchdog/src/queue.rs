@@ -1,9 +1,9 @@
 //! The local queue: waiters for one key inside one manager line up here in
 //! FIFO order, and only the one at the head talks to the backend.
 //!
-//! The head keeps its place for as long as it holds the lease, so local
-//! waiters send nothing to the server while the lease is held in this
-//! process; its release hands the turn to the next waiter at once.
+//! The head leaves the queue as soon as it has the lease: the next waiter
+//! then waits for the release notice like waiters in other processes do, so
+//! that this process's waiters get no head start on theirs.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -30,6 +30,7 @@ pub(crate) struct Queues {
 struct KeyQueue {
     /// tokio's mutex queues its waiters in FIFO order.
     turn: Arc<tokio::sync::Mutex<()>>,
+    /// Tasks waiting for the key: the head and those behind it.
     waiting: AtomicUsize,
 }
 
@@ -39,21 +40,12 @@ pub(crate) struct Turn {
     _ticket: Ticket,
 }
 
-/// A reference to a key's queue that removes the queue from the map when
-/// the last one goes.
+/// One task's place in a key's queue, counted while it waits (also when its
+/// future is dropped); the queue leaves the map with its last ticket.
 struct Ticket {
     queues: Arc<Queues>,
     key: LeaseKey,
     queue: Arc<KeyQueue>,
-}
-
-/// Counts a waiter while it waits, also when its future is dropped.
-struct Waiting<'a>(&'a AtomicUsize);
-
-impl Drop for Waiting<'_> {
-    fn drop(&mut self) {
-        self.0.fetch_sub(1, Ordering::AcqRel);
-    }
 }
 
 impl Queues {
@@ -81,44 +73,42 @@ impl Queues {
         key: &LeaseKey,
         give_up_at: Option<Instant>,
     ) -> Result<Turn, QueueError> {
-        let ticket = self.ticket(key);
-        let Some(give_up_at) = give_up_at else {
-            let guard = Arc::clone(&ticket.queue.turn)
+        let (ticket, before) = self.ticket(key);
+        let guard = match give_up_at {
+            None => Arc::clone(&ticket.queue.turn)
                 .try_lock_owned()
-                .map_err(|_| QueueError::Occupied)?;
-            return Ok(Turn {
-                _guard: guard,
-                _ticket: ticket,
-            });
+                .map_err(|_| QueueError::Occupied)?,
+            Some(_) if before >= self.bound => return Err(QueueError::Busy { waiters: before }),
+            Some(give_up_at) => {
+                let lock = Arc::clone(&ticket.queue.turn).lock_owned();
+                tokio::time::timeout_at(give_up_at, lock)
+                    .await
+                    .map_err(|_| QueueError::Occupied)?
+            }
         };
-        let before = ticket.queue.waiting.fetch_add(1, Ordering::AcqRel);
-        let waiting = Waiting(&ticket.queue.waiting);
-        if before >= self.bound {
-            return Err(QueueError::Busy { waiters: before });
-        }
-        let lock = Arc::clone(&ticket.queue.turn).lock_owned();
-        let guard = tokio::time::timeout_at(give_up_at, lock)
-            .await
-            .map_err(|_| QueueError::Occupied)?;
-        drop(waiting);
         Ok(Turn {
             _guard: guard,
             _ticket: ticket,
         })
     }
 
-    fn ticket(self: &Arc<Self>, key: &LeaseKey) -> Ticket {
-        let queue = Arc::clone(self.keys().entry(key.clone()).or_insert_with(|| {
+    /// A ticket for `key`'s queue, and how many tickets it had before.
+    fn ticket(self: &Arc<Self>, key: &LeaseKey) -> (Ticket, usize) {
+        let mut keys = self.keys();
+        let queue = Arc::clone(keys.entry(key.clone()).or_insert_with(|| {
             Arc::new(KeyQueue {
                 turn: Arc::new(tokio::sync::Mutex::new(())),
                 waiting: AtomicUsize::new(0),
             })
         }));
-        Ticket {
+        let before = queue.waiting.fetch_add(1, Ordering::AcqRel);
+        drop(keys);
+        let ticket = Ticket {
             queues: Arc::clone(self),
             key: key.clone(),
             queue,
-        }
+        };
+        (ticket, before)
     }
 
     /// How many keys have a queue (for tests: queues must not leak).
@@ -130,6 +120,7 @@ impl Queues {
 
 impl Drop for Ticket {
     fn drop(&mut self) {
+        self.queue.waiting.fetch_sub(1, Ordering::AcqRel);
         let mut keys = self.queues.keys();
         // Tickets are only made under this lock, so the count cannot grow
         // meanwhile: two references left are the map's and ours.
@@ -151,7 +142,7 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn fifo_bounded_and_leaves_nothing_behind() {
-        let queues = Arc::new(Queues::new(2));
+        let queues = Arc::new(Queues::new(3));
         let later = Some(Instant::now() + Duration::from_secs(60));
         let head = queues.enter(&key(), None).await.expect("free head");
         assert!(matches!(
@@ -164,16 +155,16 @@ mod tests {
         for i in 0..2 {
             let (queues, order) = (Arc::clone(&queues), Arc::clone(&order));
             waiters.push(tokio::spawn(async move {
-                let turn = queues.enter(&key(), later).await;
+                let turn = queues.enter(&key(), later).await.expect("queued");
                 order.lock().expect("not poisoned").push(i);
                 drop(turn);
             }));
             tokio::task::yield_now().await;
         }
-        // The bound is two waiters: a third is refused at once.
+        // The bound is three tasks, the head included: a fourth is refused at once.
         assert!(matches!(
             queues.enter(&key(), later).await,
-            Err(QueueError::Busy { waiters: 2 })
+            Err(QueueError::Busy { waiters: 3 })
         ));
         drop(head);
         for w in waiters {

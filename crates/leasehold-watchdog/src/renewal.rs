@@ -26,7 +26,6 @@ use tracing::{Instrument, debug, debug_span, warn};
 
 use crate::LeaseError;
 use crate::lease::{LossReason, Shared};
-use crate::queue::Turn;
 
 /// The most renewals sent to the backend in one call.
 pub(crate) const MAX_BATCH: usize = 1000;
@@ -43,12 +42,10 @@ pub(crate) enum Command {
         shared: Arc<Shared>,
         sent_at: Instant,
     },
-    /// Stop keeping a lease and release it on the server; then hand the
-    /// local turn on the key to the next waiter.
+    /// Stop keeping a lease and release it on the server.
     Release {
         id: u64,
         reply: Option<ReleaseReply>,
-        turn: Option<Turn>,
     },
     /// Release a lease that may exist on the server with no handle, after an
     /// acquisition whose outcome is unknown was abandoned.
@@ -182,10 +179,10 @@ impl<B: LeaseBackend> Watchdog<B> {
                 self.entries.insert(id, entry);
                 self.schedule(id, renew_at);
             }
-            Command::Release { id, reply, turn } => match self.entries.remove(&id) {
+            Command::Release { id, reply } => match self.entries.remove(&id) {
                 Some(mut entry) => {
                     self.cancel_timer(&mut entry);
-                    self.release(&entry.shared.key, entry.shared.holder, reply, turn);
+                    self.release(&entry.shared.key, entry.shared.holder, reply);
                 }
                 None => {
                     // Released at shutdown already.
@@ -194,7 +191,7 @@ impl<B: LeaseBackend> Watchdog<B> {
                     }
                 }
             },
-            Command::ReleaseOrphan { key, holder } => self.release(&key, holder, None, None),
+            Command::ReleaseOrphan { key, holder } => self.release(&key, holder, None),
         }
     }
 
@@ -346,27 +343,15 @@ impl<B: LeaseBackend> Watchdog<B> {
         self.timers.clear();
         for (_, entry) in std::mem::take(&mut self.entries) {
             entry.shared.end(LossReason::Shutdown);
-            self.release(&entry.shared.key, entry.shared.holder, None, None);
+            self.release(&entry.shared.key, entry.shared.holder, None);
         }
     }
 
-    fn release(
-        &mut self,
-        key: &LeaseKey,
-        holder: HolderId,
-        reply: Option<ReleaseReply>,
-        turn: Option<Turn>,
-    ) {
+    fn release(&mut self, key: &LeaseKey, holder: HolderId, reply: Option<ReleaseReply>) {
         let backend = self.backend.clone();
         let key = key.clone();
         self.work.push(Box::pin(async move {
             let outcome = backend.release(&key, &holder).await;
-            // Only now may the next local waiter try. Handing the turn on as
-            // soon as the release is sent would save a round trip per local
-            // handoff, but local waiters would then always beat waiters in
-            // other processes, who hear of the release a moment later: those
-            // would starve.
-            drop(turn);
             if let Err(error) = &outcome {
                 debug!(%key, %error, "release failed; the lease expires by itself");
             }
