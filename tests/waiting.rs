@@ -247,3 +247,56 @@ async fn an_election_has_one_leader_at_a_time_and_moves_on_loss_and_shutdown() -
     }
     Ok(())
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn notices_survive_a_dropped_subscription_connection() -> TestResult {
+    let server = RedisServer::start()?;
+    let holder = manager(&server).await?;
+    let waiter = manager(&server).await?;
+    let fallback = Duration::from_secs(5);
+    let lease = holder
+        .acquire("resubscribe", &patient("10s", fallback))
+        .await?;
+    let task = tokio::spawn(async move {
+        waiter
+            .acquire("resubscribe", &patient("10s", fallback))
+            .await
+            .map(|l| (Instant::now(), l))
+    });
+    // Wait until the waiter has subscribed, then cut its subscription connection.
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while server
+        .cli(&["PUBSUB", "NUMSUB", "leasehold:{resubscribe}:released"])?
+        .lines()
+        .nth(1)
+        != Some("1")
+    {
+        assert!(Instant::now() < deadline, "the waiter never subscribed");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let killed = server.cli(&["CLIENT", "KILL", "TYPE", "pubsub"])?;
+    assert_eq!(killed, "1", "exactly the subscription connection is cut");
+    // It comes back and subscribes again by itself.
+    while server
+        .cli(&["PUBSUB", "NUMSUB", "leasehold:{resubscribe}:released"])?
+        .lines()
+        .nth(1)
+        != Some("1")
+    {
+        assert!(
+            Instant::now() < deadline + Duration::from_secs(5),
+            "the waiter never subscribed again"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let released_at = Instant::now();
+    lease.release().await?;
+    let (acquired_at, _lease) = task.await??;
+    let gap = acquired_at - released_at;
+    println!("after a resubscription the waiter acquired {gap:?} after the release");
+    assert!(
+        gap < fallback / 10,
+        "the waiter polled instead of waking: {gap:?}"
+    );
+    Ok(())
+}
