@@ -191,13 +191,11 @@ async fn raw_run(server: &RedisServer, run_for: Duration) -> Result<Record, BoxE
         .map_err(|_| "poisoned".into())
 }
 
-/// Holds the lease for 1 ms: spinning, because a tokio timer would round up
-/// to its 1 ms tick and hold for 1–2 ms.
+/// Holds the lease for 1 ms, as work that waits on something else would:
+/// a thread sleep leaves the core to the server (a tokio timer would round
+/// up to its 1 ms tick and hold for 1–2 ms).
 fn hold() {
-    let until = std::time::Instant::now() + HOLD;
-    while std::time::Instant::now() < until {
-        std::hint::spin_loop();
-    }
+    std::thread::sleep(HOLD);
 }
 
 fn note_acquired(
