@@ -3,7 +3,7 @@
 use std::future::Future;
 use std::time::Duration;
 
-use crate::{BackendError, Error, FencingToken, Grant, HolderId, LeaseKey, Ttl};
+use crate::{BackendError, Error, FencingToken, Grant, HolderId, LeaseKey, ReleaseWatch, Ttl};
 
 /// A request to acquire a lease.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -163,4 +163,17 @@ pub trait LeaseBackend: Clone + Send + Sync + 'static {
         &self,
         key: &LeaseKey,
     ) -> impl Future<Output = Result<Option<LeaseInfo>, BackendError>> + Send;
+
+    /// Subscribes to the release notices of `key`, so a waiter can retry the
+    /// moment the lease is freed instead of polling.
+    ///
+    /// The default has no notices ([`ReleaseWatch::unsupported`]): waiters
+    /// then poll. A backend that publishes notices on release overrides it.
+    fn watch_releases(
+        &self,
+        key: &LeaseKey,
+    ) -> impl Future<Output = Result<ReleaseWatch, BackendError>> + Send {
+        let _ = key;
+        std::future::ready(Ok(ReleaseWatch::unsupported()))
+    }
 }

@@ -33,6 +33,7 @@ mod grant;
 mod holder;
 mod key;
 mod memory;
+mod notice;
 mod timing;
 mod ttl;
 
@@ -46,5 +47,6 @@ pub use grant::{Grant, valid_until};
 pub use holder::HolderId;
 pub use key::LeaseKey;
 pub use memory::MemoryBackend;
+pub use notice::ReleaseWatch;
 pub use timing::{clock_drift, parse_duration};
 pub use ttl::Ttl;

@@ -9,7 +9,7 @@ use tokio::time::Instant;
 
 use crate::{
     AcquireOutcome, AcquireRequest, BackendError, FencingToken, Grant, HolderId, LeaseBackend,
-    LeaseInfo, LeaseKey, ReleaseOutcome, RenewOutcome, RenewRequest, Ttl,
+    LeaseInfo, LeaseKey, ReleaseOutcome, ReleaseWatch, RenewOutcome, RenewRequest, Ttl,
 };
 
 /// A [`LeaseBackend`] kept in this process, on the tokio clock.
@@ -62,6 +62,8 @@ impl Default for HangSwitch {
 struct State {
     leases: HashMap<LeaseKey, Entry>,
     fences: HashMap<LeaseKey, u64>,
+    /// Release notices per key, while someone watches it.
+    notices: HashMap<LeaseKey, watch::Sender<u64>>,
 }
 
 #[derive(Clone)]
@@ -263,6 +265,12 @@ impl LeaseBackend for MemoryBackend {
         match state.live(key, now) {
             Some(entry) if entry.holder == *holder => {
                 state.leases.remove(key);
+                if let Some(notices) = state.notices.get(key) {
+                    notices.send_modify(|n| *n = n.wrapping_add(1));
+                    if notices.receiver_count() == 0 {
+                        state.notices.remove(key);
+                    }
+                }
                 Ok(ReleaseOutcome::Released)
             }
             _ => Ok(ReleaseOutcome::NotHeld),
@@ -273,6 +281,17 @@ impl LeaseBackend for MemoryBackend {
         self.gate().await;
         let now = Instant::now();
         Ok(self.state().live(key, now).map(|e| e.info(now)))
+    }
+
+    async fn watch_releases(&self, key: &LeaseKey) -> Result<ReleaseWatch, BackendError> {
+        self.gate().await;
+        let receiver = self
+            .state()
+            .notices
+            .entry(key.clone())
+            .or_insert_with(|| watch::Sender::new(0))
+            .subscribe();
+        Ok(ReleaseWatch::new(receiver, ()))
     }
 }
 

@@ -8,13 +8,14 @@ use std::time::Duration;
 use futures_util::future::join_all;
 use leasehold_core::{
     AcquireOutcome, AcquireRequest, BackendError, HolderId, LeaseBackend, LeaseInfo, LeaseKey,
-    ReleaseOutcome, RenewOutcome, RenewRequest,
+    ReleaseOutcome, ReleaseWatch, RenewOutcome, RenewRequest,
 };
 use redis::aio::ConnectionManager;
 use redis::{RedisResult, ScriptInvocation, Value};
 use tokio::time::Instant;
 
 use crate::layout::KeyLayout;
+use crate::notices::Notices;
 use crate::reply::{self, Failure};
 use crate::scripts;
 
@@ -43,6 +44,7 @@ pub struct RedisBackend {
 
 struct Shared {
     conn: ConnectionManager,
+    notices: Notices,
     layout: KeyLayout,
     op_timeout: Duration,
     /// The server, as it may be shown: a URL without its password, or an address.
@@ -52,6 +54,7 @@ struct Shared {
 impl RedisBackend {
     pub(crate) fn from_parts(
         conn: ConnectionManager,
+        notices: Notices,
         layout: KeyLayout,
         op_timeout: Duration,
         server: String,
@@ -59,6 +62,7 @@ impl RedisBackend {
         Self {
             shared: Arc::new(Shared {
                 conn,
+                notices,
                 layout,
                 op_timeout,
                 server,
@@ -193,7 +197,7 @@ impl LeaseBackend for RedisBackend {
         holder: &HolderId,
     ) -> Result<ReleaseOutcome, BackendError> {
         const OP: &str = "release";
-        let call = scripts::release(&self.shared.layout, key, &holder.to_hex());
+        let call = scripts::release(&self.shared.layout, key, &holder.to_hex(), false);
         let reply = self.eval(&call).await.map_err(|f| f.for_key(OP, key))?;
         reply::released(&reply).map_err(|f| f.for_key(OP, key))
     }
@@ -203,6 +207,16 @@ impl LeaseBackend for RedisBackend {
         let call = scripts::inspect(&self.shared.layout, key);
         let reply = self.eval(&call).await.map_err(|f| f.for_key(OP, key))?;
         reply::inspected(&reply).map_err(|f| f.for_key(OP, key))
+    }
+
+    /// Subscribes to `P:released` on the backend's subscription connection,
+    /// opened on first use and shared by every waiter of every clone.
+    async fn watch_releases(&self, key: &LeaseKey) -> Result<ReleaseWatch, BackendError> {
+        self.shared
+            .notices
+            .watch(self.shared.layout.released(key))
+            .await
+            .map_err(|f| f.for_key("watch_releases", key))
     }
 }
 

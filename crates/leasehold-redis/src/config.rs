@@ -9,6 +9,7 @@ use redis::io::tcp::TcpSettings;
 use redis::{Client, ConnectionAddr, IntoConnectionInfo};
 
 use crate::layout::KeyLayout;
+use crate::notices::Notices;
 use crate::{Error, RedisBackend, redact};
 
 /// Settings for a [`RedisBackend`], made by [`RedisBackend::builder`] or
@@ -142,6 +143,7 @@ impl RedisBackendBuilder {
             .set_number_of_retries(RECONNECT_RETRIES)
             .set_min_delay(RECONNECT_MIN_DELAY)
             .set_max_delay(RECONNECT_MAX_DELAY);
+        let notices = Notices::new(&client, self.connect_timeout, self.op_timeout);
         let connecting = ConnectionManager::new_with_config(client, config);
         let conn = match tokio::time::timeout(self.connect_timeout, connecting).await {
             Ok(Ok(conn)) => conn,
@@ -167,6 +169,7 @@ impl RedisBackendBuilder {
         };
         Ok(RedisBackend::from_parts(
             conn,
+            notices,
             layout,
             self.op_timeout,
             shown,

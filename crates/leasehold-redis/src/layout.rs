@@ -90,6 +90,15 @@ impl KeyLayout {
         self.prefix(key)
     }
 
+    /// The pub/sub channel on which releases of the lease are announced
+    /// (`P:released`), in the lease's hash slot.
+    #[must_use]
+    pub fn released(&self, key: &LeaseKey) -> String {
+        let mut p = self.prefix(key);
+        p.push_str(":released");
+        p
+    }
+
     /// The Redis key holding the lease's fencing counter (`P:fence`).
     #[must_use]
     pub fn fence(&self, key: &LeaseKey) -> String {

@@ -98,6 +98,7 @@ mod backend;
 mod config;
 mod error;
 mod layout;
+mod notices;
 mod reply;
 mod scripts;
 

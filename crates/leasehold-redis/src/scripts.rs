@@ -56,13 +56,20 @@ pub(crate) fn renew(layout: &KeyLayout, requests: &[RenewRequest]) -> ScriptInvo
 }
 
 /// `release.lua` for `key` and `holder_hex`.
+///
+/// The release is announced on `P:released` with `PUBLISH`, or `SPUBLISH`
+/// when `sharded` (Redis Cluster: the notice stays on the lease's shard).
 pub(crate) fn release(
     layout: &KeyLayout,
     key: &LeaseKey,
     holder_hex: &str,
+    sharded: bool,
 ) -> ScriptInvocation<'static> {
     let mut call = RELEASE.prepare_invoke();
-    call.key(layout.lease(key)).arg(holder_hex);
+    call.key(layout.lease(key))
+        .arg(holder_hex)
+        .arg(layout.released(key))
+        .arg(if sharded { "SPUBLISH" } else { "PUBLISH" });
     call
 }
 

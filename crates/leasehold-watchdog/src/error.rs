@@ -29,6 +29,16 @@ pub enum LeaseError {
         /// What is known of the holder.
         holder: LeaseInfo,
     },
+    /// Too many tasks of this manager already wait for the lease.
+    #[error(
+        "lease {key:?} already has {waiters} waiters in this process, the manager's bound; retry later or raise LeaseManagerBuilder::max_waiters"
+    )]
+    Busy {
+        /// The lease key.
+        key: String,
+        /// How many were waiting.
+        waiters: usize,
+    },
     /// The backend failed; its message names the operation and the key.
     #[error(transparent)]
     Backend(#[from] BackendError),
@@ -51,6 +61,9 @@ pub enum LeaseError {
 }
 
 fn holder_text(info: &LeaseInfo) -> String {
+    if *info == LeaseInfo::default() {
+        return "another holder".to_owned();
+    }
     let who = info
         .label
         .as_deref()

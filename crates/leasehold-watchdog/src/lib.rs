@@ -32,19 +32,23 @@
 mod backoff;
 #[cfg(feature = "serde")]
 mod config;
+mod election;
 mod error;
 mod lease;
 mod manager;
 pub mod metrics;
 mod options;
+mod queue;
 mod renewal;
+mod scope;
 
 pub use backoff::Backoff;
 #[cfg(feature = "serde")]
 pub use config::{ConfigError, LeaseConfig};
+pub use election::Election;
 pub use error::LeaseError;
 pub use lease::{Lease, LossReason};
-pub use manager::LeaseManager;
+pub use manager::{DEFAULT_MAX_WAITERS, LeaseManager, LeaseManagerBuilder};
 pub use options::{LeaseOptions, LeaseOptionsBuilder};
 /// The token type handed to holders, re-exported for convenience.
 pub use tokio_util::sync::CancellationToken;

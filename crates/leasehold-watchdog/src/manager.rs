@@ -2,9 +2,11 @@
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
 
 use leasehold_core::{
     AcquireOutcome, AcquireRequest, Grant, HolderId, LeaseBackend, LeaseInfo, LeaseKey,
+    ReleaseWatch,
 };
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
@@ -13,6 +15,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::{Instrument, debug, info_span};
 
 use crate::lease::Shared;
+use crate::queue::{QueueError, Queues};
 use crate::renewal::{Command, Timing, Watchdog};
 use crate::{Lease, LeaseError, LeaseOptions};
 
@@ -44,6 +47,7 @@ pub struct LeaseManager<B> {
 
 struct Inner<B> {
     backend: B,
+    queues: Arc<Queues>,
     commands: mpsc::UnboundedSender<Command>,
     shutdown: CancellationToken,
     task: Mutex<Option<JoinHandle<()>>>,
@@ -67,27 +71,22 @@ impl<B> std::fmt::Debug for LeaseManager<B> {
 }
 
 impl<B: LeaseBackend> LeaseManager<B> {
-    /// Starts a manager and its watchdog task on the current tokio runtime.
+    /// Starts a manager and its watchdog task on the current tokio runtime,
+    /// with the default settings of [`LeaseManagerBuilder`].
     ///
     /// # Errors
     ///
     /// [`LeaseError::NoRuntime`] when called outside a tokio runtime.
     pub fn new(backend: B) -> Result<Self, LeaseError> {
-        let runtime = tokio::runtime::Handle::try_current().map_err(|_| LeaseError::NoRuntime)?;
-        let (commands, receiver) = mpsc::unbounded_channel();
-        let shutdown = CancellationToken::new();
-        crate::metrics::describe();
-        let watchdog = Watchdog::new(backend.clone(), receiver, shutdown.clone());
-        let task = runtime.spawn(watchdog.run());
-        Ok(Self {
-            inner: Arc::new(Inner {
-                backend,
-                commands,
-                shutdown,
-                task: Mutex::new(Some(task)),
-                next_id: AtomicU64::new(0),
-            }),
-        })
+        Self::builder(backend).start()
+    }
+
+    /// Starts configuring a manager.
+    pub fn builder(backend: B) -> LeaseManagerBuilder<B> {
+        LeaseManagerBuilder {
+            backend,
+            max_waiters: DEFAULT_MAX_WAITERS,
+        }
     }
 
     /// The backend the manager uses.
@@ -99,23 +98,30 @@ impl<B: LeaseBackend> LeaseManager<B> {
     /// Acquires `key`, waiting up to `options.wait()` while another holder
     /// has it, and hands the lease to the watchdog.
     ///
-    /// Attempts are spaced by the jittered [`Backoff`](crate::Backoff) and
-    /// never sleep past the current holder's expiry. Transient backend errors
-    /// are retried within the wait; the same holder id is used for every
-    /// attempt, so an attempt whose reply was lost is recognised as ours.
+    /// Waiters for one key in one manager queue in FIFO order and only the
+    /// first talks to the backend. It subscribes to the key's release
+    /// notices after its first refused attempt and retries the moment one
+    /// arrives; between notices it polls on the jittered
+    /// [`Backoff`](crate::Backoff), never sleeping past the holder's expiry,
+    /// so a lost notice or a lease that expires unreleased still ends the
+    /// wait. Transient backend errors are retried within the wait; every
+    /// attempt uses the same holder id, so an attempt whose reply was lost
+    /// is recognised as ours by the next.
     ///
     /// # Errors
     ///
     /// [`LeaseError::Invalid`] for a bad key or label,
     /// [`LeaseError::NotAcquired`] when the wait ran out,
+    /// [`LeaseError::Busy`] at once when the key's local queue is full,
     /// [`LeaseError::Backend`] when the backend failed on the last attempt
     /// (or with an error that retrying cannot fix), and
     /// [`LeaseError::ManagerStopped`] after [`shutdown`](Self::shutdown).
     ///
     /// # Cancel safety
     ///
-    /// Dropping the future abandons the attempt; if it may have succeeded on
-    /// the server, the watchdog releases it in the background.
+    /// Dropping the future leaves the queue; if an attempt in flight may
+    /// have succeeded on the server, the watchdog releases it in the
+    /// background.
     pub async fn acquire(
         &self,
         key: impl AsRef<str>,
@@ -128,6 +134,7 @@ impl<B: LeaseBackend> LeaseManager<B> {
         let outcome = match &result {
             Ok(_) => "acquired",
             Err(LeaseError::NotAcquired { .. }) => "not_acquired",
+            Err(LeaseError::Busy { .. }) => "busy",
             Err(_) => "error",
         };
         crate::metrics::acquired(options.name(), outcome, started.elapsed());
@@ -148,6 +155,21 @@ impl<B: LeaseBackend> LeaseManager<B> {
         }
         let started = Instant::now();
         let give_up_at = options.wait().map(|wait| started + wait);
+        let not_acquired = |holder| LeaseError::NotAcquired {
+            key: key.to_string(),
+            waited: started.elapsed(),
+            holder,
+        };
+        let turn = match self.inner.queues.enter(&key, give_up_at).await {
+            Ok(turn) => turn,
+            Err(QueueError::Busy { waiters }) => {
+                return Err(LeaseError::Busy {
+                    key: key.to_string(),
+                    waiters,
+                });
+            }
+            Err(QueueError::Occupied) => return Err(not_acquired(LeaseInfo::default())),
+        };
         // Releases in the background if this future is dropped, or gives up,
         // after an attempt whose outcome is unknown.
         let mut orphan = OrphanGuard {
@@ -156,6 +178,7 @@ impl<B: LeaseBackend> LeaseManager<B> {
             holder: request.holder,
             armed: false,
         };
+        let mut notices: Option<ReleaseWatch> = None;
         let mut attempt = 0u32;
         loop {
             orphan.armed = true;
@@ -165,27 +188,23 @@ impl<B: LeaseBackend> LeaseManager<B> {
                 Ok(AcquireOutcome::Acquired(grant)) => {
                     orphan.armed = false;
                     if Instant::now() < grant.valid_until - options.safety_margin() {
+                        // The next local waiter becomes the head now and waits
+                        // for the release notice like waiters elsewhere do, so
+                        // this process's waiters get no head start on others.
+                        drop(turn);
                         return self.register(grant, options);
                     }
                     // The reply came too late to use the lease: give it back.
                     orphan.armed = true;
-                    LeaseError::NotAcquired {
-                        key: key.to_string(),
-                        waited: started.elapsed(),
-                        holder: LeaseInfo::default(),
-                    }
+                    not_acquired(LeaseInfo::default())
                 }
                 Ok(AcquireOutcome::Held(holder)) => {
                     orphan.armed = false;
                     if let Some(left) = holder.ttl_left {
                         // No point sleeping past the holder's expiry.
-                        retry_after = retry_after.min(left + std::time::Duration::from_millis(1));
+                        retry_after = retry_after.min(left + Duration::from_millis(1));
                     }
-                    LeaseError::NotAcquired {
-                        key: key.to_string(),
-                        waited: started.elapsed(),
-                        holder,
-                    }
+                    not_acquired(holder)
                 }
                 Err(error) if error.is_transient() => LeaseError::Backend(error),
                 Err(error) => return Err(error.into()),
@@ -194,8 +213,27 @@ impl<B: LeaseBackend> LeaseManager<B> {
             let Some(give_up_at) = give_up_at.filter(|at| now < *at) else {
                 return Err(failure);
             };
-            debug!(attempt, "lease not acquired yet; retrying");
-            tokio::time::sleep_until((now + retry_after).min(give_up_at)).await;
+            if notices.is_none() && options.release_notices() {
+                // Subscribe, then retry at once: a release between the
+                // refused attempt and the subscription sent no notice we saw.
+                let watch = self.inner.backend.watch_releases(&key).await;
+                notices = Some(watch.unwrap_or_else(|error| {
+                    debug!(%error, "no release notices; polling");
+                    ReleaseWatch::unsupported()
+                }));
+                continue;
+            }
+            debug!(attempt, ?retry_after, "lease not acquired yet; waiting");
+            let poll = tokio::time::sleep_until((now + retry_after).min(give_up_at));
+            match notices.as_mut() {
+                Some(notices) => {
+                    tokio::select! {
+                        () = poll => {}
+                        () = notices.released() => debug!("release notice"),
+                    }
+                }
+                None => poll.await,
+            }
             attempt = attempt.saturating_add(1);
         }
     }
@@ -267,5 +305,49 @@ impl Drop for OrphanGuard<'_> {
                 holder: self.holder,
             });
         }
+    }
+}
+
+/// The default bound on waiters per key in one manager.
+pub const DEFAULT_MAX_WAITERS: usize = 1024;
+
+/// Configures a [`LeaseManager`].
+#[must_use]
+pub struct LeaseManagerBuilder<B> {
+    backend: B,
+    max_waiters: usize,
+}
+
+impl<B: LeaseBackend> LeaseManagerBuilder<B> {
+    /// The most tasks that may wait for one key in this manager at once; one
+    /// more gets [`LeaseError::Busy`] at once, without talking to the
+    /// backend. Default: [`DEFAULT_MAX_WAITERS`] (1024).
+    pub fn max_waiters(mut self, max: usize) -> Self {
+        self.max_waiters = max;
+        self
+    }
+
+    /// Starts the manager and its watchdog task on the current tokio runtime.
+    ///
+    /// # Errors
+    ///
+    /// [`LeaseError::NoRuntime`] when called outside a tokio runtime.
+    pub fn start(self) -> Result<LeaseManager<B>, LeaseError> {
+        let runtime = tokio::runtime::Handle::try_current().map_err(|_| LeaseError::NoRuntime)?;
+        let (commands, receiver) = mpsc::unbounded_channel();
+        let shutdown = CancellationToken::new();
+        crate::metrics::describe();
+        let watchdog = Watchdog::new(self.backend.clone(), receiver, shutdown.clone());
+        let task = runtime.spawn(watchdog.run());
+        Ok(LeaseManager {
+            inner: Arc::new(Inner {
+                backend: self.backend,
+                queues: Arc::new(Queues::new(self.max_waiters)),
+                commands,
+                shutdown,
+                task: Mutex::new(Some(task)),
+                next_id: AtomicU64::new(0),
+            }),
+        })
     }
 }

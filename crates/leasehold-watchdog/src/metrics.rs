@@ -29,7 +29,8 @@ use ::metrics::{
 };
 
 /// Counter: acquisitions, labelled `name` and `outcome` (`acquired`,
-/// `not_acquired` when the wait ran out, `error` when the backend failed).
+/// `not_acquired` when the wait ran out, `busy` when the key's local queue
+/// of waiters was full, `error` when the backend failed).
 pub const ACQUISITIONS: &str = "leasehold_acquisitions_total";
 /// Histogram, seconds: how long `acquire` took, waiting included, labelled
 /// `name` and `outcome` (as for [`ACQUISITIONS`]).
@@ -62,7 +63,7 @@ pub const LABEL_ENDED: &str = "ended";
 
 /// Describes every metric (unit and meaning) to the installed recorder.
 ///
-/// [`LeaseManager::new`](crate::LeaseManager::new) calls it, so it is only
+/// Starting a [`LeaseManager`](crate::LeaseManager) calls it, so it is only
 /// needed when the recorder is installed after the first manager was
 /// created. Calling it again is harmless.
 pub fn describe() {

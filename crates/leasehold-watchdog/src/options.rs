@@ -41,6 +41,7 @@ pub struct LeaseOptions {
     backoff: Backoff,
     name: Cow<'static, str>,
     label: Option<String>,
+    release_notices: bool,
 }
 
 impl Default for LeaseOptions {
@@ -79,6 +80,7 @@ impl LeaseOptions {
             backoff: b.backoff,
             name: b.name,
             label: b.label,
+            release_notices: b.release_notices,
         }
     }
 
@@ -131,6 +133,20 @@ impl LeaseOptions {
         self.label.as_deref()
     }
 
+    /// Whether a waiting `acquire` subscribes to release notices.
+    #[must_use]
+    pub fn release_notices(&self) -> bool {
+        self.release_notices
+    }
+
+    /// These options with another wait.
+    pub(crate) fn with_wait(&self, wait: Option<Duration>) -> Self {
+        Self {
+            wait,
+            ..self.clone()
+        }
+    }
+
     /// The time from sending a successful request to the moment the token
     /// fires if no later renewal succeeds: ttl − clock drift − safety margin.
     #[must_use]
@@ -155,6 +171,7 @@ pub struct LeaseOptionsBuilder {
     backoff: Backoff,
     name: Cow<'static, str>,
     label: Option<String>,
+    release_notices: bool,
 }
 
 impl Default for LeaseOptionsBuilder {
@@ -168,6 +185,7 @@ impl Default for LeaseOptionsBuilder {
             backoff: Backoff::default(),
             name: Cow::Borrowed("default"),
             label: None,
+            release_notices: true,
         }
     }
 }
@@ -224,6 +242,14 @@ impl LeaseOptionsBuilder {
     /// Default: none.
     pub fn label(mut self, label: impl Into<String>) -> Self {
         self.label = Some(label.into());
+        self
+    }
+
+    /// Whether a waiting `acquire` subscribes to the backend's release
+    /// notices and retries the moment the lease is freed; without them it
+    /// polls on the backoff alone. Default: on.
+    pub fn release_notices(mut self, on: bool) -> Self {
+        self.release_notices = on;
         self
     }
 

@@ -164,14 +164,22 @@ async fn release_and_drop_free_the_lease() -> TestResult {
 async fn waiting_acquire_gets_the_lease_when_it_is_freed() -> TestResult {
     let backend = MemoryBackend::new();
     let manager = LeaseManager::new(backend.clone())?;
+    let other = LeaseManager::new(backend.clone())?;
     let first = manager.acquire("w", &options("3s")).await?;
 
     // Without a wait: one attempt, refused at once with who holds it.
     let start = Instant::now();
-    match manager.acquire("w", &options("3s")).await {
-        Err(LeaseError::NotAcquired { holder, .. }) => assert!(holder.fencing_token.is_some()),
+    match other.acquire("w", &options("3s")).await {
+        Err(LeaseError::NotAcquired { holder, .. }) => {
+            assert_eq!(holder.fencing_token, Some(first.fencing_token()));
+        }
         other => panic!("expected NotAcquired, got {other:?}"),
     }
+    // In the holder's own manager the local queue answers without asking.
+    assert!(matches!(
+        manager.acquire("w", &options("3s")).await,
+        Err(LeaseError::NotAcquired { .. })
+    ));
     assert_eq!(Instant::now(), start);
 
     // With a wait shorter than the holder keeps it: refused when it runs out.
@@ -179,19 +187,37 @@ async fn waiting_acquire_gets_the_lease_when_it_is_freed() -> TestResult {
         .ttl(Ttl::parse("3s")?)
         .wait(Duration::from_secs(2))
         .build()?;
-    let err = manager.acquire("w", &short).await.err();
+    let err = other.acquire("w", &short).await.err();
     assert!(
         matches!(err, Some(LeaseError::NotAcquired { .. })),
         "{err:?}"
     );
     assert_eq!(Instant::now(), start + Duration::from_secs(2));
 
-    // With a longer wait: acquired soon after the release.
+    // With a longer wait, in another manager and in the holder's: the other
+    // manager wakes on the release notice, at the very moment of release.
     let long = LeaseOptions::builder()
         .ttl(Ttl::parse("3s")?)
         .wait(Duration::from_secs(60))
+        .backoff(leasehold_watchdog::Backoff::fixed(Duration::from_secs(30)))
         .build()?;
     let waiter = tokio::spawn({
+        let other = other.clone();
+        let long = long.clone();
+        async move { other.acquire("w", &long).await.map(|l| (Instant::now(), l)) }
+    });
+    sleep(Duration::from_secs(1)).await;
+    let released_at = Instant::now();
+    let first_token = first.fencing_token();
+    first.release().await?;
+    let (acquired_at, second) = waiter.await??;
+    assert_eq!(
+        acquired_at, released_at,
+        "the waiter polled instead of waking on the notice"
+    );
+    assert!(second.fencing_token() > first_token);
+
+    let local = tokio::spawn({
         let manager = manager.clone();
         async move {
             manager
@@ -202,15 +228,89 @@ async fn waiting_acquire_gets_the_lease_when_it_is_freed() -> TestResult {
     });
     sleep(Duration::from_secs(1)).await;
     let released_at = Instant::now();
-    let first_token = first.fencing_token();
+    second.release().await?;
+    let (acquired_at, _third) = local.await??;
+    assert_eq!(acquired_at, released_at);
+    Ok(())
+}
+
+#[tokio::test(start_paused = true)]
+async fn without_notices_a_waiter_polls_on_its_backoff() -> TestResult {
+    let backend = MemoryBackend::new();
+    let holder = LeaseManager::new(backend.clone())?;
+    let waiter = LeaseManager::new(backend.clone())?;
+    let first = holder.acquire("p", &options("3s")).await?;
+    let polling = LeaseOptions::builder()
+        .ttl(Ttl::parse("3s")?)
+        .wait(Duration::from_secs(60))
+        .backoff(leasehold_watchdog::Backoff::fixed(Duration::from_millis(
+            400,
+        )))
+        .release_notices(false)
+        .build()?;
+    let start = Instant::now();
+    let task = tokio::spawn(async move {
+        waiter
+            .acquire("p", &polling)
+            .await
+            .map(|l| (Instant::now(), l))
+    });
+    sleep(Duration::from_millis(1000)).await;
     first.release().await?;
-    let (acquired_at, second) = waiter.await??;
-    assert!(
-        acquired_at - released_at <= short.backoff().max(),
-        "{:?}",
-        acquired_at - released_at
-    );
-    assert!(second.fencing_token() > first_token);
+    let (acquired_at, _lease) = task.await??;
+    // Polls at 0, 400, 800, 1200 ms: the release at 1000 ms is seen at 1200.
+    assert_eq!(acquired_at - start, Duration::from_millis(1200));
+    Ok(())
+}
+
+#[tokio::test(start_paused = true)]
+async fn local_waiters_are_served_in_order_bounded_and_may_leave() -> TestResult {
+    let backend = MemoryBackend::new();
+    let manager = LeaseManager::builder(backend.clone())
+        .max_waiters(3)
+        .start()?;
+    let wait = LeaseOptions::builder()
+        .ttl(Ttl::parse("3s")?)
+        .wait(Duration::from_secs(600))
+        .build()?;
+    let head = manager.acquire("fifo", &wait).await?;
+    let order = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let mut waiters = Vec::new();
+    for i in 0..3 {
+        let (manager, wait, order) = (manager.clone(), wait.clone(), order.clone());
+        waiters.push(tokio::spawn(async move {
+            let lease = manager.acquire("fifo", &wait).await?;
+            order.lock().map_err(|_| "poisoned")?.push(i);
+            sleep(Duration::from_millis(10)).await;
+            lease.release().await?;
+            Ok::<_, Box<dyn std::error::Error + Send + Sync>>(())
+        }));
+        settle().await;
+    }
+    // The queue holds three waiters: a fourth is refused at once.
+    assert!(matches!(
+        manager.acquire("fifo", &wait).await,
+        Err(LeaseError::Busy { waiters: 3, .. })
+    ));
+    // A waiter that gives up leaves the queue: the one in the middle.
+    waiters.remove(1).abort();
+    settle().await;
+    let fourth = tokio::spawn({
+        let (manager, wait, order) = (manager.clone(), wait.clone(), order.clone());
+        async move {
+            let lease = manager.acquire("fifo", &wait).await?;
+            order.lock().map_err(|_| "poisoned")?.push(3);
+            lease.release().await?;
+            Ok::<_, Box<dyn std::error::Error + Send + Sync>>(())
+        }
+    });
+    settle().await;
+    head.release().await?;
+    for w in waiters {
+        w.await?.map_err(|e| e.to_string())?;
+    }
+    fourth.await?.map_err(|e| e.to_string())?;
+    assert_eq!(*order.lock().map_err(|_| "poisoned")?, vec![0, 2, 3]);
     Ok(())
 }
 

@@ -1,0 +1,249 @@
+//! Contended handoff: 16 workers compete for one key and hold it about 1 ms
+//! each, on a loopback `redis-server` started for the run.
+//!
+//! Run with `cargo bench --bench contended` (5 s per scenario) or
+//! `cargo test --bench contended` (a 300 ms smoke run). Set
+//! `LEASEHOLD_BENCH_SECS` to change the duration. Prints one JSON line per
+//! scenario:
+//!
+//! - `leasehold/1-manager/notices`: the default, all workers in one manager;
+//! - `leasehold/1-manager/polling`: the same code with release notices off
+//!   and a fixed 10 ms retry interval, as polling lock libraries work;
+//! - `leasehold/16-managers/…`: one manager (connection) per worker, as 16
+//!   processes would have;
+//! - `redis-crate/polling`: the same work written directly with the `redis`
+//!   crate: `SET NX PX`, a compare-and-delete script, and a 10 ms retry sleep.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use leasehold::redis::RedisBackend;
+use leasehold::{Backoff, LeaseManager, LeaseOptions, Ttl};
+use leasehold_testkit::RedisServer;
+use std::sync::Mutex;
+use tokio::time::Instant;
+
+const WORKERS: usize = 16;
+const HOLD: Duration = Duration::from_millis(1);
+const POLL: Duration = Duration::from_millis(10);
+
+type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+/// What every worker records.
+#[derive(Default)]
+struct Record {
+    waits: Vec<Duration>,
+    gaps: Vec<Duration>,
+    per_worker: Vec<usize>,
+    /// When the last holder started to release, if the key is free now.
+    released_at: Option<Instant>,
+}
+
+fn main() -> Result<(), BoxError> {
+    let full = std::env::args().any(|a| a == "--bench");
+    let secs: f64 = match std::env::var("LEASEHOLD_BENCH_SECS") {
+        Ok(s) => s.parse()?,
+        Err(_) if full => 5.0,
+        Err(_) => 0.3,
+    };
+    let run_for = Duration::from_secs_f64(secs);
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()?;
+    runtime.block_on(async {
+        let server = RedisServer::start()?;
+        for (managers, notices) in [(1, true), (1, false), (WORKERS, true), (WORKERS, false)] {
+            let record = leasehold_run(&server, managers, notices, run_for).await?;
+            let mode = if notices { "notices" } else { "polling" };
+            let name = if managers == 1 {
+                format!("leasehold/1-manager/{mode}")
+            } else {
+                format!("leasehold/{managers}-managers/{mode}")
+            };
+            report(&name, run_for, record);
+        }
+        let record = raw_run(&server, run_for).await?;
+        report("redis-crate/polling", run_for, record);
+        Ok(())
+    })
+}
+
+async fn leasehold_run(
+    server: &RedisServer,
+    managers: usize,
+    notices: bool,
+    run_for: Duration,
+) -> Result<Record, BoxError> {
+    let mut pool = Vec::new();
+    for _ in 0..managers {
+        pool.push(LeaseManager::new(
+            RedisBackend::connect(server.url()).await?,
+        )?);
+    }
+    let mut options = LeaseOptions::builder()
+        .ttl(Ttl::parse("5s")?)
+        .wait(Duration::from_secs(30))
+        .release_notices(notices);
+    if !notices {
+        options = options.backoff(Backoff::fixed(POLL));
+    }
+    let options = options.build()?;
+    let key = format!("contended-{managers}-{notices}");
+    let record = Arc::new(Mutex::new(Record {
+        per_worker: vec![0; WORKERS],
+        ..Record::default()
+    }));
+    let stop = Arc::new(AtomicBool::new(false));
+    let mut tasks = Vec::new();
+    for worker in 0..WORKERS {
+        let manager = pool[worker % managers].clone();
+        let (options, record, stop, key) = (
+            options.clone(),
+            Arc::clone(&record),
+            Arc::clone(&stop),
+            key.clone(),
+        );
+        tasks.push(tokio::spawn(async move {
+            while !stop.load(Ordering::Relaxed) {
+                let asked = Instant::now();
+                let lease = manager.acquire(&key, &options).await?;
+                let got = Instant::now();
+                note_acquired(&record, worker, asked, got)?;
+                hold();
+                note_release(&record)?;
+                lease.release().await?;
+            }
+            Ok::<_, BoxError>(())
+        }));
+    }
+    tokio::time::sleep(run_for).await;
+    stop.store(true, Ordering::Relaxed);
+    for task in tasks {
+        task.await??;
+    }
+    for manager in pool {
+        manager.shutdown().await;
+    }
+    Arc::try_unwrap(record)
+        .map_err(|_| "workers still running")?
+        .into_inner()
+        .map_err(|_| "poisoned".into())
+}
+
+/// The same work with the `redis` crate alone: a polling lock.
+async fn raw_run(server: &RedisServer, run_for: Duration) -> Result<Record, BoxError> {
+    let release = redis::Script::new(
+        "if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end return 0",
+    );
+    let release = Arc::new(release);
+    let record = Arc::new(Mutex::new(Record {
+        per_worker: vec![0; WORKERS],
+        ..Record::default()
+    }));
+    let stop = Arc::new(AtomicBool::new(false));
+    let mut tasks = Vec::new();
+    for worker in 0..WORKERS {
+        let client = redis::Client::open(server.url())?;
+        let mut conn = client.get_multiplexed_async_connection().await?;
+        let (record, stop, release) =
+            (Arc::clone(&record), Arc::clone(&stop), Arc::clone(&release));
+        tasks.push(tokio::spawn(async move {
+            let token = format!("worker-{worker}-{}", std::process::id());
+            while !stop.load(Ordering::Relaxed) {
+                let asked = Instant::now();
+                loop {
+                    let set: Option<String> = redis::cmd("SET")
+                        .arg("raw-contended")
+                        .arg(&token)
+                        .arg("NX")
+                        .arg("PX")
+                        .arg(5000)
+                        .query_async(&mut conn)
+                        .await?;
+                    if set.is_some() {
+                        break;
+                    }
+                    tokio::time::sleep(POLL).await;
+                }
+                let got = Instant::now();
+                note_acquired(&record, worker, asked, got)?;
+                hold();
+                note_release(&record)?;
+                let _: i64 = release
+                    .key("raw-contended")
+                    .arg(&token)
+                    .invoke_async(&mut conn)
+                    .await?;
+            }
+            Ok::<_, BoxError>(())
+        }));
+    }
+    tokio::time::sleep(run_for).await;
+    stop.store(true, Ordering::Relaxed);
+    for task in tasks {
+        task.await??;
+    }
+    Arc::try_unwrap(record)
+        .map_err(|_| "workers still running")?
+        .into_inner()
+        .map_err(|_| "poisoned".into())
+}
+
+/// Holds the lease for 1 ms, as work that waits on something else would:
+/// a thread sleep leaves the core to the server (a tokio timer would round
+/// up to its 1 ms tick and hold for 1–2 ms).
+fn hold() {
+    std::thread::sleep(HOLD);
+}
+
+fn note_acquired(
+    record: &Mutex<Record>,
+    worker: usize,
+    asked: Instant,
+    got: Instant,
+) -> Result<(), BoxError> {
+    let mut r = record.lock().map_err(|_| "poisoned")?;
+    r.waits.push(got - asked);
+    if let Some(released) = r.released_at.take() {
+        r.gaps.push(got.saturating_duration_since(released));
+    }
+    r.per_worker[worker] += 1;
+    Ok(())
+}
+
+fn note_release(record: &Mutex<Record>) -> Result<(), BoxError> {
+    record.lock().map_err(|_| "poisoned")?.released_at = Some(Instant::now());
+    Ok(())
+}
+
+fn percentile(sorted: &[Duration], p: f64) -> f64 {
+    if sorted.is_empty() {
+        return 0.0;
+    }
+    let rank = ((sorted.len() as f64 - 1.0) * p).round() as usize;
+    sorted[rank.min(sorted.len() - 1)].as_secs_f64() * 1e3
+}
+
+fn report(name: &str, run_for: Duration, mut record: Record) {
+    record.waits.sort();
+    record.gaps.sort();
+    let total: usize = record.per_worker.iter().sum();
+    let fewest = record.per_worker.iter().min().copied().unwrap_or(0);
+    let most = record.per_worker.iter().max().copied().unwrap_or(0);
+    println!(
+        "{{\"scenario\":\"{name}\",\"workers\":{WORKERS},\"hold_ms\":1,\"seconds\":{:.1},\"acquisitions\":{total},\"per_second\":{:.0},\"wait_p50_ms\":{:.2},\"wait_p99_ms\":{:.2},\"gap_p50_ms\":{:.3},\"gap_p99_ms\":{:.3},\"fewest\":{fewest},\"most\":{most},\"fairness\":{:.2}}}",
+        run_for.as_secs_f64(),
+        total as f64 / run_for.as_secs_f64(),
+        percentile(&record.waits, 0.5),
+        percentile(&record.waits, 0.99),
+        percentile(&record.gaps, 0.5),
+        percentile(&record.gaps, 0.99),
+        if most == 0 {
+            0.0
+        } else {
+            fewest as f64 / most as f64
+        },
+    );
+}

@@ -1,0 +1,188 @@
+//! Leader election for singletons: campaign, lead, step down, campaign again.
+
+use std::pin::pin;
+use std::time::Duration;
+
+use leasehold_core::{FencingToken, LeaseBackend, LeaseInfo, LeaseKey};
+use tokio_util::sync::CancellationToken;
+use tracing::{Instrument, info, info_span};
+
+use crate::{Lease, LeaseError, LeaseManager, LeaseOptions};
+
+/// One candidate in an election: at most one candidate per key leads at a
+/// time, for as long as it holds the election's lease.
+///
+/// Every replica of a singleton (a scheduler, a compactor) runs the same
+/// election; the one that acquires the lease leads until its lease ends or
+/// it steps down, then all campaign again. The lease's *label* (set with
+/// [`LeaseOptionsBuilder::label`](crate::LeaseOptionsBuilder::label)) is the
+/// candidate's public identity, such as a host or pod name; anyone can read
+/// the current leader's with [`observe`](Self::observe).
+///
+/// ```
+/// use leasehold_core::MemoryBackend;
+/// use leasehold_watchdog::{CancellationToken, Election, LeaseManager, LeaseOptions};
+///
+/// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// let manager = LeaseManager::new(MemoryBackend::new())?;
+/// let options = LeaseOptions::builder().ttl("10s".parse()?).label("scheduler-0").build()?;
+/// let election = Election::new(manager, "scheduler", options)?;
+/// let stop = CancellationToken::new();
+/// let stop_after_first_term = stop.clone();
+/// election
+///     .run(stop, |token, fencing_token| {
+///         let stop = stop_after_first_term.clone();
+///         async move {
+///             println!("leading with fencing token {fencing_token}");
+///             stop.cancel(); // a real leader would work until `token` fires
+///             token.cancelled().await;
+///         }
+///     })
+///     .await?;
+/// # Ok(()) }
+/// ```
+pub struct Election<B> {
+    manager: LeaseManager<B>,
+    key: LeaseKey,
+    options: LeaseOptions,
+    pause: Duration,
+}
+
+impl<B: LeaseBackend> Election<B> {
+    /// A candidate for `key`, campaigning with `options` (their `wait` is
+    /// ignored: a campaign waits until it wins).
+    ///
+    /// # Errors
+    ///
+    /// [`LeaseError::Invalid`] for a bad key.
+    pub fn new(
+        manager: LeaseManager<B>,
+        key: impl AsRef<str>,
+        options: LeaseOptions,
+    ) -> Result<Self, LeaseError> {
+        Ok(Self {
+            manager,
+            key: LeaseKey::new(key)?,
+            pause: options.renew_interval(),
+            options,
+        })
+    }
+
+    /// How long to wait after stepping down before campaigning again, so
+    /// another candidate gets its turn; jittered to the upper half. Default:
+    /// the renew interval (a third of the ttl).
+    #[must_use]
+    pub fn pause(mut self, pause: Duration) -> Self {
+        self.pause = pause;
+        self
+    }
+
+    /// The manager the candidate campaigns with.
+    #[must_use]
+    pub fn manager(&self) -> &LeaseManager<B> {
+        &self.manager
+    }
+
+    /// The election's key.
+    #[must_use]
+    pub fn key(&self) -> &LeaseKey {
+        &self.key
+    }
+
+    /// Waits until this candidate holds the lease.
+    ///
+    /// # Errors
+    ///
+    /// [`LeaseError::ManagerStopped`] after the manager's shutdown, and
+    /// backend errors that retrying cannot fix. Transient ones are retried.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe: a dropped campaign leaves no lease behind.
+    pub async fn campaign(&self) -> Result<Lease, LeaseError> {
+        // Wait in rounds of one ttl, so a stuck wait is renewed with fresh
+        // holder information.
+        let options = self.options.with_wait(Some(self.options.ttl().get()));
+        let mut attempt = 0;
+        loop {
+            match self.manager.acquire(self.key.as_str(), &options).await {
+                Ok(lease) => return Ok(lease),
+                Err(LeaseError::NotAcquired { .. }) => {}
+                Err(LeaseError::Backend(error)) if error.is_transient() => {
+                    tokio::time::sleep(self.options.backoff().delay(attempt)).await;
+                    attempt = attempt.saturating_add(1);
+                }
+                Err(error) => return Err(error),
+            }
+        }
+    }
+
+    /// The current leader: its label, fencing token and remaining ttl, or
+    /// `None` when no one leads.
+    ///
+    /// # Errors
+    ///
+    /// [`LeaseError::Backend`] when the backend cannot be read.
+    pub async fn observe(&self) -> Result<Option<LeaseInfo>, LeaseError> {
+        Ok(self.manager.backend().inspect(&self.key).await?)
+    }
+
+    /// Campaigns, leads, steps down and campaigns again until `stop` is
+    /// cancelled.
+    ///
+    /// Each term runs `lead(token, fencing_token)`. The leader must return
+    /// soon after `token` is cancelled: when the lease ends (lost, cap,
+    /// deadline, shutdown) or when `stop` is cancelled. When `lead`
+    /// returns, the candidate steps down (releases the lease), pauses, and
+    /// campaigns again.
+    ///
+    /// # Errors
+    ///
+    /// The errors of [`campaign`](Self::campaign); a term that ends in an
+    /// error of the lease is not an error of the election.
+    ///
+    /// # Cancel safety
+    ///
+    /// Dropping the future drops the current leader's future and releases
+    /// its lease in the background; prefer cancelling `stop`.
+    pub async fn run<F, Fut>(&self, stop: CancellationToken, mut lead: F) -> Result<(), LeaseError>
+    where
+        F: FnMut(CancellationToken, FencingToken) -> Fut,
+        Fut: Future<Output = ()>,
+    {
+        loop {
+            let lease = tokio::select! {
+                biased;
+                () = stop.cancelled() => return Ok(()),
+                lease = self.campaign() => lease?,
+            };
+            let span = info_span!("lead", key = %self.key, name = %lease.name());
+            info!(parent: &span, fencing_token = %lease.fencing_token(), "elected");
+            let token = lease.token();
+            let leading = lead(token.clone(), lease.fencing_token()).instrument(span.clone());
+            let mut leading = pin!(leading);
+            tokio::select! {
+                biased;
+                () = &mut leading => {}
+                () = stop.cancelled() => {
+                    token.cancel();
+                    leading.await;
+                }
+            }
+            let reason = lease.loss_reason();
+            // The lease expires by itself if the release fails.
+            let _ = lease.release().await;
+            info!(parent: &span, ?reason, "stepped down");
+            tokio::select! {
+                biased;
+                () = stop.cancelled() => return Ok(()),
+                () = tokio::time::sleep(jitter(self.pause)) => {}
+            }
+        }
+    }
+}
+
+/// The upper half of `d`, drawn at random.
+fn jitter(d: Duration) -> Duration {
+    d / 2 + (d / 2).mul_f64(fastrand::f64())
+}

@@ -1,0 +1,176 @@
+//! The local queue: waiters for one key inside one manager line up here in
+//! FIFO order, and only the one at the head talks to the backend.
+//!
+//! The head leaves the queue as soon as it has the lease: the next waiter
+//! then waits for the release notice like waiters in other processes do, so
+//! that this process's waiters get no head start on theirs.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+
+use leasehold_core::LeaseKey;
+use tokio::sync::OwnedMutexGuard;
+use tokio::time::Instant;
+
+/// Why a waiter did not reach the head of the queue.
+#[derive(Debug)]
+pub(crate) enum QueueError {
+    /// The queue already had `waiters` waiters, the bound.
+    Busy { waiters: usize },
+    /// Another waiter or holder in this process kept the turn until the wait ran out.
+    Occupied,
+}
+
+pub(crate) struct Queues {
+    bound: usize,
+    keys: Mutex<HashMap<LeaseKey, Arc<KeyQueue>>>,
+}
+
+struct KeyQueue {
+    /// tokio's mutex queues its waiters in FIFO order.
+    turn: Arc<tokio::sync::Mutex<()>>,
+    /// Tasks waiting for the key: the head and those behind it.
+    waiting: AtomicUsize,
+}
+
+/// The head of a key's queue. Dropping it lets the next waiter in.
+pub(crate) struct Turn {
+    _guard: OwnedMutexGuard<()>,
+    _ticket: Ticket,
+}
+
+/// One task's place in a key's queue, counted while it waits (also when its
+/// future is dropped); the queue leaves the map with its last ticket.
+struct Ticket {
+    queues: Arc<Queues>,
+    key: LeaseKey,
+    queue: Arc<KeyQueue>,
+}
+
+impl Queues {
+    pub(crate) fn new(bound: usize) -> Self {
+        Self {
+            bound,
+            keys: Mutex::new(HashMap::new()),
+        }
+    }
+
+    fn keys(&self) -> MutexGuard<'_, HashMap<LeaseKey, Arc<KeyQueue>>> {
+        // Every update is a single insert or remove.
+        self.keys.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Waits for the head of `key`'s queue until `give_up_at`; with no
+    /// deadline, takes the head only if it is free now.
+    ///
+    /// # Cancel safety
+    ///
+    /// Dropping the future leaves the queue without disturbing the order of
+    /// the others.
+    pub(crate) async fn enter(
+        self: &Arc<Self>,
+        key: &LeaseKey,
+        give_up_at: Option<Instant>,
+    ) -> Result<Turn, QueueError> {
+        let (ticket, before) = self.ticket(key);
+        let guard = match give_up_at {
+            None => Arc::clone(&ticket.queue.turn)
+                .try_lock_owned()
+                .map_err(|_| QueueError::Occupied)?,
+            Some(_) if before >= self.bound => return Err(QueueError::Busy { waiters: before }),
+            Some(give_up_at) => {
+                let lock = Arc::clone(&ticket.queue.turn).lock_owned();
+                tokio::time::timeout_at(give_up_at, lock)
+                    .await
+                    .map_err(|_| QueueError::Occupied)?
+            }
+        };
+        Ok(Turn {
+            _guard: guard,
+            _ticket: ticket,
+        })
+    }
+
+    /// A ticket for `key`'s queue, and how many tickets it had before.
+    fn ticket(self: &Arc<Self>, key: &LeaseKey) -> (Ticket, usize) {
+        let mut keys = self.keys();
+        let queue = Arc::clone(keys.entry(key.clone()).or_insert_with(|| {
+            Arc::new(KeyQueue {
+                turn: Arc::new(tokio::sync::Mutex::new(())),
+                waiting: AtomicUsize::new(0),
+            })
+        }));
+        let before = queue.waiting.fetch_add(1, Ordering::AcqRel);
+        drop(keys);
+        let ticket = Ticket {
+            queues: Arc::clone(self),
+            key: key.clone(),
+            queue,
+        };
+        (ticket, before)
+    }
+
+    /// How many keys have a queue (for tests: queues must not leak).
+    #[cfg(test)]
+    pub(crate) fn len(&self) -> usize {
+        self.keys().len()
+    }
+}
+
+impl Drop for Ticket {
+    fn drop(&mut self) {
+        self.queue.waiting.fetch_sub(1, Ordering::AcqRel);
+        let mut keys = self.queues.keys();
+        // Tickets are only made under this lock, so the count cannot grow
+        // meanwhile: two references left are the map's and ours.
+        if Arc::strong_count(&self.queue) == 2 {
+            keys.remove(&self.key);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+
+    fn key() -> LeaseKey {
+        LeaseKey::new("q").expect("valid key")
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn fifo_bounded_and_leaves_nothing_behind() {
+        let queues = Arc::new(Queues::new(3));
+        let later = Some(Instant::now() + Duration::from_secs(60));
+        let head = queues.enter(&key(), None).await.expect("free head");
+        assert!(matches!(
+            queues.enter(&key(), None).await,
+            Err(QueueError::Occupied)
+        ));
+
+        let order = Arc::new(Mutex::new(Vec::new()));
+        let mut waiters = Vec::new();
+        for i in 0..2 {
+            let (queues, order) = (Arc::clone(&queues), Arc::clone(&order));
+            waiters.push(tokio::spawn(async move {
+                let turn = queues.enter(&key(), later).await.expect("queued");
+                order.lock().expect("not poisoned").push(i);
+                drop(turn);
+            }));
+            tokio::task::yield_now().await;
+        }
+        // The bound is three tasks, the head included: a fourth is refused at once.
+        assert!(matches!(
+            queues.enter(&key(), later).await,
+            Err(QueueError::Busy { waiters: 3 })
+        ));
+        drop(head);
+        for w in waiters {
+            w.await.expect("waiter finished");
+        }
+        assert_eq!(*order.lock().expect("not poisoned"), vec![0, 1]);
+        assert_eq!(queues.len(), 0);
+    }
+}

@@ -1,0 +1,145 @@
+//! Three replicas of a scheduler elect one leader, which runs a tick every
+//! second; when the leader's lease is deleted, another replica takes over
+//! within about one ttl.
+//!
+//! Run with `cargo run --example scheduler_singleton`.
+//!
+//! It uses the Redis at `LEASEHOLD_REDIS_URL` if set; otherwise it starts a
+//! throwaway `redis-server` if one is installed; otherwise it runs on the
+//! in-process `MemoryBackend` and says so.
+
+use std::time::Duration;
+
+use leasehold::redis::RedisBackend;
+use leasehold::{
+    CancellationToken, Election, LeaseBackend, LeaseKey, LeaseManager, LeaseOptions, MemoryBackend,
+    Ttl,
+};
+use leasehold_testkit::RedisServer;
+use tokio::time::Instant;
+use tracing::info;
+
+const KEY: &str = "scheduler";
+
+#[tokio::main]
+async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
+        )
+        .with_target(false)
+        .init();
+
+    let mut _server = None;
+    let url = match std::env::var("LEASEHOLD_REDIS_URL") {
+        Ok(url) => Some(url),
+        Err(_) => match RedisServer::start() {
+            Ok(server) => {
+                info!("started a throwaway redis-server on port {}", server.port());
+                let url = server.url();
+                _server = Some(server);
+                Some(url)
+            }
+            Err(e) => {
+                info!("no Redis available ({e}); running on the in-process MemoryBackend instead");
+                None
+            }
+        },
+    };
+    match url {
+        Some(url) => {
+            let mut replicas = Vec::new();
+            for _ in 0..3 {
+                // One connection per replica, as three processes would have.
+                replicas.push(LeaseManager::new(RedisBackend::connect(&url).await?)?);
+            }
+            let admin = RedisBackend::connect(&url).await?;
+            demo(replicas, move || {
+                let admin = admin.clone();
+                async move { Ok(admin.force_release(&LeaseKey::new(KEY)?).await?) }
+            })
+            .await
+        }
+        None => {
+            let backend = MemoryBackend::new();
+            let replicas = (0..3)
+                .map(|_| LeaseManager::new(backend.clone()))
+                .collect::<Result<Vec<_>, _>>()?;
+            demo(replicas, move || {
+                let deleted = backend.vanish(&LeaseKey::new(KEY).expect("valid key"));
+                async move { Ok(deleted) }
+            })
+            .await
+        }
+    }
+}
+
+async fn demo<B, F>(
+    replicas: Vec<LeaseManager<B>>,
+    delete_lease: impl Fn() -> F,
+) -> Result<(), Box<dyn std::error::Error>>
+where
+    B: LeaseBackend,
+    F: Future<Output = Result<bool, Box<dyn std::error::Error>>>,
+{
+    let stop = CancellationToken::new();
+    let started = Instant::now();
+    let mut runs = Vec::new();
+    let first = replicas.first().ok_or("no replicas")?.clone();
+    let observer = Election::new(first, KEY, LeaseOptions::default())?;
+    for (i, manager) in replicas.into_iter().enumerate() {
+        let name = format!("replica-{i}");
+        let options = LeaseOptions::builder()
+            .ttl(Ttl::parse("3s")?)
+            .label(name.clone())
+            .name("scheduler")
+            .build()?;
+        let election = Election::new(manager, KEY, options)?;
+        let stop = stop.clone();
+        runs.push(tokio::spawn(async move {
+            election
+                .run(stop, |token, fencing_token| {
+                    let name = name.clone();
+                    async move {
+                        info!("{name} leads (fencing token {fencing_token})");
+                        let mut tick = tokio::time::interval(Duration::from_secs(1));
+                        loop {
+                            tokio::select! {
+                                () = token.cancelled() => break,
+                                _ = tick.tick() => info!("{name}: tick at {:.1?}", started.elapsed()),
+                            }
+                        }
+                        info!("{name} stops leading");
+                    }
+                })
+                .await
+        }));
+    }
+
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    let leader = observer.observe().await?;
+    info!(
+        "operator deletes the lease of {:?}",
+        leader.and_then(|l| l.label).unwrap_or_default()
+    );
+    let deleted_at = Instant::now();
+    delete_lease().await?;
+    loop {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        if let Some(leader) = observer.observe().await? {
+            info!(
+                "{} leads again {:.1?} after the deletion",
+                leader.label.unwrap_or_default(),
+                deleted_at.elapsed()
+            );
+            break;
+        }
+    }
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    stop.cancel();
+    for run in runs {
+        run.await??;
+    }
+    info!("all replicas stopped");
+    Ok(())
+}

@@ -1,0 +1,302 @@
+//! Waiting without polling, the local queue across managers, and elections,
+//! on a real `redis-server`.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use leasehold::redis::RedisBackend;
+use leasehold::{
+    AcquireOutcome, AcquireRequest, Backoff, CancellationToken, Election, HolderId, LeaseBackend,
+    LeaseKey, LeaseManager, LeaseOptions, Ttl,
+};
+use leasehold_testkit::RedisServer;
+use tokio::time::Instant;
+
+type TestResult = Result<(), Box<dyn std::error::Error + Send + Sync>>;
+
+async fn manager(
+    server: &RedisServer,
+) -> Result<LeaseManager<RedisBackend>, Box<dyn std::error::Error + Send + Sync>> {
+    Ok(LeaseManager::new(
+        RedisBackend::connect(server.url()).await?,
+    )?)
+}
+
+/// Waits long, and polls so rarely that only a release notice explains a
+/// quick handoff.
+fn patient(ttl: &str, poll: Duration) -> LeaseOptions {
+    LeaseOptions::builder()
+        .ttl(Ttl::parse(ttl).expect("valid ttl"))
+        .wait(Duration::from_secs(60))
+        .backoff(Backoff::fixed(poll))
+        .build()
+        .expect("valid options")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn each_release_wakes_the_next_waiter_without_a_poll() -> TestResult {
+    let server = RedisServer::start()?;
+    let fallback = Duration::from_secs(2);
+    let options = patient("5s", fallback);
+    let events = Arc::new(Mutex::new(Vec::new()));
+    let mut tasks = Vec::new();
+    for _ in 0..16 {
+        // One manager each: only the server's notice can wake them.
+        let manager = manager(&server).await?;
+        let (options, events) = (options.clone(), Arc::clone(&events));
+        tasks.push(tokio::spawn(async move {
+            let lease = manager.acquire("handoff", &options).await?;
+            let acquired = Instant::now();
+            tokio::time::sleep(Duration::from_millis(5)).await;
+            let released = Instant::now();
+            lease.release().await?;
+            events
+                .lock()
+                .map_err(|_| "poisoned")?
+                .push((acquired, released));
+            Ok::<_, Box<dyn std::error::Error + Send + Sync>>(())
+        }));
+    }
+    for task in tasks {
+        task.await??;
+    }
+    let mut events = events.lock().map_err(|_| "poisoned")?.clone();
+    events.sort();
+    assert_eq!(events.len(), 16);
+    let gaps: Vec<Duration> = events
+        .windows(2)
+        .map(|w| w[1].0.saturating_duration_since(w[0].1))
+        .collect();
+    let worst = gaps.iter().max().copied().unwrap_or_default();
+    println!("release-to-acquire gaps: worst {worst:?}, all {gaps:?}");
+    assert!(
+        worst < fallback / 10,
+        "a handoff took {worst:?}: the waiter polled instead of waking"
+    );
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_lease_that_expires_unreleased_still_ends_the_wait() -> TestResult {
+    let server = RedisServer::start()?;
+    let manager = manager(&server).await?;
+    // A holder that crashed right after acquiring: no release, no notice.
+    let ttl = Ttl::parse("1s")?;
+    let crashed = AcquireRequest::new(LeaseKey::new("expiring")?, HolderId::generate()?, ttl);
+    let start = Instant::now();
+    let AcquireOutcome::Acquired(_) = manager.backend().try_acquire(&crashed).await? else {
+        return Err("a free key must be acquired".into());
+    };
+    let lease = manager
+        .acquire("expiring", &patient("1s", Duration::from_secs(30)))
+        .await?;
+    let waited = start.elapsed();
+    println!("acquired {waited:?} after the crashed holder took a 1 s lease");
+    assert!(
+        waited >= ttl.get() && waited < ttl.get() + Duration::from_millis(300),
+        "{waited:?}"
+    );
+    lease.release().await?;
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn no_waiter_starves_across_a_thousand_handoffs() -> TestResult {
+    let server = RedisServer::start()?;
+    let options = patient("5s", Duration::from_millis(500));
+    let handoffs = Arc::new(AtomicUsize::new(0));
+    let mut tasks = Vec::new();
+    // Four managers (processes) of four workers each.
+    for _ in 0..4 {
+        let manager = manager(&server).await?;
+        for _ in 0..4 {
+            let (manager, options, handoffs) =
+                (manager.clone(), options.clone(), Arc::clone(&handoffs));
+            tasks.push(tokio::spawn(async move {
+                let mut mine = 0usize;
+                while handoffs.fetch_add(1, Ordering::SeqCst) < 1000 {
+                    let lease = manager.acquire("fair", &options).await?;
+                    mine += 1;
+                    lease.release().await?;
+                }
+                Ok::<_, Box<dyn std::error::Error + Send + Sync>>(mine)
+            }));
+        }
+    }
+    let mut counts = Vec::new();
+    for task in tasks {
+        counts.push(task.await??);
+    }
+    let total: usize = counts.iter().sum();
+    let (fewest, most) = (
+        counts.iter().min().copied().unwrap_or(0),
+        counts.iter().max().copied().unwrap_or(0),
+    );
+    println!("acquisitions per worker over {total} handoffs: {counts:?}");
+    assert!(total >= 1000);
+    assert!(
+        fewest * 4 >= total / counts.len(),
+        "a worker starved: {counts:?}"
+    );
+    assert!(most > 0);
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_election_has_one_leader_at_a_time_and_moves_on_loss_and_shutdown() -> TestResult {
+    let server = RedisServer::start()?;
+    let leading = Arc::new(AtomicUsize::new(0));
+    let most = Arc::new(AtomicUsize::new(0));
+    let terms = Arc::new(Mutex::new(Vec::<String>::new()));
+    let stop = CancellationToken::new();
+    let mut managers = Vec::new();
+    let mut runs = Vec::new();
+    for i in 0..3 {
+        let manager = manager(&server).await?;
+        managers.push(manager.clone());
+        let options = LeaseOptions::builder()
+            .ttl(Ttl::parse("600ms")?)
+            .label(format!("replica-{i}"))
+            .build()?;
+        let election =
+            Election::new(manager, "singleton", options)?.pause(Duration::from_millis(50));
+        let (leading, most, terms, stop) =
+            (leading.clone(), most.clone(), terms.clone(), stop.clone());
+        runs.push(tokio::spawn(async move {
+            let me = format!("replica-{i}");
+            election
+                .run(stop, |token, _fencing| {
+                    let (leading, most, terms, me) =
+                        (leading.clone(), most.clone(), terms.clone(), me.clone());
+                    async move {
+                        let now = leading.fetch_add(1, Ordering::SeqCst) + 1;
+                        most.fetch_max(now, Ordering::SeqCst);
+                        if let Ok(mut terms) = terms.lock() {
+                            terms.push(me);
+                        }
+                        // Lead for a while, or until the lease ends.
+                        tokio::select! {
+                            () = token.cancelled() => {}
+                            () = tokio::time::sleep(Duration::from_millis(300)) => {}
+                        }
+                        leading.fetch_sub(1, Ordering::SeqCst);
+                    }
+                })
+                .await
+        }));
+    }
+    let observer = Election::new(managers[0].clone(), "singleton", LeaseOptions::default())?;
+    let leader_label = || async {
+        observer
+            .observe()
+            .await
+            .map(|info| info.and_then(|i| i.label))
+    };
+
+    // Healthy terms hand over by stepping down: never two leaders at once.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while terms.lock().map_err(|_| "poisoned")?.len() < 6 {
+        assert!(Instant::now() < deadline, "elections stalled");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(most.load(Ordering::SeqCst), 1, "two leaders at once");
+
+    // The leader's lease is deleted behind its back: someone leads again.
+    let before = terms.lock().map_err(|_| "poisoned")?.len();
+    let mut current = None;
+    while current.is_none() {
+        current = leader_label().await?;
+    }
+    server.cli(&["DEL", "leasehold:{singleton}"])?;
+    let deleted_at = Instant::now();
+    while terms.lock().map_err(|_| "poisoned")?.len() <= before {
+        assert!(
+            deleted_at.elapsed() < Duration::from_secs(3),
+            "no new leader after the deletion"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+
+    // The leader's manager shuts down: another replica takes over.
+    let mut leader = None;
+    while leader.is_none() {
+        leader = leader_label().await?;
+    }
+    let leader = leader.ok_or("no leader")?;
+    let index: usize = leader.trim_start_matches("replica-").parse()?;
+    let before = terms.lock().map_err(|_| "poisoned")?.len();
+    managers[index].shutdown().await;
+    let shut_at = Instant::now();
+    loop {
+        let terms = terms.lock().map_err(|_| "poisoned")?.clone();
+        if terms.len() > before && terms.last() != Some(&leader) {
+            break;
+        }
+        drop(terms);
+        assert!(
+            shut_at.elapsed() < Duration::from_secs(3),
+            "no new leader after the shutdown"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    stop.cancel();
+    for run in runs {
+        // The shut-down replica's run ends with ManagerStopped; the others cleanly.
+        let _ = run.await?;
+    }
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn notices_survive_a_dropped_subscription_connection() -> TestResult {
+    let server = RedisServer::start()?;
+    let holder = manager(&server).await?;
+    let waiter = manager(&server).await?;
+    let fallback = Duration::from_secs(5);
+    let lease = holder
+        .acquire("resubscribe", &patient("10s", fallback))
+        .await?;
+    let task = tokio::spawn(async move {
+        waiter
+            .acquire("resubscribe", &patient("10s", fallback))
+            .await
+            .map(|l| (Instant::now(), l))
+    });
+    // Wait until the waiter has subscribed, then cut its subscription connection.
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while server
+        .cli(&["PUBSUB", "NUMSUB", "leasehold:{resubscribe}:released"])?
+        .lines()
+        .nth(1)
+        != Some("1")
+    {
+        assert!(Instant::now() < deadline, "the waiter never subscribed");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let killed = server.cli(&["CLIENT", "KILL", "TYPE", "pubsub"])?;
+    assert_eq!(killed, "1", "exactly the subscription connection is cut");
+    // It comes back and subscribes again by itself.
+    while server
+        .cli(&["PUBSUB", "NUMSUB", "leasehold:{resubscribe}:released"])?
+        .lines()
+        .nth(1)
+        != Some("1")
+    {
+        assert!(
+            Instant::now() < deadline + Duration::from_secs(5),
+            "the waiter never subscribed again"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let released_at = Instant::now();
+    lease.release().await?;
+    let (acquired_at, _lease) = task.await??;
+    let gap = acquired_at - released_at;
+    println!("after a resubscription the waiter acquired {gap:?} after the release");
+    assert!(
+        gap < fallback / 10,
+        "the waiter polled instead of waking: {gap:?}"
+    );
+    Ok(())
+}
