@@ -409,3 +409,48 @@ fn waiting_is_shown_on_a_terminal() -> TestResult {
     assert_eq!(wait_for_exit(&mut holder)?.code(), Some(0));
     Ok(())
 }
+
+#[test]
+fn sigint_reaches_the_command_too() -> TestResult {
+    let f = Fixture::new()?;
+    let script = "trap 'exit 4' INT; touch started; while true; do sleep 0.01; done";
+    let mut run = f.spawn(&["run", "--key", "interrupt", "--", "sh", "-c", script])?;
+    wait_for_file(&f.path("started"))?;
+    kill(Pid::from_raw(i32::try_from(run.id())?), Signal::SIGINT)?;
+    assert_eq!(
+        wait_for_exit(&mut run)?.code(),
+        Some(4),
+        "{}",
+        stderr_of(&mut run)
+    );
+    assert_eq!(f.server.cli(&["EXISTS", "leasehold:{interrupt}"])?, "0");
+    Ok(())
+}
+
+#[test]
+fn interrupted_while_waiting_exits_130_without_running_the_command() -> TestResult {
+    let f = Fixture::new()?;
+    let holder_script = "touch started; while [ ! -e stop ]; do sleep 0.01; done";
+    let mut holder = f.spawn(&["run", "--key", "line", "--", "sh", "-c", holder_script])?;
+    wait_for_file(&f.path("started"))?;
+    let mut waiter = f.spawn(&["run", "--key", "line", "--wait", "1m", "--", "touch", "ran"])?;
+    // A waiter subscribes to the key's release notices: that is when it waits.
+    let deadline = Instant::now() + PATIENCE;
+    loop {
+        let channels = [
+            f.server.cli(&["PUBSUB", "SHARDCHANNELS"])?,
+            f.server.cli(&["PUBSUB", "CHANNELS"])?,
+        ];
+        if channels.iter().any(|c| c.contains("line")) {
+            break;
+        }
+        assert!(Instant::now() < deadline, "the waiter never subscribed");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    kill(Pid::from_raw(i32::try_from(waiter.id())?), Signal::SIGINT)?;
+    assert_eq!(wait_for_exit(&mut waiter)?.code(), Some(130));
+    assert!(!f.path("ran").exists());
+    std::fs::write(f.path("stop"), "")?;
+    assert_eq!(wait_for_exit(&mut holder)?.code(), Some(0));
+    Ok(())
+}
