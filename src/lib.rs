@@ -26,6 +26,13 @@
 //! This crate re-exports the parts: the vocabulary and [`MemoryBackend`]
 //! from `leasehold-core`, the [`LeaseManager`] from `leasehold-watchdog`, and
 //! the Redis backends as [`redis`].
+//!
+//! To operate leases: every manager records [`metrics`] (acquisitions,
+//! renewals, losses, leases held, hold time) through the `metrics` facade,
+//! [`LeaseConfig`] reads lease settings from TOML or `LEASEHOLD_*`
+//! environment variables, and the `leasehold` command (crate
+//! `leasehold-cli`) runs shell commands under a lease. docs/operations.md
+//! has the details.
 
 pub use leasehold_core::*;
 pub use leasehold_watchdog::*;
