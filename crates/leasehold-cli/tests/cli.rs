@@ -441,7 +441,10 @@ fn interrupted_while_waiting_exits_130_without_running_the_command() -> TestResu
             f.server.cli(&["PUBSUB", "SHARDCHANNELS"])?,
             f.server.cli(&["PUBSUB", "CHANNELS"])?,
         ];
-        if channels.iter().any(|c| c.contains("leasehold:{line}:released")) {
+        if channels
+            .iter()
+            .any(|c| c.contains("leasehold:{line}:released"))
+        {
             break;
         }
         assert!(Instant::now() < deadline, "the waiter never subscribed");
