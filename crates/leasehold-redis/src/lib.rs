@@ -96,10 +96,12 @@
 
 mod backend;
 mod config;
+mod connection;
 mod error;
 mod layout;
 mod reply;
 mod scripts;
+mod url;
 
 pub use backend::RedisBackend;
 pub use config::RedisBackendBuilder;
@@ -109,3 +111,4 @@ pub use layout::KeyLayout;
 /// [`RedisBackend::builder_for_client`] (TLS certificates, credentials
 /// from a secret store, TCP options).
 pub use redis;
+pub use url::{Endpoint, Topology};
