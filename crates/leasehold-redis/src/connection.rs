@@ -68,11 +68,7 @@ impl Conn {
     pub(crate) async fn command(&self, cmd: &Cmd, key: &str) -> RedisResult<Value> {
         match self {
             Self::Standalone(conn) => cmd.query_async(&mut conn.clone()).await,
-            Self::Cluster(conn) => {
-                conn.clone()
-                    .route_command(cmd.clone(), route_for(key))
-                    .await
-            }
+            Self::Cluster(conn) => routed(&mut conn.clone(), cmd.clone(), route_for(key)).await,
             Self::Sentinel(sentinel) => {
                 let (generation, mut conn) = sentinel.current().await?;
                 let mut guard = DropGuard {
@@ -141,10 +137,10 @@ async fn eval_on_cluster(
 ) -> RedisResult<Reply> {
     let route = route_for(call.first_key());
     let Some(wait) = wait else {
-        return match conn.route_command(call.evalsha(), route.clone()).await {
+        return match routed(conn, call.evalsha(), route.clone()).await {
             Err(err) if is_noscript(&err) => {
-                conn.route_command(call.load(), route.clone()).await?;
-                let value = conn.route_command(call.evalsha(), route).await?;
+                routed(conn, call.load(), route.clone()).await?;
+                let value = routed(conn, call.evalsha(), route).await?;
                 Ok(Reply { value, acked: None })
             }
             other => other.map(|value| Reply { value, acked: None }),
@@ -158,12 +154,18 @@ async fn eval_on_cluster(
         .await?;
     match split_acked(replies)? {
         Acked::NoScript => {
-            conn.route_command(call.load(), route).await?;
+            routed(conn, call.load(), route).await?;
             let replies = conn.route_pipeline(pipe, 0, 2, node).await?;
             split_acked(replies)?.into_reply()
         }
         acked => acked.into_reply(),
     }
+}
+
+/// A command sent with explicit routing; the cluster client hands error
+/// replies back as values then, so they are turned into errors here.
+async fn routed(conn: &mut ClusterConnection, cmd: Cmd, route: RoutingInfo) -> RedisResult<Value> {
+    conn.route_command(cmd, route).await?.extract_error()
 }
 
 fn acked_pipeline(call: &Call, wait: Wait) -> redis::Pipeline {

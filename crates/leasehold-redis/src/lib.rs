@@ -99,6 +99,7 @@ mod config;
 mod connection;
 mod error;
 mod layout;
+mod redlock;
 mod reply;
 mod scripts;
 mod url;
@@ -111,4 +112,5 @@ pub use layout::KeyLayout;
 /// [`RedisBackend::builder_for_client`] (TLS certificates, credentials
 /// from a secret store, TCP options).
 pub use redis;
+pub use redlock::{NoQuorum, RedlockBackend, RedlockBuilder};
 pub use url::{Endpoint, Topology};
