@@ -140,6 +140,11 @@ impl SentinelSet {
         &self.data[1 - self.master]
     }
 
+    /// The replica, to pause or resume it.
+    pub fn replica_mut(&mut self) -> &mut RedisServer {
+        &mut self.data[1 - self.master]
+    }
+
     /// The three sentinels.
     pub fn sentinels(&self) -> &[RedisServer] {
         &self.sentinels
