@@ -5,9 +5,7 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
-use futures_util::StreamExt;
 use futures_util::future::join_all;
-use futures_util::stream::FuturesUnordered;
 use leasehold_core::{
     AcquireOutcome, AcquireRequest, BackendError, FencingToken, Grant, HolderId, LeaseBackend,
     LeaseInfo, LeaseKey, ReleaseOutcome, RenewOutcome, RenewRequest, clock_drift,
@@ -30,8 +28,9 @@ use crate::{Error, RedisBackend};
 ///   it for someone else) or an error (too few masters answered).
 /// - **Renew** succeeds only when a majority renewed in time; it is `Lost`
 ///   when a majority says the lease is gone, and an error (outcome unknown)
-///   otherwise. A call returns as soon as the outcome is decided, so a
-///   paused or slow minority does not hold renewals up.
+///   otherwise. Each master's call is bounded by the node timeout, so a
+///   paused or slow minority delays a renewal by at most that, however
+///   long it stays away.
 /// - The **fencing token** is the largest token among the masters that
 ///   granted the lease. Each master keeps its own counter, floored by its
 ///   clock in microseconds, so tokens rise across acquisitions as long as
@@ -120,27 +119,18 @@ impl RedlockBackend {
         self.shared.node_timeout
     }
 
-    /// Calls `op` on every master at once and feeds each outcome, as it
-    /// arrives, to `tally`, until `tally` says the outcome is decided.
-    async fn gather<'a, T, F, Fut>(&'a self, op: F, mut tally: impl FnMut(usize, T) -> bool)
+    /// Calls `op` on every master at once and feeds each outcome to
+    /// `tally`. Every call runs to its end (each is bounded by the node
+    /// timeout): stopping at the first majority would drop calls already
+    /// on their way, and with them the script load a restarted master
+    /// needs, leaving the lease on fewer masters than it could be.
+    async fn gather<'a, T, F, Fut>(&'a self, op: F, mut tally: impl FnMut(T))
     where
         F: Fn(&'a RedisBackend) -> Fut,
         Fut: Future<Output = T> + 'a,
     {
-        let mut pending: FuturesUnordered<_> = self
-            .shared
-            .nodes
-            .iter()
-            .enumerate()
-            .map(|(i, node)| {
-                let call = op(node);
-                async move { (i, call.await) }
-            })
-            .collect();
-        while let Some((i, result)) = pending.next().await {
-            if tally(i, result) {
-                return;
-            }
+        for result in join_all(self.shared.nodes.iter().map(op)).await {
+            tally(result);
         }
     }
 
@@ -326,14 +316,12 @@ impl LeaseBackend for RedlockBackend {
         let quorum = self.shared.quorum;
         let sent_at = Instant::now();
         let mut granted = 0;
-        let mut answered = 0;
         let mut token: Option<FencingToken> = None;
         let mut held: Option<LeaseInfo> = None;
         let mut first_error = None;
         self.gather(
             |node| node.try_acquire(request),
-            |_, result| {
-                answered += 1;
+            |result| {
                 match result {
                     Ok(AcquireOutcome::Acquired(grant)) => {
                         granted += 1;
@@ -354,7 +342,6 @@ impl LeaseBackend for RedlockBackend {
                         first_error.get_or_insert(err);
                     }
                 }
-                granted >= quorum || granted + (total - answered) < quorum
             },
         )
         .await;
@@ -410,7 +397,7 @@ impl LeaseBackend for RedlockBackend {
     }
 
     /// Sends each master one `renew_many` batch, all at once, and decides
-    /// each lease as soon as a majority agrees on it.
+    /// each lease by majority.
     async fn renew_many(
         &self,
         requests: &[RenewRequest],
@@ -421,11 +408,9 @@ impl LeaseBackend for RedlockBackend {
         let mut renewed = vec![0usize; requests.len()];
         let mut lost = vec![0usize; requests.len()];
         let mut first_error: Vec<Option<BackendError>> = vec![None; requests.len()];
-        let mut answered = 0;
         self.gather(
             |node| node.renew_many(requests),
-            |_, results| {
-                answered += 1;
+            |results| {
                 for (i, result) in results.into_iter().enumerate().take(requests.len()) {
                     match result {
                         Ok(RenewOutcome::Renewed) => renewed[i] += 1,
@@ -435,12 +420,6 @@ impl LeaseBackend for RedlockBackend {
                         }
                     }
                 }
-                let left = total - answered;
-                (0..requests.len()).all(|i| {
-                    renewed[i] >= quorum
-                        || lost[i] >= quorum
-                        || (renewed[i] + left < quorum && lost[i] + left < quorum)
-                })
             },
         )
         .await;
