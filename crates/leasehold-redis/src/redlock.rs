@@ -301,6 +301,17 @@ pub struct NoQuorum {
     pub first_error: Option<BackendError>,
 }
 
+/// What the masters that hold a lease show of it, as one: the label and
+/// token of the copy with the largest token (the holder's token is the
+/// largest of its majority), and the shortest ttl left, so that a waiter
+/// does not sleep past the first copy's expiry.
+fn combine(held: Vec<LeaseInfo>) -> Option<LeaseInfo> {
+    let soonest = held.iter().filter_map(|info| info.ttl_left).min();
+    let mut info = held.into_iter().max_by_key(|info| info.fencing_token)?;
+    info.ttl_left = soonest;
+    Some(info)
+}
+
 fn no_quorum(op: &'static str, key: &LeaseKey, cause: NoQuorum) -> BackendError {
     BackendError::Unavailable {
         op,
@@ -317,30 +328,18 @@ impl LeaseBackend for RedlockBackend {
         let sent_at = Instant::now();
         let mut granted = 0;
         let mut token: Option<FencingToken> = None;
-        let mut held: Option<LeaseInfo> = None;
+        let mut held: Vec<LeaseInfo> = Vec::new();
         let mut first_error = None;
         self.gather(
             |node| node.try_acquire(request),
-            |result| {
-                match result {
-                    Ok(AcquireOutcome::Acquired(grant)) => {
-                        granted += 1;
-                        token = token.max(Some(grant.fencing_token));
-                    }
-                    Ok(AcquireOutcome::Held(info)) => {
-                        // Retry when the soonest of the holders' leases ends.
-                        let sooner = match (&held, info.ttl_left) {
-                            (Some(h), Some(left)) => h.ttl_left.is_none_or(|h| left < h),
-                            (None, _) => true,
-                            (Some(_), None) => false,
-                        };
-                        if sooner {
-                            held = Some(info);
-                        }
-                    }
-                    Err(err) => {
-                        first_error.get_or_insert(err);
-                    }
+            |result| match result {
+                Ok(AcquireOutcome::Acquired(grant)) => {
+                    granted += 1;
+                    token = token.max(Some(grant.fencing_token));
+                }
+                Ok(AcquireOutcome::Held(info)) => held.push(info),
+                Err(err) => {
+                    first_error.get_or_insert(err);
                 }
             },
         )
@@ -368,7 +367,7 @@ impl LeaseBackend for RedlockBackend {
             });
         }
         self.release_everywhere(&request.key, &request.holder).await;
-        match held {
+        match combine(held) {
             Some(info) => Ok(AcquireOutcome::Held(info)),
             None => Err(no_quorum(
                 OP,
@@ -512,7 +511,7 @@ impl LeaseBackend for RedlockBackend {
             }
         }
         if held.len() >= self.shared.quorum {
-            Ok(held.into_iter().max_by_key(|info| info.fencing_token))
+            Ok(combine(held))
         } else if free >= self.shared.quorum {
             Ok(None)
         } else {
