@@ -303,3 +303,75 @@ async fn a_write_too_few_replicas_acknowledge_fails_and_gives_the_lease_back() -
     );
     Ok(())
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_killed_master_hands_its_acknowledged_leases_to_its_replica() -> TestResult {
+    let mut cluster = RedisCluster::start(3, 1)?;
+    // Every acquisition and renewal waits for the one replica of its slot.
+    let backend = RedisBackend::builder(cluster.url())
+        .op_timeout(Duration::from_millis(500))
+        .wait_for_replicas(1, Duration::from_millis(300))
+        .connect()
+        .await?;
+    let manager = LeaseManager::new(backend)?;
+    let options = LeaseOptions::builder()
+        .ttl(ttl("10s"))
+        .renew_interval(Duration::from_millis(300))
+        .build()?;
+    let mut leases = Vec::new();
+    for i in 0..24 {
+        leases.push(manager.acquire(format!("killed-{i}"), &options).await?);
+    }
+    let slot = cluster.keyslot(&KeyLayout::default().lease(&LeaseKey::new("killed-0")?))?;
+    let victim = cluster.master_of_slot(slot)?;
+    let replica = cluster.replica_of(victim)?;
+    cluster.node_mut(victim).kill()?;
+    let killed_at = tokio::time::Instant::now();
+    let took = tokio::task::block_in_place(|| cluster.wait_until_healthy(Duration::from_secs(15)))?;
+    println!("SIGKILL of a cluster master: its replica took over after {took:?}");
+    assert_eq!(cluster.master_of_slot(slot)?, replica);
+    // The promoted replica has no replica of its own, so WAIT 1 cannot be
+    // met and renewals there stay unknown until the old master comes back
+    // (it rejoins as a replica, from its nodes.conf).
+    cluster.node_mut(victim).restart()?;
+    let rejoined =
+        tokio::task::block_in_place(|| cluster.wait_until_healthy(Duration::from_secs(15)))?;
+    println!("the old master rejoined as a replica after {rejoined:?}");
+    let counts: Vec<u32> = leases.iter().map(leasehold::Lease::renewals).collect();
+    let until = tokio::time::Instant::now() + Duration::from_secs(5);
+    while tokio::time::Instant::now() < until
+        && leases
+            .iter()
+            .zip(&counts)
+            .any(|(l, n)| l.loss_reason().is_none() && l.renewals() < n + 2)
+    {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    for (i, lease) in leases.iter().enumerate() {
+        assert_eq!(
+            lease.loss_reason(),
+            None,
+            "killed-{i}: an acknowledged lease was lost"
+        );
+        assert!(
+            lease.renewals() >= counts[i] + 2,
+            "killed-{i} stopped renewing without a signal"
+        );
+        let info = manager
+            .backend()
+            .inspect(lease.key())
+            .await?
+            .ok_or_else(|| format!("killed-{i} is gone from the server"))?;
+        assert_eq!(
+            info.fencing_token,
+            Some(lease.fencing_token()),
+            "killed-{i}"
+        );
+    }
+    println!(
+        "all {} leases renewing again {:?} after the kill",
+        leases.len(),
+        killed_at.elapsed()
+    );
+    Ok(())
+}

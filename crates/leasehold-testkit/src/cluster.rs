@@ -224,6 +224,20 @@ impl RedisCluster {
         self.wait_healthy(FAILOVER_TIMEOUT)
     }
 
+    /// Waits until every running, unpaused node reports `cluster_state:ok`
+    /// with every slot served and every node known, and (when all nodes run)
+    /// every replica's link is up: after killing a master, this is when its
+    /// replica has taken over.
+    ///
+    /// # Errors
+    ///
+    /// [`TestkitError::TopologyNotReady`] when that does not happen within `timeout`.
+    pub fn wait_until_healthy(&self, timeout: Duration) -> Result<Duration, TestkitError> {
+        let started = Instant::now();
+        self.wait_healthy(timeout)?;
+        Ok(started.elapsed())
+    }
+
     fn any_node(&self) -> Result<&RedisServer, TestkitError> {
         self.nodes
             .iter()
