@@ -263,3 +263,56 @@ async fn connecting_needs_a_majority_and_tolerates_a_minority_down() -> TestResu
     );
     Ok(())
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_renewal_is_lost_only_when_a_majority_says_so() -> TestResult {
+    let mut masters = independent_masters(3)?;
+    let backend = redlock(&masters).await?;
+    let ttl = Ttl::parse("5s")?;
+    let holder = HolderId::generate()?;
+    let layout = KeyLayout::default();
+    for name in ["gone-on-two", "gone-on-one"] {
+        let request = AcquireRequest::new(LeaseKey::new(name)?, holder, ttl);
+        let AcquireOutcome::Acquired(_) = backend.try_acquire(&request).await? else {
+            return Err(format!("{name} not acquired").into());
+        };
+    }
+    let renew = |name: &str| -> Result<leasehold::RenewRequest, leasehold::Error> {
+        Ok(leasehold::RenewRequest::new(
+            LeaseKey::new(name)?,
+            holder,
+            ttl,
+        ))
+    };
+    let stored = |name: &str| -> Result<String, leasehold::Error> {
+        Ok(layout.lease(&LeaseKey::new(name)?))
+    };
+
+    // Gone from one master: a majority still renews it.
+    masters[0].cli(&["DEL", &stored("gone-on-one")?])?;
+    assert_eq!(
+        backend.renew(&renew("gone-on-one")?).await?,
+        leasehold::RenewOutcome::Renewed
+    );
+    // Gone from two: a majority says Lost.
+    masters[0].cli(&["DEL", &stored("gone-on-two")?])?;
+    masters[1].cli(&["DEL", &stored("gone-on-two")?])?;
+    assert_eq!(
+        backend.renew(&renew("gone-on-two")?).await?,
+        leasehold::RenewOutcome::Lost
+    );
+    // Gone from one, another paused: one renewed, one lost, one silent —
+    // no majority either way, so the outcome is unknown (an error).
+    masters[1].pause()?;
+    let unknown = backend.renew(&renew("gone-on-one")?).await;
+    let err = unknown
+        .err()
+        .ok_or("a renewal without a majority was decided")?;
+    assert!(err.is_transient(), "{err:?}");
+    masters[1].resume()?;
+    assert_eq!(
+        backend.renew(&renew("gone-on-one")?).await?,
+        leasehold::RenewOutcome::Renewed
+    );
+    Ok(())
+}

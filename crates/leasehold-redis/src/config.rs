@@ -498,12 +498,39 @@ mod tests {
 
     #[test]
     fn builder_debug_shows_no_password() {
-        let builder = RedisBackend::builder("redis://app:hunter2@db:6379");
-        let shown = format!("{builder:?}");
-        assert!(
-            !shown.contains("hunter2") && shown.contains("app:***@db"),
-            "{shown}"
-        );
+        for url in [
+            "redis://app:hunter2@db:6379",
+            "redis+cluster://app:hunter2@db:7000,db2:7000",
+            "rediss+sentinel://app:hunter2@db:26379,db2:26379/mymaster",
+        ] {
+            let builder =
+                RedisBackend::builder(url).wait_for_replicas(1, Duration::from_millis(10));
+            let shown = format!("{builder:?}");
+            assert!(
+                !shown.contains("hunter2") && shown.contains("app:***@db"),
+                "{shown}"
+            );
+        }
+    }
+
+    #[tokio::test]
+    async fn topology_errors_do_not_show_the_password() {
+        for url in [
+            "redis+cluster://app:hunter2@127.0.0.1:1",
+            "redis+sentinel://app:hunter2@127.0.0.1:1/mymaster",
+        ] {
+            let err = RedisBackend::builder(url)
+                .connect_timeout(Duration::from_millis(200))
+                .connect()
+                .await
+                .err();
+            let shown = format!(
+                "{} {err:?}",
+                err.as_ref().map(ToString::to_string).unwrap_or_default()
+            );
+            assert!(matches!(err, Some(Error::Connect { .. })), "{url}: {shown}");
+            assert!(!shown.contains("hunter2"), "{shown}");
+        }
     }
 
     #[tokio::test]
