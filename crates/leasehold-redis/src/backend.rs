@@ -5,19 +5,24 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
+use std::collections::HashMap;
+
 use futures_util::future::join_all;
 use leasehold_core::{
     AcquireOutcome, AcquireRequest, BackendError, HolderId, LeaseBackend, LeaseInfo, LeaseKey,
     ReleaseOutcome, ReleaseWatch, RenewOutcome, RenewRequest,
 };
-use redis::aio::ConnectionManager;
-use redis::{RedisResult, ScriptInvocation, Value};
+use redis::RedisResult;
+use redis::Value;
+use redis::cluster_routing::Slot;
 use tokio::time::Instant;
 
+use crate::connection::{Conn, Reply, Wait};
 use crate::layout::KeyLayout;
 use crate::notices::Notices;
 use crate::reply::{self, Failure};
-use crate::scripts;
+use crate::scripts::{self, Call};
+use crate::url::Topology;
 
 /// A [`LeaseBackend`] on one standalone Redis server (or a primary with
 /// replicas that it does not fail over to).
@@ -43,21 +48,24 @@ pub struct RedisBackend {
 }
 
 struct Shared {
-    conn: ConnectionManager,
-    notices: Notices,
+    conn: Conn,
+    /// Release notices; standalone servers only, for now.
+    notices: Option<Notices>,
     layout: KeyLayout,
     op_timeout: Duration,
     /// The server, as it may be shown: a URL without its password, or an address.
     server: String,
+    wait: Option<Wait>,
 }
 
 impl RedisBackend {
     pub(crate) fn from_parts(
-        conn: ConnectionManager,
-        notices: Notices,
+        conn: Conn,
+        notices: Option<Notices>,
         layout: KeyLayout,
         op_timeout: Duration,
         server: String,
+        wait: Option<Wait>,
     ) -> Self {
         Self {
             shared: Arc::new(Shared {
@@ -66,8 +74,27 @@ impl RedisBackend {
                 layout,
                 op_timeout,
                 server,
+                wait,
             }),
         }
+    }
+
+    /// The kind of deployment this backend talks to.
+    #[must_use]
+    pub fn topology(&self) -> Topology {
+        match self.shared.conn {
+            Conn::Standalone(_) => Topology::Standalone,
+            Conn::Cluster(_) => Topology::Cluster,
+            Conn::Sentinel(_) => Topology::Sentinel,
+        }
+    }
+
+    /// The replica acknowledgement asked for after every acquisition and
+    /// renewal, as (replicas, timeout); see
+    /// [`RedisBackendBuilder::wait_for_replicas`](crate::RedisBackendBuilder::wait_for_replicas).
+    #[must_use]
+    pub fn replica_ack(&self) -> Option<(u32, Duration)> {
+        self.shared.wait.map(|w| (w.replicas, w.timeout))
     }
 
     /// The namespace every Redis key of this backend starts with.
@@ -110,21 +137,21 @@ impl RedisBackend {
     /// As for every operation: dropping the future leaves the effect unknown.
     pub async fn force_release(&self, key: &LeaseKey) -> Result<bool, BackendError> {
         const OP: &str = "force_release";
+        let lease = self.shared.layout.lease(key);
         let mut del = redis::cmd("DEL");
-        del.arg(self.shared.layout.lease(key));
-        let mut conn = self.shared.conn.clone();
+        del.arg(&lease);
         let reply = self
-            .bounded(del.query_async::<Value>(&mut conn))
+            .bounded(self.shared.conn.command(&del, &lease))
             .await
             .map_err(|f| f.for_key(OP, key))?;
         reply::deleted(&reply).map_err(|f| f.for_key(OP, key))
     }
 
     /// Runs a request under the op timeout.
-    async fn bounded(
+    async fn bounded<T>(
         &self,
-        request: impl Future<Output = RedisResult<Value>>,
-    ) -> Result<Value, Failure> {
+        request: impl Future<Output = RedisResult<T>>,
+    ) -> Result<T, Failure> {
         let limit = self.shared.op_timeout;
         match tokio::time::timeout(limit, request).await {
             Ok(Ok(reply)) => Ok(reply),
@@ -134,15 +161,41 @@ impl RedisBackend {
     }
 
     /// Runs a script (`EVALSHA`, loading it on `NOSCRIPT`) under the op timeout.
-    async fn eval(&self, call: &ScriptInvocation<'_>) -> Result<Value, Failure> {
-        let mut conn = self.shared.conn.clone();
-        self.bounded(call.invoke_async::<Value>(&mut conn)).await
+    async fn eval(&self, call: &Call) -> Result<Value, Failure> {
+        self.bounded(self.shared.conn.eval(call, None))
+            .await
+            .map(|reply| reply.value)
     }
 
-    /// One `renew.lua` call for at most [`scripts::RENEW_BATCH`] requests.
+    /// Runs a write script and, if configured, `WAIT`s for its replicas.
+    async fn eval_acked(&self, call: &Call) -> Result<Reply, Failure> {
+        self.bounded(self.shared.conn.eval(call, self.shared.wait))
+            .await
+    }
+
+    /// The failure of a write that too few replicas acknowledged, if so.
+    fn missing_ack(&self, reply: &Reply, extra: &str) -> Option<Failure> {
+        let wait = self.shared.wait?;
+        let acked = reply.acked?;
+        (acked < i64::from(wait.replicas)).then(|| {
+            Failure::NotAcknowledged(format!(
+                "only {acked} of {} replica(s) acknowledged the write within {:?} (WAIT){extra}; check the replicas' links, or lower the count",
+                wait.replicas, wait.timeout
+            ))
+        })
+    }
+
+    /// One `renew.lua` call for at most [`scripts::RENEW_BATCH`] requests,
+    /// all in one cluster slot.
     async fn renew_batch(&self, batch: &[RenewRequest]) -> Vec<Result<RenewOutcome, BackendError>> {
         let call = scripts::renew(&self.shared.layout, batch);
-        let outcomes = self.eval(&call).await;
+        let outcomes = self.eval_acked(&call).await.and_then(|reply| {
+            // An unacknowledged renewal is unknown: a failover could lose it.
+            match self.missing_ack(&reply, "") {
+                Some(failure) => Err(failure),
+                None => Ok(reply.value),
+            }
+        });
         match outcomes.and_then(|reply| reply::renewed(batch.len(), &reply)) {
             Ok(outcomes) => outcomes.into_iter().map(Ok).collect(),
             Err(failure) => batch
@@ -159,10 +212,21 @@ impl LeaseBackend for RedisBackend {
         let call = scripts::acquire(&self.shared.layout, request);
         let sent_at = Instant::now();
         let reply = self
-            .eval(&call)
+            .eval_acked(&call)
             .await
             .map_err(|f| f.for_key(OP, &request.key))?;
-        reply::acquired(request, sent_at, &reply).map_err(|f| f.for_key(OP, &request.key))
+        let outcome = reply::acquired(request, sent_at, &reply.value)
+            .map_err(|f| f.for_key(OP, &request.key))?;
+        if matches!(outcome, AcquireOutcome::Acquired(_))
+            && let Some(failure) = self.missing_ack(&reply, "; the lease was given back")
+        {
+            // A failover now could hand the lease to a second holder: give
+            // it back rather than hold it on a write that may be lost. If
+            // the release fails too, the lease runs out after its ttl.
+            let _ = self.release(&request.key, &request.holder).await;
+            return Err(failure.for_key(OP, &request.key));
+        }
+        Ok(outcome)
     }
 
     async fn renew(&self, request: &RenewRequest) -> Result<RenewOutcome, BackendError> {
@@ -178,17 +242,51 @@ impl LeaseBackend for RedisBackend {
         }
     }
 
-    /// Renews in one script call per 1000 leases;
-    /// the calls go out together on the multiplexed connection. A call that
-    /// fails gives its error to every request in it.
+    /// Renews in one script call per 1000 leases (in a cluster: per slot,
+    /// and per 1000 leases in a slot, since one script may only touch keys
+    /// of one slot); the calls go out together. A call that fails gives its
+    /// error to every request in it.
     async fn renew_many(
         &self,
         requests: &[RenewRequest],
     ) -> Vec<Result<RenewOutcome, BackendError>> {
-        let batches = requests
-            .chunks(scripts::RENEW_BATCH)
-            .map(|batch| self.renew_batch(batch));
-        join_all(batches).await.into_iter().flatten().collect()
+        if !self.shared.conn.is_cluster() {
+            let batches = requests
+                .chunks(scripts::RENEW_BATCH)
+                .map(|batch| self.renew_batch(batch));
+            return join_all(batches).await.into_iter().flatten().collect();
+        }
+        let groups = slot_groups(&self.shared.layout, requests);
+        let calls = groups.iter().flat_map(|indices| {
+            indices
+                .chunks(scripts::RENEW_BATCH)
+                .map(|chunk| async move {
+                    let batch: Vec<RenewRequest> =
+                        chunk.iter().map(|&i| requests[i].clone()).collect();
+                    (chunk, self.renew_batch(&batch).await)
+                })
+        });
+        let mut outcomes: Vec<Option<Result<RenewOutcome, BackendError>>> =
+            vec![None; requests.len()];
+        for (chunk, results) in join_all(calls).await {
+            for (&i, result) in chunk.iter().zip(results) {
+                outcomes[i] = Some(result);
+            }
+        }
+        outcomes
+            .into_iter()
+            .zip(requests)
+            .map(|(outcome, request)| {
+                // Every index is in exactly one group, so this is never None.
+                outcome.unwrap_or_else(|| {
+                    Err(BackendError::UnexpectedReply {
+                        op: "renew",
+                        key: request.key.as_str().to_owned(),
+                        detail: "no outcome for this renewal".to_owned(),
+                    })
+                })
+            })
+            .collect()
     }
 
     async fn release(
@@ -197,7 +295,8 @@ impl LeaseBackend for RedisBackend {
         holder: &HolderId,
     ) -> Result<ReleaseOutcome, BackendError> {
         const OP: &str = "release";
-        let call = scripts::release(&self.shared.layout, key, &holder.to_hex(), false);
+        let notify = self.shared.notices.is_some();
+        let call = scripts::release(&self.shared.layout, key, &holder.to_hex(), notify);
         let reply = self.eval(&call).await.map_err(|f| f.for_key(OP, key))?;
         reply::released(&reply).map_err(|f| f.for_key(OP, key))
     }
@@ -210,20 +309,41 @@ impl LeaseBackend for RedisBackend {
     }
 
     /// Subscribes to `P:released` on the backend's subscription connection,
-    /// opened on first use and shared by every waiter of every clone.
+    /// opened on first use and shared by every waiter of every clone. On
+    /// Cluster and Sentinel deployments there are no notices yet: waiters
+    /// poll, never past the holder's expiry.
     async fn watch_releases(&self, key: &LeaseKey) -> Result<ReleaseWatch, BackendError> {
-        self.shared
-            .notices
+        let Some(notices) = &self.shared.notices else {
+            return Ok(ReleaseWatch::unsupported());
+        };
+        notices
             .watch(self.shared.layout.released(key))
             .await
             .map_err(|f| f.for_key("watch_releases", key))
     }
 }
 
+/// The indices of `requests` grouped by the cluster slot of their lease,
+/// each group in request order, groups in order of first appearance.
+pub(crate) fn slot_groups(layout: &KeyLayout, requests: &[RenewRequest]) -> Vec<Vec<usize>> {
+    let mut by_slot: HashMap<Slot, usize> = HashMap::new();
+    let mut groups: Vec<Vec<usize>> = Vec::new();
+    for (i, request) in requests.iter().enumerate() {
+        let slot = Slot::for_key(layout.lease(&request.key));
+        let group = *by_slot.entry(slot).or_insert_with(|| {
+            groups.push(Vec::new());
+            groups.len() - 1
+        });
+        groups[group].push(i);
+    }
+    groups
+}
+
 impl fmt::Debug for RedisBackend {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("RedisBackend")
             .field("server", &self.shared.server)
+            .field("topology", &self.topology())
             .field("namespace", &self.namespace())
             .field("op_timeout", &self.shared.op_timeout)
             .finish_non_exhaustive()

@@ -8,8 +8,13 @@ use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::io::tcp::TcpSettings;
 use redis::{Client, ConnectionAddr, IntoConnectionInfo};
 
+use redis::cluster::ClusterClientBuilder;
+use redis::sentinel::{SentinelClient, SentinelNodeConnectionInfo, SentinelServerType};
+
+use crate::connection::{Conn, SentinelConn, Wait};
 use crate::layout::KeyLayout;
 use crate::notices::Notices;
+use crate::url::{Endpoint, Kind};
 use crate::{Error, RedisBackend, redact};
 
 /// Settings for a [`RedisBackend`], made by [`RedisBackend::builder`] or
@@ -34,6 +39,7 @@ pub struct RedisBackendBuilder {
     op_timeout: Duration,
     connect_timeout: Duration,
     namespace: String,
+    wait: Option<Wait>,
 }
 
 enum Target {
@@ -75,7 +81,26 @@ impl RedisBackendBuilder {
             op_timeout: Self::DEFAULT_OP_TIMEOUT,
             connect_timeout: Self::DEFAULT_CONNECT_TIMEOUT,
             namespace: KeyLayout::DEFAULT_NAMESPACE.to_owned(),
+            wait: None,
         }
+    }
+
+    /// After every acquisition and renewal, waits (`WAIT replicas timeout`,
+    /// on the same connection; in a cluster, on the node of the lease's
+    /// slot) until at least `replicas` replicas have the write.
+    ///
+    /// A missing acknowledgement makes an acquisition fail (the lease is
+    /// given back, and the error is transient, so the watchdog retries) and
+    /// a renewal's outcome unknown (an error, which the watchdog retries
+    /// until the lease's deadline). This narrows the window in which a
+    /// failover right after a write hands the lease to a second holder; it
+    /// is not consensus: an acknowledged write can still be lost if the
+    /// replica that has it is not the one promoted. Default: off. `replicas`
+    /// must be at least 1; the timeout 1 ms to 10 min, and well below the op
+    /// timeout, which bounds the whole call.
+    pub fn wait_for_replicas(mut self, replicas: u32, timeout: Duration) -> Self {
+        self.wait = Some(Wait { replicas, timeout });
+        self
     }
 
     /// The longest any one operation may take, from sending the request to
@@ -111,6 +136,10 @@ impl RedisBackendBuilder {
 
     /// Checks the settings, connects, and returns the backend.
     ///
+    /// For a cluster URL this connects to the seed nodes and reads the
+    /// slot map; for a sentinel URL it asks the sentinels for the master
+    /// and checks that it says it is one.
+    ///
     /// # Errors
     ///
     /// - [`Error::InvalidConfig`] when a setting is out of range;
@@ -123,12 +152,60 @@ impl RedisBackendBuilder {
     /// Dropping the future abandons the connection attempt; nothing is left
     /// running.
     pub async fn connect(self) -> Result<RedisBackend, Error> {
+        self.connect_with(false).await
+    }
+
+    /// `connect`, or with `lazy`, a standalone backend that makes its first
+    /// connection on its first call (for Redlock, whose nodes may be down
+    /// at start).
+    pub(crate) async fn connect_with(mut self, lazy: bool) -> Result<RedisBackend, Error> {
         let layout = KeyLayout::new(&self.namespace)?;
         check_timeout("op_timeout", self.op_timeout)?;
         check_timeout("connect_timeout", self.connect_timeout)?;
+        if let Some(wait) = self.wait {
+            check_timeout("wait_for_replicas timeout", wait.timeout)?;
+            if wait.replicas == 0 {
+                return Err(Error::InvalidConfig {
+                    field: "wait_for_replicas",
+                    reason: "0 replicas would acknowledge every write; ask for at least 1, or leave it off".to_owned(),
+                });
+            }
+        }
         let shown = self.target.shown();
-        let client = match self.target {
-            Target::Url(url) => client_for_url(&url)?,
+        let target = std::mem::replace(&mut self.target, Target::Url(String::new()));
+        let client = match target {
+            Target::Url(url) => match Endpoint::parse(&url)?.kind {
+                Kind::Standalone(checked) => client_for_url(&checked)?,
+                Kind::Cluster(nodes) => {
+                    let conn = self.connect_cluster(nodes, &shown).await?;
+                    return Ok(RedisBackend::from_parts(
+                        conn,
+                        None,
+                        layout,
+                        self.op_timeout,
+                        shown,
+                        self.wait,
+                    ));
+                }
+                Kind::Sentinel {
+                    sentinels,
+                    master,
+                    master_info,
+                    tls,
+                } => {
+                    let conn = self
+                        .connect_sentinel(sentinels, master, master_info, tls, &shown)
+                        .await?;
+                    return Ok(RedisBackend::from_parts(
+                        conn,
+                        None,
+                        layout,
+                        self.op_timeout,
+                        shown,
+                        self.wait,
+                    ));
+                }
+            },
             Target::Client(client) => *client,
         };
         if matches!(
@@ -144,15 +221,39 @@ impl RedisBackendBuilder {
             .set_min_delay(RECONNECT_MIN_DELAY)
             .set_max_delay(RECONNECT_MAX_DELAY);
         let notices = Notices::new(&client, self.connect_timeout, self.op_timeout);
-        let connecting = ConnectionManager::new_with_config(client, config);
-        let conn = match tokio::time::timeout(self.connect_timeout, connecting).await {
-            Ok(Ok(conn)) => conn,
-            Ok(Err(source)) => {
-                return Err(Error::Connect {
-                    url_redacted: shown,
+        let conn = if lazy {
+            ConnectionManager::new_lazy_with_config(client, config).map_err(|source| {
+                Error::Connect {
+                    url_redacted: shown.clone(),
                     source,
-                });
-            }
+                }
+            })?
+        } else {
+            let connecting = ConnectionManager::new_with_config(client, config);
+            self.bounded_connect(connecting, &shown).await?
+        };
+        Ok(RedisBackend::from_parts(
+            Conn::Standalone(conn),
+            Some(notices),
+            layout,
+            self.op_timeout,
+            shown,
+            self.wait,
+        ))
+    }
+
+    /// Waits for a connection within the connect timeout.
+    async fn bounded_connect<T>(
+        &self,
+        connecting: impl std::future::Future<Output = redis::RedisResult<T>>,
+        shown: &str,
+    ) -> Result<T, Error> {
+        match tokio::time::timeout(self.connect_timeout, connecting).await {
+            Ok(Ok(conn)) => Ok(conn),
+            Ok(Err(source)) => Err(Error::Connect {
+                url_redacted: shown.to_owned(),
+                source,
+            }),
             Err(_) => {
                 let waited = std::io::Error::new(
                     std::io::ErrorKind::TimedOut,
@@ -161,21 +262,81 @@ impl RedisBackendBuilder {
                         self.connect_timeout
                     ),
                 );
-                return Err(Error::Connect {
-                    url_redacted: shown,
+                Err(Error::Connect {
+                    url_redacted: shown.to_owned(),
                     source: waited.into(),
-                });
+                })
             }
-        };
-        Ok(RedisBackend::from_parts(
-            conn,
-            notices,
-            layout,
-            self.op_timeout,
-            shown,
-        ))
+        }
+    }
+
+    async fn connect_cluster(
+        &self,
+        nodes: Vec<redis::ConnectionInfo>,
+        shown: &str,
+    ) -> Result<Conn, Error> {
+        if nodes
+            .iter()
+            .any(|n| matches!(n.addr(), ConnectionAddr::TcpTls { .. }))
+        {
+            ensure_crypto_provider();
+        }
+        let client = ClusterClientBuilder::new(nodes)
+            .connection_timeout(self.connect_timeout)
+            .response_timeout(self.op_timeout)
+            // Requests are bounded by the op timeout; retries (after MOVED,
+            // ASK, TRYAGAIN or a broken connection) happen within it.
+            .retries(CLUSTER_RETRIES)
+            .min_retry_wait(CLUSTER_MIN_RETRY_WAIT_MS)
+            .max_retry_wait(CLUSTER_MAX_RETRY_WAIT_MS)
+            .build()
+            .map_err(|e| Error::InvalidUrl {
+                url_redacted: shown.to_owned(),
+                reason: e.to_string(),
+            })?;
+        let conn = self
+            .bounded_connect(client.get_async_connection(), shown)
+            .await?;
+        Ok(Conn::Cluster(conn))
+    }
+
+    async fn connect_sentinel(
+        &self,
+        sentinels: Vec<redis::ConnectionInfo>,
+        master: String,
+        master_info: redis::RedisConnectionInfo,
+        tls: bool,
+        shown: &str,
+    ) -> Result<Conn, Error> {
+        let mut node = SentinelNodeConnectionInfo::default()
+            .set_redis_connection_info(master_info)
+            .set_tcp_settings(TcpSettings::default().set_nodelay(true));
+        if tls {
+            ensure_crypto_provider();
+            node = node.set_tls_mode(redis::TlsMode::Secure);
+        }
+        let client =
+            SentinelClient::build(sentinels, master, Some(node), SentinelServerType::Master)
+                .map_err(|e| Error::InvalidUrl {
+                    url_redacted: shown.to_owned(),
+                    reason: e.to_string(),
+                })?;
+        let config = redis::AsyncConnectionConfig::new()
+            .set_connection_timeout(Some(self.connect_timeout))
+            .set_response_timeout(Some(self.op_timeout));
+        let conn = std::sync::Arc::new(SentinelConn::new(client, config));
+        self.bounded_connect(conn.current(), shown).await?;
+        Ok(Conn::Sentinel(conn))
     }
 }
+
+/// How often the cluster client retries a request (after a redirection or
+/// a broken connection) before giving up, and how long it waits in between.
+const CLUSTER_RETRIES: u32 = 6;
+const CLUSTER_MIN_RETRY_WAIT_MS: u64 = 10;
+const CLUSTER_MAX_RETRY_WAIT_MS: u64 = 200;
+
+impl RedisBackendBuilder {}
 
 impl fmt::Debug for RedisBackendBuilder {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -184,17 +345,28 @@ impl fmt::Debug for RedisBackendBuilder {
             .field("op_timeout", &self.op_timeout)
             .field("connect_timeout", &self.connect_timeout)
             .field("namespace", &self.namespace)
+            .field("wait", &self.wait)
             .finish()
     }
 }
 
 impl RedisBackend {
-    /// Starts configuring a backend for the standalone server at `url`:
-    /// `redis://[[user]:password@]host[:port][/db]`, `rediss://…` for TLS
-    /// (with the `tls` feature, on by default; append `#insecure` to skip
-    /// certificate checks, with the `tls-insecure` feature), or
-    /// `redis+unix:///path/to/socket?db=0&user=u&pass=p`. Add
-    /// `?protocol=resp3` for RESP3.
+    /// Starts configuring a backend for `url`: a standalone server
+    /// (`redis://[[user]:password@]host[:port][/db]`, `rediss://…` for TLS
+    /// with the `tls` feature, on by default — append `#insecure` to skip
+    /// certificate checks, with the `tls-insecure` feature — or
+    /// `redis+unix:///path/to/socket?db=0&user=u&pass=p`), a Redis Cluster
+    /// (`redis+cluster://host:port,host:port`), or a Sentinel-monitored
+    /// master (`redis+sentinel://host:port,host:port/master-name`). Add
+    /// `?protocol=resp3` for RESP3. See [`Endpoint`] for every form.
+    ///
+    /// ```no_run
+    /// use leasehold_redis::RedisBackend;
+    /// # async fn run() -> Result<(), leasehold_redis::Error> {
+    /// let cluster = RedisBackend::connect("redis+cluster://10.0.0.1:7000,10.0.0.2:7000").await?;
+    /// let sentinel = RedisBackend::connect("redis+sentinel://10.0.0.1:26379,10.0.0.2:26379/mymaster").await?;
+    /// # Ok(()) }
+    /// ```
     pub fn builder(url: impl Into<String>) -> RedisBackendBuilder {
         RedisBackendBuilder::new(Target::Url(url.into()))
     }
@@ -231,7 +403,7 @@ fn check_timeout(field: &'static str, timeout: Duration) -> Result<(), Error> {
 
 /// Checks a URL and turns it into a client, with `TCP_NODELAY` on (leases
 /// are small requests that should not wait for more to send).
-fn client_for_url(url: &str) -> Result<Client, Error> {
+pub(crate) fn client_for_url(url: &str) -> Result<Client, Error> {
     let invalid = |reason: String| Error::InvalidUrl {
         url_redacted: redact(url),
         reason,
@@ -331,12 +503,39 @@ mod tests {
 
     #[test]
     fn builder_debug_shows_no_password() {
-        let builder = RedisBackend::builder("redis://app:hunter2@db:6379");
-        let shown = format!("{builder:?}");
-        assert!(
-            !shown.contains("hunter2") && shown.contains("app:***@db"),
-            "{shown}"
-        );
+        for url in [
+            "redis://app:hunter2@db:6379",
+            "redis+cluster://app:hunter2@db:7000,db2:7000",
+            "rediss+sentinel://app:hunter2@db:26379,db2:26379/mymaster",
+        ] {
+            let builder =
+                RedisBackend::builder(url).wait_for_replicas(1, Duration::from_millis(10));
+            let shown = format!("{builder:?}");
+            assert!(
+                !shown.contains("hunter2") && shown.contains("app:***@db"),
+                "{shown}"
+            );
+        }
+    }
+
+    #[tokio::test]
+    async fn topology_errors_do_not_show_the_password() {
+        for url in [
+            "redis+cluster://app:hunter2@127.0.0.1:1",
+            "redis+sentinel://app:hunter2@127.0.0.1:1/mymaster",
+        ] {
+            let err = RedisBackend::builder(url)
+                .connect_timeout(Duration::from_millis(200))
+                .connect()
+                .await
+                .err();
+            let shown = format!(
+                "{} {err:?}",
+                err.as_ref().map(ToString::to_string).unwrap_or_default()
+            );
+            assert!(matches!(err, Some(Error::Connect { .. })), "{url}: {shown}");
+            assert!(!shown.contains("hunter2"), "{shown}");
+        }
     }
 
     #[tokio::test]

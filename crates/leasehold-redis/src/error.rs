@@ -29,6 +29,21 @@ pub enum Error {
         #[source]
         source: redis::RedisError,
     },
+    /// Too few Redlock masters could be reached to ever form a majority.
+    #[error(
+        "only {reached} of {total} Redlock masters could be reached, and {needed} are needed; check that a majority of the masters is running and reachable"
+    )]
+    NoQuorum {
+        /// How many masters answered.
+        reached: usize,
+        /// How many must answer: a majority.
+        needed: usize,
+        /// How many masters were given.
+        total: usize,
+        /// The first master's connection failure.
+        #[source]
+        source: Box<Error>,
+    },
     /// A builder setting is out of range.
     #[error("invalid {field}: {reason}")]
     InvalidConfig {

@@ -2,7 +2,8 @@
 //!
 //! [`RedisBackend`] implements [`leasehold_core::LeaseBackend`] on a
 //! standalone Redis server (`redis://`, `rediss://` with the default `tls`
-//! feature, `redis+unix://`). Every operation is one Lua script, run
+//! feature, `redis+unix://`), a Redis Cluster or a Sentinel-monitored
+//! master; [`RedlockBackend`] on N independent masters. Every operation is one Lua script, run
 //! atomically by the server:
 //!
 //! | operation      | script        | what the server does                                                   |
@@ -89,18 +90,37 @@
 //!
 //! # Topologies
 //!
-//! This release has the standalone backend. Sentinel, Cluster and Redlock
-//! backends will sit beside it in their own modules, sharing the key layout
-//! ([`KeyLayout`]), the scripts and the reply handling, which do not depend
-//! on how the connection is made.
+//! The same backend talks to a standalone server, a Redis Cluster
+//! (`redis+cluster://h1:7000,h2:7000`) or a Sentinel-monitored master
+//! (`redis+sentinel://h1:26379,h2:26379/mymaster`), chosen by the
+//! connection string ([`Endpoint`] lists every form).
+//! [`RedlockBackend`] holds leases on a majority of N independent masters.
+//! In a cluster, `renew_many` sends one script call per slot, all at once.
+//! [`RedisBackendBuilder::wait_for_replicas`] adds a `WAIT` after every
+//! write. `docs/topologies.md` states each topology's guarantees and limits.
+//!
+//! ```no_run
+//! use leasehold_redis::{RedisBackend, RedlockBackend};
+//!
+//! # async fn run() -> Result<(), leasehold_redis::Error> {
+//! let cluster = RedisBackend::connect("redis+cluster://10.0.0.1:7000,10.0.0.2:7000").await?;
+//! let sentinel = RedisBackend::connect("redis+sentinel://10.0.0.1:26379,10.0.0.2:26379/mymaster").await?;
+//! let redlock = RedlockBackend::builder(["redis://10.0.0.1", "redis://10.0.0.2", "redis://10.0.0.3"])
+//!     .connect()
+//!     .await?;
+//! # Ok(()) }
+//! ```
 
 mod backend;
 mod config;
+mod connection;
 mod error;
 mod layout;
 mod notices;
+mod redlock;
 mod reply;
 mod scripts;
+mod url;
 
 pub use backend::RedisBackend;
 pub use config::RedisBackendBuilder;
@@ -110,3 +130,5 @@ pub use layout::KeyLayout;
 /// [`RedisBackend::builder_for_client`] (TLS certificates, credentials
 /// from a secret store, TCP options).
 pub use redis;
+pub use redlock::{NoQuorum, RedlockBackend, RedlockBuilder};
+pub use url::{Endpoint, Topology};

@@ -25,6 +25,8 @@ pub(crate) enum Failure {
     Redis(Arc<RedisError>),
     /// The reply had a shape the script never produces.
     Unexpected(String),
+    /// Fewer replicas than asked for acknowledged the write.
+    NotAcknowledged(String),
 }
 
 impl Failure {
@@ -52,6 +54,13 @@ impl Failure {
                 detail: detail.clone(),
             },
             Self::Redis(err) => redis_error(op, key, err),
+            Self::NotAcknowledged(detail) => BackendError::Server {
+                op,
+                key,
+                detail: detail.clone(),
+                // Replicas catch up or come back: a later call may succeed.
+                transient: true,
+            },
         }
     }
 }

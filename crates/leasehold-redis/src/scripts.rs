@@ -1,41 +1,111 @@
 //! The Lua scripts, one per atomic operation, and how their calls are built.
 //!
 //! Each script is built once (its SHA-1 computed once) into a static and
-//! called with `EVALSHA`; [`redis::ScriptInvocation::invoke_async`] loads it
-//! and retries when the server answers `NOSCRIPT` (after a restart, a
-//! failover or `SCRIPT FLUSH`). The calls here only name keys and
+//! called with `EVALSHA`; the connection loads it and retries when the
+//! server answers `NOSCRIPT` (after a restart, a failover or `SCRIPT
+//! FLUSH`), on the node that answered, so that a down node elsewhere in a
+//! cluster does not fail the load. The calls here only name keys and
 //! arguments, so every topology can send them over its own connection.
 
 use std::sync::LazyLock;
 
 use leasehold_core::{AcquireRequest, LeaseKey, RenewRequest};
-use redis::{Script, ScriptInvocation};
+use redis::{Cmd, Script};
+
+/// A script's source and its SHA-1, computed once.
+pub(crate) struct Lua {
+    source: &'static str,
+    script: Script,
+}
+
+impl Lua {
+    fn new(source: &'static str) -> Self {
+        Self {
+            source,
+            script: Script::new(source),
+        }
+    }
+
+    /// The SHA-1 that `EVALSHA` names the script by.
+    pub(crate) fn get_hash(&self) -> &str {
+        self.script.get_hash()
+    }
+}
+
+/// One script call: the script, its KEYS and its ARGV.
+pub(crate) struct Call {
+    script: &'static Lua,
+    keys: Vec<String>,
+    args: Vec<String>,
+}
+
+impl Call {
+    fn new(script: &'static Lua) -> Self {
+        Self {
+            script,
+            keys: Vec::new(),
+            args: Vec::new(),
+        }
+    }
+
+    fn key(&mut self, key: String) -> &mut Self {
+        self.keys.push(key);
+        self
+    }
+
+    fn arg(&mut self, arg: impl ToString) -> &mut Self {
+        self.args.push(arg.to_string());
+        self
+    }
+
+    /// The first key: in a cluster, the call goes to the node of its slot.
+    pub(crate) fn first_key(&self) -> &str {
+        self.keys.first().map_or("", String::as_str)
+    }
+
+    /// `EVALSHA sha numkeys KEYS… ARGV…`.
+    pub(crate) fn evalsha(&self) -> Cmd {
+        let mut cmd = redis::cmd("EVALSHA");
+        cmd.arg(self.script.get_hash())
+            .arg(self.keys.len())
+            .arg(&self.keys)
+            .arg(&self.args);
+        cmd
+    }
+
+    /// `SCRIPT LOAD source`, for a server that answered `NOSCRIPT`.
+    pub(crate) fn load(&self) -> Cmd {
+        let mut cmd = redis::cmd("SCRIPT");
+        cmd.arg("LOAD").arg(self.script.source);
+        cmd
+    }
+}
 
 use crate::layout::KeyLayout;
 
 /// Takes a free lease or refreshes our own; see `scripts/acquire.lua`.
-pub(crate) static ACQUIRE: LazyLock<Script> =
-    LazyLock::new(|| Script::new(include_str!("scripts/acquire.lua")));
+pub(crate) static ACQUIRE: LazyLock<Lua> =
+    LazyLock::new(|| Lua::new(include_str!("scripts/acquire.lua")));
 
 /// Compare-and-pexpire for a batch of leases; see `scripts/renew.lua`.
-pub(crate) static RENEW: LazyLock<Script> =
-    LazyLock::new(|| Script::new(include_str!("scripts/renew.lua")));
+pub(crate) static RENEW: LazyLock<Lua> =
+    LazyLock::new(|| Lua::new(include_str!("scripts/renew.lua")));
 
 /// Compare-and-delete; see `scripts/release.lua`.
-pub(crate) static RELEASE: LazyLock<Script> =
-    LazyLock::new(|| Script::new(include_str!("scripts/release.lua")));
+pub(crate) static RELEASE: LazyLock<Lua> =
+    LazyLock::new(|| Lua::new(include_str!("scripts/release.lua")));
 
 /// Reads a lease; see `scripts/inspect.lua`.
-pub(crate) static INSPECT: LazyLock<Script> =
-    LazyLock::new(|| Script::new(include_str!("scripts/inspect.lua")));
+pub(crate) static INSPECT: LazyLock<Lua> =
+    LazyLock::new(|| Lua::new(include_str!("scripts/inspect.lua")));
 
 /// The most renewals sent in one script call: bounds how long one call keeps
 /// the (single-threaded) server busy and how large one request grows.
 pub(crate) const RENEW_BATCH: usize = 1000;
 
 /// `acquire.lua` for `request`.
-pub(crate) fn acquire(layout: &KeyLayout, request: &AcquireRequest) -> ScriptInvocation<'static> {
-    let mut call = ACQUIRE.prepare_invoke();
+pub(crate) fn acquire(layout: &KeyLayout, request: &AcquireRequest) -> Call {
+    let mut call = Call::new(&ACQUIRE);
     call.key(layout.lease(&request.key))
         .key(layout.fence(&request.key))
         .arg(request.holder.to_hex())
@@ -45,8 +115,8 @@ pub(crate) fn acquire(layout: &KeyLayout, request: &AcquireRequest) -> ScriptInv
 }
 
 /// `renew.lua` for a batch of at most [`RENEW_BATCH`] requests.
-pub(crate) fn renew(layout: &KeyLayout, requests: &[RenewRequest]) -> ScriptInvocation<'static> {
-    let mut call = RENEW.prepare_invoke();
+pub(crate) fn renew(layout: &KeyLayout, requests: &[RenewRequest]) -> Call {
+    let mut call = Call::new(&RENEW);
     for request in requests {
         call.key(layout.lease(&request.key))
             .arg(request.holder.to_hex())
@@ -57,25 +127,21 @@ pub(crate) fn renew(layout: &KeyLayout, requests: &[RenewRequest]) -> ScriptInvo
 
 /// `release.lua` for `key` and `holder_hex`.
 ///
-/// The release is announced on `P:released` with `PUBLISH`, or `SPUBLISH`
-/// when `sharded` (Redis Cluster: the notice stays on the lease's shard).
-pub(crate) fn release(
-    layout: &KeyLayout,
-    key: &LeaseKey,
-    holder_hex: &str,
-    sharded: bool,
-) -> ScriptInvocation<'static> {
-    let mut call = RELEASE.prepare_invoke();
-    call.key(layout.lease(key))
-        .arg(holder_hex)
-        .arg(layout.released(key))
-        .arg(if sharded { "SPUBLISH" } else { "PUBLISH" });
+/// With `notify`, the release is announced on `P:released` with `PUBLISH`,
+/// for waiters subscribed to it; without, nothing is published.
+pub(crate) fn release(layout: &KeyLayout, key: &LeaseKey, holder_hex: &str, notify: bool) -> Call {
+    let mut call = Call::new(&RELEASE);
+    call.key(layout.lease(key)).arg(holder_hex).arg(if notify {
+        layout.released(key)
+    } else {
+        String::new()
+    });
     call
 }
 
 /// `inspect.lua` for `key`.
-pub(crate) fn inspect(layout: &KeyLayout, key: &LeaseKey) -> ScriptInvocation<'static> {
-    let mut call = INSPECT.prepare_invoke();
+pub(crate) fn inspect(layout: &KeyLayout, key: &LeaseKey) -> Call {
+    let mut call = Call::new(&INSPECT);
     call.key(layout.lease(key));
     call
 }

@@ -27,26 +27,49 @@ pub fn redis_server_binary() -> Result<PathBuf, TestkitError> {
     find(env::var_os(REDIS_SERVER_ENV), env::var_os("PATH"))
 }
 
+/// Environment variable that overrides where `redis-cli` is looked for,
+/// with the same rules as [`REDIS_SERVER_ENV`].
+pub const REDIS_CLI_ENV: &str = "LEASEHOLD_REDIS_CLI";
+
+/// Locates the `redis-cli` executable, which creates clusters
+/// (`redis-cli --cluster create`).
+///
+/// Honours [`REDIS_CLI_ENV`] (`LEASEHOLD_REDIS_CLI`) as
+/// [`redis_server_binary`] honours its variable; otherwise searches `PATH`.
+///
+/// # Errors
+///
+/// [`TestkitError::CliNotInstalled`], whose message explains how to install it.
+pub fn redis_cli_binary() -> Result<PathBuf, TestkitError> {
+    locate("redis-cli", env::var_os(REDIS_CLI_ENV), env::var_os("PATH"))
+        .ok_or(TestkitError::CliNotInstalled)
+}
+
 /// The logic of [`redis_server_binary`] with the environment passed in.
 pub(crate) fn find(
     override_value: Option<OsString>,
     path_var: Option<OsString>,
 ) -> Result<PathBuf, TestkitError> {
+    locate("redis-server", override_value, path_var).ok_or(TestkitError::NotInstalled)
+}
+
+/// Finds `default_name`, or the override, as described on [`redis_server_binary`].
+fn locate(
+    default_name: &str,
+    override_value: Option<OsString>,
+    path_var: Option<OsString>,
+) -> Option<PathBuf> {
     let name = match override_value.filter(|value| !value.is_empty()) {
         Some(value) => {
             let candidate = PathBuf::from(&value);
             if candidate.components().count() > 1 || candidate.is_absolute() {
-                return if is_executable(&candidate) {
-                    Ok(candidate)
-                } else {
-                    Err(TestkitError::NotInstalled)
-                };
+                return is_executable(&candidate).then_some(candidate);
             }
             value
         }
-        None => OsString::from("redis-server"),
+        None => OsString::from(default_name),
     };
-    search_path(&name, path_var.as_deref()).ok_or(TestkitError::NotInstalled)
+    search_path(&name, path_var.as_deref())
 }
 
 fn search_path(name: &OsStr, path_var: Option<&OsStr>) -> Option<PathBuf> {
@@ -76,6 +99,13 @@ mod tests {
         assert!(matches!(err, Err(TestkitError::NotInstalled)), "{err:?}");
         let message = err.map(|_| String::new()).unwrap_or_else(|e| e.to_string());
         assert_eq!(message, HINT);
+    }
+
+    #[test]
+    fn missing_cli_is_reported_as_such() {
+        assert_eq!(locate("redis-cli", None, Some("".into())), None);
+        let message = TestkitError::CliNotInstalled.to_string();
+        assert!(message.contains("redis-tools"), "{message}");
     }
 
     #[test]

@@ -17,6 +17,33 @@ pub enum TestkitError {
     )]
     NotInstalled,
 
+    /// No usable `redis-cli` binary, which clusters are created with.
+    #[error(
+        "redis-cli was not found on PATH; install it with `apt-get install -y redis-tools` \
+         (Debian/Ubuntu) or `brew install redis`, or set LEASEHOLD_REDIS_CLI"
+    )]
+    CliNotInstalled,
+
+    /// A topology (cluster, sentinels) did not reach the expected state in time.
+    #[error("the {topology} did not become ready within {after:?}: {detail}")]
+    TopologyNotReady {
+        /// `"cluster"` or `"sentinel set"`.
+        topology: &'static str,
+        /// How long the testkit waited.
+        after: Duration,
+        /// The condition that was not met, and what was last seen.
+        detail: String,
+    },
+
+    /// `redis-cli --cluster create` failed.
+    #[error("redis-cli --cluster create failed with {status}; its output:\n{output}")]
+    ClusterCreate {
+        /// The exit status of redis-cli.
+        status: ExitStatus,
+        /// What it printed (stdout and stderr).
+        output: String,
+    },
+
     /// The `redis-server` process could not be spawned.
     #[error("could not spawn {}: {source}", binary.display())]
     Spawn {

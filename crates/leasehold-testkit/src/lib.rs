@@ -9,6 +9,11 @@
 //! built-in RESP2 client, so `redis-cli` is not needed. Dropping the server
 //! kills it and removes its directory.
 //!
+//! Topologies: [`RedisCluster`] (N masters with optional replicas, made
+//! with `redis-cli --cluster create`), [`SentinelSet`] (a master, a replica
+//! and three sentinels) and [`independent_masters`] (for Redlock). They
+//! poll for readiness rather than sleep, and report their setup time.
+//!
 //! All calls are synchronous and short, and work inside `#[tokio::test]`.
 //! The binary is found on `PATH` or through `LEASEHOLD_REDIS_SERVER`; see
 //! [`redis_server_binary`]. Unix only.
@@ -31,10 +36,16 @@
 //! ```
 
 mod binary;
+mod cluster;
 mod error;
+mod masters;
 mod resp;
+mod sentinel;
 mod server;
 
-pub use binary::{REDIS_SERVER_ENV, redis_server_binary};
+pub use binary::{REDIS_CLI_ENV, REDIS_SERVER_ENV, redis_cli_binary, redis_server_binary};
+pub use cluster::RedisCluster;
 pub use error::TestkitError;
+pub use masters::independent_masters;
+pub use sentinel::{MASTER_NAME, SentinelSet};
 pub use server::{RedisServer, ServerBuilder, free_port};

@@ -66,6 +66,7 @@ pub struct ServerBuilder {
     appendonly: Option<bool>,
     args: Vec<String>,
     port: Option<u16>,
+    config_file: Option<PathBuf>,
 }
 
 impl ServerBuilder {
@@ -101,6 +102,16 @@ impl ServerBuilder {
         self
     }
 
+    /// Passes a configuration file as the first argument (the testkit's own
+    /// arguments still follow and override it). A sentinel needs one, and
+    /// must be able to rewrite it.
+    ///
+    /// Default: none.
+    pub fn config_file(mut self, path: impl Into<PathBuf>) -> Self {
+        self.config_file = Some(path.into());
+        self
+    }
+
     /// Spawns the server in a new temporary directory and waits until it
     /// answers `PING` (at most 5 s).
     ///
@@ -121,6 +132,7 @@ impl ServerBuilder {
             port: self.port.unwrap_or(0),
             appendonly: self.appendonly,
             args: self.args,
+            config_file: self.config_file,
             password,
             child: None,
             paused: false,
@@ -183,6 +195,7 @@ pub struct RedisServer {
     port: u16,
     appendonly: Option<bool>,
     args: Vec<String>,
+    config_file: Option<PathBuf>,
     password: Option<String>,
     child: Option<Child>,
     paused: bool,
@@ -406,25 +419,31 @@ impl RedisServer {
     fn command_args(&self) -> Vec<String> {
         let dir = self.dir.path().to_string_lossy().into_owned();
         let log = self.log_path().to_string_lossy().into_owned();
-        let mut args: Vec<String> = [
-            "--port",
-            &self.port.to_string(),
-            "--bind",
-            "127.0.0.1",
-            "--save",
-            "",
-            "--dir",
-            &dir,
-            "--logfile",
-            &log,
-            "--protected-mode",
-            "no",
-            "--enable-debug-command",
-            "local",
-        ]
-        .iter()
-        .map(|arg| (*arg).to_owned())
-        .collect();
+        let config = self
+            .config_file
+            .iter()
+            .map(|path| path.to_string_lossy().into_owned());
+        let mut args: Vec<String> = config.collect();
+        args.extend(
+            [
+                "--port",
+                &self.port.to_string(),
+                "--bind",
+                "127.0.0.1",
+                "--save",
+                "",
+                "--dir",
+                &dir,
+                "--logfile",
+                &log,
+                "--protected-mode",
+                "no",
+                "--enable-debug-command",
+                "local",
+            ]
+            .iter()
+            .map(|arg| (*arg).to_owned()),
+        );
         match self.appendonly {
             None => args.extend(["--appendonly".into(), "no".into()]),
             Some(fsync_always) => args.extend([

@@ -2,8 +2,8 @@
 --
 -- KEYS[1]  P        the lease
 -- ARGV[1]  holder   the holder id expected in it, 32 lowercase hex digits
--- ARGV[2]  channel  P:released, where waiters listen for the release
--- ARGV[3]  publish  'PUBLISH', or 'SPUBLISH' in Redis Cluster (the channel shares P's slot)
+-- ARGV[2]  channel  P:released, where waiters listen for the release;
+--                   empty where no one can listen (no notice is sent)
 --
 -- Returns 1 when the lease was ours and is now deleted, 0 when it was not ours.
 
@@ -22,11 +22,8 @@ end
 -- 3. Ours: delete it. The fencing counter (P:fence) stays, so tokens keep rising.
 redis.call('DEL', KEYS[1])
 
--- 4. Tell waiters at once, so they need not poll. Only these two commands are
---    accepted, whatever the caller passes.
-if ARGV[3] == 'SPUBLISH' then
-  redis.call('SPUBLISH', ARGV[2], '1')
-else
+-- 4. Tell waiters at once, so they need not poll.
+if ARGV[2] ~= '' then
   redis.call('PUBLISH', ARGV[2], '1')
 end
 

@@ -1,0 +1,316 @@
+//! One connection type for every topology: how a script call, with or
+//! without a replica acknowledgement, reaches the right server.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
+
+use redis::aio::{ConnectionLike, ConnectionManager, MultiplexedConnection};
+use redis::cluster_async::ClusterConnection;
+use redis::cluster_routing::{Route, RoutingInfo, SingleNodeRoutingInfo, SlotAddr};
+use redis::sentinel::SentinelClient;
+use redis::{AsyncConnectionConfig, Cmd, ErrorKind, RedisResult, ServerErrorKind, Value};
+
+use crate::scripts::Call;
+
+/// The connection of a [`RedisBackend`](crate::RedisBackend).
+#[derive(Clone)]
+pub(crate) enum Conn {
+    /// One server; reconnects by itself.
+    Standalone(ConnectionManager),
+    /// Redis Cluster; follows MOVED/ASK and refreshes its slot map by itself.
+    Cluster(ClusterConnection),
+    /// The current master of a Sentinel-monitored set.
+    Sentinel(Arc<SentinelConn>),
+}
+
+/// A script's reply and, when asked for, how many replicas acknowledged it.
+pub(crate) struct Reply {
+    pub(crate) value: Value,
+    pub(crate) acked: Option<i64>,
+}
+
+/// `WAIT numreplicas timeout`, sent right after a write on the same connection.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Wait {
+    pub(crate) replicas: u32,
+    pub(crate) timeout: Duration,
+}
+
+impl Conn {
+    pub(crate) fn is_cluster(&self) -> bool {
+        matches!(self, Self::Cluster(_))
+    }
+
+    /// Runs `call`, then `WAIT` if asked, loading the script on `NOSCRIPT`.
+    pub(crate) async fn eval(&self, call: &Call, wait: Option<Wait>) -> RedisResult<Reply> {
+        match self {
+            Self::Standalone(conn) => eval_on(&mut conn.clone(), call, wait).await,
+            Self::Cluster(conn) => eval_on_cluster(&mut conn.clone(), call, wait).await,
+            Self::Sentinel(sentinel) => {
+                let (generation, mut conn) = sentinel.current().await?;
+                let mut guard = DropGuard {
+                    sentinel,
+                    generation,
+                    armed: true,
+                };
+                let result = eval_on(&mut conn, call, wait).await;
+                guard.armed = match &result {
+                    Ok(_) => false,
+                    Err(err) => needs_new_master(err),
+                };
+                result
+            }
+        }
+    }
+
+    /// Runs one command on the server (or cluster node) that holds `key`.
+    pub(crate) async fn command(&self, cmd: &Cmd, key: &str) -> RedisResult<Value> {
+        match self {
+            Self::Standalone(conn) => cmd.query_async(&mut conn.clone()).await,
+            Self::Cluster(conn) => routed(&mut conn.clone(), cmd.clone(), route_for(key)).await,
+            Self::Sentinel(sentinel) => {
+                let (generation, mut conn) = sentinel.current().await?;
+                let mut guard = DropGuard {
+                    sentinel,
+                    generation,
+                    armed: true,
+                };
+                let result = cmd.query_async(&mut conn).await;
+                guard.armed = match &result {
+                    Ok(_) => false,
+                    Err(err) => needs_new_master(err),
+                };
+                result
+            }
+        }
+    }
+}
+
+fn route_for(key: &str) -> RoutingInfo {
+    RoutingInfo::SingleNode(SingleNodeRoutingInfo::SpecificNode(Route::with_key(
+        key,
+        SlotAddr::Master,
+    )))
+}
+
+fn is_noscript(err: &redis::RedisError) -> bool {
+    err.kind() == ErrorKind::Server(ServerErrorKind::NoScript)
+}
+
+/// `EVALSHA` (and `WAIT`) on one connection; the pair goes out as one
+/// pipeline so that the `WAIT` cannot land on a newer connection than the
+/// write it acknowledges (a fresh connection has nothing to wait for and
+/// would be acknowledged at once).
+async fn eval_on(
+    conn: &mut impl ConnectionLike,
+    call: &Call,
+    wait: Option<Wait>,
+) -> RedisResult<Reply> {
+    let Some(wait) = wait else {
+        return match call.evalsha().query_async::<Value>(conn).await {
+            Err(err) if is_noscript(&err) => {
+                call.load().query_async::<Value>(conn).await?;
+                let value = call.evalsha().query_async::<Value>(conn).await?;
+                Ok(Reply { value, acked: None })
+            }
+            other => other.map(|value| Reply { value, acked: None }),
+        };
+    };
+    let pipe = acked_pipeline(call, wait);
+    let replies: Vec<Value> = pipe.query_async(conn).await?;
+    match split_acked(replies)? {
+        Acked::NoScript => {
+            call.load().query_async::<Value>(conn).await?;
+            let replies: Vec<Value> = pipe.query_async(conn).await?;
+            split_acked(replies)?.into_reply()
+        }
+        acked => acked.into_reply(),
+    }
+}
+
+/// The same on the cluster node of the call's first key.
+async fn eval_on_cluster(
+    conn: &mut ClusterConnection,
+    call: &Call,
+    wait: Option<Wait>,
+) -> RedisResult<Reply> {
+    let route = route_for(call.first_key());
+    let Some(wait) = wait else {
+        return match routed(conn, call.evalsha(), route.clone()).await {
+            Err(err) if is_noscript(&err) => {
+                routed(conn, call.load(), route.clone()).await?;
+                let value = routed(conn, call.evalsha(), route).await?;
+                Ok(Reply { value, acked: None })
+            }
+            other => other.map(|value| Reply { value, acked: None }),
+        };
+    };
+    let node =
+        SingleNodeRoutingInfo::SpecificNode(Route::with_key(call.first_key(), SlotAddr::Master));
+    let pipe = acked_pipeline(call, wait);
+    let replies = conn
+        .route_pipeline(pipe.clone(), 0, 2, node.clone())
+        .await?;
+    match split_acked(replies)? {
+        Acked::NoScript => {
+            routed(conn, call.load(), route).await?;
+            let replies = conn.route_pipeline(pipe, 0, 2, node).await?;
+            split_acked(replies)?.into_reply()
+        }
+        acked => acked.into_reply(),
+    }
+}
+
+/// A command sent with explicit routing; the cluster client hands error
+/// replies back as values then, so they are turned into errors here.
+async fn routed(conn: &mut ClusterConnection, cmd: Cmd, route: RoutingInfo) -> RedisResult<Value> {
+    conn.route_command(cmd, route).await?.extract_error()
+}
+
+fn acked_pipeline(call: &Call, wait: Wait) -> redis::Pipeline {
+    let mut pipe = redis::pipe();
+    let millis = u64::try_from(wait.timeout.as_millis())
+        .unwrap_or(u64::MAX)
+        .max(1);
+    pipe.add_command(call.evalsha())
+        .add_command({
+            let mut cmd = redis::cmd("WAIT");
+            cmd.arg(wait.replicas).arg(millis);
+            cmd
+        })
+        .ignore_errors();
+    pipe
+}
+
+enum Acked {
+    NoScript,
+    Done(Reply),
+}
+
+impl Acked {
+    fn into_reply(self) -> RedisResult<Reply> {
+        match self {
+            Self::Done(reply) => Ok(reply),
+            Self::NoScript => Err(redis::RedisError::from((
+                ErrorKind::Server(ServerErrorKind::NoScript),
+                "the server forgot the script again right after loading it",
+            ))),
+        }
+    }
+}
+
+fn split_acked(replies: Vec<Value>) -> RedisResult<Acked> {
+    let mut replies = replies.into_iter();
+    let (Some(value), Some(acked), None) = (replies.next(), replies.next(), replies.next()) else {
+        return Err(redis::RedisError::from((
+            ErrorKind::UnexpectedReturnType,
+            "a script call followed by WAIT did not get exactly two replies",
+        )));
+    };
+    let value = match value.extract_error() {
+        Err(err) if is_noscript(&err) => return Ok(Acked::NoScript),
+        other => other?,
+    };
+    let acked = match acked.extract_error()? {
+        Value::Int(n) => n,
+        _ => {
+            return Err(redis::RedisError::from((
+                ErrorKind::UnexpectedReturnType,
+                "WAIT did not answer with an integer",
+            )));
+        }
+    };
+    Ok(Acked::Done(Reply {
+        value,
+        acked: Some(acked),
+    }))
+}
+
+/// Whether an error means the connection may point at a server that is no
+/// longer the master: a broken or refused connection, a timeout, or a
+/// `READONLY` reply from a demoted master.
+fn needs_new_master(err: &redis::RedisError) -> bool {
+    err.is_io_error()
+        || err.is_connection_dropped()
+        || err.is_connection_refusal()
+        || err.is_timeout()
+        || err.kind() == ErrorKind::Server(ServerErrorKind::ReadOnly)
+        || matches!(err.code(), Some("READONLY" | "LOADING" | "MASTERDOWN"))
+}
+
+/// The master of a Sentinel-monitored set, re-resolved through the
+/// sentinels whenever its connection fails.
+pub(crate) struct SentinelConn {
+    /// Asks the sentinels for the master; one resolution at a time.
+    client: tokio::sync::Mutex<SentinelClient>,
+    config: AsyncConnectionConfig,
+    /// The connection to the master as last resolved, with a generation
+    /// number so that a failure on an old connection does not drop a newer one.
+    current: Mutex<Option<(u64, MultiplexedConnection)>>,
+    /// The generation of the next connection; never reused.
+    next_generation: AtomicU64,
+}
+
+impl SentinelConn {
+    pub(crate) fn new(client: SentinelClient, config: AsyncConnectionConfig) -> Self {
+        Self {
+            client: tokio::sync::Mutex::new(client),
+            config,
+            current: Mutex::new(None),
+            next_generation: AtomicU64::new(0),
+        }
+    }
+
+    fn cached(&self) -> Option<(u64, MultiplexedConnection)> {
+        self.current
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+    }
+
+    /// The connection to the current master, asking the sentinels for it
+    /// (and checking that it says it is a master) if there is none.
+    pub(crate) async fn current(&self) -> RedisResult<(u64, MultiplexedConnection)> {
+        if let Some(current) = self.cached() {
+            return Ok(current);
+        }
+        let mut client = self.client.lock().await;
+        // Another caller may have resolved it while we waited for the lock.
+        if let Some(current) = self.cached() {
+            return Ok(current);
+        }
+        let conn = client
+            .get_async_connection_with_config(&self.config)
+            .await?;
+        let generation = self.next_generation.fetch_add(1, Ordering::Relaxed);
+        let mut slot = self.current.lock().unwrap_or_else(PoisonError::into_inner);
+        *slot = Some((generation, conn.clone()));
+        Ok((generation, conn))
+    }
+
+    /// Forgets the connection of `generation`, so the next call asks the sentinels.
+    fn forget(&self, generation: u64) {
+        let mut slot = self.current.lock().unwrap_or_else(PoisonError::into_inner);
+        if slot.as_ref().is_some_and(|(g, _)| *g == generation) {
+            *slot = None;
+        }
+    }
+}
+
+/// Forgets a sentinel master's connection unless disarmed: the call failed
+/// in a way that points at a failover, or it was dropped (timed out)
+/// before an answer came, which is how a hung master shows.
+struct DropGuard<'a> {
+    sentinel: &'a SentinelConn,
+    generation: u64,
+    armed: bool,
+}
+
+impl Drop for DropGuard<'_> {
+    fn drop(&mut self) {
+        if self.armed {
+            self.sentinel.forget(self.generation);
+        }
+    }
+}

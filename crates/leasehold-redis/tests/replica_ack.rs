@@ -1,0 +1,90 @@
+//! `wait_for_replicas` on a standalone master with one replica.
+
+mod common;
+
+use std::time::Duration;
+
+use common::{TestResult, holder, key, ttl};
+use leasehold_core::{
+    AcquireOutcome, AcquireRequest, BackendError, LeaseBackend, RenewOutcome, RenewRequest,
+};
+use leasehold_redis::{Error, RedisBackend};
+use leasehold_testkit::RedisServer;
+
+#[tokio::test]
+async fn an_unacknowledged_acquisition_is_given_back_and_an_unacknowledged_renewal_is_unknown()
+-> TestResult {
+    // The master decides when to sync; without this it waits 5 s for more replicas.
+    let master = RedisServer::builder()
+        .arg("--repl-diskless-sync-delay")
+        .arg("0")
+        .start()?;
+    let mut replica = RedisServer::builder()
+        .arg("--replicaof")
+        .arg("127.0.0.1")
+        .arg(master.port().to_string())
+        .start()?;
+    while !replica
+        .cli(&["INFO", "replication"])?
+        .contains("master_link_status:up")
+    {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let backend = RedisBackend::builder(master.url())
+        .op_timeout(Duration::from_millis(500))
+        .wait_for_replicas(1, Duration::from_millis(100))
+        .connect()
+        .await?;
+    assert_eq!(backend.replica_ack(), Some((1, Duration::from_millis(100))));
+    let (k, h) = (key("acked"), holder());
+    let AcquireOutcome::Acquired(_) = backend
+        .try_acquire(&AcquireRequest::new(k.clone(), h, ttl("10s")))
+        .await?
+    else {
+        return Err("not acquired".into());
+    };
+    // The replica has the lease as soon as the acquisition returns.
+    assert_eq!(replica.cli(&["EXISTS", "leasehold:{acked}"])?, "1");
+
+    replica.pause()?;
+    let other = key("unacked");
+    let err = backend
+        .try_acquire(&AcquireRequest::new(other.clone(), holder(), ttl("10s")))
+        .await
+        .err()
+        .ok_or("acquired although no replica acknowledged it")?;
+    assert!(
+        matches!(err, BackendError::Server { .. }) && err.is_transient(),
+        "{err:?}"
+    );
+    assert!(err.to_string().contains("given back"), "{err}");
+    assert_eq!(backend.inspect(&other).await?, None);
+    let renewal = backend
+        .renew(&RenewRequest::new(k.clone(), h, ttl("10s")))
+        .await;
+    assert!(renewal.is_err(), "{renewal:?}");
+    replica.resume()?;
+    assert_eq!(
+        backend.renew(&RenewRequest::new(k, h, ttl("10s"))).await?,
+        RenewOutcome::Renewed
+    );
+    Ok(())
+}
+
+#[tokio::test]
+async fn asking_for_no_replicas_is_refused() {
+    let err = RedisBackend::builder("redis://127.0.0.1:1")
+        .wait_for_replicas(0, Duration::from_millis(100))
+        .connect()
+        .await;
+    assert!(
+        matches!(
+            err,
+            Err(Error::InvalidConfig {
+                field: "wait_for_replicas",
+                ..
+            })
+        ),
+        "{err:?}"
+    );
+}

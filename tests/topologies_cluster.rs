@@ -1,0 +1,377 @@
+//! Leases on a real Redis Cluster started by the testkit.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::time::Duration;
+
+use leasehold::redis::redis::cluster::ClusterClient;
+use leasehold::redis::{KeyLayout, RedisBackend, Topology};
+use leasehold::{
+    AcquireOutcome, AcquireRequest, BackendError, HolderId, LeaseBackend, LeaseKey, LeaseManager,
+    LeaseOptions, LossReason, RenewOutcome, RenewRequest, Ttl,
+};
+use leasehold_testkit::{RedisCluster, RedisServer};
+
+type TestResult = Result<(), Box<dyn std::error::Error>>;
+
+async fn backend(cluster: &RedisCluster) -> Result<RedisBackend, leasehold::redis::Error> {
+    RedisBackend::builder(cluster.url())
+        .op_timeout(Duration::from_millis(500))
+        .connect()
+        .await
+}
+
+fn ttl(text: &str) -> Ttl {
+    Ttl::parse(text).expect("valid ttl")
+}
+
+/// `cmdstat_evalsha:calls=N` of one node (0 when it ran none).
+fn evalsha_calls(node: &RedisServer) -> Result<u64, Box<dyn std::error::Error>> {
+    let stats = node.cli(&["INFO", "commandstats"])?;
+    Ok(stats
+        .lines()
+        .find_map(|l| l.trim().strip_prefix("cmdstat_evalsha:calls="))
+        .and_then(|rest| rest.split(',').next())
+        .map(str::parse)
+        .transpose()?
+        .unwrap_or(0))
+}
+
+async fn acquire(backend: &RedisBackend, key: &LeaseKey, holder: HolderId) -> TestResult {
+    match backend
+        .try_acquire(&AcquireRequest::new(key.clone(), holder, ttl("10s")))
+        .await?
+    {
+        AcquireOutcome::Acquired(_) => Ok(()),
+        AcquireOutcome::Held(info) => Err(format!("{key} is held: {info:?}").into()),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn renewals_are_batched_one_script_call_per_slot_on_the_node_of_the_slot() -> TestResult {
+    let cluster = RedisCluster::start(3, 0)?;
+    println!("3-master cluster set up in {:?}", cluster.setup_time());
+    let backend = backend(&cluster).await?;
+    assert_eq!(backend.topology(), Topology::Cluster);
+    let layout = KeyLayout::default();
+    // 60 keys spread over the slots, and 20 that share one hash tag.
+    let mut keys: Vec<LeaseKey> = (0..60)
+        .map(|i| LeaseKey::new(format!("job-{i}")))
+        .collect::<Result<_, _>>()?;
+    for i in 0..20 {
+        keys.push(LeaseKey::new(format!("batch:{{7}}:{i}"))?);
+    }
+    let holder = HolderId::generate()?;
+    for key in &keys {
+        acquire(&backend, key, holder).await?;
+    }
+    let requests: Vec<RenewRequest> = keys
+        .iter()
+        .map(|k| RenewRequest::new(k.clone(), holder, ttl("10s")))
+        .collect();
+    // Warm up: every node loads the renew script (a NOSCRIPT round trip).
+    backend.renew_many(&requests).await;
+
+    let mut groups_per_node: BTreeMap<usize, BTreeSet<u16>> = BTreeMap::new();
+    for key in &keys {
+        let slot = cluster.keyslot(&layout.lease(key))?;
+        groups_per_node
+            .entry(cluster.master_of_slot(slot)?)
+            .or_default()
+            .insert(slot);
+    }
+    assert_eq!(groups_per_node.len(), 3, "the keys span every master");
+    for node in cluster.nodes() {
+        node.cli(&["CONFIG", "RESETSTAT"])?;
+    }
+    let outcomes = backend.renew_many(&requests).await;
+    assert_eq!(outcomes.len(), requests.len());
+    for (key, outcome) in keys.iter().zip(&outcomes) {
+        assert!(
+            matches!(outcome, Ok(RenewOutcome::Renewed)),
+            "{key}: {outcome:?}"
+        );
+    }
+    let mut total_groups = 0;
+    for (node, slots) in &groups_per_node {
+        let calls = evalsha_calls(&cluster.nodes()[*node])?;
+        println!(
+            "node {node}: {} slot groups, {calls} EVALSHA calls",
+            slots.len()
+        );
+        assert_eq!(
+            calls,
+            slots.len() as u64,
+            "one script call per slot group on node {node}"
+        );
+        total_groups += slots.len();
+    }
+    assert!(
+        total_groups < keys.len(),
+        "the 20 hash-tagged leases went as one call"
+    );
+
+    // Outcomes stay in request order when some leases are lost.
+    let stranger = HolderId::generate()?;
+    let mut mixed = requests.clone();
+    mixed[3] = RenewRequest::new(keys[3].clone(), stranger, ttl("10s"));
+    mixed[70] = RenewRequest::new(keys[70].clone(), stranger, ttl("10s"));
+    let outcomes = backend.renew_many(&mixed).await;
+    for (i, outcome) in outcomes.iter().enumerate() {
+        let want = if i == 3 || i == 70 {
+            RenewOutcome::Lost
+        } else {
+            RenewOutcome::Renewed
+        };
+        assert_eq!(outcome.as_ref().ok(), Some(&want), "request {i}");
+    }
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_manual_failover_during_renewals_keeps_or_reports_every_lease() -> TestResult {
+    let cluster = RedisCluster::start(3, 1)?;
+    println!(
+        "3-master, 3-replica cluster set up in {:?}",
+        cluster.setup_time()
+    );
+    let manager = LeaseManager::new(backend(&cluster).await?)?;
+    let options = LeaseOptions::builder().ttl(ttl("2s")).build()?;
+    let mut leases = Vec::new();
+    for i in 0..30 {
+        leases.push(manager.acquire(format!("failover-{i}"), &options).await?);
+    }
+    // Let every lease renew once before the failover.
+    while leases.iter().any(|l| l.renewals() < 1) {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let slot = cluster.keyslot(&KeyLayout::default().lease(&LeaseKey::new("failover-0")?))?;
+    let old_master = cluster.master_of_slot(slot)?;
+    let replica = cluster.replica_of(old_master)?;
+    let before: Vec<u32> = leases.iter().map(leasehold::Lease::renewals).collect();
+    let failover = tokio::task::spawn_blocking({
+        let started = std::time::Instant::now();
+        move || {
+            cluster
+                .failover(replica)
+                .map(|()| (cluster, started.elapsed()))
+        }
+    });
+    let (cluster, took) = failover.await??;
+    println!("CLUSTER FAILOVER of node {replica} settled in {took:?}");
+    assert_eq!(
+        cluster.master_of_slot(slot)?,
+        replica,
+        "the replica serves the slot now"
+    );
+    // Two renew intervals after the failover, every lease has had a chance to renew there.
+    let after_failover: Vec<u32> = leases.iter().map(leasehold::Lease::renewals).collect();
+    let until = tokio::time::Instant::now() + Duration::from_secs(2);
+    while tokio::time::Instant::now() < until
+        && leases
+            .iter()
+            .zip(&after_failover)
+            .any(|(l, n)| l.loss_reason().is_none() && l.renewals() < n + 2)
+    {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let (mut kept, mut reported) = (0, 0);
+    for (i, lease) in leases.iter().enumerate() {
+        match lease.loss_reason() {
+            Some(reason) => {
+                assert!(
+                    matches!(reason, LossReason::Lost | LossReason::Deadline),
+                    "lease {i}: {reason:?}"
+                );
+                reported += 1;
+            }
+            None => {
+                assert!(
+                    lease.renewals() >= before[i] + 2,
+                    "lease {i} stopped renewing without a signal"
+                );
+                let info = manager
+                    .backend()
+                    .inspect(lease.key())
+                    .await?
+                    .ok_or_else(|| {
+                        format!("lease {i} is gone from the server, yet its token did not fire")
+                    })?;
+                assert_eq!(info.fencing_token, Some(lease.fencing_token()), "lease {i}");
+                kept += 1;
+            }
+        }
+    }
+    println!("after the failover: {kept} leases kept renewing, {reported} reported lost");
+    assert_eq!(kept + reported, leases.len());
+    // New acquisitions work on the new topology.
+    let fresh = manager.acquire("after-failover", &options).await?;
+    assert!(fresh.fencing_token().get() > 0);
+    drop(cluster);
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hash_tagged_lease_sits_in_the_slot_of_the_data_it_guards() -> TestResult {
+    let cluster = RedisCluster::start(3, 0)?;
+    let backend = backend(&cluster).await?;
+    let key = LeaseKey::new("order:{42}")?;
+    let layout = KeyLayout::default();
+    let data_slot = cluster.keyslot("order:{42}:items")?;
+    assert_eq!(cluster.keyslot(&layout.lease(&key))?, data_slot);
+    assert_eq!(cluster.keyslot(&layout.fence(&key))?, data_slot);
+    let holder = HolderId::generate()?;
+    acquire(&backend, &key, holder).await?;
+    // One script may read the lease and write the data it guards: no CROSSSLOT.
+    let client = ClusterClient::new(vec![format!(
+        "redis://127.0.0.1:{}",
+        cluster.nodes()[0].port()
+    )])?;
+    let mut conn = client.get_async_connection().await?;
+    let guarded: String = leasehold::redis::redis::Script::new(
+        "if redis.call('EXISTS', KEYS[1]) == 1 then redis.call('SET', KEYS[2], ARGV[1]) return 'written' end return 'refused'",
+    )
+    .key(layout.lease(&key))
+    .key("order:{42}:items")
+    .arg("3 widgets")
+    .invoke_async(&mut conn)
+    .await?;
+    assert_eq!(guarded, "written");
+    let owner = cluster.master_of_slot(data_slot)?;
+    assert_eq!(
+        cluster.nodes()[owner].cli(&["GET", "order:{42}:items"])?,
+        "3 widgets"
+    );
+    assert_eq!(
+        backend
+            .renew(&RenewRequest::new(key.clone(), holder, ttl("10s")))
+            .await?,
+        RenewOutcome::Renewed
+    );
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_write_too_few_replicas_acknowledge_fails_and_gives_the_lease_back() -> TestResult {
+    let cluster = RedisCluster::start(3, 1)?;
+    let acked = RedisBackend::builder(cluster.url())
+        .op_timeout(Duration::from_millis(500))
+        .wait_for_replicas(1, Duration::from_millis(200))
+        .connect()
+        .await?;
+    let key = LeaseKey::new("acked")?;
+    let holder = HolderId::generate()?;
+    acquire(&acked, &key, holder).await?;
+    assert_eq!(
+        acked
+            .renew(&RenewRequest::new(key.clone(), holder, ttl("10s")))
+            .await?,
+        RenewOutcome::Renewed
+    );
+
+    // Each master has one replica: asking for two can never be met.
+    let greedy = RedisBackend::builder(cluster.url())
+        .op_timeout(Duration::from_millis(500))
+        .wait_for_replicas(2, Duration::from_millis(50))
+        .connect()
+        .await?;
+    let other = LeaseKey::new("unacked")?;
+    let err = greedy
+        .try_acquire(&AcquireRequest::new(
+            other.clone(),
+            HolderId::generate()?,
+            ttl("10s"),
+        ))
+        .await
+        .err()
+        .ok_or("an acquisition without enough replicas succeeded")?;
+    println!("{err}");
+    assert!(
+        matches!(err, BackendError::Server { .. }) && err.is_transient(),
+        "{err:?}"
+    );
+    assert_eq!(
+        greedy.inspect(&other).await?,
+        None,
+        "the unacknowledged lease was given back"
+    );
+    let renewal = greedy
+        .renew(&RenewRequest::new(key.clone(), holder, ttl("10s")))
+        .await;
+    assert!(
+        renewal.is_err(),
+        "an unacknowledged renewal is unknown, not {renewal:?}"
+    );
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_killed_master_hands_its_acknowledged_leases_to_its_replica() -> TestResult {
+    let mut cluster = RedisCluster::start(3, 1)?;
+    // Every acquisition and renewal waits for the one replica of its slot.
+    let backend = RedisBackend::builder(cluster.url())
+        .op_timeout(Duration::from_millis(500))
+        .wait_for_replicas(1, Duration::from_millis(300))
+        .connect()
+        .await?;
+    let manager = LeaseManager::new(backend)?;
+    let options = LeaseOptions::builder()
+        .ttl(ttl("10s"))
+        .renew_interval(Duration::from_millis(300))
+        .build()?;
+    let mut leases = Vec::new();
+    for i in 0..24 {
+        leases.push(manager.acquire(format!("killed-{i}"), &options).await?);
+    }
+    let slot = cluster.keyslot(&KeyLayout::default().lease(&LeaseKey::new("killed-0")?))?;
+    let victim = cluster.master_of_slot(slot)?;
+    let replica = cluster.replica_of(victim)?;
+    cluster.node_mut(victim).kill()?;
+    let killed_at = tokio::time::Instant::now();
+    let took = tokio::task::block_in_place(|| cluster.wait_until_healthy(Duration::from_secs(15)))?;
+    println!("SIGKILL of a cluster master: its replica took over after {took:?}");
+    assert_eq!(cluster.master_of_slot(slot)?, replica);
+    // The promoted replica has no replica of its own, so WAIT 1 cannot be
+    // met and renewals there stay unknown until the old master comes back
+    // (it rejoins as a replica, from its nodes.conf).
+    cluster.node_mut(victim).restart()?;
+    let rejoined =
+        tokio::task::block_in_place(|| cluster.wait_until_healthy(Duration::from_secs(15)))?;
+    println!("the old master rejoined as a replica after {rejoined:?}");
+    let counts: Vec<u32> = leases.iter().map(leasehold::Lease::renewals).collect();
+    let until = tokio::time::Instant::now() + Duration::from_secs(5);
+    while tokio::time::Instant::now() < until
+        && leases
+            .iter()
+            .zip(&counts)
+            .any(|(l, n)| l.loss_reason().is_none() && l.renewals() < n + 2)
+    {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    for (i, lease) in leases.iter().enumerate() {
+        assert_eq!(
+            lease.loss_reason(),
+            None,
+            "killed-{i}: an acknowledged lease was lost"
+        );
+        assert!(
+            lease.renewals() >= counts[i] + 2,
+            "killed-{i} stopped renewing without a signal"
+        );
+        let info = manager
+            .backend()
+            .inspect(lease.key())
+            .await?
+            .ok_or_else(|| format!("killed-{i} is gone from the server"))?;
+        assert_eq!(
+            info.fencing_token,
+            Some(lease.fencing_token()),
+            "killed-{i}"
+        );
+    }
+    println!(
+        "all {} leases renewing again {:?} after the kill",
+        leases.len(),
+        killed_at.elapsed()
+    );
+    Ok(())
+}

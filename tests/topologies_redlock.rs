@@ -1,0 +1,318 @@
+//! Redlock over independent masters started by the testkit.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use leasehold::redis::{Error as RedisError, KeyLayout, RedlockBackend};
+use leasehold::{
+    AcquireOutcome, AcquireRequest, BackendError, HolderId, LeaseBackend, LeaseError, LeaseKey,
+    LeaseManager, LeaseOptions, ReleaseOutcome, Ttl,
+};
+use leasehold_testkit::{RedisServer, independent_masters};
+
+type TestResult = Result<(), Box<dyn std::error::Error>>;
+
+async fn redlock(masters: &[RedisServer]) -> Result<RedlockBackend, RedisError> {
+    RedlockBackend::builder(masters.iter().map(RedisServer::url))
+        .node_timeout(Duration::from_millis(100))
+        .connect()
+        .await
+}
+
+async fn try_acquire(
+    backend: &RedlockBackend,
+    key: &str,
+) -> Result<AcquireOutcome, Box<dyn std::error::Error>> {
+    let request = AcquireRequest::new(
+        LeaseKey::new(key)?,
+        HolderId::generate()?,
+        Ttl::parse("5s")?,
+    );
+    Ok(backend.try_acquire(&request).await?)
+}
+
+/// Whether a master holds the lease `key` (in the default namespace).
+fn holds(master: &RedisServer, key: &str) -> Result<bool, Box<dyn std::error::Error>> {
+    let stored = KeyLayout::default().lease(&LeaseKey::new(key)?);
+    Ok(master.cli(&["EXISTS", &stored])? == "1")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn acquisitions_need_a_majority_of_masters() -> TestResult {
+    let started = std::time::Instant::now();
+    let mut masters = independent_masters(3)?;
+    println!("3 independent masters set up in {:?}", started.elapsed());
+    let backend = redlock(&masters).await?;
+    assert_eq!(backend.quorum(), 2);
+
+    let AcquireOutcome::Acquired(all_up) = try_acquire(&backend, "all-up").await? else {
+        return Err("not acquired with every master up".into());
+    };
+    for master in &masters {
+        assert!(holds(master, "all-up")?);
+    }
+    let drift = leasehold::clock_drift(all_up.ttl.get());
+    assert_eq!(
+        all_up.valid_until,
+        all_up.sent_at + all_up.ttl.get() - drift
+    );
+
+    masters[0].kill()?;
+    assert!(matches!(
+        try_acquire(&backend, "one-down").await?,
+        AcquireOutcome::Acquired(_)
+    ));
+    masters[1].pause()?;
+    let sent = tokio::time::Instant::now();
+    let err = try_acquire(&backend, "two-down")
+        .await
+        .err()
+        .ok_or("acquired with two of three masters down")?;
+    let took = sent.elapsed();
+    println!("with two masters down: {err} (after {took:?})");
+    let err = err.downcast::<BackendError>().map_err(|e| format!("{e}"))?;
+    assert!(matches!(*err, BackendError::Unavailable { .. }) && err.is_transient());
+    assert!(
+        took < Duration::from_secs(1),
+        "a failed attempt took {took:?}"
+    );
+    assert!(
+        !holds(&masters[2], "two-down")?,
+        "the failed attempt was released on the master that granted it"
+    );
+
+    masters[1].resume()?;
+    assert!(matches!(
+        try_acquire(&backend, "one-paused-again").await?,
+        AcquireOutcome::Acquired(_)
+    ));
+    masters[1].pause()?;
+    masters[0].restart()?;
+    // The first call to the restarted master finds its old connection
+    // broken and reconnects; the watchdog retries such transient errors too.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(2);
+    let one_paused = loop {
+        match try_acquire(&backend, "one-paused").await {
+            Err(e)
+                if tokio::time::Instant::now() < deadline
+                    && e.downcast_ref::<BackendError>()
+                        .is_some_and(BackendError::is_transient) => {}
+            other => break other?,
+        }
+    };
+    assert!(
+        matches!(one_paused, AcquireOutcome::Acquired(_)),
+        "{one_paused:?}"
+    );
+    assert!(holds(&masters[0], "one-paused")? && holds(&masters[2], "one-paused")?);
+    masters[1].resume()?;
+
+    // Someone else's lease on a majority: Held, and nothing of ours is left behind.
+    assert!(matches!(
+        try_acquire(&backend, "all-up").await?,
+        AcquireOutcome::Held(_)
+    ));
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_paused_minority_does_not_stall_renewals() -> TestResult {
+    let mut masters = independent_masters(3)?;
+    let manager = LeaseManager::new(redlock(&masters).await?)?;
+    let options = LeaseOptions::builder().ttl(Ttl::parse("1s")?).build()?;
+    let lease = manager.acquire("steady", &options).await?;
+    masters[2].pause()?;
+    let paused_at = tokio::time::Instant::now();
+    let before = lease.renewals();
+    // Three ttls with one master frozen: the lease must never be let go.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert_eq!(
+        lease.loss_reason(),
+        None,
+        "the lease was lost while a minority was paused"
+    );
+    let renewed = lease.renewals() - before;
+    println!(
+        "{renewed} renewals in {:?} with one of three masters paused",
+        paused_at.elapsed()
+    );
+    assert!(
+        renewed >= 7,
+        "only {renewed} renewals in 3 s at a renew interval of ttl/3"
+    );
+    assert!(lease.valid_until() > tokio::time::Instant::now());
+    assert!(holds(&masters[0], "steady")? && holds(&masters[1], "steady")?);
+    masters[2].resume()?;
+    assert_eq!(lease.release().await?, ReleaseOutcome::Released);
+    for master in &masters {
+        assert!(!holds(master, "steady")?);
+    }
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sixteen_contenders_never_hold_the_lease_at_once() -> TestResult {
+    let masters = independent_masters(3)?;
+    let mut managers = Vec::new();
+    for _ in 0..4 {
+        managers.push(LeaseManager::new(redlock(&masters).await?)?);
+    }
+    let holders = Arc::new(AtomicUsize::new(0));
+    let most = Arc::new(AtomicUsize::new(0));
+    let tokens = Arc::new(Mutex::new(Vec::new()));
+    let options = LeaseOptions::builder()
+        .ttl(Ttl::parse("2s")?)
+        .wait(Duration::from_secs(30))
+        .build()?;
+    let mut tasks = Vec::new();
+    for i in 0..16 {
+        let manager = managers[i % managers.len()].clone();
+        let (holders, most, tokens, options) = (
+            Arc::clone(&holders),
+            Arc::clone(&most),
+            Arc::clone(&tokens),
+            options.clone(),
+        );
+        tasks.push(tokio::spawn(async move {
+            let lease = manager.acquire("contended", &options).await?;
+            let now = holders.fetch_add(1, Ordering::SeqCst) + 1;
+            most.fetch_max(now, Ordering::SeqCst);
+            // In holding order, since only one task holds at a time.
+            tokens
+                .lock()
+                .map_err(|_| LeaseError::ManagerStopped)?
+                .push(lease.fencing_token());
+            tokio::time::sleep(Duration::from_millis(5)).await;
+            holders.fetch_sub(1, Ordering::SeqCst);
+            let outcome = lease.release().await?;
+            Ok::<_, LeaseError>(outcome)
+        }));
+    }
+    for task in tasks {
+        assert_eq!(task.await??, ReleaseOutcome::Released);
+    }
+    assert_eq!(
+        most.load(Ordering::SeqCst),
+        1,
+        "two tasks held the lease at once"
+    );
+    let tokens = tokens.lock().map_err(|_| "poisoned")?.clone();
+    assert_eq!(tokens.len(), 16);
+    assert!(
+        tokens.windows(2).all(|w| w[0] < w[1]),
+        "fencing tokens did not rise in holding order: {tokens:?}"
+    );
+    Ok(())
+}
+
+#[tokio::test]
+async fn bad_redlock_settings_are_refused_before_connecting() -> TestResult {
+    let two = RedlockBackend::builder(["redis://127.0.0.1:1", "redis://127.0.0.1:2"])
+        .connect()
+        .await;
+    assert!(
+        matches!(two, Err(RedisError::InvalidConfig { field: "nodes", .. })),
+        "{two:?}"
+    );
+    let cluster = RedlockBackend::builder([
+        "redis://127.0.0.1:1",
+        "redis+cluster://:hunter2@127.0.0.1:2,127.0.0.1:3",
+        "redis://127.0.0.1:4",
+    ])
+    .connect()
+    .await;
+    let shown = format!("{cluster:?}");
+    assert!(
+        matches!(cluster, Err(RedisError::InvalidUrl { .. })),
+        "{shown}"
+    );
+    assert!(!shown.contains("hunter2"), "{shown}");
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn connecting_needs_a_majority_and_tolerates_a_minority_down() -> TestResult {
+    let mut masters = independent_masters(3)?;
+    masters[0].kill()?;
+    let backend = redlock(&masters).await?;
+    assert!(matches!(
+        try_acquire(&backend, "late-start").await?,
+        AcquireOutcome::Acquired(_)
+    ));
+    masters[0].restart()?;
+    // The master that was down at start is connected to on first use.
+    let AcquireOutcome::Acquired(_) = try_acquire(&backend, "everywhere").await? else {
+        return Err("not acquired".into());
+    };
+    assert!(holds(&masters[0], "everywhere")?);
+    masters[1].kill()?;
+    masters[0].kill()?;
+    let none = redlock(&masters).await;
+    assert!(
+        matches!(
+            none,
+            Err(RedisError::NoQuorum {
+                reached: 1,
+                needed: 2,
+                total: 3,
+                ..
+            })
+        ),
+        "{none:?}"
+    );
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_renewal_is_lost_only_when_a_majority_says_so() -> TestResult {
+    let mut masters = independent_masters(3)?;
+    let backend = redlock(&masters).await?;
+    let ttl = Ttl::parse("5s")?;
+    let holder = HolderId::generate()?;
+    let layout = KeyLayout::default();
+    for name in ["gone-on-two", "gone-on-one"] {
+        let request = AcquireRequest::new(LeaseKey::new(name)?, holder, ttl);
+        let AcquireOutcome::Acquired(_) = backend.try_acquire(&request).await? else {
+            return Err(format!("{name} not acquired").into());
+        };
+    }
+    let renew = |name: &str| -> Result<leasehold::RenewRequest, leasehold::Error> {
+        Ok(leasehold::RenewRequest::new(
+            LeaseKey::new(name)?,
+            holder,
+            ttl,
+        ))
+    };
+    let stored = |name: &str| -> Result<String, leasehold::Error> {
+        Ok(layout.lease(&LeaseKey::new(name)?))
+    };
+
+    // Gone from one master: a majority still renews it.
+    masters[0].cli(&["DEL", &stored("gone-on-one")?])?;
+    assert_eq!(
+        backend.renew(&renew("gone-on-one")?).await?,
+        leasehold::RenewOutcome::Renewed
+    );
+    // Gone from two: a majority says Lost.
+    masters[0].cli(&["DEL", &stored("gone-on-two")?])?;
+    masters[1].cli(&["DEL", &stored("gone-on-two")?])?;
+    assert_eq!(
+        backend.renew(&renew("gone-on-two")?).await?,
+        leasehold::RenewOutcome::Lost
+    );
+    // Gone from one, another paused: one renewed, one lost, one silent —
+    // no majority either way, so the outcome is unknown (an error).
+    masters[1].pause()?;
+    let unknown = backend.renew(&renew("gone-on-one")?).await;
+    let err = unknown
+        .err()
+        .ok_or("a renewal without a majority was decided")?;
+    assert!(err.is_transient(), "{err:?}");
+    masters[1].resume()?;
+    assert_eq!(
+        backend.renew(&renew("gone-on-one")?).await?,
+        leasehold::RenewOutcome::Renewed
+    );
+    Ok(())
+}

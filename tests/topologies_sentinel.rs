@@ -1,0 +1,111 @@
+//! Leases on a Sentinel-monitored master, through a real failover.
+
+use std::time::Duration;
+
+use leasehold::redis::{KeyLayout, RedisBackend, Topology};
+use leasehold::{LeaseBackend, LeaseKey, LeaseManager, LeaseOptions, LossReason, Ttl};
+use leasehold_testkit::SentinelSet;
+
+type TestResult = Result<(), Box<dyn std::error::Error>>;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn killing_the_master_keeps_replicated_leases_and_reports_the_rest_lost() -> TestResult {
+    let mut set = SentinelSet::start()?;
+    println!(
+        "sentinel set (master, replica, 3 sentinels) set up in {:?}",
+        set.setup_time()
+    );
+    let backend = RedisBackend::builder(set.url())
+        .op_timeout(Duration::from_millis(250))
+        .connect_timeout(Duration::from_millis(500))
+        .connect()
+        .await?;
+    assert_eq!(backend.topology(), Topology::Sentinel);
+    let manager = LeaseManager::new(backend)?;
+    // A ttl that outlasts the failover (2–3 s), renewed often.
+    let options = LeaseOptions::builder()
+        .ttl(Ttl::parse("10s")?)
+        .renew_interval(Duration::from_millis(300))
+        .build()?;
+    let mut replicated = Vec::new();
+    for i in 0..10 {
+        replicated.push(manager.acquire(format!("kept-{i}"), &options).await?);
+    }
+    let layout = KeyLayout::default();
+    let last = layout.lease(&LeaseKey::new("kept-9")?);
+    // Wait until the replica has them all (by polling it, not by sleeping).
+    while set.replica().cli(&["EXISTS", &last])? != "1" {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+
+    // Cut the replica off, then take leases it never sees: the failover loses them.
+    set.replica_mut().pause()?;
+    set.master().cli(&["CLIENT", "KILL", "TYPE", "replica"])?;
+    let mut unreplicated = Vec::new();
+    for i in 0..5 {
+        unreplicated.push(manager.acquire(format!("lost-{i}"), &options).await?);
+    }
+    set.kill_master()?;
+    set.replica_mut().resume()?;
+    let killed_at = tokio::time::Instant::now();
+    let took = tokio::task::block_in_place(|| set.wait_for_failover())?;
+    println!("sentinels promoted the replica {took:?} after the master was killed");
+
+    for (i, lease) in unreplicated.iter().enumerate() {
+        let reason = tokio::time::timeout(Duration::from_secs(5), lease.lost())
+            .await
+            .map_err(|_| format!("lost-{i} was not reported within 5 s of the failover"))?;
+        assert_eq!(reason, LossReason::Lost, "lost-{i}");
+    }
+    println!(
+        "unreplicated leases reported Lost {:?} after the kill",
+        killed_at.elapsed()
+    );
+
+    // Every replicated lease renews on the new master (or is reported).
+    let counts: Vec<u32> = replicated.iter().map(leasehold::Lease::renewals).collect();
+    let until = tokio::time::Instant::now() + Duration::from_secs(3);
+    while tokio::time::Instant::now() < until
+        && replicated
+            .iter()
+            .zip(&counts)
+            .any(|(l, n)| l.loss_reason().is_none() && l.renewals() < n + 1)
+    {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let mut kept = 0;
+    for (i, lease) in replicated.iter().enumerate() {
+        match lease.loss_reason() {
+            Some(reason) => println!("kept-{i} reported {reason:?}"),
+            None => {
+                assert!(
+                    lease.renewals() > counts[i],
+                    "kept-{i} stopped renewing without a signal"
+                );
+                let info = manager
+                    .backend()
+                    .inspect(lease.key())
+                    .await?
+                    .ok_or_else(|| {
+                        format!("kept-{i} is gone from the new master, yet its token did not fire")
+                    })?;
+                assert_eq!(info.fencing_token, Some(lease.fencing_token()), "kept-{i}");
+                kept += 1;
+            }
+        }
+    }
+    println!(
+        "{kept} of {} replicated leases kept renewing on the new master",
+        replicated.len()
+    );
+
+    // The new master takes new leases, with tokens above the old ones.
+    let fresh = manager.acquire("lost-0", &options).await?;
+    assert!(fresh.fencing_token() > unreplicated[0].fencing_token());
+    assert_eq!(
+        set.master()
+            .cli(&["EXISTS", &layout.lease(&LeaseKey::new("lost-0")?)])?,
+        "1"
+    );
+    Ok(())
+}
