@@ -3,7 +3,7 @@
 //!
 //! A manager acquires leases from any [`LeaseBackend`] and renews each at a
 //! third of its ttl. When a lease can no longer be kept, its holder's
-//! [`CancellationToken`](tokio_util::sync::CancellationToken) is cancelled
+//! [`CancellationToken`] is cancelled
 //! with a [`LossReason`] *before* anyone else can take the lease:
 //!
 //! - [`LossReason::Lost`]: the server says it is gone or someone else's;
