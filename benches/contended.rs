@@ -54,6 +54,13 @@ fn main() -> Result<(), BoxError> {
         .build()?;
     runtime.block_on(async {
         let server = RedisServer::start()?;
+        // Optionally pin the server to its own core, apart from the client.
+        if let (Ok(cpu), Some(pid)) = (std::env::var("LEASEHOLD_BENCH_SERVER_CPU"), server.pid()) {
+            std::process::Command::new("taskset")
+                .args(["-cp", &cpu, &pid.to_string()])
+                .stdout(std::process::Stdio::null())
+                .status()?;
+        }
         for (managers, notices) in [(1, true), (1, false), (WORKERS, true), (WORKERS, false)] {
             let record = leasehold_run(&server, managers, notices, run_for).await?;
             let mode = if notices { "notices" } else { "polling" };
@@ -191,12 +198,25 @@ async fn raw_run(server: &RedisServer, run_for: Duration) -> Result<Record, BoxE
         .map_err(|_| "poisoned".into())
 }
 
-/// Holds the lease for 1 ms, as work that waits on something else would:
-/// a thread sleep leaves the core to the server (a tokio timer would round
-/// up to its 1 ms tick and hold for 1–2 ms).
+/// Holds the lease for 1 ms. By default a thread sleep, as work that waits
+/// on something else would, leaving the core to the server (it oversleeps
+/// by the kernel's timer slack, ~50 µs); with `LEASEHOLD_BENCH_HOLD=spin`, a
+/// busy wait of exactly 1 ms. (A tokio timer would round up to its 1 ms
+/// tick and hold for 1–2 ms.)
 fn hold() {
-    std::thread::sleep(HOLD);
+    if SPIN.get_or_init(|| std::env::var("LEASEHOLD_BENCH_HOLD").is_ok_and(|v| v == "spin"))
+        == &true
+    {
+        let until = std::time::Instant::now() + HOLD;
+        while std::time::Instant::now() < until {
+            std::hint::spin_loop();
+        }
+    } else {
+        std::thread::sleep(HOLD);
+    }
 }
+
+static SPIN: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
 
 fn note_acquired(
     record: &Mutex<Record>,

@@ -9,6 +9,10 @@
 //!
 //! Unsubscribing needs a round trip, which a `Drop` cannot make: channels no
 //! one watches any more are unsubscribed by the next subscription.
+//!
+//! Redis sends a message to a channel's subscribers in the order they
+//! subscribed, so a process that subscribes again goes to the end of that
+//! order: waiters in different processes take turns being told first.
 
 use std::collections::HashMap;
 use std::convert::Infallible;
@@ -107,9 +111,14 @@ impl Notices {
             entry.watchers += 1;
             let receiver = entry.notices.subscribe();
             let subscribe = !entry.subscribed;
+            // Our own channel too, if it is still subscribed from an earlier
+            // wait: unsubscribing and subscribing again moves this process
+            // to the end of the server's subscriber list, which is the order
+            // notices go out in. Otherwise the process that subscribed first
+            // would hear of every release first and win nearly every handoff.
             let stale: Vec<Vec<u8>> = std::mem::take(&mut channels.stale)
                 .into_iter()
-                .filter(|c| !channels.watched.contains_key(c))
+                .filter(|c| *c == name || !channels.watched.contains_key(c))
                 .collect();
             (receiver, subscribe, stale)
         };
