@@ -9,7 +9,9 @@
 //! built-in RESP2 client, so `redis-cli` is not needed. Dropping the server
 //! kills it and removes its directory.
 //!
-//! All calls are synchronous and short, and work inside `#[tokio::test]`.
+//! Server calls are synchronous and short, and work inside `#[tokio::test]`.
+//! Network faults come from a [`Proxy`] between clients and the server
+//! (delay, blackhole, reset, switchable at runtime).
 //! The binary is found on `PATH` or through `LEASEHOLD_REDIS_SERVER`; see
 //! [`redis_server_binary`]. Unix only.
 //!
@@ -32,9 +34,11 @@
 
 mod binary;
 mod error;
+mod proxy;
 mod resp;
 mod server;
 
 pub use binary::{REDIS_SERVER_ENV, redis_server_binary};
 pub use error::TestkitError;
+pub use proxy::{Proxy, ProxyMode};
 pub use server::{RedisServer, ServerBuilder, free_port};
