@@ -11,7 +11,9 @@
 //!
 //! Server calls are synchronous and short, and work inside `#[tokio::test]`.
 //! Network faults come from a [`Proxy`] between clients and the server
-//! (delay, blackhole, reset, switchable at runtime).
+//! (delay, blackhole, reset, switchable at runtime). A [`History`] of what
+//! lease holders believed, and of the writes a fenced resource accepted,
+//! is judged by [`History::check`].
 //! The binary is found on `PATH` or through `LEASEHOLD_REDIS_SERVER`; see
 //! [`redis_server_binary`]. Unix only.
 //!
@@ -34,11 +36,16 @@
 
 mod binary;
 mod error;
+mod history;
 mod proxy;
 mod resp;
 mod server;
 
 pub use binary::{REDIS_SERVER_ENV, redis_server_binary};
 pub use error::TestkitError;
+pub use history::{
+    FENCED_WRITE_SCRIPT, History, Hold, HoldEnd, HoldId, Overlap, Report, StaleWrite,
+    TokenViolation,
+};
 pub use proxy::{Proxy, ProxyMode};
 pub use server::{RedisServer, ServerBuilder, free_port};
