@@ -13,7 +13,8 @@
 //! Network faults come from a [`Proxy`] between clients and the server
 //! (delay, blackhole, reset, switchable at runtime). A [`History`] of what
 //! lease holders believed, and of the writes a fenced resource accepted,
-//! is judged by [`History::check`].
+//! is judged by [`History::check`]; a [`FaultPlan`] drawn from a seed
+//! schedules the faults of a campaign.
 //! The binary is found on `PATH` or through `LEASEHOLD_REDIS_SERVER`; see
 //! [`redis_server_binary`]. Unix only.
 //!
@@ -35,6 +36,7 @@
 //! ```
 
 mod binary;
+mod campaign;
 mod error;
 mod history;
 mod proxy;
@@ -42,6 +44,7 @@ mod resp;
 mod server;
 
 pub use binary::{REDIS_SERVER_ENV, redis_server_binary};
+pub use campaign::{Fault, FaultPlan, PlanShape, ScheduledFault, fault_length};
 pub use error::TestkitError;
 pub use history::{
     FENCED_WRITE_SCRIPT, History, Hold, HoldEnd, HoldId, Overlap, Report, StaleWrite,
