@@ -315,7 +315,7 @@ async fn client(mut c: Client) -> TestResult {
             }
         });
 
-        for _ in 0..c.rng.u32(1..=4) {
+        for _ in 0..c.rng.u32(2..=6) {
             if lease.token().is_cancelled() {
                 break;
             }
@@ -329,7 +329,7 @@ async fn client(mut c: Client) -> TestResult {
             if accepted == 0 {
                 c.history.resource_refused();
             }
-            let pause = Duration::from_millis(c.rng.u64(0..=millis(renew * 3 / 2)));
+            let pause = Duration::from_millis(c.rng.u64(0..=millis(renew * 2)));
             let live = lease.token();
             tokio::select! {
                 () = live.cancelled() => break,
