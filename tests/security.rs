@@ -386,3 +386,58 @@ async fn no_secret_appears_in_logs_debug_or_errors() -> TestResult {
     }
     Ok(())
 }
+
+#[tokio::test]
+async fn what_others_can_see_of_a_holder_does_not_let_them_renew_or_release() -> TestResult {
+    use leasehold::{AcquireOutcome, AcquireRequest, RenewOutcome, RenewRequest};
+    let server = RedisServer::start()?;
+    let backend = RedisBackend::connect(server.url()).await?;
+    let key = LeaseKey::new("guarded")?;
+    let ttl = Ttl::parse("10s")?;
+    let owner = HolderId::generate()?;
+    let AcquireOutcome::Acquired(grant) = backend
+        .try_acquire(&AcquireRequest::new(key.clone(), owner, ttl).with_label("pod-1")?)
+        .await?
+    else {
+        return Err("a free key must be acquired".into());
+    };
+    // Others see the label, the token and the ttl, and logs show the
+    // holder's first 8 hex digits. Forge holders from all of that.
+    let public = backend.inspect(&key).await?.ok_or("lease missing")?;
+    assert_eq!(public.fencing_token, Some(grant.fencing_token));
+    let short = owner.short();
+    let forged = [
+        HolderId::from_hex(&format!("{short}{}", "0".repeat(24)))?,
+        HolderId::from_hex(&format!("{short}{}", "f".repeat(24)))?,
+        HolderId::from_hex(&format!("{:032x}", grant.fencing_token.get()))?,
+        HolderId::generate()?,
+    ];
+    for intruder in forged {
+        assert_eq!(
+            backend
+                .renew(&RenewRequest::new(key.clone(), intruder, ttl))
+                .await?,
+            RenewOutcome::Lost
+        );
+        assert_eq!(
+            backend.release(&key, &intruder).await?,
+            ReleaseOutcome::NotHeld
+        );
+        assert!(matches!(
+            backend
+                .try_acquire(&AcquireRequest::new(key.clone(), intruder, ttl))
+                .await?,
+            AcquireOutcome::Held(_)
+        ));
+    }
+    let still = backend
+        .inspect(&key)
+        .await?
+        .ok_or("an intruder removed the lease")?;
+    assert_eq!(still.fencing_token, Some(grant.fencing_token));
+    assert_eq!(
+        backend.release(&key, &owner).await?,
+        ReleaseOutcome::Released
+    );
+    Ok(())
+}
