@@ -71,7 +71,7 @@ struct Tally {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn campaign() -> TestResult {
-    let run_for = Duration::from_secs(env_u64("LEASEHOLD_CAMPAIGN_SECS", 25));
+    let run_for = Duration::from_secs(env_u64("LEASEHOLD_CAMPAIGN_SECS", 28));
     let seed = env_u64(
         "LEASEHOLD_CAMPAIGN_SEED",
         SystemTime::now()
@@ -257,6 +257,17 @@ async fn apply(fault: &Fault, server: &mut RedisServer, proxies: &[Proxy]) -> Te
                 p.set_mode(ProxyMode::Pass);
             }
         }
+        Fault::Reset(who, _) => {
+            for p in targets(who) {
+                p.set_mode(ProxyMode::Reset);
+            }
+            tokio::time::sleep(lasts).await;
+            for p in targets(who) {
+                p.set_mode(ProxyMode::Pass);
+            }
+        }
+        // Sentinel and Cluster failovers join here once those topologies
+        // have harnesses.
         other => return Err(format!("the campaign cannot apply {other}").into()),
     }
     Ok(())

@@ -34,6 +34,9 @@ pub enum Fault {
     /// Delay every chunk through one client's proxy (or every client's) by
     /// the first duration, per direction, for the second.
     Delay(Option<usize>, Duration, Duration),
+    /// Cut one client's connections (or every client's) with resets, and
+    /// refuse new ones, for this long.
+    Reset(Option<usize>, Duration),
 }
 
 impl Fault {
@@ -52,16 +55,18 @@ impl Fault {
             Self::CrashDurable(_) => "crash-durable",
             Self::Blackhole(..) => "blackhole",
             Self::Delay(..) => "delay",
+            Self::Reset(..) => "reset",
         }
     }
 
     /// Every kind name, in table order.
-    pub const KINDS: [&'static str; 5] = [
+    pub const KINDS: [&'static str; 6] = [
         "pause",
         "crash-empty",
         "crash-durable",
         "blackhole",
         "delay",
+        "reset",
     ];
 }
 
@@ -76,6 +81,7 @@ impl fmt::Display for Fault {
             Self::CrashDurable(d) => write!(f, "SIGKILL, restart from the AOF after {d:?}"),
             Self::Blackhole(c, d) => write!(f, "blackhole {} for {d:?}", who(c)),
             Self::Delay(c, by, d) => write!(f, "delay {} by {by:?} each way for {d:?}", who(c)),
+            Self::Reset(c, d) => write!(f, "reset connections of {} for {d:?}", who(c)),
         }
     }
 }
@@ -122,7 +128,8 @@ impl FaultPlan {
     /// - crashes: down `0` to `T`;
     /// - blackhole: `R` to `2 T`, of one client or all;
     /// - delay: `R/2` to `R` each way, so a round trip takes `R` to `2 R`
-    ///   longer (above the renew interval), for `T` to `3 T`.
+    ///   longer (above the renew interval), for `T` to `3 T`;
+    /// - reset: `0` to `T`, of one client or all.
     #[must_use]
     pub fn draw(seed: u64, shape: PlanShape) -> Self {
         let mut rng = fastrand::Rng::with_seed(seed);
@@ -147,6 +154,7 @@ impl FaultPlan {
                 Some(1) => Fault::CrashEmpty(between(&mut rng, Duration::ZERO, t)),
                 Some(2) => Fault::CrashDurable(between(&mut rng, Duration::ZERO, t)),
                 Some(3) => Fault::Blackhole(client(&mut rng), between(&mut rng, r, t * 2)),
+                Some(5) => Fault::Reset(client(&mut rng), between(&mut rng, Duration::ZERO, t)),
                 _ => Fault::Delay(
                     client(&mut rng),
                     between(&mut rng, r / 2 + Duration::from_millis(1), r),
@@ -171,8 +179,9 @@ pub fn fault_length(fault: &Fault) -> Duration {
         Fault::Pause(d)
         | Fault::CrashEmpty(d)
         | Fault::CrashDurable(d)
-        | Fault::Blackhole(_, d) => d,
-        Fault::Delay(_, _, d) => d,
+        | Fault::Blackhole(_, d)
+        | Fault::Reset(_, d)
+        | Fault::Delay(_, _, d) => d,
     }
 }
 
@@ -202,12 +211,12 @@ mod tests {
     #[test]
     fn faults_follow_each_other_inside_the_run_and_cover_every_kind() {
         for seed in 0..200 {
-            let plan = FaultPlan::draw(seed, shape(25));
+            let plan = FaultPlan::draw(seed, shape(28));
             let mut free_from = Duration::ZERO;
             for f in &plan.faults {
                 assert!(f.at >= free_from, "seed {seed}: {f:?} starts too early");
                 free_from = f.at + fault_length(&f.fault) + Duration::from_secs(1);
-                assert!(free_from <= Duration::from_secs(25), "seed {seed}: {f:?}");
+                assert!(free_from <= Duration::from_secs(28), "seed {seed}: {f:?}");
                 if let Fault::Delay(_, by, _) = f.fault {
                     assert!(2 * by > Duration::from_millis(333), "seed {seed}: {by:?}");
                 }
