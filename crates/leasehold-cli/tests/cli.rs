@@ -297,7 +297,7 @@ fn status_release_and_watch() -> TestResult {
     assert!(next_line()?.ends_with("\"admin\" free"));
 
     let script =
-        "touch started; echo $LEASEHOLD_FENCING_TOKEN > token; while true; do sleep 0.01; done";
+        "echo $LEASEHOLD_FENCING_TOKEN > token; touch started; while true; do sleep 0.01; done";
     let mut run = f.spawn(&[
         "run", "--key", "admin", "--ttl", "600ms", "--label", "worker-7", "--", "sh", "-c", script,
     ])?;

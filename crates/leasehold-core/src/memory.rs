@@ -20,10 +20,52 @@ use crate::{
 /// examples, and tests. Under `tokio::time::pause()` its leases expire on the
 /// paused clock, so timing tests run instantly and deterministically.
 ///
-/// It can also inject faults ([`set_latency`](Self::set_latency),
-/// [`hang`](Self::hang), [`vanish`](Self::vanish),
-/// [`hand_over`](Self::hand_over)) so that programs can test how they
-/// handle a lost lease.
+/// # Faults, for testing loss handling
+///
+/// It can also inject the faults a real server shows, so that programs can
+/// test how they handle a slow server and a lost lease, deterministically on
+/// the paused tokio clock:
+///
+/// | method | acts like |
+/// |---|---|
+/// | [`set_latency`](Self::set_latency) | a slow server or network: every operation takes this long |
+/// | [`hang`](Self::hang) / [`resume`](Self::resume) | a paused or cut-off server: operations wait (leases keep expiring) |
+/// | [`fail_next`](Self::fail_next) | a broken connection: the next operations fail with [`BackendError::Unavailable`] |
+/// | [`vanish`](Self::vanish) | an expiry, failover or `DEL`: the lease is gone |
+/// | [`hand_over`](Self::hand_over) | a takeover: the lease now belongs to someone else, with a higher fencing token |
+///
+/// Faults apply to every clone of the backend.
+///
+/// ```
+/// use std::time::Duration;
+/// use leasehold_core::{AcquireRequest, BackendError, HolderId, LeaseBackend, LeaseKey, MemoryBackend, RenewOutcome, RenewRequest, Ttl};
+///
+/// # #[tokio::main(flavor = "current_thread", start_paused = true)] async fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// let backend = MemoryBackend::new();
+/// let (key, me, ttl) = (LeaseKey::new("job")?, HolderId::generate()?, Ttl::parse("3s")?);
+/// backend.try_acquire(&AcquireRequest::new(key.clone(), me, ttl)).await?;
+/// let renew = RenewRequest::new(key.clone(), me, ttl);
+///
+/// // A connection that breaks twice: retries then succeed.
+/// backend.fail_next(2);
+/// for _ in 0..2 {
+///     let error = backend.renew(&renew).await.unwrap_err();
+///     assert!(matches!(error, BackendError::Unavailable { .. }) && error.is_transient());
+/// }
+/// assert_eq!(backend.renew(&renew).await?, RenewOutcome::Renewed);
+///
+/// // A server that takes longer than the lease lives: on the paused clock
+/// // this returns at once, and the lease has expired meanwhile.
+/// backend.set_latency(Duration::from_secs(4));
+/// assert_eq!(backend.renew(&renew).await?, RenewOutcome::Lost);
+/// backend.set_latency(Duration::ZERO);
+///
+/// // Someone else takes the lease: our renewals now say so.
+/// let theirs = backend.hand_over(&key, ttl)?;
+/// assert_eq!(backend.renew(&renew).await?, RenewOutcome::Lost);
+/// assert!(backend.vanish(&key));
+/// # let _ = theirs; Ok(()) }
+/// ```
 ///
 /// ```
 /// use leasehold_core::{AcquireOutcome, AcquireRequest, HolderId, LeaseBackend, LeaseKey, MemoryBackend, Ttl};
@@ -48,6 +90,8 @@ struct Inner {
     state: Mutex<State>,
     latency: Mutex<Duration>,
     hung: HangSwitch,
+    /// How many of the next operations fail (see `fail_next`).
+    failures: Mutex<u64>,
 }
 
 struct HangSwitch(watch::Sender<bool>);
@@ -116,8 +160,19 @@ impl MemoryBackend {
             .unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// Every operation first waits for the injected latency and while hung.
-    async fn gate(&self) {
+    /// Every operation first waits for the injected latency and while hung,
+    /// then fails if [`fail_next`](Self::fail_next) says so.
+    async fn gate(&self, op: &'static str, key: &LeaseKey) -> Result<(), BackendError> {
+        self.wait_gate()
+            .await
+            .map_err(|source| BackendError::Unavailable {
+                op,
+                key: key.as_str().to_owned(),
+                source,
+            })
+    }
+
+    async fn wait_gate(&self) -> Result<(), crate::Cause> {
         let latency = *self
             .inner
             .latency
@@ -129,6 +184,32 @@ impl MemoryBackend {
         let mut hung = self.inner.hung.0.subscribe();
         // The sender lives in `self`, so `wait_for` cannot fail while we hold it.
         let _ = hung.wait_for(|h| !*h).await;
+        let mut failures = self
+            .inner
+            .failures
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        if *failures == 0 {
+            return Ok(());
+        }
+        *failures -= 1;
+        Err(Arc::new(std::io::Error::new(
+            std::io::ErrorKind::ConnectionReset,
+            "injected by MemoryBackend::fail_next",
+        )))
+    }
+
+    /// Makes the next `n` operations fail with [`BackendError::Unavailable`]
+    /// (a transient error, as a broken connection gives), after any latency
+    /// or hang. A [`renew_many`](LeaseBackend::renew_many) call counts as one
+    /// operation and gives the error to every request in it. `fail_next(0)`
+    /// cancels failures not used up yet.
+    pub fn fail_next(&self, n: u64) {
+        *self
+            .inner
+            .failures
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner) = n;
     }
 
     /// Delays every following operation by `latency` (zero turns it off).
@@ -204,7 +285,7 @@ impl std::fmt::Debug for MemoryBackend {
 impl LeaseBackend for MemoryBackend {
     async fn try_acquire(&self, request: &AcquireRequest) -> Result<AcquireOutcome, BackendError> {
         let sent_at = Instant::now();
-        self.gate().await;
+        self.gate("acquire", &request.key).await?;
         let now = Instant::now();
         let mut state = self.state();
         if let Some(entry) = state.live(&request.key, now) {
@@ -242,7 +323,7 @@ impl LeaseBackend for MemoryBackend {
     }
 
     async fn renew(&self, request: &RenewRequest) -> Result<RenewOutcome, BackendError> {
-        self.gate().await;
+        self.gate("renew", &request.key).await?;
         Ok(self.renew_now(request))
     }
 
@@ -250,7 +331,18 @@ impl LeaseBackend for MemoryBackend {
         &self,
         requests: &[RenewRequest],
     ) -> Vec<Result<RenewOutcome, BackendError>> {
-        self.gate().await;
+        if let Err(source) = self.wait_gate().await {
+            return requests
+                .iter()
+                .map(|r| {
+                    Err(BackendError::Unavailable {
+                        op: "renew",
+                        key: r.key.as_str().to_owned(),
+                        source: Arc::clone(&source),
+                    })
+                })
+                .collect();
+        }
         requests.iter().map(|r| Ok(self.renew_now(r))).collect()
     }
 
@@ -259,7 +351,7 @@ impl LeaseBackend for MemoryBackend {
         key: &LeaseKey,
         holder: &HolderId,
     ) -> Result<ReleaseOutcome, BackendError> {
-        self.gate().await;
+        self.gate("release", key).await?;
         let now = Instant::now();
         let mut state = self.state();
         match state.live(key, now) {
@@ -278,13 +370,13 @@ impl LeaseBackend for MemoryBackend {
     }
 
     async fn inspect(&self, key: &LeaseKey) -> Result<Option<LeaseInfo>, BackendError> {
-        self.gate().await;
+        self.gate("inspect", key).await?;
         let now = Instant::now();
         Ok(self.state().live(key, now).map(|e| e.info(now)))
     }
 
     async fn watch_releases(&self, key: &LeaseKey) -> Result<ReleaseWatch, BackendError> {
-        self.gate().await;
+        self.gate("watch_releases", key).await?;
         let receiver = self
             .state()
             .notices

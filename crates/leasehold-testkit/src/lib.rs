@@ -14,7 +14,12 @@
 //! and three sentinels) and [`independent_masters`] (for Redlock). They
 //! poll for readiness rather than sleep, and report their setup time.
 //!
-//! All calls are synchronous and short, and work inside `#[tokio::test]`.
+//! Server calls are synchronous and short, and work inside `#[tokio::test]`.
+//! Network faults come from a [`Proxy`] between clients and the server
+//! (delay, blackhole, reset, switchable at runtime). A [`History`] of what
+//! lease holders believed, and of the writes a fenced resource accepted,
+//! is judged by [`History::check`]; a [`FaultPlan`] drawn from a seed
+//! schedules the faults of a campaign.
 //! The binary is found on `PATH` or through `LEASEHOLD_REDIS_SERVER`; see
 //! [`redis_server_binary`]. Unix only.
 //!
@@ -36,16 +41,25 @@
 //! ```
 
 mod binary;
+mod campaign;
 mod cluster;
 mod error;
+mod history;
 mod masters;
+mod proxy;
 mod resp;
 mod sentinel;
 mod server;
 
 pub use binary::{REDIS_CLI_ENV, REDIS_SERVER_ENV, redis_cli_binary, redis_server_binary};
+pub use campaign::{Fault, FaultPlan, PlanShape, ScheduledFault, fault_length};
 pub use cluster::RedisCluster;
 pub use error::TestkitError;
+pub use history::{
+    FENCED_WRITE_SCRIPT, History, Hold, HoldEnd, HoldId, Overlap, Report, StaleWrite,
+    TokenViolation,
+};
 pub use masters::independent_masters;
+pub use proxy::{Proxy, ProxyMode};
 pub use sentinel::{MASTER_NAME, SentinelSet};
 pub use server::{RedisServer, ServerBuilder, free_port};

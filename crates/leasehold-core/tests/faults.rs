@@ -1,0 +1,133 @@
+//! `MemoryBackend`'s injected faults, operation by operation, on the paused clock.
+
+use std::time::Duration;
+
+use leasehold_core::{
+    AcquireOutcome, AcquireRequest, BackendError, HolderId, LeaseBackend, LeaseKey, MemoryBackend,
+    ReleaseOutcome, RenewOutcome, RenewRequest, Ttl,
+};
+use tokio::time::Instant;
+
+type TestResult = Result<(), Box<dyn std::error::Error>>;
+
+#[tokio::test(start_paused = true)]
+async fn fail_next_fails_exactly_n_operations_of_any_kind() -> TestResult {
+    let backend = MemoryBackend::new();
+    let (key, me, ttl) = (
+        LeaseKey::new("k")?,
+        HolderId::generate()?,
+        Ttl::parse("5s")?,
+    );
+    backend.fail_next(4);
+    let acquire = AcquireRequest::new(key.clone(), me, ttl);
+    let errors = [
+        backend.try_acquire(&acquire).await.err(),
+        backend
+            .renew(&RenewRequest::new(key.clone(), me, ttl))
+            .await
+            .err(),
+        backend.release(&key, &me).await.err(),
+        backend.inspect(&key).await.err(),
+    ];
+    for (error, op) in errors
+        .into_iter()
+        .zip(["acquire", "renew", "release", "inspect"])
+    {
+        match error {
+            Some(e @ BackendError::Unavailable { op: got, .. }) => {
+                assert_eq!(got, op);
+                assert!(e.is_transient());
+                assert_eq!(e.key(), "k");
+            }
+            other => return Err(format!("{op}: expected Unavailable, got {other:?}").into()),
+        }
+    }
+    // A failed acquire did nothing; the next one works.
+    assert_eq!(backend.inspect(&key).await?, None);
+    assert!(matches!(
+        backend.try_acquire(&acquire).await?,
+        AcquireOutcome::Acquired(_)
+    ));
+    assert_eq!(backend.release(&key, &me).await?, ReleaseOutcome::Released);
+    Ok(())
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_failed_batch_fails_every_request_in_it_and_counts_once() -> TestResult {
+    let backend = MemoryBackend::new();
+    let ttl = Ttl::parse("5s")?;
+    let mut batch = Vec::new();
+    for name in ["a", "b", "c"] {
+        let (key, holder) = (LeaseKey::new(name)?, HolderId::generate()?);
+        backend
+            .try_acquire(&AcquireRequest::new(key.clone(), holder, ttl))
+            .await?;
+        batch.push(RenewRequest::new(key, holder, ttl));
+    }
+    backend.fail_next(1);
+    let failed = backend.renew_many(&batch).await;
+    assert_eq!(failed.len(), 3);
+    for (outcome, request) in failed.iter().zip(&batch) {
+        match outcome {
+            Err(e @ BackendError::Unavailable { .. }) => assert_eq!(e.key(), request.key.as_str()),
+            other => return Err(format!("expected Unavailable, got {other:?}").into()),
+        }
+    }
+    let renewed = backend.renew_many(&batch).await;
+    assert!(
+        renewed
+            .iter()
+            .all(|o| matches!(o, Ok(RenewOutcome::Renewed)))
+    );
+    Ok(())
+}
+
+#[tokio::test(start_paused = true)]
+async fn latency_and_failures_combine_and_zero_cancels_them() -> TestResult {
+    let backend = MemoryBackend::new();
+    let key = LeaseKey::new("k")?;
+    backend.set_latency(Duration::from_millis(300));
+    backend.fail_next(1);
+    let started = Instant::now();
+    assert!(backend.inspect(&key).await.is_err());
+    // The failure comes after the latency, as a slow broken connection's would.
+    assert_eq!(started.elapsed(), Duration::from_millis(300));
+    backend.fail_next(5);
+    backend.fail_next(0);
+    backend.set_latency(Duration::ZERO);
+    let started = Instant::now();
+    assert_eq!(backend.inspect(&key).await?, None);
+    assert_eq!(started.elapsed(), Duration::ZERO);
+    Ok(())
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_hung_backend_lets_leases_expire_and_vanish_and_hand_over_replace_them() -> TestResult {
+    let backend = MemoryBackend::new();
+    let (key, me, ttl) = (
+        LeaseKey::new("k")?,
+        HolderId::generate()?,
+        Ttl::parse("1s")?,
+    );
+    let AcquireOutcome::Acquired(mine) = backend
+        .try_acquire(&AcquireRequest::new(key.clone(), me, ttl))
+        .await?
+    else {
+        return Err("a free key must be acquired".into());
+    };
+    backend.hang();
+    let renewal = tokio::spawn({
+        let (backend, key) = (backend.clone(), key.clone());
+        async move { backend.renew(&RenewRequest::new(key, me, ttl)).await }
+    });
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    backend.resume();
+    // The lease expired while the backend hung.
+    assert_eq!(renewal.await??, RenewOutcome::Lost);
+    let theirs = backend.hand_over(&key, ttl)?;
+    assert!(theirs.fencing_token > mine.fencing_token);
+    assert_eq!(backend.release(&key, &me).await?, ReleaseOutcome::NotHeld);
+    assert!(backend.vanish(&key));
+    assert!(!backend.vanish(&key));
+    Ok(())
+}

@@ -1,0 +1,102 @@
+//! `MemoryBackend`'s injected faults as an application would use them: to
+//! test its own loss handling, deterministically, on the paused clock.
+//! (Hangs, vanishing leases and hand-overs are covered in watchdog.rs.)
+
+use std::time::Duration;
+
+use leasehold_core::{BackendError, LeaseBackend, LeaseKey, MemoryBackend, Ttl};
+use leasehold_watchdog::{LeaseError, LeaseManager, LeaseOptions, LossReason};
+use tokio::time::{Instant, sleep};
+
+type TestResult = Result<(), Box<dyn std::error::Error>>;
+
+fn options(ttl: &str) -> LeaseOptions {
+    LeaseOptions::with_ttl(Ttl::parse(ttl).expect("valid ttl"))
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_few_failed_renewals_are_retried_and_the_lease_is_kept() -> TestResult {
+    let backend = MemoryBackend::new();
+    let manager = LeaseManager::new(backend.clone())?;
+    let lease = manager.acquire("flaky", &options("3s")).await?;
+    // The first renewal (due at 1 s) and its first retry fail.
+    backend.fail_next(2);
+    sleep(Duration::from_millis(1300)).await;
+    assert_eq!(lease.renewals(), 0, "the failed renewals counted");
+    sleep(Duration::from_millis(400)).await;
+    assert_eq!(
+        lease.renewals(),
+        1,
+        "the retry after the failures did not renew"
+    );
+    assert_eq!(lease.loss_reason(), None);
+    sleep(Duration::from_secs(10)).await;
+    assert_eq!(lease.loss_reason(), None);
+    assert!(lease.renewals() >= 10);
+    Ok(())
+}
+
+#[tokio::test(start_paused = true)]
+async fn renewals_that_keep_failing_fire_the_deadline_while_the_lease_still_exists() -> TestResult {
+    let backend = MemoryBackend::new();
+    let manager = LeaseManager::new(backend.clone())?;
+    let options = options("3s");
+    let lease = manager.acquire("broken", &options).await?;
+    let valid_until = lease.valid_until();
+    backend.fail_next(u64::MAX);
+    assert_eq!(lease.lost().await, LossReason::Deadline);
+    assert_eq!(Instant::now(), valid_until - options.safety_margin());
+    backend.fail_next(0);
+    // The server would still have it: the holder stopped first.
+    assert!(backend.inspect(&LeaseKey::new("broken")?).await?.is_some());
+    Ok(())
+}
+
+#[tokio::test(start_paused = true)]
+async fn latency_below_the_renew_interval_is_ridden_out_and_above_the_deadline_is_not() -> TestResult
+{
+    let backend = MemoryBackend::new();
+    let manager = LeaseManager::new(backend.clone())?;
+    let options = options("3s");
+    backend.set_latency(Duration::from_millis(500));
+    let started = Instant::now();
+    let lease = manager.acquire("slow", &options).await?;
+    assert_eq!(Instant::now(), started + Duration::from_millis(500));
+    // Validity counts from when the request was sent, not when it answered.
+    assert_eq!(
+        lease.valid_until(),
+        started + Duration::from_secs(3) - leasehold_core::clock_drift(Duration::from_secs(3))
+    );
+    sleep(Duration::from_secs(10)).await;
+    assert_eq!(lease.loss_reason(), None);
+
+    // Every answer now comes after the lease's certain validity.
+    backend.set_latency(Duration::from_secs(4));
+    assert_eq!(lease.lost().await, LossReason::Deadline);
+    Ok(())
+}
+
+#[tokio::test(start_paused = true)]
+async fn acquire_retries_transient_failures_within_its_wait() -> TestResult {
+    let backend = MemoryBackend::new();
+    let manager = LeaseManager::new(backend.clone())?;
+    backend.fail_next(3);
+    let waiting = LeaseOptions::builder()
+        .ttl(Ttl::parse("3s")?)
+        .wait(Duration::from_secs(5))
+        .build()?;
+    let lease = manager.acquire("retry", &waiting).await?;
+    assert_eq!(lease.loss_reason(), None);
+    lease.release().await?;
+
+    // Without a wait, the failure is reported as it is: transient.
+    backend.fail_next(1);
+    match manager.acquire("retry", &options("3s")).await {
+        Err(LeaseError::Backend(error @ BackendError::Unavailable { .. })) => {
+            assert!(error.is_transient());
+            assert_eq!(error.key(), "retry");
+        }
+        other => return Err(format!("expected an Unavailable error, got {other:?}").into()),
+    }
+    Ok(())
+}
