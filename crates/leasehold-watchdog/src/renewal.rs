@@ -3,9 +3,14 @@
 //! Each lease has exactly one timer at a time: `Renew` while it waits for
 //! its next renewal, `Deadline` while a renewal is in flight (or after the
 //! renewal cap is reached). Renewals that fall due together go to the
-//! backend as one `renew_many` batch. Backend calls run as futures inside
-//! this task, so a slow batch never delays a deadline: the timer branch of
-//! the loop fires on time whatever the backend does.
+//! backend as one `renew_many` batch; when a renewal timer fires, the
+//! renewals due within a short window after it ([`RENEW_WINDOW_DIVISOR`])
+//! are pulled forward into the same batch, so leases acquired close together
+//! share their round trips from the first renewal on, and renewed together,
+//! they stay together. Renewals are only ever sent early, never late.
+//! Backend calls run as futures inside this task, so a slow batch never
+//! delays a deadline: the timer branch of the loop fires on time whatever
+//! the backend does.
 
 use std::collections::HashMap;
 use std::pin::Pin;
@@ -29,6 +34,12 @@ use crate::lease::{LossReason, Shared};
 
 /// The most renewals sent to the backend in one call.
 pub(crate) const MAX_BATCH: usize = 1000;
+
+/// A renewal due within `renew_interval / RENEW_WINDOW_DIVISOR` of a batch
+/// being sent joins it. Renewing that much early costs a lease 1/16 of an
+/// interval of validity it would have had anyway (the next renewal comes
+/// early too); in exchange, leases spread over time coalesce into batches.
+pub(crate) const RENEW_WINDOW_DIVISOR: u32 = 16;
 
 /// A reply channel for a release.
 pub(crate) type ReleaseReply = oneshot::Sender<Result<ReleaseOutcome, LeaseError>>;
@@ -252,8 +263,34 @@ impl<B: LeaseBackend> Watchdog<B> {
                 .flatten()
                 .map(delay_queue::Expired::into_inner);
         }
+        if !due.is_empty() {
+            self.pull_renewals_due_soon(now, &mut due);
+        }
         for ids in due.chunks(MAX_BATCH) {
             self.send_renewals(ids.to_vec());
+        }
+    }
+
+    /// Moves the renewals due within their lease's window after `now` into
+    /// `due`, earliest first, stopping at the first timer that is not such a
+    /// renewal. The timer wheel's next slot is looked at, not scanned: a
+    /// renewal missed here is sent on time by its own timer.
+    fn pull_renewals_due_soon(&mut self, now: Instant, due: &mut Vec<u64>) {
+        while let Some(key) = self.timers.peek() {
+            let when = self.timers.deadline(&key);
+            let (id, event) = self.timers.remove(&key).into_inner();
+            let Some(entry) = self.entries.get_mut(&id) else {
+                continue; // every live timer has an entry; nothing to keep
+            };
+            let window = entry.timing.renew_interval / RENEW_WINDOW_DIVISOR;
+            if matches!(event, Event::Renew) && when <= now + window && now < entry.deadline {
+                entry.timer = Some(self.timers.insert_at((id, Event::Deadline), entry.deadline));
+                due.push(id);
+            } else {
+                // Not ours to take early: put it back as it was.
+                entry.timer = Some(self.timers.insert_at((id, event), when));
+                return;
+            }
         }
     }
 
