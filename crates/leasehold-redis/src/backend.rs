@@ -21,10 +21,13 @@ use crate::scripts;
 /// A [`LeaseBackend`] on one standalone Redis server (or a primary with
 /// replicas that it does not fail over to).
 ///
-/// Every operation is one Lua script run atomically by the server, sent over
-/// one multiplexed connection that reconnects by itself. Cloning is cheap and
-/// clones share that connection; the backend spawns no tasks of its own
-/// (the connection's I/O task belongs to the redis crate).
+/// Every operation is one Lua script run atomically by the server, sent as
+/// `EVALSHA` over a multiplexed connection that reconnects by itself:
+/// acquire, release and inspect share one (`CLIENT SETNAME leasehold-ops`),
+/// and renewals have one of their own (`leasehold-renew`), so that a flood
+/// of acquisitions never queues ahead of a renewal. Cloning is cheap and
+/// clones share both connections; the backend spawns no tasks of its own
+/// (each connection's I/O task belongs to the redis crate).
 ///
 /// Each operation is bounded by the op timeout (see
 /// [`RedisBackendBuilder::op_timeout`](crate::RedisBackendBuilder::op_timeout)):
@@ -42,7 +45,10 @@ pub struct RedisBackend {
 }
 
 struct Shared {
+    /// Acquire, release, inspect and force_release.
     conn: ConnectionManager,
+    /// Renewals only.
+    renew_conn: ConnectionManager,
     layout: KeyLayout,
     op_timeout: Duration,
     /// The server, as it may be shown: a URL without its password, or an address.
@@ -52,6 +58,7 @@ struct Shared {
 impl RedisBackend {
     pub(crate) fn from_parts(
         conn: ConnectionManager,
+        renew_conn: ConnectionManager,
         layout: KeyLayout,
         op_timeout: Duration,
         server: String,
@@ -59,6 +66,7 @@ impl RedisBackend {
         Self {
             shared: Arc::new(Shared {
                 conn,
+                renew_conn,
                 layout,
                 op_timeout,
                 server,
@@ -131,14 +139,24 @@ impl RedisBackend {
 
     /// Runs a script (`EVALSHA`, loading it on `NOSCRIPT`) under the op timeout.
     async fn eval(&self, call: &ScriptInvocation<'_>) -> Result<Value, Failure> {
-        let mut conn = self.shared.conn.clone();
+        self.eval_on(&self.shared.conn, call).await
+    }
+
+    /// Runs a script on the given connection (see [`eval`](Self::eval)).
+    async fn eval_on(
+        &self,
+        conn: &ConnectionManager,
+        call: &ScriptInvocation<'_>,
+    ) -> Result<Value, Failure> {
+        let mut conn = conn.clone();
         self.bounded(call.invoke_async::<Value>(&mut conn)).await
     }
 
     /// One `renew.lua` call for at most [`scripts::RENEW_BATCH`] requests.
     async fn renew_batch(&self, batch: &[RenewRequest]) -> Vec<Result<RenewOutcome, BackendError>> {
         let call = scripts::renew(&self.shared.layout, batch);
-        let outcomes = self.eval(&call).await;
+        // Over the renewal connection: nothing else queues ahead of it.
+        let outcomes = self.eval_on(&self.shared.renew_conn, &call).await;
         match outcomes.and_then(|reply| reply::renewed(batch.len(), &reply)) {
             Ok(outcomes) => outcomes.into_iter().map(Ok).collect(),
             Err(failure) => batch

@@ -142,31 +142,28 @@ impl RedisBackendBuilder {
             .set_number_of_retries(RECONNECT_RETRIES)
             .set_min_delay(RECONNECT_MIN_DELAY)
             .set_max_delay(RECONNECT_MAX_DELAY);
-        let connecting = ConnectionManager::new_with_config(client, config);
-        let conn = match tokio::time::timeout(self.connect_timeout, connecting).await {
-            Ok(Ok(conn)) => conn,
-            Ok(Err(source)) => {
-                return Err(Error::Connect {
-                    url_redacted: shown,
-                    source,
-                });
-            }
-            Err(_) => {
-                let waited = std::io::Error::new(
-                    std::io::ErrorKind::TimedOut,
-                    format!(
-                        "no connection within the connect timeout of {:?}",
-                        self.connect_timeout
-                    ),
-                );
-                return Err(Error::Connect {
-                    url_redacted: shown,
-                    source: waited.into(),
-                });
-            }
-        };
+        // Two connections: renewals get one of their own, so that no flood
+        // of acquisitions (or the application's own traffic on a shared
+        // client) can queue ahead of them.
+        let ops = connect_named(
+            client.clone(),
+            config.clone(),
+            OPS_CONNECTION,
+            self.connect_timeout,
+            &shown,
+        )
+        .await?;
+        let renew = connect_named(
+            client,
+            config,
+            RENEW_CONNECTION,
+            self.connect_timeout,
+            &shown,
+        )
+        .await?;
         Ok(RedisBackend::from_parts(
-            conn,
+            ops,
+            renew,
             layout,
             self.op_timeout,
             shown,
@@ -213,6 +210,49 @@ impl RedisBackend {
     pub async fn connect(url: impl Into<String>) -> Result<Self, Error> {
         Self::builder(url).connect().await
     }
+}
+
+/// The `CLIENT SETNAME` of the connection for acquire, release and inspect.
+pub(crate) const OPS_CONNECTION: &str = "leasehold-ops";
+/// The `CLIENT SETNAME` of the connection used only for renewals.
+pub(crate) const RENEW_CONNECTION: &str = "leasehold-renew";
+
+/// Opens one managed connection within `connect_timeout` and names it, so
+/// that `CLIENT LIST` tells the connections apart.
+async fn connect_named(
+    client: Client,
+    config: ConnectionManagerConfig,
+    name: &str,
+    connect_timeout: Duration,
+    shown: &str,
+) -> Result<ConnectionManager, Error> {
+    let connecting = ConnectionManager::new_with_config(client, config);
+    let mut conn = match tokio::time::timeout(connect_timeout, connecting).await {
+        Ok(Ok(conn)) => conn,
+        Ok(Err(source)) => {
+            return Err(Error::Connect {
+                url_redacted: shown.to_owned(),
+                source,
+            });
+        }
+        Err(_) => {
+            let waited = std::io::Error::new(
+                std::io::ErrorKind::TimedOut,
+                format!("no connection within the connect timeout of {connect_timeout:?}"),
+            );
+            return Err(Error::Connect {
+                url_redacted: shown.to_owned(),
+                source: waited.into(),
+            });
+        }
+    };
+    // Only for operators reading CLIENT LIST: a server or ACL that refuses
+    // it costs nothing else, so its outcome is ignored; a reconnection
+    // starts unnamed.
+    let mut setname = redis::cmd("CLIENT");
+    setname.arg("SETNAME").arg(name);
+    let _ = tokio::time::timeout(connect_timeout, setname.query_async::<()>(&mut conn)).await;
+    Ok(conn)
 }
 
 fn check_timeout(field: &'static str, timeout: Duration) -> Result<(), Error> {
