@@ -295,7 +295,7 @@ fn main() -> BenchResult {
                 }
             }
             for (client, runs) in all.iter().zip(&runs) {
-                let mut stat =
+                let stat =
                     |f: &dyn Fn(&Run) -> f64| median(&mut runs.iter().map(f).collect::<Vec<_>>());
                 let line = Json::new()
                     .str("bench", "acquire_release")

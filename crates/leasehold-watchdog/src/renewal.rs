@@ -84,9 +84,10 @@ enum Event {
     Deadline,
 }
 
+/// The watchdog's own state per lease. Kept small, since a manager may
+/// hold a million: the timing lives in `shared`, not here.
 struct Entry {
     shared: Arc<Shared>,
-    timing: Timing,
     /// When the token fires unless a renewal succeeds first.
     deadline: Instant,
     timer: Option<delay_queue::Key>,
@@ -95,7 +96,8 @@ struct Entry {
 
 impl Entry {
     fn capped(&self) -> bool {
-        self.timing
+        self.shared
+            .timing
             .max_renewals
             .is_some_and(|max| self.shared.renewals() >= max)
     }
@@ -181,7 +183,6 @@ impl<B: LeaseBackend> Watchdog<B> {
                 let deadline = valid_until(sent_at, shared.ttl) - timing.safety_margin;
                 let entry = Entry {
                     shared,
-                    timing,
                     deadline,
                     timer: None,
                     ended: false,
@@ -282,7 +283,7 @@ impl<B: LeaseBackend> Watchdog<B> {
             let Some(entry) = self.entries.get_mut(&id) else {
                 continue; // every live timer has an entry; nothing to keep
             };
-            let window = entry.timing.renew_interval / RENEW_WINDOW_DIVISOR;
+            let window = entry.shared.timing.renew_interval / RENEW_WINDOW_DIVISOR;
             if matches!(event, Event::Renew) && when <= now + window && now < entry.deadline {
                 entry.timer = Some(self.timers.insert_at((id, Event::Deadline), entry.deadline));
                 due.push(id);
@@ -336,16 +337,16 @@ impl<B: LeaseBackend> Watchdog<B> {
             match outcome {
                 Ok(RenewOutcome::Renewed) => {
                     let valid = valid_until(sent_at, entry.shared.ttl);
-                    entry.deadline = valid - entry.timing.safety_margin;
+                    entry.deadline = valid - entry.shared.timing.safety_margin;
                     entry.shared.renewed(valid);
-                    let renew_at = sent_at + entry.timing.renew_interval;
+                    let renew_at = sent_at + entry.shared.timing.renew_interval;
                     debug!(key = %entry.shared.key, name = %entry.shared.name, "lease renewed");
                     self.schedule(id, renew_at);
                 }
                 Ok(RenewOutcome::Lost) => self.end(id, LossReason::Lost),
                 Err(error) => {
                     debug!(key = %entry.shared.key, name = %entry.shared.name, %error, "renewal failed; retrying");
-                    let retry_at = now + entry.timing.retry_delay();
+                    let retry_at = now + entry.shared.timing.retry_delay();
                     self.schedule(id, retry_at);
                 }
             }
@@ -397,5 +398,25 @@ impl<B: LeaseBackend> Watchdog<B> {
             }
             Done::Released
         }));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The per-lease structures docs/performance.md accounts for: the
+    /// watchdog's entry, the state shared with the handle, and the handle.
+    #[test]
+    #[cfg(target_pointer_width = "64")]
+    fn per_lease_structures_stay_small() {
+        let entry = std::mem::size_of::<Entry>();
+        let shared = std::mem::size_of::<Shared>();
+        let lease = std::mem::size_of::<crate::Lease>();
+        assert!(entry <= 48, "Entry is {entry} bytes");
+        assert!(shared <= 160, "Shared is {shared} bytes");
+        assert!(lease <= 40, "Lease is {lease} bytes");
+        // A timer's payload: the lease id and what to do.
+        assert!(std::mem::size_of::<(u64, Event)>() <= 16);
     }
 }
