@@ -95,6 +95,8 @@ struct Counting {
     inner: RedisBackend,
     round_trips: Arc<AtomicU64>,
     renewals: Arc<AtomicU64>,
+    /// The slowest renew_many call, in microseconds.
+    slowest_us: Arc<AtomicU64>,
 }
 
 impl LeaseBackend for Counting {
@@ -116,7 +118,11 @@ impl LeaseBackend for Counting {
         self.round_trips.fetch_add(calls, Ordering::Relaxed);
         self.renewals
             .fetch_add(requests.len() as u64, Ordering::Relaxed);
-        self.inner.renew_many(requests).await
+        let started = Instant::now();
+        let outcomes = self.inner.renew_many(requests).await;
+        let took = u64::try_from(started.elapsed().as_micros()).unwrap_or(u64::MAX);
+        self.slowest_us.fetch_max(took, Ordering::Relaxed);
+        outcomes
     }
 
     async fn release(
@@ -143,6 +149,8 @@ struct Held {
     /// Peak RSS above the RSS before acquiring, in bytes.
     peak_rss_delta: f64,
     hold_secs: f64,
+    /// The slowest renewal round trip during the hold, in milliseconds.
+    slowest_renewal_ms: f64,
 }
 
 fn main() -> BenchResult {
@@ -211,6 +219,7 @@ fn main() -> BenchResult {
             held.server_cpu * 1e6 / held.renewals.max(1) as f64,
         )
         .num("client_peak_rss_bytes_per_lease", held.peak_rss_delta / n)
+        .num("slowest_renewal_ms", held.slowest_renewal_ms)
         .str("cpus", &common::cpus_allowed())
         .str("redis", &version)
         .str("quick", if quick { "yes" } else { "no" })
@@ -253,6 +262,7 @@ async fn hold_with_leasehold(
         inner: RedisBackend::connect(server.url()).await?,
         round_trips: Arc::default(),
         renewals: Arc::default(),
+        slowest_us: Arc::default(),
     };
     let manager = LeaseManager::new(backend.clone())?;
     let options = LeaseOptions::with_ttl(ttl);
@@ -289,11 +299,37 @@ async fn hold_with_leasehold(
         backend.round_trips.load(Ordering::Relaxed),
         backend.renewals.load(Ordering::Relaxed),
     );
+    backend.slowest_us.store(0, Ordering::Relaxed);
     let hold_started = Instant::now();
-    tokio::time::sleep(hold).await;
+    if std::env::var("LEASEHOLD_BENCH_WATCH").is_ok() {
+        // Diagnosis only: scanning every lease each second costs CPU.
+        while hold_started.elapsed() < hold {
+            tokio::time::sleep(Duration::from_secs(1)).await;
+            let lost = leases.iter().filter(|l| l.loss_reason().is_some()).count();
+            eprintln!(
+                "hold_many: {:.0} s: {lost} lost, {} renewals, {} round trips, slowest {} ms",
+                hold_started.elapsed().as_secs_f64(),
+                backend.renewals.load(Ordering::Relaxed),
+                backend.round_trips.load(Ordering::Relaxed),
+                backend.slowest_us.swap(0, Ordering::Relaxed) / 1000,
+            );
+        }
+    } else {
+        tokio::time::sleep(hold).await;
+    }
     let hold_secs = hold_started.elapsed().as_secs_f64();
     let (client1, server1) = cpu_now(server)?;
     let lost = leases.iter().filter(|l| l.loss_reason().is_some()).count() as u64;
+    let mut reasons: Vec<String> = leases
+        .iter()
+        .filter_map(|l| l.loss_reason())
+        .map(|r| r.as_str().to_owned())
+        .collect();
+    reasons.sort();
+    reasons.dedup();
+    if !reasons.is_empty() {
+        eprintln!("hold_many: leases lost, by reason: {reasons:?}");
+    }
     let held = Held {
         acquire_secs,
         lost,
@@ -303,6 +339,7 @@ async fn hold_with_leasehold(
         server_cpu: server1 - server0,
         peak_rss_delta: peak_delta(baseline),
         hold_secs,
+        slowest_renewal_ms: backend.slowest_us.load(Ordering::Relaxed) as f64 / 1000.0,
     };
     Ok((held, leases))
 }
@@ -353,7 +390,7 @@ async fn hold_by_hand(
     let (client0, server0) = cpu_now(server)?;
     let interval = ttl.get() / 3;
     let hold_started = Instant::now();
-    let (mut renewals, mut round_trips) = (0u64, 0u64);
+    let (mut renewals, mut round_trips, mut slowest) = (0u64, 0u64, Duration::ZERO);
     let mut lost = vec![false; count];
     let mut tick = hold_started;
     loop {
@@ -375,10 +412,15 @@ async fn hold_by_hand(
                     .arg(ttl_ms);
             }
             let mut conn = conn.clone();
-            async move { pipe.query_async::<Vec<i64>>(&mut conn).await }
+            async move {
+                let started = Instant::now();
+                let renewed = pipe.query_async::<Vec<i64>>(&mut conn).await;
+                (renewed, started.elapsed())
+            }
         });
-        for (chunk_index, renewed) in join_all(sends).await.into_iter().enumerate() {
+        for (chunk_index, (renewed, took)) in join_all(sends).await.into_iter().enumerate() {
             round_trips += 1;
+            slowest = slowest.max(took);
             let renewed = renewed?;
             renewals += renewed.len() as u64;
             for (i, outcome) in renewed.iter().enumerate() {
@@ -399,5 +441,6 @@ async fn hold_by_hand(
         server_cpu: server1 - server0,
         peak_rss_delta: peak_delta(baseline),
         hold_secs,
+        slowest_renewal_ms: slowest.as_secs_f64() * 1000.0,
     })
 }
