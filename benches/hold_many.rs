@@ -265,7 +265,12 @@ async fn hold_with_leasehold(
         slowest_us: Arc::default(),
     };
     let manager = LeaseManager::new(backend.clone())?;
-    let options = LeaseOptions::with_ttl(ttl);
+    // Keys are distinct, so nobody waits: the wait only lets an acquisition
+    // that timed out on a busy machine be retried.
+    let options = LeaseOptions::builder()
+        .ttl(ttl)
+        .wait(Duration::from_secs(60))
+        .build()?;
     let baseline = rss_baseline()?;
 
     let started = Instant::now();
