@@ -34,6 +34,9 @@ const IN_FLIGHT: usize = 256;
 /// the same bound as leasehold's batches.
 const RAW_PIPELINE: usize = 1000;
 
+/// Pipelines the hand-written loop keeps in flight.
+const PIPELINES_IN_FLIGHT: usize = 16;
+
 /// The hand-written loop's compare-and-pexpire.
 const RAW_RENEW_SOURCE: &str = "if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('PEXPIRE', KEYS[1], ARGV[2]) else return 0 end";
 static RAW_RENEW: LazyLock<redis::Script> = LazyLock::new(|| redis::Script::new(RAW_RENEW_SOURCE));
@@ -356,7 +359,10 @@ async fn hold_by_hand(
     hold: Duration,
 ) -> BenchResult<Held> {
     let client = redis::Client::open(server.url())?;
-    let mut conn = ConnectionManager::new(client).await?;
+    // No response timeout: a pipeline of 1000 scripts may take a while on a
+    // busy machine, and the loop has no deadline logic of its own.
+    let config = redis::aio::ConnectionManagerConfig::new().set_response_timeout(None);
+    let mut conn = ConnectionManager::new_with_config(client, config).await?;
     // Loaded once, then called by EVALSHA in pipelines.
     redis::cmd("SCRIPT")
         .arg("LOAD")
@@ -371,7 +377,7 @@ async fn hold_by_hand(
     let leases: Vec<(String, String)> = (0..count)
         .map(|i| (format!("hold:{i}"), format!("{:032x}", fastrand::u128(..))))
         .collect();
-    for group in leases.chunks(RAW_PIPELINE * 16) {
+    for group in leases.chunks(RAW_PIPELINE * PIPELINES_IN_FLIGHT) {
         let sends = group.chunks(RAW_PIPELINE).map(|chunk| {
             let mut pipe = redis::pipe();
             for (key, holder) in chunk {
@@ -406,31 +412,37 @@ async fn hold_by_hand(
             break;
         }
         tokio::time::sleep_until(tick.into()).await;
-        let sends = leases.chunks(RAW_PIPELINE).map(|chunk| {
-            let mut pipe = redis::pipe();
-            for (key, holder) in chunk {
-                pipe.cmd("EVALSHA")
-                    .arg(sha)
-                    .arg(1)
-                    .arg(key)
-                    .arg(holder)
-                    .arg(ttl_ms);
-            }
-            let mut conn = conn.clone();
-            async move {
-                let started = Instant::now();
-                let renewed = pipe.query_async::<Vec<i64>>(&mut conn).await;
-                (renewed, started.elapsed())
-            }
-        });
-        for (chunk_index, (renewed, took)) in join_all(sends).await.into_iter().enumerate() {
-            round_trips += 1;
-            slowest = slowest.max(took);
-            let renewed = renewed?;
-            renewals += renewed.len() as u64;
-            for (i, outcome) in renewed.iter().enumerate() {
-                if *outcome != 1 {
-                    lost[chunk_index * RAW_PIPELINE + i] = true;
+        // At most PIPELINES_IN_FLIGHT pipelines at once: a million
+        // commands queued on one connection would only wait in line.
+        let per_group = RAW_PIPELINE * PIPELINES_IN_FLIGHT;
+        for (group_index, group) in leases.chunks(per_group).enumerate() {
+            let sends = group.chunks(RAW_PIPELINE).map(|chunk| {
+                let mut pipe = redis::pipe();
+                for (key, holder) in chunk {
+                    pipe.cmd("EVALSHA")
+                        .arg(sha)
+                        .arg(1)
+                        .arg(key)
+                        .arg(holder)
+                        .arg(ttl_ms);
+                }
+                let mut conn = conn.clone();
+                async move {
+                    let started = Instant::now();
+                    let renewed = pipe.query_async::<Vec<i64>>(&mut conn).await;
+                    (renewed, started.elapsed())
+                }
+            });
+            let first = group_index * per_group;
+            for (chunk_index, (renewed, took)) in join_all(sends).await.into_iter().enumerate() {
+                round_trips += 1;
+                slowest = slowest.max(took);
+                let renewed = renewed?;
+                renewals += renewed.len() as u64;
+                for (i, outcome) in renewed.iter().enumerate() {
+                    if *outcome != 1 {
+                        lost[first + chunk_index * RAW_PIPELINE + i] = true;
+                    }
                 }
             }
         }

@@ -3,11 +3,12 @@
 //! Each lease has exactly one timer at a time: `Renew` while it waits for
 //! its next renewal, `Deadline` while a renewal is in flight (or after the
 //! renewal cap is reached). Renewals that fall due together go to the
-//! backend as one `renew_many` batch; when a renewal timer fires, the
-//! renewals due within a short window after it ([`RENEW_WINDOW_DIVISOR`])
-//! are pulled forward into the same batch, so leases acquired close together
-//! share their round trips from the first renewal on, and renewed together,
-//! they stay together. Renewals are only ever sent early, never late.
+//! backend as one `renew_many` batch. Renewal times are moved back onto a
+//! grid ([`RENEW_WINDOW_DIVISOR`] steps per renew interval, counted from the
+//! watchdog's start), so leases acquired close together fall due in the same
+//! timer tick and share their round trips from the first renewal on;
+//! renewed together, they stay together. Renewals are only ever sent early,
+//! never late.
 //! Backend calls run as futures inside this task, so a slow batch never
 //! delays a deadline: the timer branch of the loop fires on time whatever
 //! the backend does.
@@ -35,10 +36,13 @@ use crate::lease::{LossReason, Shared};
 /// The most renewals sent to the backend in one call.
 pub(crate) const MAX_BATCH: usize = 1000;
 
-/// A renewal due within `renew_interval / RENEW_WINDOW_DIVISOR` of a batch
-/// being sent joins it. Renewing that much early costs a lease 1/16 of an
-/// interval of validity it would have had anyway (the next renewal comes
-/// early too); in exchange, leases spread over time coalesce into batches.
+/// Renewal times are rounded down to a multiple of
+/// `renew_interval / RENEW_WINDOW_DIVISOR` after the watchdog's start.
+/// Renewing up to that much early costs a lease nothing it relies on (its
+/// deadline counts from each renewal's send); in exchange, leases acquired
+/// within one step of each other fall due in the same timer tick. (Finding
+/// the renewals due soon when a timer fires would need a scan of the timer
+/// wheel's slot, which at a million leases costs more than the batching saves.)
 pub(crate) const RENEW_WINDOW_DIVISOR: u32 = 16;
 
 /// A reply channel for a release.
@@ -121,6 +125,8 @@ pub(crate) struct Watchdog<B> {
     work: FuturesUnordered<Work>,
     commands: mpsc::UnboundedReceiver<Command>,
     shutdown: CancellationToken,
+    /// Where the renewal grid starts.
+    epoch: Instant,
 }
 
 impl<B: LeaseBackend> Watchdog<B> {
@@ -136,7 +142,20 @@ impl<B: LeaseBackend> Watchdog<B> {
             work: FuturesUnordered::new(),
             commands,
             shutdown,
+            epoch: Instant::now(),
         }
+    }
+
+    /// `at`, rounded down to the renewal grid of a lease renewed every
+    /// `interval`: never later than `at`, at most `interval / 16` earlier.
+    fn on_grid(&self, at: Instant, interval: Duration) -> Instant {
+        let step = (interval / RENEW_WINDOW_DIVISOR).as_nanos();
+        if step == 0 || at <= self.epoch {
+            return at;
+        }
+        let early = (at - self.epoch).as_nanos() % step;
+        // `early` is below `step`, itself below `interval`: it fits.
+        at - Duration::from_nanos(u64::try_from(early).unwrap_or(0))
     }
 
     /// Runs until shut down, or until no handle or manager is left.
@@ -166,9 +185,27 @@ impl<B: LeaseBackend> Watchdog<B> {
                 Some(done) = self.work.next(), if !self.work.is_empty() => self.on_done(done),
                 else => break,
             }
+            self.catch_up();
             if stopping && self.work.is_empty() {
                 break;
             }
+        }
+    }
+
+    /// Gives expired timers and finished backend calls a turn after every
+    /// event, without waiting. With many leases a timer expires (or a
+    /// command arrives) every millisecond, so the biased `select!` alone
+    /// would always find an earlier branch ready: a flood of acquisitions
+    /// would hold back deadlines, and a steady stream of renewal timers
+    /// would keep the renewals' own replies from ever being read.
+    /// (A noop waker is enough here: before the task sleeps, the `select!`
+    /// polls every branch with the real one.)
+    fn catch_up(&mut self) {
+        if let Some(Some(expired)) = self.timers.next().now_or_never() {
+            self.on_timers(expired.into_inner());
+        }
+        while let Some(Some(done)) = self.work.next().now_or_never() {
+            self.on_done(done);
         }
     }
 
@@ -211,6 +248,14 @@ impl<B: LeaseBackend> Watchdog<B> {
     /// when the cap is reached. Ends the lease at once if the deadline passed.
     fn schedule(&mut self, id: u64, renew_at: Instant) {
         let now = Instant::now();
+        let Some(interval) = self
+            .entries
+            .get(&id)
+            .map(|e| e.shared.timing.renew_interval)
+        else {
+            return;
+        };
+        let renew_at = self.on_grid(renew_at, interval);
         let Some(entry) = self.entries.get_mut(&id) else {
             return;
         };
@@ -264,34 +309,8 @@ impl<B: LeaseBackend> Watchdog<B> {
                 .flatten()
                 .map(delay_queue::Expired::into_inner);
         }
-        if !due.is_empty() {
-            self.pull_renewals_due_soon(now, &mut due);
-        }
         for ids in due.chunks(MAX_BATCH) {
             self.send_renewals(ids.to_vec());
-        }
-    }
-
-    /// Moves the renewals due within their lease's window after `now` into
-    /// `due`, earliest first, stopping at the first timer that is not such a
-    /// renewal. The timer wheel's next slot is looked at, not scanned: a
-    /// renewal missed here is sent on time by its own timer.
-    fn pull_renewals_due_soon(&mut self, now: Instant, due: &mut Vec<u64>) {
-        while let Some(key) = self.timers.peek() {
-            let when = self.timers.deadline(&key);
-            let (id, event) = self.timers.remove(&key).into_inner();
-            let Some(entry) = self.entries.get_mut(&id) else {
-                continue; // every live timer has an entry; nothing to keep
-            };
-            let window = entry.shared.timing.renew_interval / RENEW_WINDOW_DIVISOR;
-            if matches!(event, Event::Renew) && when <= now + window && now < entry.deadline {
-                entry.timer = Some(self.timers.insert_at((id, Event::Deadline), entry.deadline));
-                due.push(id);
-            } else {
-                // Not ours to take early: put it back as it was.
-                entry.timer = Some(self.timers.insert_at((id, event), when));
-                return;
-            }
         }
     }
 
