@@ -150,7 +150,6 @@ impl Shared {
 pub struct Lease {
     shared: Arc<Shared>,
     id: u64,
-    token: CancellationToken,
     commands: mpsc::UnboundedSender<Command>,
     released: bool,
 }
@@ -162,7 +161,6 @@ impl Lease {
         commands: mpsc::UnboundedSender<Command>,
     ) -> Self {
         Self {
-            token: shared.token.child_token(),
             shared,
             id,
             commands,
@@ -196,11 +194,14 @@ impl Lease {
     }
 
     /// A token cancelled when the lease ends for any reason other than
-    /// [`release`](Self::release). Cancelling it yourself does not affect the
-    /// lease.
+    /// [`release`](Self::release). Each call returns a new child of the
+    /// lease's own token: cancelling it yourself affects neither the lease
+    /// nor the tokens of other calls.
     #[must_use]
     pub fn token(&self) -> CancellationToken {
-        self.token.clone()
+        // A child made on demand rather than one kept in the handle: a
+        // manager may hold a million leases, and a token node is ~130 bytes.
+        self.shared.token.child_token()
     }
 
     /// Until when, on this process's monotonic clock, the lease is certainly

@@ -434,7 +434,7 @@ mod tests {
         let lease = std::mem::size_of::<crate::Lease>();
         assert!(entry <= 48, "Entry is {entry} bytes");
         assert!(shared <= 160, "Shared is {shared} bytes");
-        assert!(lease <= 40, "Lease is {lease} bytes");
+        assert!(lease <= 32, "Lease is {lease} bytes");
         // A timer's payload: the lease id and what to do.
         assert!(std::mem::size_of::<(u64, Event)>() <= 16);
     }
