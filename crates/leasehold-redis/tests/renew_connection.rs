@@ -88,3 +88,37 @@ async fn a_flood_of_acquisitions_does_not_delay_a_renewal() -> TestResult {
     assert_eq!(done.load(Ordering::Relaxed), FLOOD);
     Ok(())
 }
+
+/// `calls=` of one command in `INFO commandstats`, 0 when never called.
+fn command_calls(server: &RedisServer, command: &str) -> Result<u64, Box<dyn std::error::Error>> {
+    let stats = server.cli(&["INFO", "commandstats"])?;
+    let prefix = format!("cmdstat_{command}:calls=");
+    let calls = stats
+        .lines()
+        .find_map(|l| l.strip_prefix(prefix.as_str()))
+        .and_then(|rest| rest.split(',').next())
+        .unwrap_or("0");
+    Ok(calls.parse()?)
+}
+
+#[tokio::test]
+async fn acquire_and_release_are_one_evalsha_each_with_scripts_loaded_once() -> TestResult {
+    const CYCLES: u64 = 200;
+    let server = RedisServer::start()?;
+    let backend = connect(&server).await;
+    for i in 0..CYCLES {
+        let (k, a) = (key(&format!("cycle:{i}")), holder());
+        acquire(&backend, &k, a, ttl("30s")).await?;
+        assert_eq!(
+            backend.release(&k, &a).await?,
+            leasehold_core::ReleaseOutcome::Released
+        );
+    }
+    // Each script's body went to the server once, after the NOSCRIPT of
+    // its first call on this fresh server; never with EVAL.
+    assert_eq!(command_calls(&server, "script|load")?, 2);
+    assert_eq!(command_calls(&server, "eval")?, 0);
+    // One EVALSHA per operation, plus the refused first call of each script.
+    assert_eq!(command_calls(&server, "evalsha")?, 2 * CYCLES + 2);
+    Ok(())
+}
