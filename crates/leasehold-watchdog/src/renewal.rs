@@ -159,7 +159,17 @@ impl<B: LeaseBackend> Watchdog<B> {
     }
 
     /// Runs until shut down, or until no handle or manager is left.
-    pub(crate) async fn run(mut self) {
+    ///
+    /// Outside tokio's cooperative budget: with the budget (128 resource
+    /// polls per turn), the timer queue stops yielding expired entries after
+    /// about 128 in one turn, so a cohort of renewals due at one instant was
+    /// split into batches of ~125 instead of 1,000. The loop still returns
+    /// to the runtime whenever nothing is ready.
+    pub(crate) async fn run(self) {
+        tokio::task::coop::unconstrained(self.run_loop()).await;
+    }
+
+    async fn run_loop(mut self) {
         let mut stopping = false;
         let mut commands_open = true;
         loop {
