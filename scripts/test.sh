@@ -20,5 +20,9 @@ if ! command -v redis-server >/dev/null 2>&1; then
 fi
 redis-server --version
 
+# --all-targets includes the benches (benches/*.rs, harness = false): run by
+# cargo test rather than cargo bench they get no --bench argument and run
+# their tiny configuration (LEASEHOLD_BENCH_QUICK), in the test profile, so
+# CI checks that they build and run without a separate release build.
 cargo test --workspace --all-targets "$@"
 cargo test --workspace --doc

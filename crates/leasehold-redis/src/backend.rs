@@ -48,7 +48,11 @@ pub struct RedisBackend {
 }
 
 struct Shared {
+    /// Acquire, release, inspect and force_release.
     conn: Conn,
+    /// Renewals only, so that no flood of acquisitions (or the application's
+    /// own traffic) queues ahead of them. The same connection on Sentinel.
+    renew_conn: Conn,
     /// Release notices; standalone servers only, for now.
     notices: Option<Notices>,
     layout: KeyLayout,
@@ -61,6 +65,7 @@ struct Shared {
 impl RedisBackend {
     pub(crate) fn from_parts(
         conn: Conn,
+        renew_conn: Conn,
         notices: Option<Notices>,
         layout: KeyLayout,
         op_timeout: Duration,
@@ -70,6 +75,7 @@ impl RedisBackend {
         Self {
             shared: Arc::new(Shared {
                 conn,
+                renew_conn,
                 notices,
                 layout,
                 op_timeout,
@@ -173,6 +179,12 @@ impl RedisBackend {
             .await
     }
 
+    /// [`eval_acked`](Self::eval_acked) over the renewal connection.
+    async fn eval_renewal(&self, call: &Call) -> Result<Reply, Failure> {
+        self.bounded(self.shared.renew_conn.eval(call, self.shared.wait))
+            .await
+    }
+
     /// The failure of a write that too few replicas acknowledged, if so.
     fn missing_ack(&self, reply: &Reply, extra: &str) -> Option<Failure> {
         let wait = self.shared.wait?;
@@ -189,7 +201,7 @@ impl RedisBackend {
     /// all in one cluster slot.
     async fn renew_batch(&self, batch: &[RenewRequest]) -> Vec<Result<RenewOutcome, BackendError>> {
         let call = scripts::renew(&self.shared.layout, batch);
-        let outcomes = self.eval_acked(&call).await.and_then(|reply| {
+        let outcomes = self.eval_renewal(&call).await.and_then(|reply| {
             // An unacknowledged renewal is unknown: a failover could lose it.
             match self.missing_ack(&reply, "") {
                 Some(failure) => Err(failure),

@@ -177,9 +177,10 @@ impl RedisBackendBuilder {
             Target::Url(url) => match Endpoint::parse(&url)?.kind {
                 Kind::Standalone(checked) => client_for_url(&checked)?,
                 Kind::Cluster(nodes) => {
-                    let conn = self.connect_cluster(nodes, &shown).await?;
+                    let (conn, renew_conn) = self.connect_cluster(nodes, &shown).await?;
                     return Ok(RedisBackend::from_parts(
                         conn,
+                        renew_conn,
                         None,
                         layout,
                         self.op_timeout,
@@ -197,6 +198,7 @@ impl RedisBackendBuilder {
                         .connect_sentinel(sentinels, master, master_info, tls, &shown)
                         .await?;
                     return Ok(RedisBackend::from_parts(
+                        conn.clone(),
                         conn,
                         None,
                         layout,
@@ -221,25 +223,58 @@ impl RedisBackendBuilder {
             .set_min_delay(RECONNECT_MIN_DELAY)
             .set_max_delay(RECONNECT_MAX_DELAY);
         let notices = Notices::new(&client, self.connect_timeout, self.op_timeout);
-        let conn = if lazy {
-            ConnectionManager::new_lazy_with_config(client, config).map_err(|source| {
-                Error::Connect {
-                    url_redacted: shown.clone(),
-                    source,
-                }
-            })?
+        // Two connections: renewals get one of their own, so that no flood
+        // of acquisitions (or the application's own traffic on a shared
+        // client) can queue ahead of them.
+        let (ops, renew) = if lazy {
+            let lazy = |client: Client| {
+                ConnectionManager::new_lazy_with_config(client, config.clone()).map_err(|source| {
+                    Error::Connect {
+                        url_redacted: shown.clone(),
+                        source,
+                    }
+                })
+            };
+            (lazy(client.clone())?, lazy(client)?)
         } else {
-            let connecting = ConnectionManager::new_with_config(client, config);
-            self.bounded_connect(connecting, &shown).await?
+            let ops = self
+                .connect_named(client.clone(), config.clone(), OPS_CONNECTION, &shown)
+                .await?;
+            let renew = self
+                .connect_named(client, config, RENEW_CONNECTION, &shown)
+                .await?;
+            (ops, renew)
         };
         Ok(RedisBackend::from_parts(
-            Conn::Standalone(conn),
+            Conn::Standalone(ops),
+            Conn::Standalone(renew),
             Some(notices),
             layout,
             self.op_timeout,
             shown,
             self.wait,
         ))
+    }
+
+    /// Opens one managed connection within the connect timeout and names
+    /// it, so that `CLIENT LIST` tells the connections apart.
+    async fn connect_named(
+        &self,
+        client: Client,
+        config: ConnectionManagerConfig,
+        name: &str,
+        shown: &str,
+    ) -> Result<ConnectionManager, Error> {
+        let connecting = ConnectionManager::new_with_config(client, config);
+        let mut conn = self.bounded_connect(connecting, shown).await?;
+        // Only for operators reading CLIENT LIST: a server or ACL that
+        // refuses it costs nothing else, so its outcome is ignored; a
+        // reconnection starts unnamed.
+        let mut setname = redis::cmd("CLIENT");
+        setname.arg("SETNAME").arg(name);
+        let _ =
+            tokio::time::timeout(self.connect_timeout, setname.query_async::<()>(&mut conn)).await;
+        Ok(conn)
     }
 
     /// Waits for a connection within the connect timeout.
@@ -270,11 +305,12 @@ impl RedisBackendBuilder {
         }
     }
 
+    /// Two cluster connections: one for operations, one for renewals.
     async fn connect_cluster(
         &self,
         nodes: Vec<redis::ConnectionInfo>,
         shown: &str,
-    ) -> Result<Conn, Error> {
+    ) -> Result<(Conn, Conn), Error> {
         if nodes
             .iter()
             .any(|n| matches!(n.addr(), ConnectionAddr::TcpTls { .. }))
@@ -297,7 +333,10 @@ impl RedisBackendBuilder {
         let conn = self
             .bounded_connect(client.get_async_connection(), shown)
             .await?;
-        Ok(Conn::Cluster(conn))
+        let renew = self
+            .bounded_connect(client.get_async_connection(), shown)
+            .await?;
+        Ok((Conn::Cluster(conn), Conn::Cluster(renew)))
     }
 
     async fn connect_sentinel(
@@ -468,6 +507,11 @@ fn ensure_crypto_provider() {
 
 #[cfg(not(feature = "tls"))]
 fn ensure_crypto_provider() {}
+
+/// The `CLIENT SETNAME` of the connection for acquire, release and inspect.
+pub(crate) const OPS_CONNECTION: &str = "leasehold-ops";
+/// The `CLIENT SETNAME` of the connection used only for renewals.
+pub(crate) const RENEW_CONNECTION: &str = "leasehold-renew";
 
 #[cfg(test)]
 mod tests {

@@ -3,7 +3,7 @@
 use std::fmt;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
-use leasehold_core::{FencingToken, HolderId, LeaseKey, ReleaseOutcome, Ttl};
+use leasehold_core::{FencingToken, Grant, HolderId, LeaseKey, ReleaseOutcome, Ttl};
 use tokio::sync::{mpsc, oneshot};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
@@ -61,6 +61,8 @@ pub(crate) struct Shared {
     pub(crate) ttl: Ttl,
     pub(crate) name: std::borrow::Cow<'static, str>,
     pub(crate) timing: Timing,
+    /// When the acquisition was sent: the start of the hold-time metric.
+    pub(crate) acquired_at: Instant,
     /// Cancelled by the watchdog; the holder sees a child of it.
     pub(crate) token: CancellationToken,
     state: Mutex<State>,
@@ -74,25 +76,18 @@ struct State {
 }
 
 impl Shared {
-    pub(crate) fn new(
-        key: LeaseKey,
-        holder: HolderId,
-        fencing_token: FencingToken,
-        ttl: Ttl,
-        name: std::borrow::Cow<'static, str>,
-        timing: Timing,
-        valid_until: Instant,
-    ) -> Self {
+    pub(crate) fn new(grant: Grant, name: std::borrow::Cow<'static, str>, timing: Timing) -> Self {
         Self {
-            key,
-            holder,
-            fencing_token,
-            ttl,
+            key: grant.key,
+            holder: grant.holder,
+            fencing_token: grant.fencing_token,
+            ttl: grant.ttl,
             name,
             timing,
+            acquired_at: grant.sent_at,
             token: CancellationToken::new(),
             state: Mutex::new(State {
-                valid_until,
+                valid_until: grant.valid_until,
                 renewals: 0,
                 loss: None,
             }),
@@ -150,7 +145,6 @@ impl Shared {
 pub struct Lease {
     shared: Arc<Shared>,
     id: u64,
-    token: CancellationToken,
     commands: mpsc::UnboundedSender<Command>,
     released: bool,
 }
@@ -162,7 +156,6 @@ impl Lease {
         commands: mpsc::UnboundedSender<Command>,
     ) -> Self {
         Self {
-            token: shared.token.child_token(),
             shared,
             id,
             commands,
@@ -196,11 +189,14 @@ impl Lease {
     }
 
     /// A token cancelled when the lease ends for any reason other than
-    /// [`release`](Self::release). Cancelling it yourself does not affect the
-    /// lease.
+    /// [`release`](Self::release). Each call returns a new child of the
+    /// lease's own token: cancelling it yourself affects neither the lease
+    /// nor the tokens of other calls.
     #[must_use]
     pub fn token(&self) -> CancellationToken {
-        self.token.clone()
+        // A child made on demand rather than one kept in the handle: a
+        // manager may hold a million leases, and a token node is ~130 bytes.
+        self.shared.token.child_token()
     }
 
     /// Until when, on this process's monotonic clock, the lease is certainly

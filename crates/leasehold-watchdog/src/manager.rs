@@ -242,17 +242,13 @@ impl<B: LeaseBackend> LeaseManager<B> {
         let id = self.inner.next_id.fetch_add(1, Ordering::Relaxed);
         let sent_at = grant.sent_at;
         let shared = Arc::new(Shared::new(
-            grant.key,
-            grant.holder,
-            grant.fencing_token,
-            grant.ttl,
+            grant,
             options.name().to_owned().into(),
-            Timing {
-                renew_interval: options.renew_interval(),
-                safety_margin: options.safety_margin(),
-                max_renewals: options.max_renewals(),
-            },
-            grant.valid_until,
+            Timing::new(
+                options.renew_interval(),
+                options.safety_margin(),
+                options.max_renewals(),
+            ),
         ));
         let lease = Lease::new(Arc::clone(&shared), id, self.inner.commands.clone());
         self.inner

@@ -23,7 +23,7 @@ end
 redis.call('DEL', KEYS[1])
 
 -- 4. Tell waiters at once, so they need not poll.
-if ARGV[2] ~= '' then
+if ARGV[2] and ARGV[2] ~= '' then
   redis.call('PUBLISH', ARGV[2], '1')
 end
 

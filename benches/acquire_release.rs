@@ -1,0 +1,326 @@
+//! Acquire/release throughput and latency: leasehold's `LeaseManager`, its
+//! `RedisBackend` alone, and the same loop written directly with the `redis`
+//! crate (`SET NX PX` + compare-and-delete `EVALSHA`) as the ceiling. A
+//! fourth client runs leasehold's own Lua scripts by hand with the `redis`
+//! crate: the ceiling for a client that hands out fencing tokens, which
+//! separates the cost of the library from the cost of the server-side work.
+//!
+//! Run with `cargo bench --bench acquire_release` (pin it with
+//! `taskset -c 0` for sequential figures: the redis-server it starts inherits
+//! the pinning). Prints one JSON line per scenario. Settings:
+//! `LEASEHOLD_BENCH_SECS` (seconds per run, default 3), `LEASEHOLD_BENCH_REPEATS`
+//! (default 5), `LEASEHOLD_BENCH_QUICK=1` (a few cycles, to check it runs).
+
+mod common;
+
+use std::sync::LazyLock;
+use std::time::{Duration, Instant};
+
+use common::{Json, env_number, median, percentile_us, quick};
+use leasehold::redis::RedisBackend;
+use leasehold::{
+    AcquireOutcome, AcquireRequest, HolderId, LeaseBackend, LeaseKey, ReleaseOutcome, Ttl,
+};
+use leasehold::{LeaseManager, LeaseOptions};
+use leasehold_testkit::RedisServer;
+use redis::aio::ConnectionManager;
+
+type BenchResult<T = ()> = Result<T, Box<dyn std::error::Error>>;
+
+const CONCURRENT_TASKS: usize = 64;
+
+/// leasehold's acquire and release scripts, run by hand.
+static LEASEHOLD_ACQUIRE: LazyLock<redis::Script> = LazyLock::new(|| {
+    redis::Script::new(include_str!(
+        "../crates/leasehold-redis/src/scripts/acquire.lua"
+    ))
+});
+static LEASEHOLD_RELEASE: LazyLock<redis::Script> = LazyLock::new(|| {
+    redis::Script::new(include_str!(
+        "../crates/leasehold-redis/src/scripts/release.lua"
+    ))
+});
+
+/// Compare-and-delete, as a hand-written client would do it.
+static RAW_RELEASE: LazyLock<redis::Script> = LazyLock::new(|| {
+    redis::Script::new(
+        "if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) else return 0 end",
+    )
+});
+
+#[derive(Clone, Copy, Debug)]
+enum Client {
+    /// `LeaseManager::acquire` + `Lease::release`: the whole library, watchdog included.
+    Manager,
+    /// `RedisBackend::try_acquire` + `release`: the Redis backend alone.
+    Backend,
+    /// The `redis` crate by hand: the ceiling.
+    Raw,
+    /// The `redis` crate by hand, running leasehold's scripts.
+    RawScripts,
+}
+
+impl Client {
+    fn name(self) -> &'static str {
+        match self {
+            Self::Manager => "leasehold_manager",
+            Self::Backend => "leasehold_backend",
+            Self::Raw => "raw_redis",
+            Self::RawScripts => "raw_redis_leasehold_scripts",
+        }
+    }
+}
+
+#[derive(Clone)]
+struct Clients {
+    manager: LeaseManager<RedisBackend>,
+    backend: RedisBackend,
+    raw: ConnectionManager,
+    options: LeaseOptions,
+    ttl: Ttl,
+}
+
+/// One acquire and one release of `key`; returns their latencies.
+async fn cycle(clients: &Clients, client: Client, key: &str) -> BenchResult<(Duration, Duration)> {
+    match client {
+        Client::Manager => {
+            let t0 = Instant::now();
+            let lease = clients.manager.acquire(key, &clients.options).await?;
+            let t1 = Instant::now();
+            let outcome = lease.release().await?;
+            let t2 = Instant::now();
+            check(outcome == ReleaseOutcome::Released, key)?;
+            Ok((t1 - t0, t2 - t1))
+        }
+        Client::Backend => {
+            let request =
+                AcquireRequest::new(LeaseKey::new(key)?, HolderId::generate()?, clients.ttl);
+            let t0 = Instant::now();
+            let outcome = clients.backend.try_acquire(&request).await?;
+            let t1 = Instant::now();
+            check(matches!(outcome, AcquireOutcome::Acquired(_)), key)?;
+            let released = clients
+                .backend
+                .release(&request.key, &request.holder)
+                .await?;
+            let t2 = Instant::now();
+            check(released == ReleaseOutcome::Released, key)?;
+            Ok((t1 - t0, t2 - t1))
+        }
+        Client::RawScripts => raw_scripts_cycle(clients, key).await,
+        Client::Raw => {
+            let mut conn = clients.raw.clone();
+            let holder = format!("{:032x}", fastrand::u128(..));
+            let t0 = Instant::now();
+            let set: Option<String> = redis::cmd("SET")
+                .arg(key)
+                .arg(&holder)
+                .arg("NX")
+                .arg("PX")
+                .arg(30_000)
+                .query_async(&mut conn)
+                .await?;
+            let t1 = Instant::now();
+            check(set.is_some(), key)?;
+            let deleted: i64 = RAW_RELEASE
+                .key(key)
+                .arg(&holder)
+                .invoke_async(&mut conn)
+                .await?;
+            let t2 = Instant::now();
+            check(deleted == 1, key)?;
+            Ok((t1 - t0, t2 - t1))
+        }
+    }
+}
+
+/// One acquire and release by hand with leasehold's scripts and its key layout.
+async fn raw_scripts_cycle(clients: &Clients, key: &str) -> BenchResult<(Duration, Duration)> {
+    let mut conn = clients.raw.clone();
+    let holder = format!("{:032x}", fastrand::u128(..));
+    let (lease, fence) = (format!("{key}:raw"), format!("{key}:raw:fence"));
+    let t0 = Instant::now();
+    let acquired: Vec<redis::Value> = LEASEHOLD_ACQUIRE
+        .key(&lease)
+        .key(&fence)
+        .arg(&holder)
+        .arg(30_000)
+        .arg("")
+        .invoke_async(&mut conn)
+        .await?;
+    let t1 = Instant::now();
+    check(acquired.first() == Some(&redis::Value::Int(1)), key)?;
+    let deleted: i64 = LEASEHOLD_RELEASE
+        .key(&lease)
+        .arg(&holder)
+        .arg(format!("{lease}:released"))
+        .invoke_async(&mut conn)
+        .await?;
+    let t2 = Instant::now();
+    check(deleted == 1, key)?;
+    Ok((t1 - t0, t2 - t1))
+}
+
+fn check(ok: bool, key: &str) -> BenchResult {
+    if ok {
+        Ok(())
+    } else {
+        Err(format!("unexpected outcome on {key}: is another process using this server?").into())
+    }
+}
+
+struct Run {
+    cycles_per_sec: f64,
+    /// Client CPU (this process) per cycle, in microseconds.
+    client_cpu_us: f64,
+    /// Server CPU per cycle, in microseconds.
+    server_cpu_us: f64,
+    acquire: Vec<Duration>,
+    release: Vec<Duration>,
+}
+
+/// `tasks` tasks, each cycling on its own key until `length` has passed
+/// (or for `quick_cycles` cycles in quick mode).
+async fn run(
+    server: &RedisServer,
+    clients: &Clients,
+    client: Client,
+    tasks: usize,
+    length: Duration,
+    quick_cycles: Option<usize>,
+) -> BenchResult<Run> {
+    let server_cpu = common::server_cpu_seconds(server);
+    let client_cpu = common::process_cpu_seconds();
+    let started = Instant::now();
+    let end = started + length;
+    let mut handles = Vec::with_capacity(tasks);
+    for task in 0..tasks {
+        let clients = clients.clone();
+        handles.push(tokio::spawn(async move {
+            let key = format!("bench:{}:{task}", client.name());
+            let (mut acquire, mut release) = (Vec::new(), Vec::new());
+            let mut n = 0;
+            loop {
+                let done = match quick_cycles {
+                    Some(max) => n >= max,
+                    None => Instant::now() >= end,
+                };
+                if done {
+                    break;
+                }
+                let (a, r) = cycle(&clients, client, &key)
+                    .await
+                    .map_err(|e| e.to_string())?;
+                acquire.push(a);
+                release.push(r);
+                n += 1;
+            }
+            Ok::<_, String>((acquire, release))
+        }));
+    }
+    let (mut acquire, mut release) = (Vec::new(), Vec::new());
+    for handle in handles {
+        let (a, r) = handle.await??;
+        acquire.extend(a);
+        release.extend(r);
+    }
+    let elapsed = started.elapsed().as_secs_f64();
+    let cycles = acquire.len().max(1) as f64;
+    let per_cycle = |before: Option<f64>, after: Option<f64>| match (before, after) {
+        (Some(b), Some(a)) => (a - b) * 1e6 / cycles,
+        _ => f64::NAN,
+    };
+    let server_cpu_us = per_cycle(server_cpu, common::server_cpu_seconds(server));
+    let client_cpu_us = per_cycle(client_cpu, common::process_cpu_seconds());
+    acquire.sort_unstable();
+    release.sort_unstable();
+    Ok(Run {
+        client_cpu_us,
+        server_cpu_us,
+        cycles_per_sec: acquire.len() as f64 / elapsed,
+        acquire,
+        release,
+    })
+}
+
+fn main() -> BenchResult {
+    let quick = quick();
+    let length = Duration::from_secs(env_number("LEASEHOLD_BENCH_SECS", 3));
+    let repeats = if quick {
+        1
+    } else {
+        env_number("LEASEHOLD_BENCH_REPEATS", 5).max(1)
+    };
+    let quick_cycles = quick.then_some(20);
+    let server = RedisServer::start()?;
+    let version = common::server_version(&server);
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    runtime.block_on(async {
+        let ttl = Ttl::parse("30s")?;
+        let backend = RedisBackend::connect(server.url()).await?;
+        let client = redis::Client::open(server.url())?;
+        let clients = Clients {
+            manager: LeaseManager::new(backend.clone())?,
+            backend,
+            raw: ConnectionManager::new(client).await?,
+            options: LeaseOptions::with_ttl(ttl),
+            ttl,
+        };
+        let all = [
+            Client::Manager,
+            Client::Backend,
+            Client::RawScripts,
+            Client::Raw,
+        ];
+        // Warm up: scripts loaded, connections established, allocator primed.
+        for client in all {
+            run(
+                &server,
+                &clients,
+                client,
+                CONCURRENT_TASKS,
+                Duration::ZERO,
+                Some(5),
+            )
+            .await?;
+        }
+        for (mode, tasks) in [("sequential", 1), ("concurrent", CONCURRENT_TASKS)] {
+            // Repeats interleave the clients, so that drift hits all alike.
+            let mut runs: Vec<Vec<Run>> = all.iter().map(|_| Vec::new()).collect();
+            for _ in 0..repeats {
+                for (i, client) in all.iter().enumerate() {
+                    runs[i]
+                        .push(run(&server, &clients, *client, tasks, length, quick_cycles).await?);
+                }
+            }
+            for (client, runs) in all.iter().zip(&runs) {
+                let stat =
+                    |f: &dyn Fn(&Run) -> f64| median(&mut runs.iter().map(f).collect::<Vec<_>>());
+                let line = Json::new()
+                    .str("bench", "acquire_release")
+                    .str("client", client.name())
+                    .str("mode", mode)
+                    .int("tasks", tasks as u64)
+                    .int("repeats", repeats)
+                    .num("run_secs", if quick { 0.0 } else { length.as_secs_f64() })
+                    .int("cycles", runs.iter().map(|r| r.acquire.len() as u64).sum())
+                    .num("cycles_per_sec", stat(&|r| r.cycles_per_sec))
+                    .num("acquire_p50_us", stat(&|r| percentile_us(&r.acquire, 50.0)))
+                    .num("acquire_p99_us", stat(&|r| percentile_us(&r.acquire, 99.0)))
+                    .num("release_p50_us", stat(&|r| percentile_us(&r.release, 50.0)))
+                    .num("release_p99_us", stat(&|r| percentile_us(&r.release, 99.0)))
+                    .num("client_cpu_us_per_cycle", stat(&|r| r.client_cpu_us))
+                    .num("server_cpu_us_per_cycle", stat(&|r| r.server_cpu_us))
+                    .str("cpus", &common::cpus_allowed())
+                    .str("redis", &version)
+                    .str("quick", if quick { "yes" } else { "no" })
+                    .line();
+                println!("{line}");
+            }
+        }
+        clients.manager.shutdown().await;
+        Ok(())
+    })
+}

@@ -1,0 +1,482 @@
+//! Holding many leases at once: leasehold's one watchdog against the same
+//! hold loop written directly with the `redis` crate (one pipelined
+//! compare-and-pexpire `EVALSHA` per lease every ttl/3).
+//!
+//! Run with `cargo bench --bench hold_many`. Each scenario runs in a process
+//! of its own (this binary, started again), against a redis-server of its
+//! own, so that CPU time and peak memory belong to that scenario alone.
+//! Prints one JSON line per scenario. Settings: `LEASEHOLD_BENCH_HOLD_SECS`
+//! (default 120), `LEASEHOLD_BENCH_SCENARIOS` (a comma-separated subset of
+//! `leasehold_10k,raw_10k,leasehold_1m,raw_1m`, or `leasehold_250k,raw_250k`
+//! which are not run by default), `LEASEHOLD_BENCH_QUICK=1`
+//! (1,000 leases for 5 s, to check it runs).
+
+mod common;
+
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, LazyLock};
+use std::time::{Duration, Instant};
+
+use common::{Json, env_number, quick};
+use futures_util::future::join_all;
+use leasehold::redis::RedisBackend;
+use leasehold::{
+    AcquireOutcome, AcquireRequest, BackendError, HolderId, Lease, LeaseBackend, LeaseInfo,
+    LeaseKey, LeaseManager, LeaseOptions, ReleaseOutcome, RenewOutcome, RenewRequest, Ttl,
+};
+use leasehold_testkit::RedisServer;
+use redis::aio::ConnectionManager;
+
+type BenchResult<T = ()> = Result<T, Box<dyn std::error::Error>>;
+
+/// Acquisitions in flight at once.
+const IN_FLIGHT: usize = 256;
+/// Renewals (or acquisitions) per round trip for the hand-written loop,
+/// the same bound as leasehold's batches.
+const RAW_PIPELINE: usize = 1000;
+
+/// Pipelines the hand-written loop keeps in flight.
+const PIPELINES_IN_FLIGHT: usize = 16;
+
+/// The hand-written loop's compare-and-pexpire.
+const RAW_RENEW_SOURCE: &str = "if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('PEXPIRE', KEYS[1], ARGV[2]) else return 0 end";
+static RAW_RENEW: LazyLock<redis::Script> = LazyLock::new(|| redis::Script::new(RAW_RENEW_SOURCE));
+
+/// A scenario: who holds, how many, for how long each.
+struct Scenario {
+    name: &'static str,
+    leasehold: bool,
+    leases: usize,
+    ttl: &'static str,
+}
+
+const SCENARIOS: &[Scenario] = &[
+    Scenario {
+        name: "leasehold_10k",
+        leasehold: true,
+        leases: 10_000,
+        ttl: "3s",
+    },
+    Scenario {
+        name: "raw_10k",
+        leasehold: false,
+        leases: 10_000,
+        ttl: "3s",
+    },
+    Scenario {
+        name: "leasehold_1m",
+        leasehold: true,
+        leases: 1_000_000,
+        ttl: "30s",
+    },
+    Scenario {
+        name: "raw_1m",
+        leasehold: false,
+        leases: 1_000_000,
+        ttl: "30s",
+    },
+];
+
+/// Not run by default: a size between the two, where one watchdog task
+/// still keeps up on this machine.
+const EXTRA_SCENARIOS: &[Scenario] = &[
+    Scenario {
+        name: "leasehold_250k",
+        leasehold: true,
+        leases: 250_000,
+        ttl: "30s",
+    },
+    Scenario {
+        name: "raw_250k",
+        leasehold: false,
+        leases: 250_000,
+        ttl: "30s",
+    },
+];
+
+const QUICK_SCENARIOS: &[Scenario] = &[
+    Scenario {
+        name: "leasehold_1k",
+        leasehold: true,
+        leases: 1_000,
+        ttl: "3s",
+    },
+    Scenario {
+        name: "raw_1k",
+        leasehold: false,
+        leases: 1_000,
+        ttl: "3s",
+    },
+];
+
+/// Counts what the watchdog sends: renew_many calls, the round trips they
+/// take (one script call per 1000 leases) and the renewals in them.
+#[derive(Clone)]
+struct Counting {
+    inner: RedisBackend,
+    round_trips: Arc<AtomicU64>,
+    renewals: Arc<AtomicU64>,
+    /// The slowest renew_many call, in microseconds.
+    slowest_us: Arc<AtomicU64>,
+}
+
+impl LeaseBackend for Counting {
+    async fn try_acquire(&self, request: &AcquireRequest) -> Result<AcquireOutcome, BackendError> {
+        self.inner.try_acquire(request).await
+    }
+
+    async fn renew(&self, request: &RenewRequest) -> Result<RenewOutcome, BackendError> {
+        self.round_trips.fetch_add(1, Ordering::Relaxed);
+        self.renewals.fetch_add(1, Ordering::Relaxed);
+        self.inner.renew(request).await
+    }
+
+    async fn renew_many(
+        &self,
+        requests: &[RenewRequest],
+    ) -> Vec<Result<RenewOutcome, BackendError>> {
+        let calls = requests.len().div_ceil(RAW_PIPELINE) as u64;
+        self.round_trips.fetch_add(calls, Ordering::Relaxed);
+        self.renewals
+            .fetch_add(requests.len() as u64, Ordering::Relaxed);
+        let started = Instant::now();
+        let outcomes = self.inner.renew_many(requests).await;
+        let took = u64::try_from(started.elapsed().as_micros()).unwrap_or(u64::MAX);
+        self.slowest_us.fetch_max(took, Ordering::Relaxed);
+        outcomes
+    }
+
+    async fn release(
+        &self,
+        key: &LeaseKey,
+        holder: &HolderId,
+    ) -> Result<ReleaseOutcome, BackendError> {
+        self.inner.release(key, holder).await
+    }
+
+    async fn inspect(&self, key: &LeaseKey) -> Result<Option<LeaseInfo>, BackendError> {
+        self.inner.inspect(key).await
+    }
+}
+
+/// What a hold measured.
+struct Held {
+    acquire_secs: f64,
+    lost: u64,
+    renewals: u64,
+    round_trips: u64,
+    client_cpu: f64,
+    server_cpu: f64,
+    /// Peak RSS above the RSS before acquiring, in bytes.
+    peak_rss_delta: f64,
+    hold_secs: f64,
+    /// The slowest renewal round trip during the hold, in milliseconds.
+    slowest_renewal_ms: f64,
+}
+
+fn main() -> BenchResult {
+    let quick = quick();
+    let scenarios = if quick { QUICK_SCENARIOS } else { SCENARIOS };
+    let Some(name) = common::child_scenario() else {
+        let only = std::env::var("LEASEHOLD_BENCH_SCENARIOS").unwrap_or_default();
+        let chosen: Vec<&str> = if only.is_empty() {
+            scenarios.iter().map(|s| s.name).collect()
+        } else {
+            only.split(',').map(str::trim).collect()
+        };
+        return common::run_children(&chosen);
+    };
+    let scenario = scenarios
+        .iter()
+        .chain(EXTRA_SCENARIOS)
+        .find(|s| s.name == name)
+        .ok_or_else(|| format!("no scenario {name}"))?;
+    let hold = Duration::from_secs(if quick {
+        5
+    } else {
+        env_number("LEASEHOLD_BENCH_HOLD_SECS", 120)
+    });
+    let server = RedisServer::start()?;
+    let version = common::server_version(&server);
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()?;
+    let ttl = Ttl::parse(scenario.ttl)?;
+    let (held, leases) = runtime.block_on(async {
+        if scenario.leasehold {
+            hold_with_leasehold(&server, scenario.leases, ttl, hold).await
+        } else {
+            hold_by_hand(&server, scenario.leases, ttl, hold)
+                .await
+                .map(|held| (held, Vec::new()))
+        }
+    })?;
+    let n = scenario.leases as f64;
+    let line = Json::new()
+        .str("bench", "hold_many")
+        .str("scenario", scenario.name)
+        .int("leases", scenario.leases as u64)
+        .str("ttl", scenario.ttl)
+        .num("hold_secs", held.hold_secs)
+        .num("acquire_secs", held.acquire_secs)
+        .int("lost", held.lost)
+        .int("renewals", held.renewals)
+        .int("round_trips", held.round_trips)
+        .num(
+            "renewals_per_round_trip",
+            held.renewals as f64 / held.round_trips.max(1) as f64,
+        )
+        .num(
+            "round_trips_per_sec",
+            held.round_trips as f64 / held.hold_secs,
+        )
+        .num("client_cpu_secs", held.client_cpu)
+        .num("server_cpu_secs", held.server_cpu)
+        .num(
+            "client_cpu_us_per_renewal",
+            held.client_cpu * 1e6 / held.renewals.max(1) as f64,
+        )
+        .num(
+            "server_cpu_us_per_renewal",
+            held.server_cpu * 1e6 / held.renewals.max(1) as f64,
+        )
+        .num("client_peak_rss_bytes_per_lease", held.peak_rss_delta / n)
+        .num("slowest_renewal_ms", held.slowest_renewal_ms)
+        .str("cpus", &common::cpus_allowed())
+        .str("redis", &version)
+        .str("quick", if quick { "yes" } else { "no" })
+        .line();
+    println!("{line}");
+    // Nothing left to measure: drop the runtime (and the watchdog) without
+    // waiting for a million releases, then the leases, then the server.
+    runtime.shutdown_background();
+    drop(leases);
+    drop(server);
+    Ok(())
+}
+
+fn cpu_now(server: &RedisServer) -> BenchResult<(f64, f64)> {
+    let client = common::process_cpu_seconds().ok_or("no /proc/self/stat")?;
+    let server = common::server_cpu_seconds(server).ok_or("no INFO cpu")?;
+    Ok((client, server))
+}
+
+/// The peak RSS since `reset`, less `baseline`, in bytes.
+fn peak_delta(baseline: u64) -> f64 {
+    common::status_bytes("VmHWM").map_or(f64::NAN, |peak| peak.saturating_sub(baseline) as f64)
+}
+
+/// RSS now, after resetting the peak to it.
+fn rss_baseline() -> BenchResult<u64> {
+    if !common::reset_peak_rss() {
+        eprintln!("hold_many: cannot reset VmHWM; the peak includes earlier use");
+    }
+    Ok(common::status_bytes("VmRSS").ok_or("no VmRSS")?)
+}
+
+async fn hold_with_leasehold(
+    server: &RedisServer,
+    count: usize,
+    ttl: Ttl,
+    hold: Duration,
+) -> BenchResult<(Held, Vec<Lease>)> {
+    let backend = Counting {
+        inner: RedisBackend::connect(server.url()).await?,
+        round_trips: Arc::default(),
+        renewals: Arc::default(),
+        slowest_us: Arc::default(),
+    };
+    let manager = LeaseManager::new(backend.clone())?;
+    // Keys are distinct, so nobody waits: the wait only lets an acquisition
+    // that timed out on a busy machine be retried.
+    let options = LeaseOptions::builder()
+        .ttl(ttl)
+        .wait(Duration::from_secs(60))
+        .build()?;
+    let baseline = rss_baseline()?;
+
+    let started = Instant::now();
+    let next = Arc::new(AtomicUsize::new(0));
+    let mut workers = Vec::with_capacity(IN_FLIGHT);
+    for _ in 0..IN_FLIGHT {
+        let (manager, options, next) = (manager.clone(), options.clone(), Arc::clone(&next));
+        workers.push(tokio::spawn(async move {
+            let mut leases = Vec::new();
+            loop {
+                let i = next.fetch_add(1, Ordering::Relaxed);
+                if i >= count {
+                    return Ok::<_, String>(leases);
+                }
+                let lease = manager
+                    .acquire(format!("hold:{i}"), &options)
+                    .await
+                    .map_err(|e| e.to_string())?;
+                leases.push(lease);
+            }
+        }));
+    }
+    let mut leases = Vec::with_capacity(count);
+    for worker in workers {
+        leases.extend(worker.await??);
+    }
+    let acquire_secs = started.elapsed().as_secs_f64();
+
+    let (client0, server0) = cpu_now(server)?;
+    let (trips0, renewals0) = (
+        backend.round_trips.load(Ordering::Relaxed),
+        backend.renewals.load(Ordering::Relaxed),
+    );
+    backend.slowest_us.store(0, Ordering::Relaxed);
+    let hold_started = Instant::now();
+    if std::env::var("LEASEHOLD_BENCH_WATCH").is_ok() {
+        // Diagnosis only: scanning every lease each second costs CPU.
+        while hold_started.elapsed() < hold {
+            tokio::time::sleep(Duration::from_secs(1)).await;
+            let lost = leases.iter().filter(|l| l.loss_reason().is_some()).count();
+            eprintln!(
+                "hold_many: {:.0} s: {lost} lost, {} renewals, {} round trips, slowest {} ms",
+                hold_started.elapsed().as_secs_f64(),
+                backend.renewals.load(Ordering::Relaxed),
+                backend.round_trips.load(Ordering::Relaxed),
+                backend.slowest_us.swap(0, Ordering::Relaxed) / 1000,
+            );
+        }
+    } else {
+        tokio::time::sleep(hold).await;
+    }
+    let hold_secs = hold_started.elapsed().as_secs_f64();
+    let (client1, server1) = cpu_now(server)?;
+    let lost = leases.iter().filter(|l| l.loss_reason().is_some()).count() as u64;
+    let mut reasons: Vec<String> = leases
+        .iter()
+        .filter_map(|l| l.loss_reason())
+        .map(|r| r.as_str().to_owned())
+        .collect();
+    reasons.sort();
+    reasons.dedup();
+    if !reasons.is_empty() {
+        eprintln!("hold_many: leases lost, by reason: {reasons:?}");
+    }
+    let held = Held {
+        acquire_secs,
+        lost,
+        renewals: backend.renewals.load(Ordering::Relaxed) - renewals0,
+        round_trips: backend.round_trips.load(Ordering::Relaxed) - trips0,
+        client_cpu: client1 - client0,
+        server_cpu: server1 - server0,
+        peak_rss_delta: peak_delta(baseline),
+        hold_secs,
+        slowest_renewal_ms: backend.slowest_us.load(Ordering::Relaxed) as f64 / 1000.0,
+    };
+    Ok((held, leases))
+}
+
+async fn hold_by_hand(
+    server: &RedisServer,
+    count: usize,
+    ttl: Ttl,
+    hold: Duration,
+) -> BenchResult<Held> {
+    let client = redis::Client::open(server.url())?;
+    // No response timeout: a pipeline of 1000 scripts may take a while on a
+    // busy machine, and the loop has no deadline logic of its own.
+    let config = redis::aio::ConnectionManagerConfig::new().set_response_timeout(None);
+    let mut conn = ConnectionManager::new_with_config(client, config).await?;
+    // Loaded once, then called by EVALSHA in pipelines.
+    redis::cmd("SCRIPT")
+        .arg("LOAD")
+        .arg(RAW_RENEW_SOURCE)
+        .query_async::<String>(&mut conn)
+        .await?;
+    let sha = RAW_RENEW.get_hash();
+    let ttl_ms = u64::try_from(ttl.get().as_millis())?;
+    let baseline = rss_baseline()?;
+
+    let started = Instant::now();
+    let leases: Vec<(String, String)> = (0..count)
+        .map(|i| (format!("hold:{i}"), format!("{:032x}", fastrand::u128(..))))
+        .collect();
+    for group in leases.chunks(RAW_PIPELINE * PIPELINES_IN_FLIGHT) {
+        let sends = group.chunks(RAW_PIPELINE).map(|chunk| {
+            let mut pipe = redis::pipe();
+            for (key, holder) in chunk {
+                pipe.cmd("SET")
+                    .arg(key)
+                    .arg(holder)
+                    .arg("NX")
+                    .arg("PX")
+                    .arg(ttl_ms)
+                    .ignore();
+            }
+            let mut conn = conn.clone();
+            async move { pipe.query_async::<()>(&mut conn).await }
+        });
+        for sent in join_all(sends).await {
+            sent?;
+        }
+    }
+    let acquire_secs = started.elapsed().as_secs_f64();
+
+    let (client0, server0) = cpu_now(server)?;
+    let interval = ttl.get() / 3;
+    let hold_started = Instant::now();
+    let (mut renewals, mut round_trips, mut slowest) = (0u64, 0u64, Duration::ZERO);
+    let mut lost = vec![false; count];
+    let mut tick = hold_started;
+    loop {
+        // Renew every lease once per interval; the first renewal is one
+        // interval after acquiring, as for leasehold.
+        tick += interval;
+        if tick > hold_started + hold {
+            break;
+        }
+        tokio::time::sleep_until(tick.into()).await;
+        // At most PIPELINES_IN_FLIGHT pipelines at once: a million
+        // commands queued on one connection would only wait in line.
+        let per_group = RAW_PIPELINE * PIPELINES_IN_FLIGHT;
+        for (group_index, group) in leases.chunks(per_group).enumerate() {
+            let sends = group.chunks(RAW_PIPELINE).map(|chunk| {
+                let mut pipe = redis::pipe();
+                for (key, holder) in chunk {
+                    pipe.cmd("EVALSHA")
+                        .arg(sha)
+                        .arg(1)
+                        .arg(key)
+                        .arg(holder)
+                        .arg(ttl_ms);
+                }
+                let mut conn = conn.clone();
+                async move {
+                    let started = Instant::now();
+                    let renewed = pipe.query_async::<Vec<i64>>(&mut conn).await;
+                    (renewed, started.elapsed())
+                }
+            });
+            let first = group_index * per_group;
+            for (chunk_index, (renewed, took)) in join_all(sends).await.into_iter().enumerate() {
+                round_trips += 1;
+                slowest = slowest.max(took);
+                let renewed = renewed?;
+                renewals += renewed.len() as u64;
+                for (i, outcome) in renewed.iter().enumerate() {
+                    if *outcome != 1 {
+                        lost[first + chunk_index * RAW_PIPELINE + i] = true;
+                    }
+                }
+            }
+        }
+    }
+    let hold_secs = hold_started.elapsed().as_secs_f64();
+    let (client1, server1) = cpu_now(server)?;
+    Ok(Held {
+        acquire_secs,
+        lost: lost.iter().filter(|l| **l).count() as u64,
+        renewals,
+        round_trips,
+        client_cpu: client1 - client0,
+        server_cpu: server1 - server0,
+        peak_rss_delta: peak_delta(baseline),
+        hold_secs,
+        slowest_renewal_ms: slowest.as_secs_f64() * 1000.0,
+    })
+}

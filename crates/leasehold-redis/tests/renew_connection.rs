@@ -1,0 +1,124 @@
+//! Renewals travel over a connection of their own, so that a flood on the
+//! operations connection cannot queue ahead of them.
+
+mod common;
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use common::{TestResult, acquire, connect, holder, key, ttl};
+use leasehold_core::{AcquireRequest, LeaseBackend, RenewOutcome, RenewRequest};
+use leasehold_testkit::RedisServer;
+
+/// The last command of the connection named `name`, from `CLIENT LIST`.
+fn last_command(server: &RedisServer, name: &str) -> Result<String, Box<dyn std::error::Error>> {
+    let list = server.cli(&["CLIENT", "LIST"])?;
+    let line = list
+        .lines()
+        .find(|l| l.split(' ').any(|f| f == format!("name={name}")))
+        .ok_or_else(|| format!("no connection named {name}: {list}"))?;
+    let cmd = line
+        .split(' ')
+        .find_map(|f| f.strip_prefix("cmd="))
+        .ok_or_else(|| format!("no cmd field: {line}"))?;
+    Ok(cmd.to_owned())
+}
+
+#[tokio::test]
+async fn renewals_and_other_operations_use_distinct_named_connections() -> TestResult {
+    let server = RedisServer::start()?;
+    let backend = connect(&server).await;
+    // Both connections were named, and have done nothing else yet.
+    assert_eq!(last_command(&server, "leasehold-ops")?, "client|setname");
+    assert_eq!(last_command(&server, "leasehold-renew")?, "client|setname");
+
+    let (k, a) = (key("distinct"), holder());
+    acquire(&backend, &k, a, ttl("30s")).await?;
+    assert_eq!(last_command(&server, "leasehold-ops")?, "evalsha");
+    assert_eq!(last_command(&server, "leasehold-renew")?, "client|setname");
+
+    let renewed = backend
+        .renew(&RenewRequest::new(k.clone(), a, ttl("30s")))
+        .await?;
+    assert_eq!(renewed, RenewOutcome::Renewed);
+    assert_eq!(last_command(&server, "leasehold-renew")?, "evalsha");
+    backend.inspect(&k).await?;
+    assert_eq!(last_command(&server, "leasehold-renew")?, "evalsha");
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_flood_of_acquisitions_does_not_delay_a_renewal() -> TestResult {
+    const FLOOD: usize = 20_000;
+    let server = RedisServer::start()?;
+    let backend = connect(&server).await;
+    let (k, a) = (key("renewed-during-flood"), holder());
+    acquire(&backend, &k, a, ttl("30s")).await?;
+
+    // Tens of thousands of acquisitions in flight on the operations
+    // connection: served one after another, they take the server a while.
+    let done = Arc::new(AtomicUsize::new(0));
+    let mut flood = Vec::with_capacity(FLOOD);
+    for i in 0..FLOOD {
+        let (backend, done) = (backend.clone(), Arc::clone(&done));
+        flood.push(tokio::spawn(async move {
+            let request = AcquireRequest::new(key(&format!("flood:{i}")), holder(), ttl("30s"));
+            let _ = backend.try_acquire(&request).await;
+            done.fetch_add(1, Ordering::Relaxed);
+        }));
+    }
+    // Wait until the flood is on the wire.
+    while done.load(Ordering::Relaxed) == 0 {
+        tokio::task::yield_now().await;
+    }
+    let renewed = backend
+        .renew(&RenewRequest::new(k.clone(), a, ttl("30s")))
+        .await?;
+    let finished_before = done.load(Ordering::Relaxed);
+    assert_eq!(renewed, RenewOutcome::Renewed);
+    // Behind the flood on one connection, the renewal would come back after
+    // every acquisition sent before it.
+    assert!(
+        finished_before < FLOOD / 2,
+        "the renewal waited for {finished_before} of {FLOOD} acquisitions"
+    );
+    for task in flood {
+        task.await?;
+    }
+    assert_eq!(done.load(Ordering::Relaxed), FLOOD);
+    Ok(())
+}
+
+/// `calls=` of one command in `INFO commandstats`, 0 when never called.
+fn command_calls(server: &RedisServer, command: &str) -> Result<u64, Box<dyn std::error::Error>> {
+    let stats = server.cli(&["INFO", "commandstats"])?;
+    let prefix = format!("cmdstat_{command}:calls=");
+    let calls = stats
+        .lines()
+        .find_map(|l| l.strip_prefix(prefix.as_str()))
+        .and_then(|rest| rest.split(',').next())
+        .unwrap_or("0");
+    Ok(calls.parse()?)
+}
+
+#[tokio::test]
+async fn acquire_and_release_are_one_evalsha_each_with_scripts_loaded_once() -> TestResult {
+    const CYCLES: u64 = 200;
+    let server = RedisServer::start()?;
+    let backend = connect(&server).await;
+    for i in 0..CYCLES {
+        let (k, a) = (key(&format!("cycle:{i}")), holder());
+        acquire(&backend, &k, a, ttl("30s")).await?;
+        assert_eq!(
+            backend.release(&k, &a).await?,
+            leasehold_core::ReleaseOutcome::Released
+        );
+    }
+    // Each script's body went to the server once, after the NOSCRIPT of
+    // its first call on this fresh server; never with EVAL.
+    assert_eq!(command_calls(&server, "script|load")?, 2);
+    assert_eq!(command_calls(&server, "eval")?, 0);
+    // One EVALSHA per operation, plus the refused first call of each script.
+    assert_eq!(command_calls(&server, "evalsha")?, 2 * CYCLES + 2);
+    Ok(())
+}

@@ -1,0 +1,208 @@
+//! Batched renewals on `MemoryBackend` and tokio's paused clock: renewals
+//! due close together (on one step of the renewal grid, a sixteenth of the
+//! renew interval) share one `renew_many` call, none is sent late, and a
+//! batch that hangs delays no other lease.
+
+use std::collections::HashSet;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use leasehold_core::{
+    AcquireOutcome, AcquireRequest, BackendError, HolderId, LeaseBackend, LeaseInfo, LeaseKey,
+    MemoryBackend, ReleaseOutcome, RenewOutcome, RenewRequest, Ttl, clock_drift,
+};
+use leasehold_watchdog::{LeaseManager, LeaseOptions, LossReason};
+use tokio::time::{Instant, sleep_until};
+
+type TestResult = Result<(), Box<dyn std::error::Error>>;
+
+const MS: Duration = Duration::from_millis(1);
+
+fn options(ttl: &str) -> LeaseOptions {
+    LeaseOptions::with_ttl(Ttl::parse(ttl).expect("valid ttl"))
+}
+
+/// Asserts that a renewal due at `due` was sent at `at`: never late, and
+/// early by less than one grid step.
+fn assert_sent_early_by_less_than(at: Instant, due: Instant, step: Duration) {
+    assert!(at <= due, "sent {:?} late", at - due);
+    assert!(due - at < step, "sent {:?} early", due - at);
+}
+
+/// One `renew_many` call: when it was made and the keys it renewed.
+type Call = (Instant, Vec<String>);
+
+/// A `MemoryBackend` that records every `renew_many` call (when, and which
+/// keys) and hangs forever the calls that contain a chosen key.
+#[derive(Clone, Default)]
+struct Recording {
+    inner: MemoryBackend,
+    calls: Arc<Mutex<Vec<Call>>>,
+    hung_keys: Arc<Mutex<HashSet<String>>>,
+}
+
+impl Recording {
+    fn calls(&self) -> Vec<Call> {
+        self.calls.lock().expect("not poisoned").clone()
+    }
+
+    fn hang_key(&self, key: &str) {
+        self.hung_keys
+            .lock()
+            .expect("not poisoned")
+            .insert(key.to_owned());
+    }
+}
+
+impl LeaseBackend for Recording {
+    async fn try_acquire(&self, request: &AcquireRequest) -> Result<AcquireOutcome, BackendError> {
+        self.inner.try_acquire(request).await
+    }
+
+    async fn renew(&self, request: &RenewRequest) -> Result<RenewOutcome, BackendError> {
+        let mut outcomes = self.renew_many(std::slice::from_ref(request)).await;
+        outcomes.pop().expect("one outcome per request")
+    }
+
+    async fn renew_many(
+        &self,
+        requests: &[RenewRequest],
+    ) -> Vec<Result<RenewOutcome, BackendError>> {
+        let keys: Vec<String> = requests.iter().map(|r| r.key.to_string()).collect();
+        let hang = {
+            let hung = self.hung_keys.lock().expect("not poisoned");
+            keys.iter().any(|k| hung.contains(k))
+        };
+        self.calls
+            .lock()
+            .expect("not poisoned")
+            .push((Instant::now(), keys));
+        if hang {
+            std::future::pending::<()>().await;
+        }
+        self.inner.renew_many(requests).await
+    }
+
+    async fn release(
+        &self,
+        key: &LeaseKey,
+        holder: &HolderId,
+    ) -> Result<ReleaseOutcome, BackendError> {
+        self.inner.release(key, holder).await
+    }
+
+    async fn inspect(&self, key: &LeaseKey) -> Result<Option<LeaseInfo>, BackendError> {
+        self.inner.inspect(key).await
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn renewals_due_within_the_window_share_one_call_and_none_is_late() -> TestResult {
+    let backend = Recording::default();
+    let manager = LeaseManager::new(backend.clone())?;
+    // ttl 3 s: renew interval 1 s, grid step 1 s / 16 = 62.5 ms.
+    let start = Instant::now();
+    let a = manager.acquire("a", &options("3s")).await?;
+    sleep_until(start + 20 * MS).await;
+    let b = manager.acquire("b", &options("3s")).await?;
+    sleep_until(start + 60 * MS).await;
+    let c = manager.acquire("c", &options("3s")).await?;
+    // On another step of the grid: renewed on its own timer.
+    sleep_until(start + 200 * MS).await;
+    let d = manager.acquire("d", &options("3s")).await?;
+
+    sleep_until(start + Duration::from_millis(1300)).await;
+    let calls = backend.calls();
+    let keys: Vec<Vec<String>> = calls.iter().map(|(_, k)| k.clone()).collect();
+    assert_eq!(keys, vec![vec!["a", "b", "c"], vec!["d"]], "{calls:?}");
+    // Sent when a fell due: b and c early by 20 and 60 ms, none late.
+    assert_eq!(calls[0].0, start + Duration::from_secs(1));
+    let step = Duration::from_micros(62_500);
+    assert_sent_early_by_less_than(calls[1].0, start + Duration::from_millis(1200), step);
+    for lease in [&a, &b, &c, &d] {
+        assert_eq!(lease.renewals(), 1, "{}", lease.key());
+    }
+    // Renewed together, they stay together: one call per round from now on.
+    let renewed_at = start + Duration::from_secs(1);
+    assert_eq!(
+        c.valid_until(),
+        renewed_at + Duration::from_secs(3) - clock_drift(Duration::from_secs(3))
+    );
+    sleep_until(start + Duration::from_millis(3300)).await;
+    let rounds: Vec<usize> = backend.calls().iter().map(|(_, k)| k.len()).collect();
+    assert_eq!(rounds, vec![3, 1, 3, 1, 3, 1]);
+    for lease in [&a, &b, &c, &d] {
+        assert_eq!(lease.renewals(), 3, "{}", lease.key());
+        assert!(!lease.token().is_cancelled());
+    }
+    Ok(())
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_lease_with_a_shorter_interval_is_not_pulled_by_a_longer_window() -> TestResult {
+    let backend = Recording::default();
+    let manager = LeaseManager::new(backend.clone())?;
+    let start = Instant::now();
+    // ttl 30 s: interval 10 s, grid step 625 ms. ttl 3 s: step 62.5 ms.
+    let long = manager.acquire("long", &options("30s")).await?;
+    sleep_until(start + Duration::from_secs(9)).await;
+    // Due at 10.1 s: within a step of the long lease's renewal, but each
+    // lease keeps to its own grid.
+    sleep_until(start + Duration::from_millis(9100)).await;
+    let short = manager.acquire("short", &options("3s")).await?;
+    sleep_until(start + Duration::from_millis(10_050)).await;
+    let calls = backend.calls();
+    assert_eq!(calls.len(), 1, "{calls:?}");
+    assert_eq!(calls[0].1, vec!["long"]);
+    assert_eq!(calls[0].0, start + Duration::from_secs(10));
+    sleep_until(start + Duration::from_millis(10_150)).await;
+    let calls = backend.calls();
+    assert_eq!(calls.len(), 2, "{calls:?}");
+    assert_eq!(calls[1].1, vec!["short".to_owned()]);
+    assert_sent_early_by_less_than(
+        calls[1].0,
+        start + Duration::from_millis(10_100),
+        Duration::from_micros(62_500),
+    );
+    assert_eq!((long.renewals(), short.renewals()), (1, 1));
+    Ok(())
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_hung_batch_delays_neither_the_deadline_nor_the_renewals_of_another() -> TestResult {
+    let backend = Recording::default();
+    let manager = LeaseManager::new(backend.clone())?;
+    let options = options("3s");
+    let start = Instant::now();
+    let a = manager.acquire("a", &options).await?;
+    // Far outside a's window: b's renewals go in batches of their own.
+    sleep_until(start + Duration::from_millis(500)).await;
+    let b = manager.acquire("b", &options).await?;
+    backend.hang_key("a");
+
+    // a's first renewal hangs; its token fires on its own deadline.
+    assert_eq!(a.lost().await, LossReason::Deadline);
+    assert_eq!(Instant::now(), a.valid_until() - options.safety_margin());
+    assert_eq!(a.renewals(), 0);
+
+    // Meanwhile b was renewed on time, every interval, while a's call hung.
+    let b_calls: Vec<Instant> = backend
+        .calls()
+        .into_iter()
+        .filter(|(_, keys)| keys == &["b"])
+        .map(|(at, _)| at)
+        .collect();
+    let expected: Vec<Instant> = (0..b_calls.len())
+        .map(|n| start + Duration::from_millis(1500 + 1000 * n as u64))
+        .collect();
+    assert!(b_calls.len() >= 2, "{b_calls:?}");
+    assert_eq!(b_calls, expected);
+    assert_eq!(b.renewals() as usize, b_calls.len());
+    assert!(!b.token().is_cancelled());
+
+    // And b goes on being renewed long after a ended.
+    sleep_until(start + Duration::from_millis(10_600)).await;
+    assert_eq!(b.renewals(), 10);
+    assert_eq!(b.loss_reason(), None);
+    Ok(())
+}
