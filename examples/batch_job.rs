@@ -12,11 +12,13 @@
 //! "operator" deletes the lease halfway, so the token fires and the job
 //! stops at its next checkpoint.
 
+mod common;
+
+use common::Store;
 use std::time::Duration;
 
 use leasehold::redis::RedisBackend;
 use leasehold::{LeaseBackend, LeaseKey, LeaseManager, LeaseOptions, MemoryBackend, Ttl};
-use leasehold_testkit::RedisServer;
 use tokio::time::Instant;
 use tracing::info;
 
@@ -32,26 +34,11 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         .with_target(false)
         .init();
 
-    let mut _server = None;
-    let url = match std::env::var("LEASEHOLD_REDIS_URL") {
-        Ok(url) => Some(url),
-        Err(_) => match RedisServer::start() {
-            Ok(server) => {
-                info!("started a throwaway redis-server on port {}", server.port());
-                let url = server.url();
-                _server = Some(server);
-                Some(url)
-            }
-            Err(e) => {
-                info!("no Redis available ({e}); running on the in-process MemoryBackend instead");
-                None
-            }
-        },
-    };
+    let store = common::choose_store();
 
-    match url {
-        Some(url) => {
-            let backend = RedisBackend::connect(&url).await?;
+    match &store {
+        Store::Redis { url, .. } => {
+            let backend = RedisBackend::connect(url.as_str()).await?;
             let saboteur = backend.clone();
             demo(backend, move || {
                 let saboteur = saboteur.clone();
@@ -62,7 +49,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
             })
             .await
         }
-        None => {
+        Store::Memory => {
             let backend = MemoryBackend::new();
             let saboteur = backend.clone();
             demo(backend, move || {

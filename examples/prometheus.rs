@@ -15,13 +15,15 @@
 //! (lost), a scratch lease is dropped, and a leader lease is still held
 //! while the metrics are served.
 
+mod common;
+
+use common::Store;
 use std::net::SocketAddr;
 use std::time::Duration;
 
 use leasehold::metrics::{ACQUIRE_WAIT, HOLD_TIME, RENEWAL_LATENCY};
 use leasehold::redis::RedisBackend;
 use leasehold::{LeaseBackend, LeaseKey, LeaseManager, LeaseOptions, MemoryBackend, Ttl};
-use leasehold_testkit::RedisServer;
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder};
 use tracing::info;
 
@@ -55,25 +57,10 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         .install()?;
     info!("serving metrics on http://{addr}/metrics");
 
-    let mut _server = None;
-    let url = match std::env::var("LEASEHOLD_REDIS_URL") {
-        Ok(url) => Some(url),
-        Err(_) => match RedisServer::start() {
-            Ok(server) => {
-                info!("started a throwaway redis-server on port {}", server.port());
-                let url = server.url();
-                _server = Some(server);
-                Some(url)
-            }
-            Err(e) => {
-                info!("no Redis available ({e}); running on the in-process MemoryBackend instead");
-                None
-            }
-        },
-    };
-    match url {
-        Some(url) => {
-            let backend = RedisBackend::connect(&url).await?;
+    let store = common::choose_store();
+    match &store {
+        Store::Redis { url, .. } => {
+            let backend = RedisBackend::connect(url.as_str()).await?;
             let operator = backend.clone();
             jobs(backend, move |key| {
                 let operator = operator.clone();
@@ -81,7 +68,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
             })
             .await?;
         }
-        None => {
+        Store::Memory => {
             let backend = MemoryBackend::new();
             let operator = backend.clone();
             jobs(backend, move |key| {

@@ -8,6 +8,9 @@
 //! throwaway `redis-server` if one is installed; otherwise it runs on the
 //! in-process `MemoryBackend` and says so.
 
+mod common;
+
+use common::Store;
 use std::time::Duration;
 
 use leasehold::redis::RedisBackend;
@@ -15,7 +18,6 @@ use leasehold::{
     CancellationToken, Election, LeaseBackend, LeaseKey, LeaseManager, LeaseOptions, MemoryBackend,
     Ttl,
 };
-use leasehold_testkit::RedisServer;
 use tokio::time::Instant;
 use tracing::info;
 
@@ -30,37 +32,24 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         .with_target(false)
         .init();
 
-    let mut _server = None;
-    let url = match std::env::var("LEASEHOLD_REDIS_URL") {
-        Ok(url) => Some(url),
-        Err(_) => match RedisServer::start() {
-            Ok(server) => {
-                info!("started a throwaway redis-server on port {}", server.port());
-                let url = server.url();
-                _server = Some(server);
-                Some(url)
-            }
-            Err(e) => {
-                info!("no Redis available ({e}); running on the in-process MemoryBackend instead");
-                None
-            }
-        },
-    };
-    match url {
-        Some(url) => {
+    let store = common::choose_store();
+    match &store {
+        Store::Redis { url, .. } => {
             let mut replicas = Vec::new();
             for _ in 0..3 {
                 // One connection per replica, as three processes would have.
-                replicas.push(LeaseManager::new(RedisBackend::connect(&url).await?)?);
+                replicas.push(LeaseManager::new(
+                    RedisBackend::connect(url.as_str()).await?,
+                )?);
             }
-            let admin = RedisBackend::connect(&url).await?;
+            let admin = RedisBackend::connect(url.as_str()).await?;
             demo(replicas, move || {
                 let admin = admin.clone();
                 async move { Ok(admin.force_release(&LeaseKey::new(KEY)?).await?) }
             })
             .await
         }
-        None => {
+        Store::Memory => {
             let backend = MemoryBackend::new();
             let replicas = (0..3)
                 .map(|_| LeaseManager::new(backend.clone()))

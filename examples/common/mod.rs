@@ -1,0 +1,40 @@
+//! What the examples share: where their Redis comes from.
+
+use leasehold_testkit::RedisServer;
+use tracing::info;
+
+/// Where an example keeps its leases.
+pub(crate) enum Store {
+    /// A Redis server at this URL; the throwaway server, if one was started,
+    /// lives as long as this value.
+    Redis {
+        /// The server's URL.
+        url: String,
+        /// The server the example started, stopped when dropped.
+        _server: Option<RedisServer>,
+    },
+    /// No Redis could be had: the in-process `MemoryBackend`.
+    Memory,
+}
+
+/// The Redis at `LEASEHOLD_REDIS_URL` if set; otherwise a throwaway
+/// `redis-server` if one is installed; otherwise the in-process
+/// `MemoryBackend`, saying so.
+pub(crate) fn choose_store() -> Store {
+    if let Ok(url) = std::env::var("LEASEHOLD_REDIS_URL") {
+        return Store::Redis { url, _server: None };
+    }
+    match RedisServer::start() {
+        Ok(server) => {
+            info!("started a throwaway redis-server on port {}", server.port());
+            Store::Redis {
+                url: server.url(),
+                _server: Some(server),
+            }
+        }
+        Err(e) => {
+            info!("no Redis available ({e}); running on the in-process MemoryBackend instead");
+            Store::Memory
+        }
+    }
+}
