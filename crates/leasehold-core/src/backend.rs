@@ -139,10 +139,26 @@ pub trait LeaseBackend: Clone + Send + Sync + 'static {
 
     /// Extends the lease to another `ttl` if `holder` still holds it
     /// (compare-and-pexpire).
+    ///
+    /// The default renews a batch of one through
+    /// [`renew_many`](Self::renew_many).
     fn renew(
         &self,
         request: &RenewRequest,
-    ) -> impl Future<Output = Result<RenewOutcome, BackendError>> + Send;
+    ) -> impl Future<Output = Result<RenewOutcome, BackendError>> + Send {
+        async move {
+            let mut outcomes = self.renew_many(std::slice::from_ref(request)).await;
+            match outcomes.pop() {
+                Some(outcome) if outcomes.is_empty() => outcome,
+                // A backend's renew_many returns one outcome per request.
+                _ => Err(BackendError::UnexpectedReply {
+                    op: "renew",
+                    key: request.key.as_str().to_owned(),
+                    detail: "not one outcome for one renewal".to_owned(),
+                }),
+            }
+        }
+    }
 
     /// Renews several leases in as few round trips as the backend allows,
     /// with one outcome per request, in order.

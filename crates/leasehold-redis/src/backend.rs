@@ -241,19 +241,6 @@ impl LeaseBackend for RedisBackend {
         Ok(outcome)
     }
 
-    async fn renew(&self, request: &RenewRequest) -> Result<RenewOutcome, BackendError> {
-        let mut outcomes = self.renew_batch(std::slice::from_ref(request)).await;
-        match outcomes.pop() {
-            Some(outcome) if outcomes.is_empty() => outcome,
-            // renew_batch returns exactly one outcome per request.
-            _ => Err(BackendError::UnexpectedReply {
-                op: "renew",
-                key: request.key.as_str().to_owned(),
-                detail: "not one outcome for one renewal".to_owned(),
-            }),
-        }
-    }
-
     /// Renews in one script call per 1000 leases (in a cluster: per slot,
     /// and per 1000 leases in a slot, since one script may only touch keys
     /// of one slot); the calls go out together. A call that fails gives its

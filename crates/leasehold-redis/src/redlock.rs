@@ -383,18 +383,6 @@ impl LeaseBackend for RedlockBackend {
         }
     }
 
-    async fn renew(&self, request: &RenewRequest) -> Result<RenewOutcome, BackendError> {
-        let mut outcomes = self.renew_many(std::slice::from_ref(request)).await;
-        match outcomes.pop() {
-            Some(outcome) if outcomes.is_empty() => outcome,
-            _ => Err(BackendError::UnexpectedReply {
-                op: "renew",
-                key: request.key.as_str().to_owned(),
-                detail: "not one outcome for one renewal".to_owned(),
-            }),
-        }
-    }
-
     /// Sends each master one `renew_many` batch, all at once, and decides
     /// each lease by majority.
     async fn renew_many(
