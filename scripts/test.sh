@@ -1,11 +1,13 @@
 #!/usr/bin/env bash
 # Runs the whole test suite against real redis-server processes, installing
-# redis-server first when it is missing (Debian/Ubuntu: apt-get; macOS: brew).
+# redis-server and redis-cli first when they are missing (Debian/Ubuntu:
+# apt-get; macOS: brew).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-if ! command -v redis-server >/dev/null 2>&1; then
-  echo "redis-server is not on PATH; installing it..."
+# redis-cli builds the test clusters; Debian ships it in redis-tools.
+if ! command -v redis-server >/dev/null 2>&1 || ! command -v redis-cli >/dev/null 2>&1; then
+  echo "redis-server or redis-cli is not on PATH; installing them..."
   if command -v apt-get >/dev/null 2>&1; then
     sudo=""
     [ "$(id -u)" -ne 0 ] && sudo="sudo"
