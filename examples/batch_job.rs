@@ -26,13 +26,7 @@ const KEY: &str = "reports:nightly";
 
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| "info,leasehold_watchdog=debug".into()),
-        )
-        .with_target(false)
-        .init();
+    common::init_tracing("info,leasehold_watchdog=debug");
 
     let store = common::choose_store();
 

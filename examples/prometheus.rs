@@ -29,12 +29,7 @@ use tracing::info;
 
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
-        )
-        .with_target(false)
-        .init();
+    common::init_tracing("info");
 
     let addr: SocketAddr = std::env::var("LEASEHOLD_METRICS_ADDR")
         .unwrap_or_else(|_| "127.0.0.1:9184".to_owned())

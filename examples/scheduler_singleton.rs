@@ -25,12 +25,7 @@ const KEY: &str = "scheduler";
 
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
-        )
-        .with_target(false)
-        .init();
+    common::init_tracing("info");
 
     let store = common::choose_store();
     match &store {

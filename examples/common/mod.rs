@@ -38,3 +38,14 @@ pub(crate) fn choose_store() -> Store {
         }
     }
 }
+
+/// Logs to stderr, filtered by `RUST_LOG` or else by `default_filter`.
+pub(crate) fn init_tracing(default_filter: &str) {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| default_filter.into()),
+        )
+        .with_target(false)
+        .init();
+}

@@ -65,10 +65,15 @@ impl Backoff {
         if self.initial == self.max {
             return ceiling;
         }
-        // Upper half of the ceiling: never zero, never more than the ceiling.
-        let half = ceiling / 2;
-        half + half.mul_f64(fastrand::f64())
+        upper_half(ceiling)
     }
+}
+
+/// A duration drawn uniformly from the upper half of `d`: spread out, never
+/// zero, never more than `d`.
+pub(crate) fn upper_half(d: Duration) -> Duration {
+    let half = d / 2;
+    half + half.mul_f64(fastrand::f64())
 }
 
 #[cfg(test)]

@@ -7,6 +7,7 @@ use leasehold_core::{FencingToken, LeaseBackend, LeaseInfo, LeaseKey};
 use tokio_util::sync::CancellationToken;
 use tracing::{Instrument, info, info_span};
 
+use crate::backoff::upper_half;
 use crate::{Lease, LeaseError, LeaseManager, LeaseOptions};
 
 /// One candidate in an election: at most one candidate per key leads at a
@@ -176,13 +177,8 @@ impl<B: LeaseBackend> Election<B> {
             tokio::select! {
                 biased;
                 () = stop.cancelled() => return Ok(()),
-                () = tokio::time::sleep(jitter(self.pause)) => {}
+                () = tokio::time::sleep(upper_half(self.pause)) => {}
             }
         }
     }
-}
-
-/// The upper half of `d`, drawn at random.
-fn jitter(d: Duration) -> Duration {
-    d / 2 + (d / 2).mul_f64(fastrand::f64())
 }
