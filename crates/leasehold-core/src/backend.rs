@@ -116,6 +116,21 @@ pub enum ReleaseOutcome {
     NotHeld,
 }
 
+/// The outcome of [`LeaseBackend::release_to`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum HandoverOutcome {
+    /// The lease was ours; it was freed and granted to the offered request
+    /// in the same atomic operation, with a new fencing token.
+    HandedOver(Grant),
+    /// The lease was ours and is now free, announced to waiters; it was not
+    /// handed over (someone else may be waiting, or the backend never hands
+    /// over).
+    Released,
+    /// The lease was not ours any more (expired, lost or released before);
+    /// nothing was handed over.
+    NotHeld,
+}
+
 /// One atomic server-side operation per method.
 ///
 /// Backends are cheap to clone (a clone shares connections) and never spawn
@@ -173,6 +188,31 @@ pub trait LeaseBackend: Clone + Send + Sync + 'static {
         key: &LeaseKey,
         holder: &HolderId,
     ) -> impl Future<Output = Result<ReleaseOutcome, BackendError>> + Send;
+
+    /// Frees the lease if `holder` still holds it and, in the same atomic
+    /// operation, grants it to `next` (a waiter of the caller's own) unless
+    /// someone else may be waiting for it: then it is only released, and
+    /// announced, so that the waiter elsewhere is not overtaken.
+    ///
+    /// "Someone else" is any listener for the key's release notices other
+    /// than a single watch of this backend (the one `next`'s waiter holds):
+    /// a backend that cannot tell must not hand over. The grant's
+    /// `valid_until` counts from the moment the request was sent. The
+    /// default never hands over: it calls [`release`](Self::release).
+    fn release_to(
+        &self,
+        key: &LeaseKey,
+        holder: &HolderId,
+        next: &AcquireRequest,
+    ) -> impl Future<Output = Result<HandoverOutcome, BackendError>> + Send {
+        let _ = next;
+        async move {
+            Ok(match self.release(key, holder).await? {
+                ReleaseOutcome::Released => HandoverOutcome::Released,
+                ReleaseOutcome::NotHeld => HandoverOutcome::NotHeld,
+            })
+        }
+    }
 
     /// Reads who holds a lease, without changing it. `None` when it is free.
     fn inspect(

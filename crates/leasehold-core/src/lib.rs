@@ -38,8 +38,8 @@ mod timing;
 mod ttl;
 
 pub use backend::{
-    AcquireOutcome, AcquireRequest, LeaseBackend, LeaseInfo, ReleaseOutcome, RenewOutcome,
-    RenewRequest,
+    AcquireOutcome, AcquireRequest, HandoverOutcome, LeaseBackend, LeaseInfo, ReleaseOutcome,
+    RenewOutcome, RenewRequest,
 };
 pub use error::{BackendError, Cause, Error};
 pub use fencing::FencingToken;

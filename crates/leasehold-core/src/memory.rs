@@ -8,8 +8,9 @@ use tokio::sync::watch;
 use tokio::time::Instant;
 
 use crate::{
-    AcquireOutcome, AcquireRequest, BackendError, FencingToken, Grant, HolderId, LeaseBackend,
-    LeaseInfo, LeaseKey, ReleaseOutcome, ReleaseWatch, RenewOutcome, RenewRequest, Ttl,
+    AcquireOutcome, AcquireRequest, BackendError, FencingToken, Grant, HandoverOutcome, HolderId,
+    LeaseBackend, LeaseInfo, LeaseKey, ReleaseOutcome, ReleaseWatch, RenewOutcome, RenewRequest,
+    Ttl,
 };
 
 /// A [`LeaseBackend`] kept in this process, on the tokio clock.
@@ -135,6 +136,38 @@ impl State {
             self.leases.remove(key);
         }
         self.leases.get_mut(key)
+    }
+
+    /// Gives the free lease `request.key` to `request.holder` with the next
+    /// fencing token.
+    fn grant(&mut self, request: &AcquireRequest, now: Instant, sent_at: Instant) -> Grant {
+        let token = self.next_token(&request.key);
+        self.leases.insert(
+            request.key.clone(),
+            Entry {
+                holder: request.holder,
+                token,
+                label: request.label.clone(),
+                expires_at: now + request.ttl.get(),
+            },
+        );
+        Grant::new(
+            request.key.clone(),
+            request.holder,
+            token,
+            request.ttl,
+            sent_at,
+        )
+    }
+
+    /// Wakes the key's watchers; forgets the key's notices once no one watches.
+    fn announce(&mut self, key: &LeaseKey) {
+        if let Some(notices) = self.notices.get(key) {
+            notices.send_modify(|n| *n = n.wrapping_add(1));
+            if notices.receiver_count() == 0 {
+                self.notices.remove(key);
+            }
+        }
     }
 
     fn next_token(&mut self, key: &LeaseKey) -> FencingToken {
@@ -303,23 +336,7 @@ impl LeaseBackend for MemoryBackend {
                 sent_at,
             )));
         }
-        let token = state.next_token(&request.key);
-        state.leases.insert(
-            request.key.clone(),
-            Entry {
-                holder: request.holder,
-                token,
-                label: request.label.clone(),
-                expires_at: now + request.ttl.get(),
-            },
-        );
-        Ok(AcquireOutcome::Acquired(Grant::new(
-            request.key.clone(),
-            request.holder,
-            token,
-            request.ttl,
-            sent_at,
-        )))
+        Ok(AcquireOutcome::Acquired(state.grant(request, now, sent_at)))
     }
 
     async fn renew(&self, request: &RenewRequest) -> Result<RenewOutcome, BackendError> {
@@ -357,16 +374,39 @@ impl LeaseBackend for MemoryBackend {
         match state.live(key, now) {
             Some(entry) if entry.holder == *holder => {
                 state.leases.remove(key);
-                if let Some(notices) = state.notices.get(key) {
-                    notices.send_modify(|n| *n = n.wrapping_add(1));
-                    if notices.receiver_count() == 0 {
-                        state.notices.remove(key);
-                    }
-                }
+                state.announce(key);
                 Ok(ReleaseOutcome::Released)
             }
             _ => Ok(ReleaseOutcome::NotHeld),
         }
+    }
+
+    /// Hands over while the key's notices have at most one watch (the
+    /// offering waiter's own); with more, someone else waits: release and
+    /// announce instead.
+    async fn release_to(
+        &self,
+        key: &LeaseKey,
+        holder: &HolderId,
+        next: &AcquireRequest,
+    ) -> Result<HandoverOutcome, BackendError> {
+        let sent_at = Instant::now();
+        self.gate("release_to", key).await?;
+        let now = Instant::now();
+        let mut state = self.state();
+        if !state.live(key, now).is_some_and(|e| e.holder == *holder) {
+            return Ok(HandoverOutcome::NotHeld);
+        }
+        state.leases.remove(key);
+        let listeners = state
+            .notices
+            .get(key)
+            .map_or(0, watch::Sender::receiver_count);
+        if listeners > 1 || next.key != *key {
+            state.announce(key);
+            return Ok(HandoverOutcome::Released);
+        }
+        Ok(HandoverOutcome::HandedOver(state.grant(next, now, sent_at)))
     }
 
     async fn inspect(&self, key: &LeaseKey) -> Result<Option<LeaseInfo>, BackendError> {
