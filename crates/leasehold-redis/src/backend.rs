@@ -9,8 +9,8 @@ use std::collections::HashMap;
 
 use futures_util::future::join_all;
 use leasehold_core::{
-    AcquireOutcome, AcquireRequest, BackendError, HolderId, LeaseBackend, LeaseInfo, LeaseKey,
-    ReleaseOutcome, ReleaseWatch, RenewOutcome, RenewRequest,
+    AcquireOutcome, AcquireRequest, BackendError, HandoverOutcome, HolderId, LeaseBackend,
+    LeaseInfo, LeaseKey, ReleaseOutcome, ReleaseWatch, RenewOutcome, RenewRequest,
 };
 use redis::RedisResult;
 use redis::Value;
@@ -298,6 +298,43 @@ impl LeaseBackend for RedisBackend {
         let call = scripts::release(&self.shared.layout, key, &holder.to_hex(), notify);
         let reply = self.eval(&call).await.map_err(|f| f.for_key(OP, key))?;
         reply::released(&reply).map_err(|f| f.for_key(OP, key))
+    }
+
+    /// One `handover.lua` call: hands over only while the key's release
+    /// channel has no subscriber but this backend's own single watch. A
+    /// deployment without notices never hands over (a waiter elsewhere
+    /// would poll unseen and could be overtaken for ever): it releases. Nor
+    /// does one that waits for replicas, whose grants must be acknowledged.
+    async fn release_to(
+        &self,
+        key: &LeaseKey,
+        holder: &HolderId,
+        next: &AcquireRequest,
+    ) -> Result<HandoverOutcome, BackendError> {
+        const OP: &str = "release";
+        let Some(notices) = self
+            .shared
+            .notices
+            .as_ref()
+            .filter(|_| next.key == *key && self.shared.wait.is_none())
+        else {
+            return Ok(match self.release(key, holder).await? {
+                ReleaseOutcome::Released => HandoverOutcome::Released,
+                ReleaseOutcome::NotHeld => HandoverOutcome::NotHeld,
+            });
+        };
+        let own = notices.own_listeners(&self.shared.layout.released(key));
+        let call = scripts::handover(
+            &self.shared.layout,
+            key,
+            &holder.to_hex(),
+            own,
+            self.shared.conn.is_cluster(),
+            next,
+        );
+        let sent_at = Instant::now();
+        let reply = self.eval(&call).await.map_err(|f| f.for_key(OP, key))?;
+        reply::handed_over(next, sent_at, &reply).map_err(|f| f.for_key(OP, key))
     }
 
     async fn inspect(&self, key: &LeaseKey) -> Result<Option<LeaseInfo>, BackendError> {

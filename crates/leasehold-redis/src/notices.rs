@@ -141,6 +141,18 @@ impl Notices {
         Ok(ReleaseWatch::new(receiver, subscription))
     }
 
+    /// How many of `channel`'s subscribers on the server are a waiter of
+    /// ours: 1 while exactly one watch listens on our connection (so the
+    /// waiter offering a handover is that one), else 0, so that a second
+    /// waiter sharing this backend is counted as someone else.
+    pub(crate) fn own_listeners(&self, channel: &str) -> u8 {
+        let channels = lock(&self.channels);
+        match channels.watched.get(channel.as_bytes()) {
+            Some(c) if c.subscribed && c.watchers == 1 => 1,
+            _ => 0,
+        }
+    }
+
     async fn connection(&self) -> Result<&ConnectionManager, Failure> {
         self.conn
             .get_or_try_init(|| async {

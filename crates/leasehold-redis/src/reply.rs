@@ -8,8 +8,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use leasehold_core::{
-    AcquireOutcome, AcquireRequest, BackendError, FencingToken, Grant, LeaseInfo, LeaseKey,
-    ReleaseOutcome, RenewOutcome,
+    AcquireOutcome, AcquireRequest, BackendError, FencingToken, Grant, HandoverOutcome, LeaseInfo,
+    LeaseKey, ReleaseOutcome, RenewOutcome,
 };
 use redis::{ErrorKind, RedisError, RetryMethod, Value};
 use tokio::time::Instant;
@@ -259,6 +259,32 @@ pub(crate) fn released(reply: &Value) -> Result<ReleaseOutcome, Failure> {
         Some(1) => Ok(ReleaseOutcome::Released),
         Some(0) => Ok(ReleaseOutcome::NotHeld),
         _ => Err(unexpected("1 or 0", reply)),
+    }
+}
+
+/// The reply of `handover.lua`: 0, 1, or `{2, token}` (a grant to `next`).
+pub(crate) fn handed_over(
+    next: &AcquireRequest,
+    sent_at: Instant,
+    reply: &Value,
+) -> Result<HandoverOutcome, Failure> {
+    const SHAPE: &str = "0, 1 or {2, token}";
+    match plain(reply) {
+        Value::Array(items) => match (items.first().map(plain).and_then(int), items.as_slice()) {
+            (Some(2), [_, token_reply]) => Ok(HandoverOutcome::HandedOver(Grant::new(
+                next.key.clone(),
+                next.holder,
+                token(plain(token_reply))?,
+                next.ttl,
+                sent_at,
+            ))),
+            _ => Err(unexpected(SHAPE, reply)),
+        },
+        value => match int(value) {
+            Some(1) => Ok(HandoverOutcome::Released),
+            Some(0) => Ok(HandoverOutcome::NotHeld),
+            _ => Err(unexpected(SHAPE, reply)),
+        },
     }
 }
 

@@ -95,6 +95,10 @@ pub(crate) static RENEW: LazyLock<Lua> =
 pub(crate) static RELEASE: LazyLock<Lua> =
     LazyLock::new(|| Lua::new(include_str!("scripts/release.lua")));
 
+/// Compare-and-delete, then a grant to a local waiter; see `scripts/handover.lua`.
+pub(crate) static HANDOVER: LazyLock<Lua> =
+    LazyLock::new(|| Lua::new(include_str!("scripts/handover.lua")));
+
 /// Reads a lease; see `scripts/inspect.lua`.
 pub(crate) static INSPECT: LazyLock<Lua> =
     LazyLock::new(|| Lua::new(include_str!("scripts/inspect.lua")));
@@ -139,6 +143,36 @@ pub(crate) fn release(layout: &KeyLayout, key: &LeaseKey, holder_hex: &str, noti
     call
 }
 
+/// `handover.lua`: release `key` for `holder_hex` and grant it to `next`
+/// unless the channel has more than `own` subscribers; `sharded` picks
+/// `SHARDNUMSUB`/`SPUBLISH` (a cluster) over `NUMSUB`/`PUBLISH`.
+pub(crate) fn handover(
+    layout: &KeyLayout,
+    key: &LeaseKey,
+    holder_hex: &str,
+    own: u8,
+    sharded: bool,
+    next: &AcquireRequest,
+) -> Call {
+    let mut call = Call::new(&HANDOVER);
+    let (count, publish) = if sharded {
+        ("SHARDNUMSUB", "SPUBLISH")
+    } else {
+        ("NUMSUB", "PUBLISH")
+    };
+    call.key(layout.lease(key))
+        .key(layout.fence(key))
+        .arg(holder_hex)
+        .arg(layout.released(key))
+        .arg(own)
+        .arg(count)
+        .arg(publish)
+        .arg(next.holder.to_hex())
+        .arg(next.ttl.as_millis())
+        .arg(next.label.as_deref().unwrap_or(""));
+    call
+}
+
 /// `inspect.lua` for `key`.
 pub(crate) fn inspect(layout: &KeyLayout, key: &LeaseKey) -> Call {
     let mut call = Call::new(&INSPECT);
@@ -157,6 +191,7 @@ mod tests {
             ("renew", include_str!("scripts/renew.lua")),
             ("release", include_str!("scripts/release.lua")),
             ("inspect", include_str!("scripts/inspect.lua")),
+            ("handover", include_str!("scripts/handover.lua")),
         ] {
             assert!(source.starts_with(&format!("-- {name}.lua:")), "{name}");
             assert!(source.contains("-- KEYS["), "{name} names its KEYS");
@@ -171,6 +206,7 @@ mod tests {
             RENEW.get_hash(),
             RELEASE.get_hash(),
             INSPECT.get_hash(),
+            HANDOVER.get_hash(),
         ];
         for (i, a) in hashes.iter().enumerate() {
             assert_eq!(a.len(), 40);

@@ -1,0 +1,59 @@
+-- handover.lua: compare-and-delete, then grant the lease to a waiter of the
+-- releasing process in the same script, unless a waiter elsewhere listens.
+--
+-- KEYS[1]  P        the lease: "<holder hex>:<fencing token>:<label>", with a PX expiry
+-- KEYS[2]  P:fence  the lease's fencing counter (same hash tag, so same cluster slot)
+-- ARGV[1]  holder   the releasing holder id expected in the lease, 32 lowercase hex digits
+-- ARGV[2]  channel  P:released, where waiters listen for the release
+-- ARGV[3]  own      how many of the channel's subscribers are the releasing
+--                   process's own waiter (0 or 1)
+-- ARGV[4]  count    the subscriber count command: NUMSUB, or SHARDNUMSUB on a cluster
+-- ARGV[5]  publish  the publish command: PUBLISH, or SPUBLISH on a cluster
+-- ARGV[6]  next     the waiter's holder id, 32 lowercase hex digits
+-- ARGV[7]  ttl      the waiter's time to live, in milliseconds
+-- ARGV[8]  label    the waiter's public label (may be empty)
+--
+-- Returns 0           when the lease was not ours (nothing changed),
+--         1           when it was ours and is now free, announced on the channel,
+--      or {2, token}  when it was ours and now belongs to the waiter (token: its
+--                     fencing token, a decimal string).
+
+-- 1. Read the lease; a key of another type gives its WRONGTYPE error back.
+local v = redis.pcall('GET', KEYS[1])
+if type(v) == 'table' and v.err then
+  return redis.error_reply(v.err)
+end
+
+-- 2. Not ours (gone, or another holder's): leave it alone.
+if not v or string.sub(v, 1, 33) ~= ARGV[1] .. ':' then
+  return 0
+end
+
+-- 3. Does anyone else listen? A user without the right to ask (ACL) cannot
+--    tell: then someone may, and the lease is only released.
+local others = true
+local count = redis.pcall('PUBSUB', ARGV[4], ARGV[2])
+if type(count) == 'table' and not count.err and count[2] then
+  others = tonumber(count[2]) > tonumber(ARGV[3])
+end
+
+-- 4. Someone else waits: release and announce, as release.lua does.
+if others then
+  redis.call('DEL', KEYS[1])
+  redis.call(ARGV[5], ARGV[2], '1')
+  return 1
+end
+
+-- 5. Only our waiter: grant it the lease. These are acquire.lua's steps 3-5
+--    (scripts cannot call one another): a floor from the server clock, the
+--    counter advanced past it, the lease stored with its expiry.
+local t = redis.call('TIME')
+local floor = tonumber(t[1]) * 1000000 + tonumber(t[2])
+local n = redis.call('INCR', KEYS[2])
+if n < floor then
+  n = floor
+  redis.call('SET', KEYS[2], string.format('%.0f', n))
+end
+local token = string.format('%.0f', n)
+redis.call('SET', KEYS[1], ARGV[6] .. ':' .. token .. ':' .. ARGV[8], 'PX', ARGV[7])
+return {2, token}
