@@ -34,6 +34,7 @@ mod backoff;
 mod config;
 mod election;
 mod error;
+mod handoff;
 mod lease;
 mod manager;
 pub mod metrics;

@@ -8,14 +8,15 @@ use leasehold_core::{
     AcquireOutcome, AcquireRequest, Grant, HolderId, LeaseBackend, LeaseInfo, LeaseKey,
     ReleaseWatch,
 };
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, oneshot};
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tracing::{Instrument, debug, info_span};
 
+use crate::handoff::Withdrawn;
 use crate::lease::Shared;
-use crate::queue::{QueueError, Queues};
+use crate::queue::{QueueError, Queues, Turn};
 use crate::renewal::{Command, Timing, Watchdog};
 use crate::{Lease, LeaseError, LeaseOptions};
 
@@ -178,36 +179,40 @@ impl<B: LeaseBackend> LeaseManager<B> {
             holder: request.holder,
             armed: false,
         };
-        let mut notices: Option<ReleaseWatch> = None;
+        // A baton from the previous head: the lease is held in this manager
+        // and its release will look for our offer, so offer without asking.
+        let baton = turn.handoff().take_baton();
+        let mut baton_releases = baton.as_ref().map(|b| b.releases);
+        let mut notices: Option<ReleaseWatch> = baton.map(|b| b.watch);
         let mut attempt = 0u32;
         loop {
-            orphan.armed = true;
-            let result = self.inner.backend.try_acquire(&request).await;
             let mut retry_after = options.backoff().delay(attempt);
-            let failure = match result {
-                Ok(AcquireOutcome::Acquired(grant)) => {
-                    orphan.armed = false;
-                    if Instant::now() < grant.valid_until - options.safety_margin() {
-                        // The next local waiter becomes the head now and waits
-                        // for the release notice like waiters elsewhere do, so
-                        // this process's waiters get no head start on others.
-                        drop(turn);
-                        return self.register(grant, options);
+            let failure = if baton_releases.is_some() {
+                not_acquired(LeaseInfo::default())
+            } else {
+                orphan.armed = true;
+                let result = self.inner.backend.try_acquire(&request).await;
+                match result {
+                    Ok(AcquireOutcome::Acquired(grant)) => {
+                        orphan.armed = false;
+                        if Instant::now() < grant.valid_until - options.safety_margin() {
+                            return self.took(turn, notices, grant, options).await;
+                        }
+                        // The reply came too late to use the lease: give it back.
+                        orphan.armed = true;
+                        not_acquired(LeaseInfo::default())
                     }
-                    // The reply came too late to use the lease: give it back.
-                    orphan.armed = true;
-                    not_acquired(LeaseInfo::default())
-                }
-                Ok(AcquireOutcome::Held(holder)) => {
-                    orphan.armed = false;
-                    if let Some(left) = holder.ttl_left {
-                        // No point sleeping past the holder's expiry.
-                        retry_after = retry_after.min(left + Duration::from_millis(1));
+                    Ok(AcquireOutcome::Held(holder)) => {
+                        orphan.armed = false;
+                        if let Some(left) = holder.ttl_left {
+                            // No point sleeping past the holder's expiry.
+                            retry_after = retry_after.min(left + Duration::from_millis(1));
+                        }
+                        not_acquired(holder)
                     }
-                    not_acquired(holder)
+                    Err(error) if error.is_transient() => LeaseError::Backend(error),
+                    Err(error) => return Err(error.into()),
                 }
-                Err(error) if error.is_transient() => LeaseError::Backend(error),
-                Err(error) => return Err(error.into()),
             };
             let now = Instant::now();
             let Some(give_up_at) = give_up_at.filter(|at| now < *at) else {
@@ -223,19 +228,87 @@ impl<B: LeaseBackend> LeaseManager<B> {
                 }));
                 continue;
             }
+            // Offer only with a working watch: a release here hands over only
+            // while no other watch listens, which ours must be part of.
+            let mut offer = OfferGuard {
+                turn: &turn,
+                commands: &self.inner.commands,
+                key: &key,
+                answer: None,
+            };
+            if notices.as_ref().is_some_and(ReleaseWatch::is_supported) {
+                offer.answer = turn.handoff().offer(&request, baton_releases.take());
+                if offer.answer.is_none() {
+                    // The baton went stale: the holder released meanwhile.
+                    continue;
+                }
+            }
+            baton_releases = None;
             debug!(attempt, ?retry_after, "lease not acquired yet; waiting");
             let poll = tokio::time::sleep_until((now + retry_after).min(give_up_at));
-            match notices.as_mut() {
-                Some(notices) => {
-                    tokio::select! {
-                        () = poll => {}
-                        () = notices.released() => debug!("release notice"),
-                    }
+            let notice = async {
+                match notices.as_mut() {
+                    Some(notices) => notices.released().await,
+                    None => std::future::pending().await,
                 }
-                None => poll.await,
+            };
+            let answer = async {
+                match offer.answer.as_mut() {
+                    Some(answer) => answer.await.ok(),
+                    None => std::future::pending().await,
+                }
+            };
+            let answered = tokio::select! {
+                () = poll => None,
+                () = notice => {
+                    debug!("release notice");
+                    None
+                }
+                grant = answer => Some(grant),
+            };
+            let grant = match answered {
+                // A release claimed the offer: the lease, or nothing when it
+                // was only released (then try at once).
+                Some(grant) => {
+                    offer.answer = None;
+                    grant
+                }
+                None => offer.settle().await,
+            };
+            if let Some(grant) = grant {
+                if Instant::now() < grant.valid_until - options.safety_margin() {
+                    drop(offer);
+                    return self.took(turn, notices, grant, options).await;
+                }
+                // Too late to use; the next attempt (same holder) refreshes it.
+                orphan.armed = true;
             }
             attempt = attempt.saturating_add(1);
         }
+    }
+
+    /// Hands the turn on and keeps the lease: the watch goes to the next
+    /// head as a baton (the lease is held here now), and this task yields
+    /// once, so that the next head, woken from this task and so sitting in
+    /// this worker's slot that other workers never steal, gets to leave its
+    /// offer before this holder's work blocks the thread.
+    async fn took(
+        &self,
+        turn: Turn,
+        notices: Option<ReleaseWatch>,
+        grant: Grant,
+        options: &LeaseOptions,
+    ) -> Result<Lease, LeaseError> {
+        let others = turn.others_waiting();
+        if others && let Some(watch) = notices.filter(ReleaseWatch::is_supported) {
+            turn.handoff().pass_baton(watch);
+        }
+        drop(turn);
+        let lease = self.register(grant, options);
+        if others {
+            tokio::task::yield_now().await;
+        }
+        lease
     }
 
     fn register(&self, grant: Grant, options: &LeaseOptions) -> Result<Lease, LeaseError> {
@@ -282,6 +355,47 @@ impl<B: LeaseBackend> LeaseManager<B> {
             // The watchdog never panics on its own; a join error means the
             // runtime is shutting down, which ends it anyway.
             let _ = task.await;
+        }
+    }
+}
+
+/// The head's offer while it waits. Dropped with an answer on its way, it
+/// closes the channel: a grant already sent is released here, and one sent
+/// later is released by the releasing side, so no lease is left behind.
+struct OfferGuard<'a> {
+    turn: &'a Turn,
+    commands: &'a mpsc::UnboundedSender<Command>,
+    key: &'a LeaseKey,
+    answer: Option<oneshot::Receiver<Grant>>,
+}
+
+impl OfferGuard<'_> {
+    /// Takes the offer back; if a release claimed it first, waits for its
+    /// answer: the lease, or nothing when it was only released.
+    async fn settle(&mut self) -> Option<Grant> {
+        let answer = self.answer.as_mut()?;
+        let grant = match self.turn.handoff().withdraw() {
+            Withdrawn::Unclaimed => None,
+            Withdrawn::Claimed => answer.await.ok(),
+        };
+        self.answer = None;
+        grant
+    }
+}
+
+impl Drop for OfferGuard<'_> {
+    fn drop(&mut self) {
+        let Some(mut answer) = self.answer.take() else {
+            return;
+        };
+        if let Withdrawn::Claimed = self.turn.handoff().withdraw() {
+            answer.close();
+            if let Ok(grant) = answer.try_recv() {
+                let _ = self.commands.send(Command::ReleaseOrphan {
+                    key: self.key.clone(),
+                    holder: grant.holder,
+                });
+            }
         }
     }
 }
@@ -333,12 +447,18 @@ impl<B: LeaseBackend> LeaseManagerBuilder<B> {
         let (commands, receiver) = mpsc::unbounded_channel();
         let shutdown = CancellationToken::new();
         crate::metrics::describe();
-        let watchdog = Watchdog::new(self.backend.clone(), receiver, shutdown.clone());
+        let queues = Arc::new(Queues::new(self.max_waiters));
+        let watchdog = Watchdog::new(
+            self.backend.clone(),
+            Arc::clone(&queues),
+            receiver,
+            shutdown.clone(),
+        );
         let task = runtime.spawn(watchdog.run());
         Ok(LeaseManager {
             inner: Arc::new(Inner {
                 backend: self.backend,
-                queues: Arc::new(Queues::new(self.max_waiters)),
+                queues,
                 commands,
                 shutdown,
                 task: Mutex::new(Some(task)),

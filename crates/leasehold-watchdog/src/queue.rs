@@ -1,9 +1,10 @@
 //! The local queue: waiters for one key inside one manager line up here in
 //! FIFO order, and only the one at the head talks to the backend.
 //!
-//! The head leaves the queue as soon as it has the lease: the next waiter
-//! then waits for the release notice like waiters in other processes do, so
-//! that this process's waiters get no head start on theirs.
+//! The head leaves the queue as soon as it has the lease. The next head
+//! then waits for the release notice like waiters in other processes do,
+//! and leaves an offer that a release by this manager may answer with a
+//! handover (see `handoff.rs`) while no waiter elsewhere listens.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -12,6 +13,8 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use leasehold_core::LeaseKey;
 use tokio::sync::OwnedMutexGuard;
 use tokio::time::Instant;
+
+use crate::handoff::Handoff;
 
 /// Why a waiter did not reach the head of the queue.
 #[derive(Debug)]
@@ -32,12 +35,26 @@ struct KeyQueue {
     turn: Arc<tokio::sync::Mutex<()>>,
     /// Tasks waiting for the key: the head and those behind it.
     waiting: AtomicUsize,
+    /// The head's offer and the baton for the next head.
+    handoff: Arc<Handoff>,
 }
 
 /// The head of a key's queue. Dropping it lets the next waiter in.
 pub(crate) struct Turn {
     _guard: OwnedMutexGuard<()>,
-    _ticket: Ticket,
+    ticket: Ticket,
+}
+
+impl Turn {
+    /// The key's handover state.
+    pub(crate) fn handoff(&self) -> &Handoff {
+        &self.ticket.queue.handoff
+    }
+
+    /// Whether other tasks wait behind this head.
+    pub(crate) fn others_waiting(&self) -> bool {
+        self.ticket.queue.waiting.load(Ordering::Acquire) > 1
+    }
 }
 
 /// One task's place in a key's queue, counted while it waits (also when its
@@ -88,8 +105,13 @@ impl Queues {
         };
         Ok(Turn {
             _guard: guard,
-            _ticket: ticket,
+            ticket,
         })
+    }
+
+    /// The handover state of `key`, if anyone waits for it here.
+    pub(crate) fn handoff(&self, key: &LeaseKey) -> Option<Arc<Handoff>> {
+        self.keys().get(key).map(|q| Arc::clone(&q.handoff))
     }
 
     /// A ticket for `key`'s queue, and how many tickets it had before.
@@ -99,6 +121,7 @@ impl Queues {
             Arc::new(KeyQueue {
                 turn: Arc::new(tokio::sync::Mutex::new(())),
                 waiting: AtomicUsize::new(0),
+                handoff: Arc::default(),
             })
         }));
         let before = queue.waiting.fetch_add(1, Ordering::AcqRel);

@@ -33,6 +33,7 @@ use tracing::{Instrument, debug, debug_span, warn};
 use crate::LeaseError;
 use crate::lease::{LossReason, Shared};
 use crate::metrics::{self, RENEW_ERROR, RENEW_LOST, RENEWED, RenewalTally};
+use crate::queue::Queues;
 
 /// The most renewals sent to the backend in one call.
 pub(crate) const MAX_BATCH: usize = 1000;
@@ -164,6 +165,8 @@ type Work = Pin<Box<dyn Future<Output = Done> + Send>>;
 
 pub(crate) struct Watchdog<B> {
     backend: B,
+    /// For releases to hand a lease to a local waiter (see `handoff.rs`).
+    queues: Arc<Queues>,
     entries: HashMap<u64, Entry>,
     timers: DelayQueue<(u64, Event)>,
     work: FuturesUnordered<Work>,
@@ -176,11 +179,13 @@ pub(crate) struct Watchdog<B> {
 impl<B: LeaseBackend> Watchdog<B> {
     pub(crate) fn new(
         backend: B,
+        queues: Arc<Queues>,
         commands: mpsc::UnboundedReceiver<Command>,
         shutdown: CancellationToken,
     ) -> Self {
         Self {
             backend,
+            queues,
             entries: HashMap::new(),
             timers: DelayQueue::new(),
             work: FuturesUnordered::new(),
@@ -497,11 +502,12 @@ impl<B: LeaseBackend> Watchdog<B> {
         reply: Option<ReleaseReply>,
     ) {
         let backend = self.backend.clone();
+        let queues = Arc::clone(&self.queues);
         let span = debug_span!("release", key = %key, name);
         let key = key.clone();
         self.work.push(Box::pin(
             async move {
-                let outcome = backend.release(&key, &holder).await;
+                let outcome = crate::handoff::release(&backend, &queues, &key, &holder).await;
                 if let Err(error) = &outcome {
                     debug!(%key, %error, "release failed; the lease expires by itself");
                 }

@@ -1,0 +1,145 @@
+//! Local handover: a release by this manager hands the lease straight to
+//! the head of the key's local queue, in one backend operation.
+//!
+//! While it waits, the head leaves an [`Offer`] (its acquisition request and
+//! a reply channel). A release of the key by this manager takes the offer
+//! and calls [`LeaseBackend::release_to`], which frees the lease and grants
+//! it to the offered request in the same atomic operation, unless a waiter
+//! elsewhere listens for the key's release notices: that one must not be
+//! overtaken, so the lease is only released and announced then, and the
+//! head tries like everyone else.
+//!
+//! A head that got the lease by handover passes its release watch on to the
+//! next head as a [`Baton`]: the lease is known to be held by a holder of
+//! this manager, whose release will look for an offer, so the next head
+//! offers and waits without asking the backend first. The baton is only
+//! good until the next local release of the key (counted in `releases`).
+
+use std::sync::{Mutex, MutexGuard, PoisonError};
+
+use leasehold_core::{
+    AcquireRequest, BackendError, Grant, HandoverOutcome, HolderId, LeaseBackend, LeaseKey,
+    ReleaseOutcome, ReleaseWatch,
+};
+use tokio::sync::oneshot;
+use tracing::debug;
+
+use crate::queue::Queues;
+
+/// A waiting head's request, left for a local release to grant.
+pub(crate) struct Offer {
+    request: AcquireRequest,
+    reply: oneshot::Sender<Grant>,
+}
+
+/// The release watch of a head that got the lease by handover, for the next head.
+pub(crate) struct Baton {
+    pub(crate) watch: ReleaseWatch,
+    /// The key's local release count when the holder got the lease.
+    pub(crate) releases: u64,
+}
+
+/// One key's handover state, kept beside its local queue.
+#[derive(Default)]
+pub(crate) struct Handoff {
+    state: Mutex<State>,
+}
+
+#[derive(Default)]
+struct State {
+    offer: Option<Offer>,
+    /// Local releases of the key so far.
+    releases: u64,
+    baton: Option<Baton>,
+}
+
+/// Where an offer stands once its head stops waiting on it.
+pub(crate) enum Withdrawn {
+    /// Still unclaimed: taken back.
+    Unclaimed,
+    /// A release took it: its answer is on the way.
+    Claimed,
+}
+
+impl Handoff {
+    fn state(&self) -> MutexGuard<'_, State> {
+        // Every update is a field store or take.
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Leaves `request` for the next local release. With a baton, only if
+    /// no local release happened since the baton was made (the lease may be
+    /// free then, and no release would come to take the offer): `None`.
+    pub(crate) fn offer(
+        &self,
+        request: &AcquireRequest,
+        baton: Option<u64>,
+    ) -> Option<oneshot::Receiver<Grant>> {
+        let mut state = self.state();
+        if baton.is_some_and(|releases| releases != state.releases) {
+            return None;
+        }
+        let (reply, answer) = oneshot::channel();
+        state.offer = Some(Offer {
+            request: request.clone(),
+            reply,
+        });
+        Some(answer)
+    }
+
+    /// Takes the head's offer back, if no release has claimed it yet.
+    pub(crate) fn withdraw(&self) -> Withdrawn {
+        match self.state().offer.take() {
+            Some(_) => Withdrawn::Unclaimed,
+            None => Withdrawn::Claimed,
+        }
+    }
+
+    /// Counts a local release and takes the offer, if a head left one.
+    fn claim(&self) -> Option<Offer> {
+        let mut state = self.state();
+        state.releases = state.releases.wrapping_add(1);
+        state.offer.take().filter(|o| !o.reply.is_closed())
+    }
+
+    /// Leaves `watch` for the next head, good until the next local release
+    /// (the holder that passes it holds the lease now).
+    pub(crate) fn pass_baton(&self, watch: ReleaseWatch) {
+        let mut state = self.state();
+        let releases = state.releases;
+        state.baton = Some(Baton { watch, releases });
+    }
+
+    /// The baton the previous head left, if any.
+    pub(crate) fn take_baton(&self) -> Option<Baton> {
+        self.state().baton.take()
+    }
+}
+
+/// Releases `key` for `holder`, handing it to the local head's offer if
+/// there is one (see the module documentation).
+///
+/// If the head left while the handover was in flight, the lease it was
+/// given is released here, so none is left behind.
+pub(crate) async fn release<B: LeaseBackend>(
+    backend: &B,
+    queues: &Queues,
+    key: &LeaseKey,
+    holder: &HolderId,
+) -> Result<ReleaseOutcome, BackendError> {
+    let Some(offer) = queues.handoff(key).and_then(|h| h.claim()) else {
+        return backend.release(key, holder).await;
+    };
+    // Dropping the offer's reply unanswered tells the head to try itself.
+    match backend.release_to(key, holder, &offer.request).await? {
+        HandoverOutcome::HandedOver(grant) => {
+            if let Err(grant) = offer.reply.send(grant) {
+                debug!(%key, "the waiter left during the handover; releasing its lease");
+                let _ = backend.release(&grant.key, &grant.holder).await;
+            }
+            Ok(ReleaseOutcome::Released)
+        }
+        HandoverOutcome::Released => Ok(ReleaseOutcome::Released),
+        HandoverOutcome::NotHeld => Ok(ReleaseOutcome::NotHeld),
+    }
+}

@@ -1,0 +1,246 @@
+//! Local handover on `MemoryBackend` and tokio's paused clock: every backend
+//! operation takes 10 ms, so the clock counts operations, and a counting
+//! wrapper says which ones ran.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use leasehold_core::{
+    AcquireOutcome, AcquireRequest, BackendError, HandoverOutcome, HolderId, LeaseBackend,
+    LeaseInfo, LeaseKey, MemoryBackend, ReleaseOutcome, ReleaseWatch, RenewOutcome, RenewRequest,
+    Ttl,
+};
+use leasehold_watchdog::{Backoff, Lease, LeaseManager, LeaseOptions};
+use tokio::time::{Instant, sleep};
+
+type TestResult = Result<(), Box<dyn std::error::Error>>;
+
+const OP: Duration = Duration::from_millis(10);
+
+#[derive(Default)]
+struct Counts {
+    acquire: AtomicUsize,
+    release: AtomicUsize,
+    release_to: AtomicUsize,
+    handed_over: AtomicUsize,
+    watch: AtomicUsize,
+}
+
+/// `MemoryBackend`, counting the operations it is asked for.
+#[derive(Clone)]
+struct Counting {
+    inner: MemoryBackend,
+    counts: Arc<Counts>,
+}
+
+impl Counting {
+    fn new() -> Self {
+        let inner = MemoryBackend::new();
+        inner.set_latency(OP);
+        Self {
+            inner,
+            counts: Arc::default(),
+        }
+    }
+
+    fn acquires(&self) -> usize {
+        self.counts.acquire.load(Ordering::SeqCst)
+    }
+
+    fn watches(&self) -> usize {
+        self.counts.watch.load(Ordering::SeqCst)
+    }
+}
+
+impl LeaseBackend for Counting {
+    async fn try_acquire(&self, request: &AcquireRequest) -> Result<AcquireOutcome, BackendError> {
+        self.counts.acquire.fetch_add(1, Ordering::SeqCst);
+        self.inner.try_acquire(request).await
+    }
+
+    async fn renew_many(
+        &self,
+        requests: &[RenewRequest],
+    ) -> Vec<Result<RenewOutcome, BackendError>> {
+        self.inner.renew_many(requests).await
+    }
+
+    async fn release(
+        &self,
+        key: &LeaseKey,
+        holder: &HolderId,
+    ) -> Result<ReleaseOutcome, BackendError> {
+        self.counts.release.fetch_add(1, Ordering::SeqCst);
+        self.inner.release(key, holder).await
+    }
+
+    async fn release_to(
+        &self,
+        key: &LeaseKey,
+        holder: &HolderId,
+        next: &AcquireRequest,
+    ) -> Result<HandoverOutcome, BackendError> {
+        self.counts.release_to.fetch_add(1, Ordering::SeqCst);
+        let outcome = self.inner.release_to(key, holder, next).await;
+        if matches!(outcome, Ok(HandoverOutcome::HandedOver(_))) {
+            self.counts.handed_over.fetch_add(1, Ordering::SeqCst);
+        }
+        outcome
+    }
+
+    async fn inspect(&self, key: &LeaseKey) -> Result<Option<LeaseInfo>, BackendError> {
+        self.inner.inspect(key).await
+    }
+
+    async fn watch_releases(&self, key: &LeaseKey) -> Result<ReleaseWatch, BackendError> {
+        self.counts.watch.fetch_add(1, Ordering::SeqCst);
+        self.inner.watch_releases(key).await
+    }
+}
+
+/// Long ttl, long wait, and a fallback poll far beyond the test, so every
+/// wake-up comes from a release.
+fn patient() -> LeaseOptions {
+    LeaseOptions::builder()
+        .ttl(Ttl::parse("60s").expect("valid ttl"))
+        .wait(Duration::from_secs(60))
+        .backoff(Backoff::fixed(Duration::from_secs(30)))
+        .build()
+        .expect("valid options")
+}
+
+/// Waits (on the paused clock) until `done` holds.
+async fn until(mut done: impl FnMut() -> bool) {
+    for _ in 0..10_000 {
+        if done() {
+            return;
+        }
+        sleep(Duration::from_millis(1)).await;
+    }
+    panic!("condition not reached");
+}
+
+/// A waiter task that reports when it got the lease, and the lease.
+fn waiter(
+    manager: &LeaseManager<Counting>,
+) -> tokio::task::JoinHandle<Result<(Instant, Lease), leasehold_watchdog::LeaseError>> {
+    let manager = manager.clone();
+    tokio::spawn(async move {
+        let lease = manager.acquire("job", &patient()).await?;
+        Ok((Instant::now(), lease))
+    })
+}
+
+/// Until a fresh waiter has been refused twice (before and after it
+/// subscribed) and so waits on its offer: `acquires` attempts in all.
+async fn until_waiting(backend: &Counting, acquires: usize) {
+    until(|| backend.acquires() >= acquires).await;
+    // Its second refusal comes back one operation later.
+    sleep(OP + Duration::from_millis(1)).await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_release_hands_the_lease_to_the_local_waiter_in_one_operation() -> TestResult {
+    let backend = Counting::new();
+    let manager = LeaseManager::new(backend.clone())?;
+    let holder = manager.acquire("job", &patient()).await?;
+    let next = waiter(&manager);
+    until_waiting(&backend, 3).await;
+    assert_eq!(backend.watches(), 1);
+
+    let released_at = Instant::now();
+    assert_eq!(holder.release().await?, ReleaseOutcome::Released);
+    let (got_at, lease) = next.await??;
+    // One operation: release and grant in one. Release, notice and a new
+    // attempt would take two.
+    assert_eq!(got_at - released_at, OP);
+    assert_eq!(backend.counts.handed_over.load(Ordering::SeqCst), 1);
+    assert_eq!(backend.acquires(), 3, "the waiter did not ask again");
+    assert!(lease.fencing_token() > leasehold_core::FencingToken(1));
+    let info = backend.inspect(&LeaseKey::new("job")?).await?;
+    assert_eq!(
+        info.and_then(|i| i.fencing_token),
+        Some(lease.fencing_token())
+    );
+    lease.release().await?;
+    Ok(())
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_waiter_in_another_manager_is_not_overtaken() -> TestResult {
+    let backend = Counting::new();
+    let here = LeaseManager::new(backend.clone())?;
+    let elsewhere = LeaseManager::new(backend.clone())?;
+    let holder = here.acquire("job", &patient()).await?;
+    let mut theirs = waiter(&elsewhere);
+    until_waiting(&backend, 3).await;
+    let mut ours = waiter(&here);
+    until_waiting(&backend, 5).await;
+    assert_eq!(backend.watches(), 2);
+
+    let released_at = Instant::now();
+    holder.release().await?;
+    // Not handed over: released and announced, and both waiters try.
+    assert_eq!(backend.counts.release_to.load(Ordering::SeqCst), 1);
+    assert_eq!(backend.counts.handed_over.load(Ordering::SeqCst), 0);
+    let (first, second) = tokio::select! {
+        got = &mut theirs => (got??, ours),
+        got = &mut ours => (got??, theirs),
+    };
+    assert_eq!(first.0 - released_at, 2 * OP, "release, then an attempt");
+    drop(first.1);
+    let _ = second.await??;
+    Ok(())
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_waiter_gone_during_the_handover_leaves_no_lease_behind() -> TestResult {
+    let backend = Counting::new();
+    let manager = LeaseManager::new(backend.clone())?;
+    let holder = manager.acquire("job", &patient()).await?;
+    let next = waiter(&manager);
+    until_waiting(&backend, 3).await;
+
+    let release = tokio::spawn(holder.release());
+    // Halfway through the handover, the waiter leaves.
+    sleep(OP / 2).await;
+    next.abort();
+    assert!(next.await.is_err_and(|e| e.is_cancelled()));
+    assert_eq!(release.await??, ReleaseOutcome::Released);
+    until(|| backend.counts.release.load(Ordering::SeqCst) >= 1).await;
+    sleep(OP + Duration::from_millis(1)).await;
+    assert_eq!(backend.counts.handed_over.load(Ordering::SeqCst), 1);
+    assert_eq!(backend.inspect(&LeaseKey::new("job")?).await?, None);
+    Ok(())
+}
+
+#[tokio::test(start_paused = true)]
+async fn after_a_handover_the_next_head_waits_without_asking_the_backend() -> TestResult {
+    let backend = Counting::new();
+    let manager = LeaseManager::new(backend.clone())?;
+    let holder = manager.acquire("job", &patient()).await?;
+    let first = waiter(&manager);
+    until_waiting(&backend, 3).await;
+    let second = waiter(&manager);
+    // The second waits behind the first in the local queue, asking nothing.
+    sleep(10 * OP).await;
+    assert_eq!(backend.acquires(), 3);
+
+    holder.release().await?;
+    let (_, first_lease) = first.await??;
+    // The second is the head now, holding the first's watch: it offers
+    // without an attempt or a subscription of its own.
+    sleep(10 * OP).await;
+    assert_eq!(backend.acquires(), 3);
+    assert_eq!(backend.watches(), 1);
+
+    let released_at = Instant::now();
+    first_lease.release().await?;
+    let (got_at, lease) = second.await??;
+    assert_eq!(got_at - released_at, OP);
+    assert_eq!(backend.counts.handed_over.load(Ordering::SeqCst), 2);
+    assert_eq!(backend.acquires(), 3);
+    lease.release().await?;
+    Ok(())
+}
