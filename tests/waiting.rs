@@ -7,8 +7,8 @@ use std::time::Duration;
 
 use leasehold::redis::RedisBackend;
 use leasehold::{
-    AcquireOutcome, AcquireRequest, Backoff, CancellationToken, Election, HolderId, LeaseBackend,
-    LeaseKey, LeaseManager, LeaseOptions, Ttl,
+    AcquireOutcome, AcquireRequest, Backoff, CancellationToken, Election, HandoverOutcome,
+    HolderId, LeaseBackend, LeaseKey, LeaseManager, LeaseOptions, RenewOutcome, RenewRequest, Ttl,
 };
 use leasehold_testkit::RedisServer;
 use tokio::time::Instant;
@@ -298,5 +298,128 @@ async fn notices_survive_a_dropped_subscription_connection() -> TestResult {
         gap < fallback / 10,
         "the waiter polled instead of waking: {gap:?}"
     );
+    Ok(())
+}
+
+/// Successful `EVALSHA` calls so far: calls less failed and rejected ones.
+fn evalsha_succeeded(
+    server: &RedisServer,
+) -> Result<u64, Box<dyn std::error::Error + Send + Sync>> {
+    let stats = server.cli(&["INFO", "commandstats"])?;
+    let Some(line) = stats.lines().find(|l| l.starts_with("cmdstat_evalsha:")) else {
+        return Ok(0);
+    };
+    let field = |name: &str| -> u64 {
+        line.split([':', ','])
+            .find_map(|kv| kv.strip_prefix(name)?.strip_prefix('='))
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(0)
+    };
+    Ok(field("calls") - field("failed_calls") - field("rejected_calls"))
+}
+
+#[tokio::test]
+async fn release_to_hands_over_only_while_no_other_connection_listens() -> TestResult {
+    let server = RedisServer::start()?;
+    let backend = RedisBackend::connect(server.url()).await?;
+    let other = RedisBackend::connect(server.url()).await?;
+    let key = LeaseKey::new("release-to")?;
+    let ttl = Ttl::parse("10s")?;
+    let request = |holder| AcquireRequest::new(key.clone(), holder, ttl);
+    let mut holder = HolderId::generate()?;
+    assert!(matches!(
+        backend.try_acquire(&request(holder)).await?,
+        AcquireOutcome::Acquired(_)
+    ));
+
+    // Our own single watch does not count as someone else.
+    let own = backend.watch_releases(&key).await?;
+    let next = HolderId::generate()?;
+    let HandoverOutcome::HandedOver(grant) =
+        backend.release_to(&key, &holder, &request(next)).await?
+    else {
+        panic!("not handed over with only our own watch listening");
+    };
+    assert_eq!(grant.holder, next);
+    let renew = |h| RenewRequest::new(key.clone(), h, ttl);
+    assert_eq!(backend.renew(&renew(next)).await?, RenewOutcome::Renewed);
+    assert_eq!(backend.renew(&renew(holder)).await?, RenewOutcome::Lost);
+    let info = backend.inspect(&key).await?.ok_or("the lease is gone")?;
+    assert_eq!(info.fencing_token, Some(grant.fencing_token));
+    // Not ours: nothing happens.
+    assert_eq!(
+        backend
+            .release_to(&key, &holder, &request(HolderId::generate()?))
+            .await?,
+        HandoverOutcome::NotHeld
+    );
+    holder = next;
+
+    // A second watch on the same backend (another manager sharing it)
+    // counts as someone else: a plain, announced release.
+    let mut second = backend.watch_releases(&key).await?;
+    assert_eq!(
+        backend
+            .release_to(&key, &holder, &request(HolderId::generate()?))
+            .await?,
+        HandoverOutcome::Released
+    );
+    tokio::time::timeout(Duration::from_secs(5), second.released()).await?;
+    assert_eq!(backend.inspect(&key).await?, None);
+    drop(second);
+
+    // So does a watch of another backend (another process).
+    holder = HolderId::generate()?;
+    backend.try_acquire(&request(holder)).await?;
+    let mut theirs = other.watch_releases(&key).await?;
+    assert_eq!(
+        backend
+            .release_to(&key, &holder, &request(HolderId::generate()?))
+            .await?,
+        HandoverOutcome::Released
+    );
+    tokio::time::timeout(Duration::from_secs(5), theirs.released()).await?;
+    assert_eq!(backend.inspect(&key).await?, None);
+    drop(own);
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_local_handoff_takes_one_script_call() -> TestResult {
+    let server = RedisServer::start()?;
+    let manager = manager(&server).await?;
+    let options = patient("60s", Duration::from_secs(30));
+    let holder = manager.acquire("one-call", &options).await?;
+    let before_waiter = evalsha_succeeded(&server)?;
+    let waiter = {
+        let (manager, options) = (manager.clone(), options.clone());
+        tokio::spawn(async move { manager.acquire("one-call", &options).await })
+    };
+    // The waiter is refused twice, before and after it subscribes.
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while evalsha_succeeded(&server)? < before_waiter + 2 {
+        assert!(Instant::now() < deadline, "the waiter never asked");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    // Its offer is made in process after its last request, so no server-side
+    // signal exists for it: give it a moment (a too-short pause would make
+    // the release a plain one and fail the count below, never pass wrongly).
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    let before = evalsha_succeeded(&server)?;
+    holder.release().await?;
+    let lease = tokio::time::timeout(Duration::from_secs(5), waiter).await???;
+    let after = evalsha_succeeded(&server)?;
+    assert_eq!(
+        after - before,
+        1,
+        "release and acquisition in one script call"
+    );
+    let info = manager
+        .backend()
+        .inspect(lease.key())
+        .await?
+        .ok_or("the lease is gone")?;
+    assert_eq!(info.fencing_token, Some(lease.fencing_token()));
+    lease.release().await?;
     Ok(())
 }
