@@ -1,10 +1,14 @@
 //! Contended handoff: 16 workers compete for one key and hold it about 1 ms
 //! each, on a loopback `redis-server` started for the run.
 //!
-//! Run with `cargo bench --bench contended` (5 s per scenario) or
-//! `cargo test --bench contended` (a 300 ms smoke run). Set
-//! `LEASEHOLD_BENCH_SECS` to change the duration. Prints one JSON line per
-//! scenario:
+//! Run with `cargo bench --bench contended` (3 rounds of 5 s per scenario)
+//! or `cargo test --bench contended` (one 300 ms smoke round). Set
+//! `LEASEHOLD_BENCH_SECS` to change the duration and
+//! `LEASEHOLD_BENCH_REPEATS` the number of rounds. Each round runs every
+//! scenario once, in turn, so that other load on the machine falls on all
+//! of them alike. Prints one JSON line per scenario and round, then one per
+//! scenario with the median of each figure over the rounds (`"round":
+//! "median"`):
 //!
 //! - `leasehold/1-manager/notices`: the default, all workers in one manager;
 //! - `leasehold/1-manager/polling`: the same code with release notices off
@@ -52,6 +56,11 @@ fn main() -> Result<(), BoxError> {
         .worker_threads(2)
         .enable_all()
         .build()?;
+    let rounds: usize = match std::env::var("LEASEHOLD_BENCH_REPEATS") {
+        Ok(s) => s.parse()?,
+        Err(_) if full => 3,
+        Err(_) => 1,
+    };
     runtime.block_on(async {
         let server = RedisServer::start()?;
         // Optionally pin the server to its own core, apart from the client.
@@ -61,18 +70,36 @@ fn main() -> Result<(), BoxError> {
                 .stdout(std::process::Stdio::null())
                 .status()?;
         }
-        for (managers, notices) in [(1, true), (1, false), (WORKERS, true), (WORKERS, false)] {
-            let record = leasehold_run(&server, managers, notices, run_for).await?;
-            let mode = if notices { "notices" } else { "polling" };
-            let name = if managers == 1 {
-                format!("leasehold/1-manager/{mode}")
-            } else {
-                format!("leasehold/{managers}-managers/{mode}")
-            };
-            report(&name, run_for, record);
+        let scenarios = [(1, true), (1, false), (WORKERS, true), (WORKERS, false)];
+        let mut results: Vec<(String, Vec<Summary>)> = Vec::new();
+        for round in 0..rounds {
+            let mut summaries = Vec::new();
+            for (managers, notices) in scenarios {
+                let record = leasehold_run(&server, managers, notices, run_for).await?;
+                let mode = if notices { "notices" } else { "polling" };
+                let name = if managers == 1 {
+                    format!("leasehold/1-manager/{mode}")
+                } else {
+                    format!("leasehold/{managers}-managers/{mode}")
+                };
+                summaries.push((name, Summary::of(run_for, record)));
+            }
+            let record = raw_run(&server, run_for).await?;
+            summaries.push((
+                "redis-crate/polling".to_owned(),
+                Summary::of(run_for, record),
+            ));
+            for (i, (name, summary)) in summaries.into_iter().enumerate() {
+                summary.print(&name, run_for, &round.to_string());
+                match results.get_mut(i) {
+                    Some((_, all)) => all.push(summary),
+                    None => results.push((name, vec![summary])),
+                }
+            }
         }
-        let record = raw_run(&server, run_for).await?;
-        report("redis-crate/polling", run_for, record);
+        for (name, all) in results {
+            Summary::median(&all).print(&name, run_for, "median");
+        }
         Ok(())
     })
 }
@@ -246,24 +273,73 @@ fn percentile(sorted: &[Duration], p: f64) -> f64 {
     sorted[rank.min(sorted.len() - 1)].as_secs_f64() * 1e3
 }
 
-fn report(name: &str, run_for: Duration, mut record: Record) {
-    record.waits.sort();
-    record.gaps.sort();
-    let total: usize = record.per_worker.iter().sum();
-    let fewest = record.per_worker.iter().min().copied().unwrap_or(0);
-    let most = record.per_worker.iter().max().copied().unwrap_or(0);
-    println!(
-        "{{\"scenario\":\"{name}\",\"workers\":{WORKERS},\"hold_ms\":1,\"seconds\":{:.1},\"acquisitions\":{total},\"per_second\":{:.0},\"wait_p50_ms\":{:.2},\"wait_p99_ms\":{:.2},\"gap_p50_ms\":{:.3},\"gap_p99_ms\":{:.3},\"fewest\":{fewest},\"most\":{most},\"fairness\":{:.2}}}",
-        run_for.as_secs_f64(),
-        total as f64 / run_for.as_secs_f64(),
-        percentile(&record.waits, 0.5),
-        percentile(&record.waits, 0.99),
-        percentile(&record.gaps, 0.5),
-        percentile(&record.gaps, 0.99),
-        if most == 0 {
-            0.0
-        } else {
-            fewest as f64 / most as f64
-        },
-    );
+/// One scenario's figures in one round.
+#[derive(Clone, Copy)]
+struct Summary {
+    per_second: f64,
+    wait_p50_ms: f64,
+    wait_p99_ms: f64,
+    gap_p50_ms: f64,
+    gap_p99_ms: f64,
+    fewest: f64,
+    most: f64,
+    fairness: f64,
+}
+
+impl Summary {
+    fn of(run_for: Duration, mut record: Record) -> Self {
+        record.waits.sort();
+        record.gaps.sort();
+        let total: usize = record.per_worker.iter().sum();
+        let fewest = record.per_worker.iter().min().copied().unwrap_or(0);
+        let most = record.per_worker.iter().max().copied().unwrap_or(0);
+        Self {
+            per_second: total as f64 / run_for.as_secs_f64(),
+            wait_p50_ms: percentile(&record.waits, 0.5),
+            wait_p99_ms: percentile(&record.waits, 0.99),
+            gap_p50_ms: percentile(&record.gaps, 0.5),
+            gap_p99_ms: percentile(&record.gaps, 0.99),
+            fewest: fewest as f64,
+            most: most as f64,
+            fairness: if most == 0 {
+                0.0
+            } else {
+                fewest as f64 / most as f64
+            },
+        }
+    }
+
+    /// The median of each figure on its own.
+    fn median(all: &[Self]) -> Self {
+        let of = |field: fn(&Self) -> f64| {
+            let mut values: Vec<f64> = all.iter().map(field).collect();
+            values.sort_by(f64::total_cmp);
+            values.get(values.len() / 2).copied().unwrap_or(0.0)
+        };
+        Self {
+            per_second: of(|s| s.per_second),
+            wait_p50_ms: of(|s| s.wait_p50_ms),
+            wait_p99_ms: of(|s| s.wait_p99_ms),
+            gap_p50_ms: of(|s| s.gap_p50_ms),
+            gap_p99_ms: of(|s| s.gap_p99_ms),
+            fewest: of(|s| s.fewest),
+            most: of(|s| s.most),
+            fairness: of(|s| s.fairness),
+        }
+    }
+
+    fn print(&self, name: &str, run_for: Duration, round: &str) {
+        println!(
+            "{{\"scenario\":\"{name}\",\"round\":\"{round}\",\"workers\":{WORKERS},\"hold_ms\":1,\"seconds\":{:.1},\"per_second\":{:.0},\"wait_p50_ms\":{:.2},\"wait_p99_ms\":{:.2},\"gap_p50_ms\":{:.3},\"gap_p99_ms\":{:.3},\"fewest\":{:.0},\"most\":{:.0},\"fairness\":{:.2}}}",
+            run_for.as_secs_f64(),
+            self.per_second,
+            self.wait_p50_ms,
+            self.wait_p99_ms,
+            self.gap_p50_ms,
+            self.gap_p99_ms,
+            self.fewest,
+            self.most,
+            self.fairness,
+        );
+    }
 }
