@@ -375,3 +375,70 @@ async fn a_killed_master_hands_its_acknowledged_leases_to_its_replica() -> TestR
     );
     Ok(())
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_release_wakes_a_waiter_elsewhere_through_sharded_pub_sub() -> TestResult {
+    let cluster = RedisCluster::start(3, 0)?;
+    // Two backends, as two processes would have: only the server's notice
+    // can tell the waiter of the other's release.
+    let holder = LeaseManager::new(backend(&cluster).await?)?;
+    let waiter = LeaseManager::new(backend(&cluster).await?)?;
+    let fallback = Duration::from_secs(5);
+    let options = LeaseOptions::builder()
+        .ttl(ttl("10s"))
+        .wait(Duration::from_secs(30))
+        .backoff(leasehold::Backoff::fixed(fallback))
+        .build()?;
+    // Keys in different slots, so on different masters.
+    let keys = ["notice-a", "notice-b", "notice-c"];
+    let mut slots = BTreeSet::new();
+    for key in keys {
+        slots.insert(cluster.keyslot(&KeyLayout::default().lease(&LeaseKey::new(key)?))?);
+    }
+    assert_eq!(slots.len(), keys.len(), "the keys share a slot");
+    for key in keys {
+        let lease = holder.acquire(key, &options).await?;
+        let channel = KeyLayout::default().released(&LeaseKey::new(key)?);
+        let task = {
+            let (waiter, options) = (waiter.clone(), options.clone());
+            tokio::spawn(async move {
+                waiter
+                    .acquire(key, &options)
+                    .await
+                    .map(|l| (tokio::time::Instant::now(), l))
+            })
+        };
+        // Until the waiter has subscribed on the node of the key's slot.
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+        loop {
+            let mut subscribers = 0;
+            for node in cluster.nodes() {
+                let reply = node.cli(&["PUBSUB", "SHARDNUMSUB", &channel])?;
+                subscribers += reply
+                    .lines()
+                    .nth(1)
+                    .and_then(|n| n.trim().parse::<u32>().ok())
+                    .unwrap_or(0);
+            }
+            if subscribers > 0 {
+                break;
+            }
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "{key}: the waiter never subscribed"
+            );
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        let released_at = tokio::time::Instant::now();
+        lease.release().await?;
+        let (acquired_at, theirs) = task.await??;
+        let gap = acquired_at - released_at;
+        println!("{key}: the waiter acquired {gap:?} after the release");
+        assert!(
+            gap < fallback / 10,
+            "{key}: the waiter polled instead of waking ({gap:?})"
+        );
+        theirs.release().await?;
+    }
+    Ok(())
+}

@@ -5,8 +5,8 @@ use std::time::Duration;
 
 use leasehold::redis::{RedisBackend, RedlockBackend};
 use leasehold::{
-    AcquireOutcome, AcquireRequest, HolderId, LeaseBackend, LeaseKey, ReleaseOutcome, RenewOutcome,
-    RenewRequest, Ttl, clock_drift,
+    AcquireOutcome, AcquireRequest, HandoverOutcome, HolderId, LeaseBackend, LeaseKey,
+    ReleaseOutcome, RenewOutcome, RenewRequest, Ttl, clock_drift,
 };
 use leasehold_testkit::{RedisCluster, RedisServer, SentinelSet, independent_masters};
 
@@ -112,6 +112,75 @@ async fn contract(backend: &impl LeaseBackend, prefix: &str) -> TestResult {
     Ok(())
 }
 
+/// Release notices and `release_to`. With `notices`, a release wakes a
+/// watch, and a release with only our own single watch listening hands the
+/// lease over; without, the watch never fires and `release_to` only
+/// releases.
+async fn notices_and_handover(
+    backend: &impl LeaseBackend,
+    prefix: &str,
+    notices: bool,
+) -> TestResult {
+    let ttl = Ttl::parse("10s")?;
+    let key = LeaseKey::new(format!("{prefix}:notice"))?;
+    let me = HolderId::generate()?;
+    let AcquireOutcome::Acquired(grant) = backend
+        .try_acquire(&AcquireRequest::new(key.clone(), me, ttl))
+        .await?
+    else {
+        return Err("a free lease was not acquired".into());
+    };
+    let mut watch = backend.watch_releases(&key).await?;
+    assert_eq!(watch.is_supported(), notices);
+    let next = HolderId::generate()?;
+    let outcome = backend
+        .release_to(&key, &me, &AcquireRequest::new(key.clone(), next, ttl))
+        .await?;
+    if notices {
+        let HandoverOutcome::HandedOver(given) = outcome else {
+            return Err(
+                format!("not handed over with only our watch listening: {outcome:?}").into(),
+            );
+        };
+        assert_eq!(given.holder, next);
+        assert!(given.fencing_token > grant.fencing_token);
+        let shown = backend
+            .inspect(&key)
+            .await?
+            .ok_or("the handed-over lease is gone")?;
+        assert_eq!(shown.fencing_token, Some(given.fencing_token));
+        assert_eq!(
+            backend
+                .renew(&RenewRequest::new(key.clone(), next, ttl))
+                .await?,
+            RenewOutcome::Renewed
+        );
+        assert_eq!(
+            backend.release(&key, &next).await?,
+            ReleaseOutcome::Released
+        );
+        tokio::time::timeout(Duration::from_secs(5), watch.released())
+            .await
+            .map_err(|_| "no release notice")?;
+    } else {
+        assert_eq!(outcome, HandoverOutcome::Released);
+        assert!(
+            tokio::time::timeout(Duration::from_millis(100), watch.released())
+                .await
+                .is_err(),
+            "an unsupported watch fired"
+        );
+    }
+    assert_eq!(backend.inspect(&key).await?, None);
+    assert_eq!(
+        backend
+            .release_to(&key, &me, &AcquireRequest::new(key.clone(), next, ttl))
+            .await?,
+        HandoverOutcome::NotHeld
+    );
+    Ok(())
+}
+
 const OP_TIMEOUT: Duration = Duration::from_millis(500);
 
 #[tokio::test]
@@ -121,7 +190,8 @@ async fn standalone_keeps_the_contract() -> TestResult {
         .op_timeout(OP_TIMEOUT)
         .connect()
         .await?;
-    contract(&backend, "standalone").await
+    contract(&backend, "standalone").await?;
+    notices_and_handover(&backend, "standalone", true).await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -133,7 +203,8 @@ async fn cluster_keeps_the_contract() -> TestResult {
         .await?;
     contract(&backend, "cluster").await?;
     // Keys with one hash tag: one slot, one script call per batch.
-    contract(&backend, "cluster:{tagged}").await
+    contract(&backend, "cluster:{tagged}").await?;
+    notices_and_handover(&backend, "cluster", true).await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -143,7 +214,9 @@ async fn sentinel_keeps_the_contract() -> TestResult {
         .op_timeout(OP_TIMEOUT)
         .connect()
         .await?;
-    contract(&backend, "sentinel").await
+    contract(&backend, "sentinel").await?;
+    // No notices behind Sentinel yet: waiters poll.
+    notices_and_handover(&backend, "sentinel", false).await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -153,5 +226,7 @@ async fn redlock_keeps_the_contract() -> TestResult {
         .connect()
         .await?;
     assert_eq!(backend.quorum(), 3);
-    contract(&backend, "redlock").await
+    contract(&backend, "redlock").await?;
+    // No notices on Redlock yet: waiters poll.
+    notices_and_handover(&backend, "redlock", false).await
 }

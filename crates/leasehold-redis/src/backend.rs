@@ -53,7 +53,8 @@ struct Shared {
     /// Renewals only, so that no flood of acquisitions (or the application's
     /// own traffic) queues ahead of them. The same connection on Sentinel.
     renew_conn: Conn,
-    /// Release notices; standalone servers only, for now.
+    /// Release notices: plain channels on a standalone server, sharded ones
+    /// on a cluster; none on Sentinel yet.
     notices: Option<Notices>,
     layout: KeyLayout,
     op_timeout: Duration,
@@ -294,8 +295,14 @@ impl LeaseBackend for RedisBackend {
         holder: &HolderId,
     ) -> Result<ReleaseOutcome, BackendError> {
         const OP: &str = "release";
-        let notify = self.shared.notices.is_some();
-        let call = scripts::release(&self.shared.layout, key, &holder.to_hex(), notify);
+        let notices = self.shared.notices.as_ref();
+        let call = scripts::release(
+            &self.shared.layout,
+            key,
+            &holder.to_hex(),
+            notices.is_some(),
+            notices.is_some_and(Notices::sharded),
+        );
         let reply = self.eval(&call).await.map_err(|f| f.for_key(OP, key))?;
         reply::released(&reply).map_err(|f| f.for_key(OP, key))
     }
@@ -329,7 +336,7 @@ impl LeaseBackend for RedisBackend {
             key,
             &holder.to_hex(),
             own,
-            self.shared.conn.is_cluster(),
+            notices.sharded(),
             next,
         );
         let sent_at = Instant::now();
@@ -345,9 +352,10 @@ impl LeaseBackend for RedisBackend {
     }
 
     /// Subscribes to `P:released` on the backend's subscription connection,
-    /// opened on first use and shared by every waiter of every clone. On
-    /// Cluster and Sentinel deployments there are no notices yet: waiters
-    /// poll, never past the holder's expiry.
+    /// opened on first use and shared by every waiter of every clone: a
+    /// plain channel on a standalone server, a sharded one (`SSUBSCRIBE`,
+    /// in the lease's slot) on a cluster. Behind Sentinel there are no
+    /// notices yet: waiters poll, never past the holder's expiry.
     async fn watch_releases(&self, key: &LeaseKey) -> Result<ReleaseWatch, BackendError> {
         let Some(notices) = &self.shared.notices else {
             return Ok(ReleaseWatch::unsupported());

@@ -177,11 +177,13 @@ impl RedisBackendBuilder {
             Target::Url(url) => match Endpoint::parse(&url)?.kind {
                 Kind::Standalone(checked) => client_for_url(&checked)?,
                 Kind::Cluster(nodes) => {
+                    let notices =
+                        Notices::cluster(nodes.clone(), self.connect_timeout, self.op_timeout);
                     let (conn, renew_conn) = self.connect_cluster(nodes, &shown).await?;
                     return Ok(RedisBackend::from_parts(
                         conn,
                         renew_conn,
-                        None,
+                        Some(notices),
                         layout,
                         self.op_timeout,
                         shown,

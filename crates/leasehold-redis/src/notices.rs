@@ -1,6 +1,13 @@
 //! Release notices: one RESP3 subscription connection per backend, shared by
 //! every waiter, that turns `P:released` messages into wake-ups.
 //!
+//! On a standalone server the channel is a plain one (`SUBSCRIBE`, and
+//! release scripts `PUBLISH`); on a cluster it is a sharded one
+//! (`SSUBSCRIBE`, `SPUBLISH`): the channel name carries the key's hash tag,
+//! so it lives in the lease's slot and the notice stays on that shard. The
+//! cluster connection subscribes on the node that owns the slot, and again
+//! after a reconnect or a slot move.
+//!
 //! The connection is opened on the first subscription, so programs that never
 //! wait open none. Messages are dispatched by the connection's push callback
 //! itself (a map lookup and a counter bump), so no task of ours runs. After
@@ -21,17 +28,58 @@ use std::time::Duration;
 
 use leasehold_core::ReleaseWatch;
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
-use redis::{Client, ProtocolVersion, PushInfo, PushKind, Value};
+use redis::cluster::ClusterClientBuilder;
+use redis::cluster_async::ClusterConnection;
+use redis::{Client, ConnectionInfo, ProtocolVersion, PushInfo, PushKind, Value};
 use tokio::sync::{OnceCell, watch};
 
 use crate::reply::Failure;
 
 pub(crate) struct Notices {
-    client: Client,
+    source: Source,
     connect_timeout: Duration,
     op_timeout: Duration,
-    conn: OnceCell<ConnectionManager>,
+    conn: OnceCell<Subscriber>,
     channels: Arc<Mutex<Channels>>,
+}
+
+/// Where the subscription connection goes.
+enum Source {
+    /// A standalone server: plain channels. (Boxed: a client is ten times
+    /// the size of the cluster's node list.)
+    Server(Box<Client>),
+    /// A cluster's seed nodes: sharded channels.
+    Cluster(Vec<ConnectionInfo>),
+}
+
+/// The subscription connection, once open. Both kinds subscribe again by
+/// themselves after a reconnect.
+#[derive(Clone)]
+enum Subscriber {
+    Server(ConnectionManager),
+    Cluster(ClusterConnection),
+}
+
+impl Subscriber {
+    async fn subscribe(&mut self, channel: &[u8]) -> redis::RedisResult<()> {
+        match self {
+            Self::Server(conn) => conn.subscribe(channel).await,
+            Self::Cluster(conn) => conn.ssubscribe(channel).await,
+        }
+    }
+
+    async fn unsubscribe(&mut self, channels: &[Vec<u8>]) -> redis::RedisResult<()> {
+        match self {
+            Self::Server(conn) => conn.unsubscribe(channels).await,
+            Self::Cluster(conn) => {
+                // One slot per SUNSUBSCRIBE: a cluster refuses several at once.
+                for channel in channels {
+                    conn.sunsubscribe(channel).await?;
+                }
+                Ok(())
+            }
+        }
+    }
 }
 
 #[derive(Default)]
@@ -87,7 +135,22 @@ impl Notices {
         Self {
             // Opening a client only checks the connection info, which the
             // original client already passed; keep the original otherwise.
-            client: resp3.unwrap_or_else(|_| client.clone()),
+            source: Source::Server(Box::new(resp3.unwrap_or_else(|_| client.clone()))),
+            connect_timeout,
+            op_timeout,
+            conn: OnceCell::new(),
+            channels: Arc::default(),
+        }
+    }
+
+    /// Notices on the cluster of the seed `nodes`, over sharded channels.
+    pub(crate) fn cluster(
+        nodes: Vec<ConnectionInfo>,
+        connect_timeout: Duration,
+        op_timeout: Duration,
+    ) -> Self {
+        Self {
+            source: Source::Cluster(nodes),
             connect_timeout,
             op_timeout,
             conn: OnceCell::new(),
@@ -153,22 +216,45 @@ impl Notices {
         }
     }
 
-    async fn connection(&self) -> Result<&ConnectionManager, Failure> {
+    async fn connection(&self) -> Result<&Subscriber, Failure> {
         self.conn
             .get_or_try_init(|| async {
                 let channels = Arc::clone(&self.channels);
-                let config = ConnectionManagerConfig::new()
-                    .set_connection_timeout(Some(self.connect_timeout))
-                    .set_response_timeout(Some(self.op_timeout))
-                    .set_automatic_resubscription()
-                    .set_push_sender(move |push: PushInfo| {
-                        dispatch(&channels, &push);
-                        Ok::<(), Infallible>(())
-                    });
-                let connecting = ConnectionManager::new_with_config(self.client.clone(), config);
-                self.bounded(connecting).await
+                let on_push = move |push: PushInfo| {
+                    dispatch(&channels, &push);
+                    Ok::<(), Infallible>(())
+                };
+                match &self.source {
+                    Source::Server(client) => {
+                        let config = ConnectionManagerConfig::new()
+                            .set_connection_timeout(Some(self.connect_timeout))
+                            .set_response_timeout(Some(self.op_timeout))
+                            .set_automatic_resubscription()
+                            .set_push_sender(on_push);
+                        let connecting =
+                            ConnectionManager::new_with_config((**client).clone(), config);
+                        self.bounded(connecting).await.map(Subscriber::Server)
+                    }
+                    Source::Cluster(nodes) => {
+                        let client = ClusterClientBuilder::new(nodes.clone())
+                            .use_protocol(ProtocolVersion::RESP3)
+                            .connection_timeout(self.connect_timeout)
+                            .response_timeout(self.op_timeout)
+                            .push_sender(on_push)
+                            .build()
+                            .map_err(|e| Failure::from_redis(e, self.op_timeout))?;
+                        self.bounded(client.get_async_connection())
+                            .await
+                            .map(Subscriber::Cluster)
+                    }
+                }
             })
             .await
+    }
+
+    /// Whether release scripts must announce with `SPUBLISH` (a cluster).
+    pub(crate) fn sharded(&self) -> bool {
+        matches!(self.source, Source::Cluster(_))
     }
 
     async fn bounded<T>(

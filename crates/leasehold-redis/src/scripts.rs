@@ -131,15 +131,25 @@ pub(crate) fn renew(layout: &KeyLayout, requests: &[RenewRequest]) -> Call {
 
 /// `release.lua` for `key` and `holder_hex`.
 ///
-/// With `notify`, the release is announced on `P:released` with `PUBLISH`,
-/// for waiters subscribed to it; without, nothing is published.
-pub(crate) fn release(layout: &KeyLayout, key: &LeaseKey, holder_hex: &str, notify: bool) -> Call {
+/// With `notify`, the release is announced on `P:released`, with `SPUBLISH`
+/// when `sharded` (a cluster) and `PUBLISH` otherwise, for waiters
+/// subscribed to it; without, nothing is published.
+pub(crate) fn release(
+    layout: &KeyLayout,
+    key: &LeaseKey,
+    holder_hex: &str,
+    notify: bool,
+    sharded: bool,
+) -> Call {
     let mut call = Call::new(&RELEASE);
-    call.key(layout.lease(key)).arg(holder_hex).arg(if notify {
-        layout.released(key)
-    } else {
-        String::new()
-    });
+    call.key(layout.lease(key))
+        .arg(holder_hex)
+        .arg(if notify {
+            layout.released(key)
+        } else {
+            String::new()
+        })
+        .arg(if sharded { "SPUBLISH" } else { "PUBLISH" });
     call
 }
 

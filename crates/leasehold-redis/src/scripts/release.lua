@@ -4,6 +4,8 @@
 -- ARGV[1]  holder   the holder id expected in it, 32 lowercase hex digits
 -- ARGV[2]  channel  P:released, where waiters listen for the release;
 --                   empty where no one can listen (no notice is sent)
+-- ARGV[3]  publish  the publish command: PUBLISH, or SPUBLISH on a cluster
+--                   (the channel carries the lease's hash tag, so it is in its slot)
 --
 -- Returns 1 when the lease was ours and is now deleted, 0 when it was not ours.
 
@@ -24,7 +26,7 @@ redis.call('DEL', KEYS[1])
 
 -- 4. Tell waiters at once, so they need not poll.
 if ARGV[2] and ARGV[2] ~= '' then
-  redis.call('PUBLISH', ARGV[2], '1')
+  redis.call(ARGV[3], ARGV[2], '1')
 end
 
 return 1
