@@ -15,6 +15,8 @@ use tokio::sync::watch;
 /// Dropping the watch ends the subscription.
 pub struct ReleaseWatch {
     notices: Option<watch::Receiver<u64>>,
+    /// For [`any`](Self::any): the watches combined.
+    any: Vec<ReleaseWatch>,
     _subscription: Option<Box<dyn Send + Sync>>,
 }
 
@@ -25,7 +27,22 @@ impl ReleaseWatch {
     pub fn new(notices: watch::Receiver<u64>, subscription: impl Send + Sync + 'static) -> Self {
         Self {
             notices: Some(notices),
+            any: Vec::new(),
             _subscription: Some(Box::new(subscription)),
+        }
+    }
+
+    /// A watch that fires when any of `watches` does: the first notice
+    /// wins. Unsupported watches among them are dropped; with none left,
+    /// the result is [`unsupported`](Self::unsupported). (Redlock uses it to
+    /// listen on every master that answered.)
+    #[must_use]
+    pub fn any(watches: impl IntoIterator<Item = ReleaseWatch>) -> Self {
+        let any: Vec<ReleaseWatch> = watches.into_iter().filter(Self::is_supported).collect();
+        Self {
+            notices: None,
+            any,
+            _subscription: None,
         }
     }
 
@@ -35,6 +52,7 @@ impl ReleaseWatch {
     pub fn unsupported() -> Self {
         Self {
             notices: None,
+            any: Vec::new(),
             _subscription: None,
         }
     }
@@ -42,7 +60,7 @@ impl ReleaseWatch {
     /// Whether notices can arrive at all.
     #[must_use]
     pub fn is_supported(&self) -> bool {
-        self.notices.is_some()
+        self.notices.is_some() || !self.any.is_empty()
     }
 
     /// Waits for the next notice. Never completes for an unsupported watch,
@@ -53,6 +71,24 @@ impl ReleaseWatch {
     /// Cancel safe: a notice that arrives while no one waits is kept and
     /// completes the next call.
     pub async fn released(&mut self) {
+        if !self.any.is_empty() {
+            // Each inner wait is cancel safe, so dropping the losers is too.
+            let mut waits: Vec<_> = self
+                .any
+                .iter_mut()
+                .map(|w| Box::pin(w.released()))
+                .collect();
+            std::future::poll_fn(|cx| {
+                for wait in &mut waits {
+                    if wait.as_mut().poll(cx).is_ready() {
+                        return std::task::Poll::Ready(());
+                    }
+                }
+                std::task::Poll::Pending
+            })
+            .await;
+            return;
+        }
         if let Some(notices) = &mut self.notices
             && notices.changed().await.is_ok()
         {
@@ -67,5 +103,29 @@ impl fmt::Debug for ReleaseWatch {
         f.debug_struct("ReleaseWatch")
             .field("supported", &self.is_supported())
             .finish()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test(start_paused = true)]
+    async fn any_fires_on_the_first_notice_of_any_watch() {
+        let (a, b) = (watch::Sender::new(0u64), watch::Sender::new(0u64));
+        let mut any = ReleaseWatch::any([
+            ReleaseWatch::new(a.subscribe(), ()),
+            ReleaseWatch::unsupported(),
+            ReleaseWatch::new(b.subscribe(), ()),
+        ]);
+        assert!(any.is_supported());
+        let quiet = tokio::time::timeout(std::time::Duration::from_secs(1), any.released());
+        assert!(quiet.await.is_err(), "fired without a notice");
+        b.send_modify(|n| *n += 1);
+        any.released().await;
+        a.send_modify(|n| *n += 1);
+        any.released().await;
+        let none = ReleaseWatch::any([ReleaseWatch::unsupported()]);
+        assert!(!none.is_supported());
     }
 }
