@@ -316,3 +316,52 @@ async fn a_renewal_is_lost_only_when_a_majority_says_so() -> TestResult {
     );
     Ok(())
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_release_wakes_a_waiter_elsewhere_with_one_master_down() -> TestResult {
+    let mut masters = independent_masters(3)?;
+    masters[0].kill()?;
+    // Two backends, as two processes would have.
+    let holder = LeaseManager::new(redlock(&masters).await?)?;
+    let waiter = LeaseManager::new(redlock(&masters).await?)?;
+    let fallback = Duration::from_secs(5);
+    let options = LeaseOptions::builder()
+        .ttl(Ttl::parse("10s")?)
+        .wait(Duration::from_secs(30))
+        .backoff(leasehold::Backoff::fixed(fallback))
+        .build()?;
+    let lease = holder.acquire("redlock-notice", &options).await?;
+    let task = {
+        let options = options.clone();
+        tokio::spawn(async move {
+            waiter
+                .acquire("redlock-notice", &options)
+                .await
+                .map(|l| (tokio::time::Instant::now(), l))
+        })
+    };
+    // Until the waiter listens on both live masters.
+    let channel = KeyLayout::default().released(&LeaseKey::new("redlock-notice")?);
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    for master in &masters[1..] {
+        while master.cli(&["PUBSUB", "NUMSUB", &channel])?.lines().nth(1) != Some("1") {
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "the waiter never subscribed"
+            );
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    }
+    let released_at = tokio::time::Instant::now();
+    lease.release().await?;
+    let (acquired_at, theirs) = task.await??;
+    let gap = acquired_at - released_at;
+    println!("with one master down the waiter acquired {gap:?} after the release");
+    // The acquisition itself waits out the dead master's 100 ms node timeout.
+    assert!(
+        gap < fallback / 10,
+        "the waiter polled instead of waking ({gap:?})"
+    );
+    theirs.release().await?;
+    Ok(())
+}

@@ -8,7 +8,7 @@ use std::time::Duration;
 use futures_util::future::join_all;
 use leasehold_core::{
     AcquireOutcome, AcquireRequest, BackendError, FencingToken, Grant, HolderId, LeaseBackend,
-    LeaseInfo, LeaseKey, ReleaseOutcome, RenewOutcome, RenewRequest, clock_drift,
+    LeaseInfo, LeaseKey, ReleaseOutcome, ReleaseWatch, RenewOutcome, RenewRequest, clock_drift,
 };
 use tokio::time::Instant;
 
@@ -478,6 +478,24 @@ impl LeaseBackend for RedlockBackend {
                 },
             ))
         }
+    }
+
+    /// Subscribes on every master that answers within the node timeout
+    /// (each master's release publishes there); the first notice wins. With
+    /// no master answering, waiters poll. Redlock never hands over: the
+    /// default [`release_to`](LeaseBackend::release_to) releases everywhere.
+    async fn watch_releases(&self, key: &LeaseKey) -> Result<ReleaseWatch, BackendError> {
+        let limit = self.shared.node_timeout;
+        let watches = join_all(
+            self.shared
+                .nodes
+                .iter()
+                .map(|n| tokio::time::timeout(limit, n.watch_releases(key))),
+        )
+        .await;
+        Ok(ReleaseWatch::any(
+            watches.into_iter().filter_map(|w| w.ok()?.ok()),
+        ))
     }
 
     /// Held when a majority of the masters holds the lease (the info shown
