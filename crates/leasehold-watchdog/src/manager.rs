@@ -276,6 +276,8 @@ impl<B: LeaseBackend> LeaseManager<B> {
                 None => offer.settle().await,
             };
             if let Some(grant) = grant {
+                // Ours now, whatever an earlier attempt of unknown outcome did.
+                orphan.armed = false;
                 if Instant::now() < grant.valid_until - options.safety_margin() {
                     drop(offer);
                     return self.took(turn, notices, grant, options).await;

@@ -244,3 +244,32 @@ async fn after_a_handover_the_next_head_waits_without_asking_the_backend() -> Te
     lease.release().await?;
     Ok(())
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_handover_after_an_attempt_of_unknown_outcome_is_kept() -> TestResult {
+    let backend = Counting::new();
+    let manager = LeaseManager::new(backend.clone())?;
+    let holder = manager.acquire("job", &patient()).await?;
+    let next = waiter(&manager);
+    // The waiter's second attempt (after it subscribed) fails on the way:
+    // its outcome is unknown, which arms the release of an orphan.
+    // (The holder's acquisition is the first, the waiter's first refusal the second.)
+    until(|| backend.acquires() >= 3).await;
+    backend.inner.fail_next(1);
+    sleep(2 * OP).await;
+    assert_eq!(backend.acquires(), 3);
+
+    holder.release().await?;
+    let (_, lease) = next.await??;
+    assert_eq!(backend.counts.handed_over.load(Ordering::SeqCst), 1);
+    // Nothing releases the handed-over lease behind its holder's back.
+    sleep(10 * OP).await;
+    assert_eq!(backend.counts.release.load(Ordering::SeqCst), 0);
+    let info = backend.inspect(&LeaseKey::new("job")?).await?;
+    assert_eq!(
+        info.and_then(|i| i.fencing_token),
+        Some(lease.fencing_token())
+    );
+    assert_eq!(lease.release().await?, ReleaseOutcome::Released);
+    Ok(())
+}
