@@ -11,8 +11,8 @@ use std::time::Duration;
 
 use leasehold::redis::{Error as RedisError, RedisBackend, redis};
 use leasehold::{
-    HolderId, LeaseBackend, LeaseError, LeaseKey, LeaseManager, LeaseOptions, LossReason,
-    ReleaseOutcome, Ttl,
+    AcquireRequest, HandoverOutcome, HolderId, LeaseBackend, LeaseError, LeaseKey, LeaseManager,
+    LeaseOptions, LossReason, ReleaseOutcome, Ttl,
 };
 use leasehold_testkit::{RedisServer, free_port};
 
@@ -41,6 +41,8 @@ const LEASER_ACL: &[&str] = &[
     "+eval",
     "+script",
     "+publish",
+    "+subscribe",
+    "+unsubscribe",
 ];
 
 fn options() -> LeaseOptions {
@@ -127,6 +129,34 @@ async fn an_acl_user_with_only_the_needed_commands_runs_every_operation() -> Tes
     let refused: redis::RedisResult<String> = redis::cmd("FLUSHALL").query_async(&mut conn).await;
     assert!(refused.is_err());
     manager.shutdown().await;
+    Ok(())
+}
+
+#[tokio::test]
+async fn without_pubsub_rights_a_handover_releases_and_announces() -> TestResult {
+    // The user may subscribe (waiters wake on notices) but may not ask how
+    // many listen (no PUBSUB): a release must then not hand over, and must
+    // not fail either.
+    let server = acl_server()?;
+    let url = format!("redis://leaser:{USER_PASSWORD}@{}", server.addr());
+    let backend = RedisBackend::builder(&url)
+        .op_timeout(Duration::from_millis(500))
+        .connect()
+        .await?;
+    let key = LeaseKey::new("acl-handover")?;
+    let ttl = Ttl::parse("10s")?;
+    let holder = HolderId::generate()?;
+    backend
+        .try_acquire(&AcquireRequest::new(key.clone(), holder, ttl))
+        .await?;
+    let mut watch = backend.watch_releases(&key).await?;
+    let next = AcquireRequest::new(key.clone(), HolderId::generate()?, ttl);
+    assert_eq!(
+        backend.release_to(&key, &holder, &next).await?,
+        HandoverOutcome::Released
+    );
+    tokio::time::timeout(Duration::from_secs(5), watch.released()).await?;
+    assert_eq!(backend.inspect(&key).await?, None);
     Ok(())
 }
 
