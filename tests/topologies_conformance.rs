@@ -221,8 +221,7 @@ async fn sentinel_keeps_the_contract() -> TestResult {
         .connect()
         .await?;
     contract(&backend, "sentinel").await?;
-    // No notices behind Sentinel yet: waiters poll.
-    notices_and_handover(&backend, "sentinel", false, false).await
+    notices_and_handover(&backend, "sentinel", true, true).await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

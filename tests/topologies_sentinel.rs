@@ -109,3 +109,80 @@ async fn killing_the_master_keeps_replicated_leases_and_reports_the_rest_lost() 
     );
     Ok(())
 }
+
+/// A release by one backend wakes a waiter of another (as in another
+/// process) on `key`, well under the fallback poll.
+async fn release_wakes_waiter(
+    set: &SentinelSet,
+    holder: &LeaseManager<RedisBackend>,
+    waiter: &LeaseManager<RedisBackend>,
+    key: &'static str,
+) -> TestResult {
+    let fallback = Duration::from_secs(5);
+    let options = LeaseOptions::builder()
+        .ttl(Ttl::parse("10s")?)
+        .wait(Duration::from_secs(30))
+        .backoff(leasehold::Backoff::fixed(fallback))
+        .build()?;
+    let lease = holder.acquire(key, &options).await?;
+    let task = {
+        let (waiter, options) = (waiter.clone(), options.clone());
+        tokio::spawn(async move {
+            waiter
+                .acquire(key, &options)
+                .await
+                .map(|l| (tokio::time::Instant::now(), l))
+        })
+    };
+    let channel = KeyLayout::default().released(&LeaseKey::new(key)?);
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while set
+        .master()
+        .cli(&["PUBSUB", "NUMSUB", &channel])?
+        .lines()
+        .nth(1)
+        != Some("1")
+    {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "{key}: the waiter never subscribed on the master"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let released_at = tokio::time::Instant::now();
+    lease.release().await?;
+    let (acquired_at, theirs) = task.await??;
+    let gap = acquired_at - released_at;
+    println!("{key}: the waiter acquired {gap:?} after the release");
+    assert!(
+        gap < fallback / 10,
+        "{key}: the waiter polled instead of waking ({gap:?})"
+    );
+    theirs.release().await?;
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn notices_reach_waiters_before_and_after_a_failover() -> TestResult {
+    let mut set = SentinelSet::start()?;
+    let url = set.url();
+    let connect = || {
+        RedisBackend::builder(&url)
+            .op_timeout(Duration::from_millis(250))
+            .connect_timeout(Duration::from_millis(500))
+            .connect()
+    };
+    let holder = LeaseManager::new(connect().await?)?;
+    let waiter = LeaseManager::new(connect().await?)?;
+    release_wakes_waiter(&set, &holder, &waiter, "before-failover").await?;
+
+    set.kill_master()?;
+    let took = tokio::task::block_in_place(|| set.wait_for_failover())?;
+    println!("sentinels promoted the replica {took:?} after the master was killed");
+    // The waiter's subscription connection died with the master; its next
+    // acquisition attempt subscribes again on the new one. The holder is a
+    // fresh backend, so the only subscriber on the new master is the waiter.
+    drop(holder);
+    let holder = LeaseManager::new(connect().await?)?;
+    release_wakes_waiter(&set, &holder, &waiter, "after-failover").await
+}

@@ -53,8 +53,8 @@ struct Shared {
     /// Renewals only, so that no flood of acquisitions (or the application's
     /// own traffic) queues ahead of them. The same connection on Sentinel.
     renew_conn: Conn,
-    /// Release notices: plain channels on a standalone server, sharded ones
-    /// on a cluster; none on Sentinel yet.
+    /// Release notices: plain channels on a standalone server and on the
+    /// master the sentinels name, sharded ones on a cluster.
     notices: Option<Notices>,
     layout: KeyLayout,
     op_timeout: Duration,
@@ -222,6 +222,11 @@ impl RedisBackend {
 impl LeaseBackend for RedisBackend {
     async fn try_acquire(&self, request: &AcquireRequest) -> Result<AcquireOutcome, BackendError> {
         const OP: &str = "acquire";
+        if let Some(notices) = &self.shared.notices {
+            // Behind Sentinel, subscribes again on the current master after
+            // a lost connection; a flag check otherwise.
+            notices.restore().await;
+        }
         let call = scripts::acquire(&self.shared.layout, request);
         let sent_at = Instant::now();
         let reply = self
@@ -354,8 +359,9 @@ impl LeaseBackend for RedisBackend {
     /// Subscribes to `P:released` on the backend's subscription connection,
     /// opened on first use and shared by every waiter of every clone: a
     /// plain channel on a standalone server, a sharded one (`SSUBSCRIBE`,
-    /// in the lease's slot) on a cluster. Behind Sentinel there are no
-    /// notices yet: waiters poll, never past the holder's expiry.
+    /// in the lease's slot) on a cluster. Behind Sentinel the connection
+    /// goes to the current master, and the first acquisition attempt after
+    /// it broke subscribes again on the master the sentinels name then.
     async fn watch_releases(&self, key: &LeaseKey) -> Result<ReleaseWatch, BackendError> {
         let Some(notices) = &self.shared.notices else {
             return Ok(ReleaseWatch::unsupported());

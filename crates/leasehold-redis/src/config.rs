@@ -196,13 +196,13 @@ impl RedisBackendBuilder {
                     master_info,
                     tls,
                 } => {
-                    let conn = self
+                    let (conn, notices) = self
                         .connect_sentinel(sentinels, master, master_info, tls, &shown)
                         .await?;
                     return Ok(RedisBackend::from_parts(
                         conn.clone(),
                         conn,
-                        None,
+                        Some(notices),
                         layout,
                         self.op_timeout,
                         shown,
@@ -348,26 +348,49 @@ impl RedisBackendBuilder {
         master_info: redis::RedisConnectionInfo,
         tls: bool,
         shown: &str,
-    ) -> Result<Conn, Error> {
-        let mut node = SentinelNodeConnectionInfo::default()
-            .set_redis_connection_info(master_info)
-            .set_tcp_settings(TcpSettings::default().set_nodelay(true));
+    ) -> Result<(Conn, Notices), Error> {
+        let node = |info: redis::RedisConnectionInfo| {
+            let node = SentinelNodeConnectionInfo::default()
+                .set_redis_connection_info(info)
+                .set_tcp_settings(TcpSettings::default().set_nodelay(true));
+            if tls {
+                node.set_tls_mode(redis::TlsMode::Secure)
+            } else {
+                node
+            }
+        };
         if tls {
             ensure_crypto_provider();
-            node = node.set_tls_mode(redis::TlsMode::Secure);
         }
-        let client =
-            SentinelClient::build(sentinels, master, Some(node), SentinelServerType::Master)
-                .map_err(|e| Error::InvalidUrl {
-                    url_redacted: shown.to_owned(),
-                    reason: e.to_string(),
-                })?;
+        let build = |info| {
+            SentinelClient::build(
+                sentinels.clone(),
+                master.clone(),
+                Some(node(info)),
+                SentinelServerType::Master,
+            )
+            .map_err(|e| Error::InvalidUrl {
+                url_redacted: shown.to_owned(),
+                reason: e.to_string(),
+            })
+        };
+        // Release notices travel over a RESP3 connection of their own.
+        let notices = Notices::sentinel(
+            build(
+                master_info
+                    .clone()
+                    .set_protocol(redis::ProtocolVersion::RESP3),
+            )?,
+            self.connect_timeout,
+            self.op_timeout,
+        );
+        let client = build(master_info)?;
         let config = redis::AsyncConnectionConfig::new()
             .set_connection_timeout(Some(self.connect_timeout))
             .set_response_timeout(Some(self.op_timeout));
         let conn = std::sync::Arc::new(SentinelConn::new(client, config));
         self.bounded_connect(conn.current(), shown).await?;
-        Ok(Conn::Sentinel(conn))
+        Ok((Conn::Sentinel(conn), notices))
     }
 }
 

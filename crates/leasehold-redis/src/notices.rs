@@ -8,6 +8,12 @@
 //! cluster connection subscribes on the node that owns the slot, and again
 //! after a reconnect or a slot move.
 //!
+//! Behind Sentinel the connection goes to the master the sentinels name. No
+//! client reconnects and subscribes again there by itself, so a lost
+//! connection is marked, and the next acquisition attempt of any waiter
+//! ([`Notices::restore`]) asks the sentinels for the master again and
+//! subscribes there to every channel still watched.
+//!
 //! The connection is opened on the first subscription, so programs that never
 //! wait open none. Messages are dispatched by the connection's push callback
 //! itself (a map lookup and a counter bump), so no task of ours runs. After
@@ -27,9 +33,10 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
 use leasehold_core::ReleaseWatch;
-use redis::aio::{ConnectionManager, ConnectionManagerConfig};
+use redis::aio::{ConnectionManager, ConnectionManagerConfig, MultiplexedConnection};
 use redis::cluster::ClusterClientBuilder;
 use redis::cluster_async::ClusterConnection;
+use redis::sentinel::SentinelClient;
 use redis::{Client, ConnectionInfo, ProtocolVersion, PushInfo, PushKind, Value};
 use tokio::sync::{OnceCell, watch};
 
@@ -40,6 +47,8 @@ pub(crate) struct Notices {
     connect_timeout: Duration,
     op_timeout: Duration,
     conn: OnceCell<Subscriber>,
+    /// Behind Sentinel: the connection to the master as last resolved.
+    sentinel_conn: Mutex<Option<MultiplexedConnection>>,
     channels: Arc<Mutex<Channels>>,
 }
 
@@ -50,6 +59,9 @@ enum Source {
     Server(Box<Client>),
     /// A cluster's seed nodes: sharded channels.
     Cluster(Vec<ConnectionInfo>),
+    /// The master a set of sentinels names (asked over RESP3): plain
+    /// channels. (Boxed, as the client is.)
+    Sentinel(Box<tokio::sync::Mutex<SentinelClient>>),
 }
 
 /// The subscription connection, once open. Both kinds subscribe again by
@@ -58,6 +70,7 @@ enum Source {
 enum Subscriber {
     Server(ConnectionManager),
     Cluster(ClusterConnection),
+    Sentinel(MultiplexedConnection),
 }
 
 impl Subscriber {
@@ -65,12 +78,29 @@ impl Subscriber {
         match self {
             Self::Server(conn) => conn.subscribe(channel).await,
             Self::Cluster(conn) => conn.ssubscribe(channel).await,
+            Self::Sentinel(conn) => conn.subscribe(channel).await,
+        }
+    }
+
+    /// Subscribes to several plain channels at once (not on a cluster,
+    /// where restoring is the client's own business).
+    async fn subscribe_all(&mut self, channels: &[Vec<u8>]) -> redis::RedisResult<()> {
+        match self {
+            Self::Server(conn) => conn.subscribe(channels).await,
+            Self::Sentinel(conn) => conn.subscribe(channels).await,
+            Self::Cluster(conn) => {
+                for channel in channels {
+                    conn.ssubscribe(channel).await?;
+                }
+                Ok(())
+            }
         }
     }
 
     async fn unsubscribe(&mut self, channels: &[Vec<u8>]) -> redis::RedisResult<()> {
         match self {
             Self::Server(conn) => conn.unsubscribe(channels).await,
+            Self::Sentinel(conn) => conn.unsubscribe(channels).await,
             Self::Cluster(conn) => {
                 // One slot per SUNSUBSCRIBE: a cluster refuses several at once.
                 for channel in channels {
@@ -87,6 +117,9 @@ struct Channels {
     watched: HashMap<Vec<u8>, Channel>,
     /// Channels no one watches any more, still subscribed on the server.
     stale: Vec<Vec<u8>>,
+    /// The connection broke since it last subscribed (Sentinel: nothing
+    /// subscribes again by itself).
+    lost: bool,
 }
 
 struct Channel {
@@ -139,6 +172,7 @@ impl Notices {
             connect_timeout,
             op_timeout,
             conn: OnceCell::new(),
+            sentinel_conn: Mutex::new(None),
             channels: Arc::default(),
         }
     }
@@ -154,7 +188,75 @@ impl Notices {
             connect_timeout,
             op_timeout,
             conn: OnceCell::new(),
+            sentinel_conn: Mutex::new(None),
             channels: Arc::default(),
+        }
+    }
+
+    /// Notices on the master the sentinels of `client` name; `client` must
+    /// ask for RESP3 connections.
+    pub(crate) fn sentinel(
+        client: SentinelClient,
+        connect_timeout: Duration,
+        op_timeout: Duration,
+    ) -> Self {
+        Self {
+            source: Source::Sentinel(Box::new(tokio::sync::Mutex::new(client))),
+            connect_timeout,
+            op_timeout,
+            conn: OnceCell::new(),
+            sentinel_conn: Mutex::new(None),
+            channels: Arc::default(),
+        }
+    }
+
+    /// Behind Sentinel, after the subscription connection broke: asks the
+    /// sentinels for the master again and subscribes there to every channel
+    /// still watched, then wakes every waiter (notices may have been missed
+    /// meanwhile). Elsewhere, and while the connection holds, a flag check.
+    /// Best effort: a failure leaves the mark for the next attempt, and
+    /// waiters poll meanwhile.
+    pub(crate) async fn restore(&self) {
+        if !matches!(self.source, Source::Sentinel(_)) {
+            return;
+        }
+        let names: Vec<Vec<u8>> = {
+            let mut channels = lock(&self.channels);
+            if !std::mem::take(&mut channels.lost) {
+                return;
+            }
+            // The old connection's subscriptions went with it.
+            channels.stale.clear();
+            channels
+                .watched
+                .iter()
+                .filter(|(_, c)| c.subscribed)
+                .map(|(name, _)| name.clone())
+                .collect()
+        };
+        *self
+            .sentinel_conn
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner) = None;
+        let resubscribed = async {
+            let mut conn = self.connection().await?;
+            if !names.is_empty() {
+                self.bounded(conn.subscribe_all(&names)).await?;
+            }
+            Ok::<(), Failure>(())
+        }
+        .await;
+        let channels = lock(&self.channels);
+        match resubscribed {
+            Ok(()) => {
+                for channel in channels.watched.values() {
+                    channel.notices.send_modify(|n| *n = n.wrapping_add(1));
+                }
+            }
+            Err(_) => {
+                drop(channels);
+                lock(&self.channels).lost = true;
+            }
         }
     }
 
@@ -190,7 +292,7 @@ impl Notices {
             channels: Arc::clone(&self.channels),
             name: name.clone(),
         };
-        let mut conn = self.connection().await?.clone();
+        let mut conn = self.connection().await?;
         if !stale.is_empty() {
             // Best effort: a failure leaves a few idle subscriptions behind.
             let _ = self.bounded(conn.unsubscribe(&stale)).await;
@@ -216,7 +318,10 @@ impl Notices {
         }
     }
 
-    async fn connection(&self) -> Result<&Subscriber, Failure> {
+    async fn connection(&self) -> Result<Subscriber, Failure> {
+        if let Source::Sentinel(client) = &self.source {
+            return self.sentinel_connection(client).await;
+        }
         self.conn
             .get_or_try_init(|| async {
                 let channels = Arc::clone(&self.channels);
@@ -235,6 +340,9 @@ impl Notices {
                             ConnectionManager::new_with_config((**client).clone(), config);
                         self.bounded(connecting).await.map(Subscriber::Server)
                     }
+                    // `connection` sends Sentinel to its own path first;
+                    // this only keeps the match whole.
+                    Source::Sentinel(client) => self.sentinel_connection(client).await,
                     Source::Cluster(nodes) => {
                         let client = ClusterClientBuilder::new(nodes.clone())
                             .use_protocol(ProtocolVersion::RESP3)
@@ -250,6 +358,44 @@ impl Notices {
                 }
             })
             .await
+            .cloned()
+    }
+
+    /// The connection to the master the sentinels name, resolved if there is none.
+    async fn sentinel_connection(
+        &self,
+        client: &tokio::sync::Mutex<SentinelClient>,
+    ) -> Result<Subscriber, Failure> {
+        let cached = || {
+            self.sentinel_conn
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .clone()
+        };
+        if let Some(conn) = cached() {
+            return Ok(Subscriber::Sentinel(conn));
+        }
+        let mut client = client.lock().await;
+        // Another waiter may have resolved it while we waited for the lock.
+        if let Some(conn) = cached() {
+            return Ok(Subscriber::Sentinel(conn));
+        }
+        let channels = Arc::clone(&self.channels);
+        let config = redis::AsyncConnectionConfig::new()
+            .set_connection_timeout(Some(self.connect_timeout))
+            .set_response_timeout(Some(self.op_timeout))
+            .set_push_sender(move |push: PushInfo| {
+                dispatch(&channels, &push);
+                Ok::<(), Infallible>(())
+            });
+        let conn = self
+            .bounded(client.get_async_connection_with_config(&config))
+            .await?;
+        *self
+            .sentinel_conn
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner) = Some(conn.clone());
+        Ok(Subscriber::Sentinel(conn))
     }
 
     /// Whether release scripts must announce with `SPUBLISH` (a cluster).
@@ -271,7 +417,7 @@ impl Notices {
 
 /// Runs on the connection's I/O task for every push: must not block.
 fn dispatch(channels: &Mutex<Channels>, push: &PushInfo) {
-    let channels = lock(channels);
+    let mut channels = lock(channels);
     match push.kind {
         PushKind::Message | PushKind::SMessage => {
             if let Some(Value::BulkString(name)) = push.data.first()
@@ -283,6 +429,7 @@ fn dispatch(channels: &Mutex<Channels>, push: &PushInfo) {
         // Notices may have been missed while the connection was down: let
         // every waiter look again.
         PushKind::Disconnection => {
+            channels.lost = true;
             for channel in channels.watched.values() {
                 channel.notices.send_modify(|n| *n = n.wrapping_add(1));
             }
