@@ -14,10 +14,10 @@ use tokio::sync::watch;
 ///
 /// Dropping the watch ends the subscription.
 pub struct ReleaseWatch {
-    notices: Option<watch::Receiver<u64>>,
-    /// For [`any`](Self::any): the watches combined.
-    any: Vec<ReleaseWatch>,
-    _subscription: Option<Box<dyn Send + Sync>>,
+    /// One receiver per subscription; none for an unsupported watch, several
+    /// for [`any`](Self::any).
+    notices: Vec<watch::Receiver<u64>>,
+    _subscriptions: Vec<Box<dyn Send + Sync>>,
 }
 
 impl ReleaseWatch {
@@ -26,24 +26,23 @@ impl ReleaseWatch {
     /// (a backend uses it to unsubscribe).
     pub fn new(notices: watch::Receiver<u64>, subscription: impl Send + Sync + 'static) -> Self {
         Self {
-            notices: Some(notices),
-            any: Vec::new(),
-            _subscription: Some(Box::new(subscription)),
+            notices: vec![notices],
+            _subscriptions: vec![Box::new(subscription)],
         }
     }
 
     /// A watch that fires when any of `watches` does: the first notice
-    /// wins. Unsupported watches among them are dropped; with none left,
-    /// the result is [`unsupported`](Self::unsupported). (Redlock uses it to
-    /// listen on every master that answered.)
+    /// wins. Unsupported watches among them add nothing; with no supported
+    /// one, the result is [`unsupported`](Self::unsupported). (Redlock uses
+    /// it to listen on every master that answered.)
     #[must_use]
     pub fn any(watches: impl IntoIterator<Item = ReleaseWatch>) -> Self {
-        let any: Vec<ReleaseWatch> = watches.into_iter().filter(Self::is_supported).collect();
-        Self {
-            notices: None,
-            any,
-            _subscription: None,
+        let mut any = Self::unsupported();
+        for watch in watches {
+            any.notices.extend(watch.notices);
+            any._subscriptions.extend(watch._subscriptions);
         }
+        any
     }
 
     /// A watch that never fires, for backends without notices: waiters then
@@ -51,50 +50,52 @@ impl ReleaseWatch {
     #[must_use]
     pub fn unsupported() -> Self {
         Self {
-            notices: None,
-            any: Vec::new(),
-            _subscription: None,
+            notices: Vec::new(),
+            _subscriptions: Vec::new(),
         }
     }
 
     /// Whether notices can arrive at all.
     #[must_use]
     pub fn is_supported(&self) -> bool {
-        self.notices.is_some() || !self.any.is_empty()
+        !self.notices.is_empty()
     }
 
     /// Waits for the next notice. Never completes for an unsupported watch,
-    /// or once the backend has dropped the subscription.
+    /// or once the backend has dropped every subscription.
     ///
     /// # Cancel safety
     ///
     /// Cancel safe: a notice that arrives while no one waits is kept and
     /// completes the next call.
     pub async fn released(&mut self) {
-        if !self.any.is_empty() {
-            // Each inner wait is cancel safe, so dropping the losers is too.
-            let mut waits: Vec<_> = self
-                .any
-                .iter_mut()
-                .map(|w| Box::pin(w.released()))
-                .collect();
-            std::future::poll_fn(|cx| {
-                for wait in &mut waits {
-                    if wait.as_mut().poll(cx).is_ready() {
+        if let [notices] = self.notices.as_mut_slice() {
+            if notices.changed().await.is_ok() {
+                return;
+            }
+            return std::future::pending().await;
+        }
+        // Each `changed` is cancel safe, so dropping the others is too. A
+        // subscription whose backend went away is never polled again.
+        let mut waits: Vec<_> = self
+            .notices
+            .iter_mut()
+            .map(|n| Some(Box::pin(n.changed())))
+            .collect();
+        std::future::poll_fn(|cx| {
+            for slot in &mut waits {
+                if let Some(wait) = slot
+                    && let std::task::Poll::Ready(result) = wait.as_mut().poll(cx)
+                {
+                    if result.is_ok() {
                         return std::task::Poll::Ready(());
                     }
+                    *slot = None;
                 }
-                std::task::Poll::Pending
-            })
-            .await;
-            return;
-        }
-        if let Some(notices) = &mut self.notices
-            && notices.changed().await.is_ok()
-        {
-            return;
-        }
-        std::future::pending().await
+            }
+            std::task::Poll::Pending
+        })
+        .await;
     }
 }
 

@@ -222,10 +222,13 @@ impl RedisBackend {
 impl LeaseBackend for RedisBackend {
     async fn try_acquire(&self, request: &AcquireRequest) -> Result<AcquireOutcome, BackendError> {
         const OP: &str = "acquire";
-        if let Some(notices) = &self.shared.notices {
-            // Behind Sentinel, subscribes again on the current master after
-            // a lost connection; a flag check otherwise.
-            notices.restore().await;
+        if let Some(notices) = &self.shared.notices
+            && notices.needs_restore()
+        {
+            // Behind Sentinel, after the subscription connection broke:
+            // subscribe again on the current master. Boxed, so that every
+            // acquisition future does not carry the reconnection's.
+            Box::pin(notices.restore()).await;
         }
         let call = scripts::acquire(&self.shared.layout, request);
         let sent_at = Instant::now();

@@ -216,6 +216,12 @@ impl Notices {
     /// meanwhile). Elsewhere, and while the connection holds, a flag check.
     /// Best effort: a failure leaves the mark for the next attempt, and
     /// waiters poll meanwhile.
+    /// Whether [`restore`](Self::restore) has work to do: behind Sentinel,
+    /// after the subscription connection broke.
+    pub(crate) fn needs_restore(&self) -> bool {
+        matches!(self.source, Source::Sentinel(_)) && lock(&self.channels).lost
+    }
+
     pub(crate) async fn restore(&self) {
         if !matches!(self.source, Source::Sentinel(_)) {
             return;
