@@ -196,7 +196,7 @@ impl<B: LeaseBackend> LeaseManager<B> {
                     Ok(AcquireOutcome::Acquired(grant)) => {
                         orphan.armed = false;
                         if Instant::now() < grant.valid_until - options.safety_margin() {
-                            return self.took(turn, notices, grant, options).await;
+                            return self.took(turn, None, grant, options).await;
                         }
                         // The reply came too late to use the lease: give it back.
                         orphan.armed = true;
@@ -289,20 +289,24 @@ impl<B: LeaseBackend> LeaseManager<B> {
         }
     }
 
-    /// Hands the turn on and keeps the lease: the watch goes to the next
-    /// head as a baton (the lease is held here now), and this task yields
-    /// once, so that the next head, woken from this task and so sitting in
-    /// this worker's slot that other workers never steal, gets to leave its
-    /// offer before this holder's work blocks the thread.
+    /// Hands the turn on and keeps the lease. A `baton` (the watch of a
+    /// head that got the lease by handover) goes to the next head: the
+    /// lease is held here now. After an acquisition of its own the head
+    /// passes none: the next head subscribes anew, which moves this process
+    /// to the end of the server's subscriber order, so that processes take
+    /// turns hearing of releases first. Then this task yields once, so that
+    /// the next head, woken from this task and so sitting in this worker's
+    /// slot that other workers never steal, gets to leave its offer before
+    /// this holder's work blocks the thread.
     async fn took(
         &self,
         turn: Turn,
-        notices: Option<ReleaseWatch>,
+        baton: Option<ReleaseWatch>,
         grant: Grant,
         options: &LeaseOptions,
     ) -> Result<Lease, LeaseError> {
         let others = turn.others_waiting();
-        if others && let Some(watch) = notices.filter(ReleaseWatch::is_supported) {
+        if others && let Some(watch) = baton.filter(ReleaseWatch::is_supported) {
             turn.handoff().pass_baton(watch);
         }
         drop(turn);
