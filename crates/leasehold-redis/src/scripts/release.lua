@@ -5,7 +5,9 @@
 -- ARGV[2]  channel  P:released, where waiters listen for the release;
 --                   empty where no one can listen (no notice is sent)
 -- ARGV[3]  publish  the publish command: PUBLISH, or SPUBLISH on a cluster
---                   (the channel carries the lease's hash tag, so it is in its slot)
+--                   (the channel carries the lease's hash tag, so it is in its
+--                   slot); PUBLISH when left out, as callers of the two-argument
+--                   form expect
 --
 -- Returns 1 when the lease was ours and is now deleted, 0 when it was not ours.
 
@@ -26,7 +28,7 @@ redis.call('DEL', KEYS[1])
 
 -- 4. Tell waiters at once, so they need not poll.
 if ARGV[2] and ARGV[2] ~= '' then
-  redis.call(ARGV[3], ARGV[2], '1')
+  redis.call(ARGV[3] or 'PUBLISH', ARGV[2], '1')
 end
 
 return 1
