@@ -2,11 +2,12 @@
 //! before the first connection is made.
 
 use std::fmt;
+use std::sync::Arc;
 use std::time::Duration;
 
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::io::tcp::TcpSettings;
-use redis::{Client, ConnectionAddr, IntoConnectionInfo};
+use redis::{Client, ConnectionAddr, IntoConnectionInfo, ProtocolVersion};
 
 use redis::cluster::ClusterClientBuilder;
 use redis::sentinel::{SentinelClient, SentinelNodeConnectionInfo, SentinelServerType};
@@ -14,6 +15,7 @@ use redis::sentinel::{SentinelClient, SentinelNodeConnectionInfo, SentinelServer
 use crate::connection::{Conn, SentinelConn, Wait};
 use crate::layout::KeyLayout;
 use crate::notices::Notices;
+use crate::tracking::Tracking;
 use crate::url::{Endpoint, Kind};
 use crate::{Error, RedisBackend, redact};
 
@@ -40,6 +42,7 @@ pub struct RedisBackendBuilder {
     connect_timeout: Duration,
     namespace: String,
     wait: Option<Wait>,
+    track: bool,
 }
 
 enum Target {
@@ -59,11 +62,15 @@ impl Target {
 }
 
 /// How often a lost connection is retried (with jittered exponential
-/// backoff from [`RECONNECT_MIN_DELAY`] up to [`RECONNECT_MAX_DELAY`])
-/// before the operations waiting on it fail; the next operation starts over.
-const RECONNECT_RETRIES: usize = 3;
-const RECONNECT_MIN_DELAY: Duration = Duration::from_millis(50);
-const RECONNECT_MAX_DELAY: Duration = Duration::from_secs(1);
+/// backoff from [`RECONNECT_MIN_DELAY`], doubling, up to
+/// [`RECONNECT_MAX_DELAY`]) before the operations waiting on it fail; the
+/// next operation starts over. The first retries come within milliseconds:
+/// a restarted server is back in about 20 ms, and the renewals waiting on
+/// the connection (every lease is renewed when it is lost) should learn at
+/// once whether their leases survived. The retries span about a second.
+const RECONNECT_RETRIES: usize = 8;
+const RECONNECT_MIN_DELAY: Duration = Duration::from_millis(5);
+const RECONNECT_MAX_DELAY: Duration = Duration::from_millis(500);
 
 /// Bounds accepted for both timeouts.
 const MIN_TIMEOUT: Duration = Duration::from_millis(1);
@@ -82,7 +89,23 @@ impl RedisBackendBuilder {
             connect_timeout: Self::DEFAULT_CONNECT_TIMEOUT,
             namespace: KeyLayout::DEFAULT_NAMESPACE.to_owned(),
             wait: None,
+            track: true,
         }
+    }
+
+    /// Whether the renewal connection asks the server to report changes to
+    /// the leases it renews (RESP3 client tracking, standalone servers
+    /// only), so that a holder learns within a round trip that its lease was
+    /// deleted or overwritten, instead of at its next renewal. Default: on.
+    ///
+    /// It costs the server about 100 bytes per held lease in its tracking
+    /// table and one push message per change. A server that refuses it (an
+    /// ACL without `HELLO` or `CLIENT`, a server before Redis 6) is used
+    /// without it; so is one whose tracking table overflows (see
+    /// `tracking-table-max-keys`), with a warning.
+    pub fn track_lease_changes(mut self, on: bool) -> Self {
+        self.track = on;
+        self
     }
 
     /// After every acquisition and renewal, waits (`WAIT replicas timeout`,
@@ -223,6 +246,7 @@ impl RedisBackendBuilder {
             .set_min_delay(RECONNECT_MIN_DELAY)
             .set_max_delay(RECONNECT_MAX_DELAY);
         let notices = Notices::new(&client, self.connect_timeout, self.op_timeout);
+        let tracking = (self.track && !lazy).then(|| Arc::new(Tracking::new(layout.clone())));
         // Two connections: renewals get one of their own, so that no flood
         // of acquisitions (or the application's own traffic on a shared
         // client) can queue ahead of them.
@@ -240,9 +264,20 @@ impl RedisBackendBuilder {
             let ops = self
                 .connect_named(client.clone(), config.clone(), OPS_CONNECTION, &shown)
                 .await?;
-            let renew = self
-                .connect_named(client, config, RENEW_CONNECTION, &shown)
-                .await?;
+            let tracked = match &tracking {
+                Some(tracking) => {
+                    self.connect_tracked(&client, config.clone(), tracking, &shown)
+                        .await?
+                }
+                None => None,
+            };
+            let renew = match tracked {
+                Some(renew) => renew,
+                None => {
+                    self.connect_named(client, config, RENEW_CONNECTION, &shown)
+                        .await?
+                }
+            };
             (ops, renew)
         };
         Ok(RedisBackend::from_parts(
@@ -253,7 +288,54 @@ impl RedisBackendBuilder {
             self.op_timeout,
             shown,
             self.wait,
-        ))
+        )
+        .with_tracking(tracking))
+    }
+
+    /// The renewal connection in RESP3, its pushes handed to `tracking`.
+    /// `None` (and tracking off) when the server refuses RESP3 (`HELLO`):
+    /// the caller then opens a plain one.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Connect`] when the server cannot be reached at all.
+    async fn connect_tracked(
+        &self,
+        client: &Client,
+        config: ConnectionManagerConfig,
+        tracking: &Arc<Tracking>,
+        shown: &str,
+    ) -> Result<Option<ConnectionManager>, Error> {
+        let info = client.get_connection_info().clone();
+        let settings = info
+            .redis_settings()
+            .clone()
+            .set_protocol(ProtocolVersion::RESP3);
+        let Ok(resp3) = Client::open(info.set_redis_settings(settings)) else {
+            tracking.unavailable("no RESP3 client for this server");
+            return Ok(None);
+        };
+        let pushes = Arc::clone(tracking);
+        let config = config.set_push_sender(move |push| {
+            pushes.on_push(push);
+            Ok::<(), std::convert::Infallible>(())
+        });
+        match self
+            .connect_named(resp3, config, RENEW_CONNECTION, shown)
+            .await
+        {
+            Ok(conn) => Ok(Some(conn)),
+            Err(Error::Connect { source, .. })
+                if !(source.is_io_error()
+                    || source.is_timeout()
+                    || source.is_connection_refusal()
+                    || source.is_connection_dropped()) =>
+            {
+                tracking.unavailable(&format!("the server refused RESP3: {source}"));
+                Ok(None)
+            }
+            Err(other) => Err(other),
+        }
     }
 
     /// Opens one managed connection within the connect timeout and names
