@@ -61,7 +61,7 @@ struct Shared {
     /// The server, as it may be shown: a URL without its password, or an address.
     server: String,
     wait: Option<Wait>,
-    /// Client tracking on the renewal connection; standalone servers only.
+    /// Client tracking on the renewal connection; standalone and Sentinel.
     tracking: Option<Arc<Tracking>>,
 }
 
@@ -373,8 +373,10 @@ impl LeaseBackend for RedisBackend {
     /// backend (and its clones), when client tracking is on (see
     /// [`RedisBackendBuilder::track_lease_changes`](crate::RedisBackendBuilder::track_lease_changes));
     /// a lost renewal connection is reported as [`LeaseChange::All`](leasehold_core::LeaseChange::All).
-    /// Cluster and Sentinel deployments report nothing: holders learn of a
-    /// change at their next renewal.
+    /// Behind Sentinel, a new resolution of the master is reported as
+    /// `All` too. Cluster deployments report nothing (the redis crate's
+    /// cluster client turns no tracking on for its node connections):
+    /// holders there learn of a change at their next renewal.
     async fn watch_changes(&self) -> Result<ChangeWatch, BackendError> {
         Ok(match &self.shared.tracking {
             Some(tracking) if tracking.is_on() => tracking.watch(),

@@ -217,9 +217,38 @@ impl RedisBackendBuilder {
                     master_info,
                     tls,
                 } => {
-                    let conn = self
-                        .connect_sentinel(sentinels, master, master_info, tls, &shown)
-                        .await?;
+                    let tracking = self.track.then(|| Arc::new(Tracking::new(layout.clone())));
+                    let tracked = match &tracking {
+                        Some(tracking) => {
+                            let sentinel = (sentinels.clone(), master.clone(), master_info.clone());
+                            match self
+                                .connect_sentinel(sentinel, tls, Some(tracking), &shown)
+                                .await
+                            {
+                                Ok(conn) => Some(conn),
+                                Err(Error::Connect { source, .. }) if refused(&source) => {
+                                    tracking.unavailable(&format!(
+                                        "the master refused RESP3: {source}"
+                                    ));
+                                    None
+                                }
+                                Err(other) => return Err(other),
+                            }
+                        }
+                        None => None,
+                    };
+                    let conn = match tracked {
+                        Some(conn) => conn,
+                        None => {
+                            self.connect_sentinel(
+                                (sentinels, master, master_info),
+                                tls,
+                                None,
+                                &shown,
+                            )
+                            .await?
+                        }
+                    };
                     return Ok(RedisBackend::from_parts(
                         conn.clone(),
                         conn,
@@ -228,7 +257,8 @@ impl RedisBackendBuilder {
                         self.op_timeout,
                         shown,
                         self.wait,
-                    ));
+                    )
+                    .with_tracking(tracking));
                 }
             },
             Target::Client(client) => *client,
@@ -325,12 +355,7 @@ impl RedisBackendBuilder {
             .await
         {
             Ok(conn) => Ok(Some(conn)),
-            Err(Error::Connect { source, .. })
-                if !(source.is_io_error()
-                    || source.is_timeout()
-                    || source.is_connection_refusal()
-                    || source.is_connection_dropped()) =>
-            {
+            Err(Error::Connect { source, .. }) if refused(&source) => {
                 tracking.unavailable(&format!("the server refused RESP3: {source}"));
                 Ok(None)
             }
@@ -421,14 +446,24 @@ impl RedisBackendBuilder {
         Ok((Conn::Cluster(conn), Conn::Cluster(renew)))
     }
 
+    /// The connection to a Sentinel-monitored master; with `tracking`, in
+    /// RESP3 with its pushes handed to it.
     async fn connect_sentinel(
         &self,
-        sentinels: Vec<redis::ConnectionInfo>,
-        master: String,
-        master_info: redis::RedisConnectionInfo,
+        (sentinels, master, master_info): (
+            Vec<redis::ConnectionInfo>,
+            String,
+            redis::RedisConnectionInfo,
+        ),
         tls: bool,
+        tracking: Option<&Arc<Tracking>>,
         shown: &str,
     ) -> Result<Conn, Error> {
+        let master_info = if tracking.is_some() {
+            master_info.set_protocol(ProtocolVersion::RESP3)
+        } else {
+            master_info
+        };
         let mut node = SentinelNodeConnectionInfo::default()
             .set_redis_connection_info(master_info)
             .set_tcp_settings(TcpSettings::default().set_nodelay(true));
@@ -442,13 +477,29 @@ impl RedisBackendBuilder {
                     url_redacted: shown.to_owned(),
                     reason: e.to_string(),
                 })?;
-        let config = redis::AsyncConnectionConfig::new()
+        let mut config = redis::AsyncConnectionConfig::new()
             .set_connection_timeout(Some(self.connect_timeout))
             .set_response_timeout(Some(self.op_timeout));
-        let conn = std::sync::Arc::new(SentinelConn::new(client, config));
+        if let Some(tracking) = tracking {
+            let pushes = Arc::clone(tracking);
+            config = config.set_push_sender(move |push| {
+                pushes.on_push(push);
+                Ok::<(), std::convert::Infallible>(())
+            });
+        }
+        let conn = Arc::new(SentinelConn::new(client, config, tracking.cloned()));
         self.bounded_connect(conn.current(), shown).await?;
         Ok(Conn::Sentinel(conn))
     }
+}
+
+/// Whether a failed connection attempt was refused by the server (an
+/// error reply, such as to `HELLO 3`) rather than unable to reach it.
+fn refused(source: &redis::RedisError) -> bool {
+    !(source.is_io_error()
+        || source.is_timeout()
+        || source.is_connection_refusal()
+        || source.is_connection_dropped())
 }
 
 /// How often the cluster client retries a request (after a redirection or

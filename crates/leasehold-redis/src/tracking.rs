@@ -15,8 +15,8 @@
 //! connection (changes may have been missed) become [`LeaseChange::All`].
 //!
 //! Tracking is turned on again before the first renewal on every new
-//! connection (the connection counts its generations; a disconnection
-//! starts a new one). A server that refuses `CLIENT TRACKING` (an ACL
+//! connection (the connection counts its generations; a disconnection, or
+//! behind Sentinel a new resolution of the master, starts a new one). A server that refuses `CLIENT TRACKING` (an ACL
 //! without the right, an old server) leaves renewals working without it.
 //!
 //! Overflow: past `tracking-table-max-keys` the server evicts tracked keys
@@ -202,6 +202,16 @@ impl Tracking {
             let mut state = self.state();
             state.window.roll(Instant::now());
             state.window.own.insert(lease);
+        }
+    }
+
+    /// A connection other than the one tracking was turned on for will
+    /// carry the renewals (Sentinel: the master was resolved again). With
+    /// `report`, every lease is reported changed.
+    pub(crate) fn new_connection(&self, report: bool) {
+        self.generation.fetch_add(1, Ordering::AcqRel);
+        if report && self.is_on() {
+            self.state().feed.report(&LeaseChange::All);
         }
     }
 
