@@ -1,17 +1,20 @@
-//! The fault campaign on Redis Cluster: many lease clients through master
-//! failovers, a recorded history, and a checker that judges it.
+//! The fault campaign through failovers, on Redis Cluster and behind
+//! Sentinel: many lease clients, a recorded history, and a checker that
+//! judges it.
 //!
-//! Faults come from `FaultPlan::draw_cluster`: kills of a master after a
-//! replication lag (its replica frozen meanwhile, so the promoted replica
-//! lacks the lag's writes: leases are really lost) and manual `CLUSTER
-//! FAILOVER`s (which lose nothing). Each is applied once the previous one
-//! has healed (the cluster healthy and every replica linked).
+//! Cluster faults come from `FaultPlan::draw_cluster`: kills of a master
+//! after a replication lag (its replica frozen meanwhile, so the promoted
+//! replica lacks the lag's writes: leases are really lost) and manual
+//! `CLUSTER FAILOVER`s (which lose nothing). Sentinel faults from
+//! `FaultPlan::draw_sentinel`: kills of the master after a lag, the same
+//! way. Each is applied once the previous one has healed (every replica
+//! linked again).
 //!
-//! CI size: `cargo test --test campaign_failover -- --nocapture`; a long run
-//! with `LEASEHOLD_CAMPAIGN_SECS=600 cargo test --release --test
+//! CI size (both topologies at once, about 70 s): `cargo test --test
+//! campaign_failover -- --nocapture`; a long run with
+//! `LEASEHOLD_CAMPAIGN_SECS=600 cargo test --release --test
 //! campaign_failover -- --nocapture`, replayed with
-//! `LEASEHOLD_CAMPAIGN_SEED=<seed printed by it>`. Sentinel failovers are
-//! not part of this campaign yet (tests/topologies_sentinel.rs covers one).
+//! `LEASEHOLD_CAMPAIGN_SEED=<seed printed by it>`.
 
 mod common;
 
@@ -23,7 +26,8 @@ use common::campaign_client::{Client, Tally, TestResult, client};
 use leasehold::redis::{KeyLayout, RedisBackend};
 use leasehold::{LeaseKey, LeaseManager, LeaseOptions, Ttl};
 use leasehold_testkit::{
-    Fault, FaultPlan, History, PlanShape, RedisCluster, RedisServer, Report, fault_length,
+    Fault, FaultPlan, History, PlanShape, RedisCluster, RedisServer, Report, SentinelSet,
+    fault_length,
 };
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
@@ -52,8 +56,57 @@ struct Applied {
     healed: Instant,
 }
 
+/// The deployment a campaign runs on.
+enum Target {
+    Cluster(RedisCluster),
+    Sentinel(SentinelSet),
+}
+
+impl Target {
+    fn url(&self) -> String {
+        match self {
+            Self::Cluster(cluster) => cluster.url(),
+            Self::Sentinel(set) => set.url(),
+        }
+    }
+
+    fn kinds(&self) -> &'static [&'static str] {
+        match self {
+            Self::Cluster(_) => &Fault::CLUSTER_KINDS,
+            Self::Sentinel(_) => &Fault::SENTINEL_KINDS,
+        }
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cluster_failovers() -> TestResult {
+    let cluster = tokio::task::block_in_place(|| RedisCluster::start(3, 1))?;
+    let applied = campaign(Target::Cluster(cluster), FaultPlan::draw_cluster).await?;
+    assert!(
+        applied.iter().any(|a| a.fault == Fault::ClusterFailover),
+        "no manual failover was applied"
+    );
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sentinel_failovers() -> TestResult {
+    // 1500 ms: with 1000 the sentinels sometimes fail a just-promoted
+    // master over again.
+    let set = tokio::task::block_in_place(|| {
+        SentinelSet::start_with_down_after(Duration::from_millis(1500))
+    })?;
+    let applied = campaign(Target::Sentinel(set), FaultPlan::draw_sentinel).await?;
+    assert!(!applied.is_empty(), "no failover was applied");
+    Ok(())
+}
+
+/// Runs a campaign on `target` with faults drawn by `draw`; returns the
+/// faults applied, after asserting the verdicts.
+async fn campaign(
+    mut target: Target,
+    draw: fn(u64, PlanShape) -> FaultPlan,
+) -> Result<Vec<Applied>, Box<dyn std::error::Error + Send + Sync>> {
     let run_for = Duration::from_secs(env_u64("LEASEHOLD_CAMPAIGN_SECS", 60));
     let seed = env_u64(
         "LEASEHOLD_CAMPAIGN_SEED",
@@ -69,7 +122,7 @@ async fn cluster_failovers() -> TestResult {
         .name("campaign")
         .build()?;
     let renew_interval = options.renew_interval();
-    let plan = FaultPlan::draw_cluster(
+    let plan = draw(
         seed,
         PlanShape {
             run_for,
@@ -79,15 +132,16 @@ async fn cluster_failovers() -> TestResult {
         },
     );
     println!(
-        "cluster campaign: seed {seed}, {clients} clients x {keys} keys for {run_for:?}, {} faults planned",
+        "campaign on {}: seed {seed}, {clients} clients x {keys} keys for {run_for:?}, {} faults planned",
+        target.kinds()[0],
         plan.faults.len()
     );
-    let mut cluster = tokio::task::block_in_place(|| RedisCluster::start(3, 1))?;
     let resource = RedisServer::start()?;
     let mut managers = Vec::new();
     for _ in 0..clients {
-        let backend = RedisBackend::builder(cluster.url())
+        let backend = RedisBackend::builder(target.url())
             .op_timeout(OP_TIMEOUT)
+            .connect_timeout(OP_TIMEOUT)
             .connect()
             .await?;
         managers.push(LeaseManager::new(backend)?);
@@ -122,7 +176,10 @@ async fn cluster_failovers() -> TestResult {
         }
         tokio::time::sleep_until(started + scheduled.at).await;
         let began = Instant::now();
-        let detail = apply(&scheduled.fault, &mut cluster, keys, &mut rng).await?;
+        let detail = match &mut target {
+            Target::Cluster(cluster) => apply(&scheduled.fault, cluster, keys, &mut rng).await?,
+            Target::Sentinel(set) => fail_over(&scheduled.fault, set).await?,
+        };
         let healed = Instant::now();
         println!(
             "  {:>6.2}s {} ({detail}; healed after {:.2}s)",
@@ -165,16 +222,19 @@ async fn cluster_failovers() -> TestResult {
     let (allowed, forbidden) = judge(&report, &applied, renew_interval);
     println!(
         "{}",
-        summary(&report, &applied, &tally, &allowed, forbidden.len())
+        summary(
+            &report,
+            &applied,
+            &tally,
+            &allowed,
+            forbidden.len(),
+            target.kinds()
+        )
     );
 
     assert!(
         report.holds >= 10,
         "too few leases to judge anything: {report}"
-    );
-    assert!(
-        applied.iter().any(|a| a.fault == Fault::ClusterFailover),
-        "no manual failover was applied"
     );
     assert!(
         report.stale_writes.is_empty(),
@@ -194,7 +254,36 @@ async fn cluster_failovers() -> TestResult {
         tally.deadline_margins.iter().all(|m| !m.is_zero()),
         "a token fired by deadline at or after the lease's earliest expiry"
     );
-    Ok(())
+    Ok(applied)
+}
+
+/// A Sentinel failover after a lag, healed when the old master is a
+/// linked replica of the new one.
+async fn fail_over(
+    fault: &Fault,
+    set: &mut SentinelSet,
+) -> Result<String, Box<dyn std::error::Error + Send + Sync>> {
+    let Fault::SentinelFailover(lag) = fault else {
+        return Err(format!("the Sentinel campaign cannot apply {fault}").into());
+    };
+    // Frozen and its link cut, as for the Cluster kill.
+    tokio::task::block_in_place(|| {
+        set.replica_mut().pause()?;
+        set.master().cli(&["CLIENT", "KILL", "TYPE", "replica"])
+    })?;
+    tokio::time::sleep(*lag).await;
+    let (promoted, rejoined) = tokio::task::block_in_place(|| {
+        set.kill_master()?;
+        set.replica_mut().resume()?;
+        let promoted = set.wait_for_failover()?;
+        set.restart_old_master()
+            .map(|rejoined| (promoted, rejoined))
+    })?;
+    Ok(format!(
+        "promoted after {:.2}s, old master linked {:.2}s later",
+        promoted.as_secs_f64(),
+        rejoined.as_secs_f64()
+    ))
 }
 
 /// Applies one Cluster fault to the master serving one of the campaign's
@@ -217,9 +306,13 @@ async fn apply(
             tokio::task::block_in_place(|| cluster.failover(replica))?;
         }
         Fault::ClusterKill(lag) => {
-            // The replica reads nothing while frozen: the master's writes
-            // of the lag never reach it.
-            tokio::task::block_in_place(|| cluster.node_mut(replica).pause())?;
+            // Frozen, and its link cut (else the kernel would buffer the
+            // lag's writes on the replica's socket and it would read them
+            // on resume): the master's writes of the lag never reach it.
+            tokio::task::block_in_place(|| {
+                cluster.node_mut(replica).pause()?;
+                cluster.nodes()[master].cli(&["CLIENT", "KILL", "TYPE", "replica"])
+            })?;
             tokio::time::sleep(*lag).await;
             tokio::task::block_in_place(|| {
                 cluster.node_mut(master).kill()?;
@@ -274,6 +367,7 @@ fn summary(
     tally: &Tally,
     allowed: &[(usize, Duration)],
     forbidden: usize,
+    kinds: &[&str],
 ) -> String {
     let mut out = String::new();
     let _ = writeln!(out, "history: {report}");
@@ -288,7 +382,7 @@ fn summary(
         out,
         "| fault | injected | overlaps | worst overlap |\n|---|---|---|---|"
     );
-    for kind in Fault::CLUSTER_KINDS {
+    for &kind in kinds {
         let injected = applied.iter().filter(|a| a.fault.kind() == kind).count();
         let overlaps: Vec<Duration> = allowed
             .iter()

@@ -15,7 +15,9 @@ use std::time::Duration;
 ///
 /// The first six kinds are for one standalone server behind proxies
 /// ([`FaultPlan::draw`]); the Cluster kinds for a
-/// [`RedisCluster`](crate::RedisCluster) ([`FaultPlan::draw_cluster`]).
+/// [`RedisCluster`](crate::RedisCluster) ([`FaultPlan::draw_cluster`]);
+/// the Sentinel kind for a [`SentinelSet`](crate::SentinelSet)
+/// ([`FaultPlan::draw_sentinel`]).
 /// The enum is `#[non_exhaustive]` so adding kinds breaks no runner.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[non_exhaustive]
@@ -38,8 +40,9 @@ pub enum Fault {
     /// Cut one client's connections (or every client's) with resets, and
     /// refuse new ones, for this long.
     Reset(Option<usize>, Duration),
-    /// Cluster: freeze a master's replica (SIGSTOP, so it reads no
-    /// replication stream) for this long while the master takes writes,
+    /// Cluster: freeze a master's replica (SIGSTOP) and cut its link (`CLIENT
+    /// KILL TYPE replica`, else it would read the writes buffered on its
+    /// socket on resume) for this long while the master takes writes,
     /// then SIGKILL the master and let the replica go: it is promoted
     /// without the writes of that lag, which are lost. The old master is
     /// then restarted empty and rejoins as a replica.
@@ -47,13 +50,21 @@ pub enum Fault {
     /// Cluster: a manual `CLUSTER FAILOVER` of a master's replica, which
     /// waits until the replica has every write: loses nothing.
     ClusterFailover,
+    /// Sentinel: freeze the replica and cut its link for this long while
+    /// the master takes writes, then SIGKILL the master and let the replica go: the
+    /// sentinels promote it without the writes of that lag. The old master
+    /// is then restarted empty and made a replica of the new one.
+    SentinelFailover(Duration),
 }
 
 impl Fault {
     /// Whether the fault can lose acknowledged lease state on the server.
     #[must_use]
     pub fn loses_data(&self) -> bool {
-        matches!(self, Self::CrashEmpty(_) | Self::ClusterKill(_))
+        matches!(
+            self,
+            Self::CrashEmpty(_) | Self::ClusterKill(_) | Self::SentinelFailover(_)
+        )
     }
 
     /// A short name for tables and logs.
@@ -68,6 +79,7 @@ impl Fault {
             Self::Reset(..) => "reset",
             Self::ClusterKill(_) => "cluster-kill",
             Self::ClusterFailover => "cluster-failover",
+            Self::SentinelFailover(_) => "sentinel-failover",
         }
     }
 
@@ -83,6 +95,9 @@ impl Fault {
 
     /// The Cluster kinds, in table order.
     pub const CLUSTER_KINDS: [&'static str; 2] = ["cluster-kill", "cluster-failover"];
+
+    /// The Sentinel kinds.
+    pub const SENTINEL_KINDS: [&'static str; 1] = ["sentinel-failover"];
 }
 
 impl fmt::Display for Fault {
@@ -102,6 +117,10 @@ impl fmt::Display for Fault {
                 "freeze a replica for {d:?}, SIGKILL its master, promote the replica"
             ),
             Self::ClusterFailover => write!(f, "manual CLUSTER FAILOVER"),
+            Self::SentinelFailover(d) => write!(
+                f,
+                "freeze the replica for {d:?}, SIGKILL the master, Sentinel failover"
+            ),
         }
     }
 }
@@ -224,7 +243,31 @@ impl FaultPlan {
     }
 }
 
-/// How long a fault lasts before it is healed (for Cluster faults, the
+impl FaultPlan {
+    /// Draws a plan for a Sentinel set: failovers after a replication lag
+    /// of `R` to `T`, each followed by two to three ttls of quiet, applied
+    /// (like [`draw_cluster`](Self::draw_cluster)'s) once the previous one
+    /// has healed.
+    #[must_use]
+    pub fn draw_sentinel(seed: u64, shape: PlanShape) -> Self {
+        let mut rng = fastrand::Rng::with_seed(seed);
+        let (t, r) = (shape.ttl, shape.renew_interval);
+        let mut faults = Vec::new();
+        let mut at = t;
+        loop {
+            let lag = Duration::from_millis(rng.u64(millis(r)..=millis(t).max(millis(r))));
+            let fault = Fault::SentinelFailover(lag);
+            if at + lag + t > shape.run_for {
+                break;
+            }
+            faults.push(ScheduledFault { at, fault });
+            at += lag + Duration::from_millis(rng.u64(millis(t * 2)..=millis(t * 3)));
+        }
+        Self { seed, faults }
+    }
+}
+
+/// How long a fault lasts before it is healed (for failovers, the
 /// part before the failover; the failover itself takes as long as it takes).
 #[must_use]
 pub fn fault_length(fault: &Fault) -> Duration {
@@ -235,7 +278,8 @@ pub fn fault_length(fault: &Fault) -> Duration {
         | Fault::Blackhole(_, d)
         | Fault::Reset(_, d)
         | Fault::Delay(_, _, d)
-        | Fault::ClusterKill(d) => d,
+        | Fault::ClusterKill(d)
+        | Fault::SentinelFailover(d) => d,
         Fault::ClusterFailover => Duration::ZERO,
     }
 }
