@@ -97,6 +97,16 @@ impl RedisBackend {
         self
     }
 
+    /// Turns client tracking on right after connecting, so that the first
+    /// renewal (perhaps behind a flood of acquisitions) needs no extra
+    /// round trip; after a reconnection the first renewal does it.
+    pub(crate) async fn start_tracking(self) -> Self {
+        if let Some(tracking) = &self.shared.tracking {
+            self.track_renewals(tracking).await;
+        }
+        self
+    }
+
     /// Whether the server reports changes to the leases this backend
     /// renews (see
     /// [`RedisBackendBuilder::track_lease_changes`](crate::RedisBackendBuilder::track_lease_changes)).

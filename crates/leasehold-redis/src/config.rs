@@ -258,7 +258,9 @@ impl RedisBackendBuilder {
                         shown,
                         self.wait,
                     )
-                    .with_tracking(tracking));
+                    .with_tracking(tracking)
+                    .start_tracking()
+                    .await);
                 }
             },
             Target::Client(client) => *client,
@@ -319,7 +321,9 @@ impl RedisBackendBuilder {
             shown,
             self.wait,
         )
-        .with_tracking(tracking))
+        .with_tracking(tracking)
+        .start_tracking()
+        .await)
     }
 
     /// The renewal connection in RESP3, its pushes handed to `tracking`.
