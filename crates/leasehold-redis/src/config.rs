@@ -94,9 +94,10 @@ impl RedisBackendBuilder {
     }
 
     /// Whether the renewal connection asks the server to report changes to
-    /// the leases it renews (RESP3 client tracking, standalone servers
-    /// only), so that a holder learns within a round trip that its lease was
-    /// deleted or overwritten, instead of at its next renewal. Default: on.
+    /// the leases it renews (RESP3 client tracking; standalone servers and
+    /// Sentinel-monitored masters, not Cluster), so that a holder learns
+    /// within a round trip that its lease was deleted or overwritten,
+    /// instead of at its next renewal. Default: on.
     ///
     /// It costs the server about 100 bytes per held lease in its tracking
     /// table and one push message per change. A server that refuses it (an
