@@ -31,6 +31,7 @@ use tokio_util::time::{DelayQueue, delay_queue};
 use tracing::{Instrument, debug, debug_span, warn};
 
 use crate::LeaseError;
+use crate::changes::Changes;
 use crate::lease::{LossReason, Shared};
 use crate::metrics::{self, RENEW_ERROR, RENEW_LOST, RENEWED, RenewalTally};
 use crate::queue::Queues;
@@ -131,6 +132,11 @@ struct Entry {
     ended: bool,
     /// Failed renewals in a row, for the retry delay.
     failures: u8,
+    /// A renewal of this lease is in flight.
+    in_flight: bool,
+    /// The backend reported a change while the renewal was in flight:
+    /// renew again as soon as it returns.
+    again: bool,
 }
 
 impl Entry {
@@ -174,6 +180,8 @@ pub(crate) struct Watchdog<B> {
     shutdown: CancellationToken,
     /// Where the renewal grid starts.
     epoch: Instant,
+    /// Changes the backend reports, and the leases each one names.
+    changes: Changes,
 }
 
 impl<B: LeaseBackend> Watchdog<B> {
@@ -192,6 +200,7 @@ impl<B: LeaseBackend> Watchdog<B> {
             commands,
             shutdown,
             epoch: Instant::now(),
+            changes: Changes::none(),
         }
     }
 
@@ -219,6 +228,12 @@ impl<B: LeaseBackend> Watchdog<B> {
     }
 
     async fn run_loop(mut self) {
+        match self.backend.watch_changes().await {
+            Ok(watch) => self.changes = Changes::new(watch),
+            Err(error) => {
+                warn!(%error, "the backend's changes cannot be watched; leases learn of a loss at their next renewal");
+            }
+        }
         let mut stopping = false;
         let mut commands_open = true;
         loop {
@@ -242,6 +257,12 @@ impl<B: LeaseBackend> Watchdog<B> {
                     self.on_timers(expired.into_inner());
                 }
                 Some(done) = self.work.next(), if !self.work.is_empty() => self.on_done(done),
+                change = self.changes.next(), if self.changes.is_open() && !stopping => {
+                    if let Some(change) = change {
+                        let ids = self.changes.affected(change);
+                        self.renew_now(&ids);
+                    }
+                }
                 else => break,
             }
             self.catch_up();
@@ -284,13 +305,17 @@ impl<B: LeaseBackend> Watchdog<B> {
                     timer: None,
                     ended: false,
                     failures: 0,
+                    in_flight: false,
+                    again: false,
                 };
+                self.changes.insert(&entry.shared.key, id);
                 let renew_at = sent_at + timing.renew_interval();
                 self.entries.insert(id, entry);
                 self.schedule(id, renew_at);
             }
             Command::Release { id, reply } => match self.entries.remove(&id) {
                 Some(mut entry) => {
+                    self.changes.remove(&entry.shared.key, id);
                     self.cancel_timer(&mut entry);
                     entry.finish(if reply.is_some() {
                         "released"
@@ -367,6 +392,7 @@ impl<B: LeaseBackend> Watchdog<B> {
                     Event::Renew if now < entry.deadline => {
                         entry.timer =
                             Some(self.timers.insert_at((id, Event::Deadline), entry.deadline));
+                        entry.in_flight = true;
                         due.push(id);
                     }
                     Event::Deadline if entry.capped() => self.end(id, LossReason::RenewalLimit),
@@ -379,6 +405,37 @@ impl<B: LeaseBackend> Watchdog<B> {
                 .now_or_never()
                 .flatten()
                 .map(delay_queue::Expired::into_inner);
+        }
+        for ids in due.chunks(MAX_BATCH) {
+            self.send_renewals(ids.to_vec());
+        }
+    }
+
+    /// Renews the leases `ids` now rather than at their next renewal, for
+    /// a change the backend reported. A lease whose renewal is in flight is
+    /// renewed once more right after it returns (the change may have come
+    /// after the server ran it); a lease past its cap, ended or released is
+    /// left alone.
+    fn renew_now(&mut self, ids: &[u64]) {
+        let now = Instant::now();
+        let mut due = Vec::new();
+        for &id in ids {
+            let Some(entry) = self.entries.get_mut(&id) else {
+                continue;
+            };
+            if entry.ended || entry.capped() || now >= entry.deadline {
+                continue;
+            }
+            if entry.in_flight {
+                entry.again = true;
+                continue;
+            }
+            if let Some(old) = entry.timer.take() {
+                self.timers.try_remove(&old);
+            }
+            entry.timer = Some(self.timers.insert_at((id, Event::Deadline), entry.deadline));
+            entry.in_flight = true;
+            due.push(id);
         }
         for ids in due.chunks(MAX_BATCH) {
             self.send_renewals(ids.to_vec());
@@ -423,9 +480,11 @@ impl<B: LeaseBackend> Watchdog<B> {
             let Some(entry) = self.entries.get_mut(&id) else {
                 continue; // released while the renewal was in flight
             };
+            entry.in_flight = false;
             if entry.ended {
                 continue; // its deadline came first: a late success changes nothing
             }
+            let again = std::mem::take(&mut entry.again);
             match outcome {
                 Ok(RenewOutcome::Renewed) => {
                     tally.add(&entry.shared.name, RENEWED);
@@ -433,7 +492,13 @@ impl<B: LeaseBackend> Watchdog<B> {
                     entry.deadline = valid - entry.shared.timing.safety_margin();
                     entry.shared.renewed(valid);
                     entry.failures = 0;
-                    let renew_at = sent_at + entry.shared.timing.renew_interval();
+                    // A change reported while this renewal was in flight
+                    // may have come after the server ran it: check again now.
+                    let renew_at = if again {
+                        now
+                    } else {
+                        sent_at + entry.shared.timing.renew_interval()
+                    };
                     debug!(key = %entry.shared.key, name = %entry.shared.name, "lease renewed");
                     self.schedule(id, renew_at);
                 }
