@@ -415,6 +415,10 @@ impl LeaseBackend for RedisBackend {
             notices.sharded(),
             next,
         );
+        if let Some(tracking) = &self.shared.tracking {
+            // As for a release: the script writes the lease.
+            tracking.own_write(self.shared.layout.lease(key));
+        }
         let sent_at = Instant::now();
         let reply = self.eval(&call).await.map_err(|f| f.for_key(OP, key))?;
         reply::handed_over(next, sent_at, &reply).map_err(|f| f.for_key(OP, key))
