@@ -295,7 +295,7 @@ impl LeaseBackend for RedisBackend {
     ) -> Result<ReleaseOutcome, BackendError> {
         const OP: &str = "release";
         let notify = self.shared.notices.is_some();
-        let call = scripts::release(&self.shared.layout, key, &holder.to_hex(), notify);
+        let call = scripts::release(&self.shared.layout, key, holder, notify);
         let reply = self.eval(&call).await.map_err(|f| f.for_key(OP, key))?;
         reply::released(&reply).map_err(|f| f.for_key(OP, key))
     }
