@@ -1,19 +1,27 @@
-//! The watchdog: one task and one timer queue for every lease of a manager.
+//! The watchdog: one task for every lease of a manager, with no timer and
+//! no task per lease.
 //!
-//! Each lease has exactly one timer at a time: `Renew` while it waits for
-//! its next renewal, `Deadline` while a renewal is in flight (or after the
-//! renewal cap is reached). Renewals that fall due together go to the
-//! backend as one `renew_many` batch. Renewal times are moved back onto a
-//! grid ([`RENEW_WINDOW_DIVISOR`] steps per renew interval, counted from the
-//! watchdog's start), so leases acquired close together fall due in the same
-//! timer tick and share their round trips from the first renewal on;
-//! renewed together, they stay together. Renewals are only ever sent early,
-//! never late.
-//! Backend calls run as futures inside this task, so a slow batch never
-//! delays a deadline: the timer branch of the loop fires on time whatever
-//! the backend does.
+//! Each lease waits in exactly one place: a *bucket* (every lease due at one
+//! instant shares a bucket, and the buckets share one timer) while it waits
+//! for its next renewal, or a *batch in flight* while its renewal is on its
+//! way. Renewal times are moved back onto a grid ([`RENEW_WINDOW_DIVISOR`]
+//! steps per renew interval, counted from the watchdog's start), so leases
+//! acquired close together fall due in the same bucket and share their round
+//! trips from the first renewal on; renewed together, they stay together.
+//! Renewals are only ever sent early, never late. A bucket place is never
+//! searched for: each lease carries a generation number, bumped whenever it
+//! moves, and a place whose generation no longer matches is skipped.
+//!
+//! Due renewals go to the backend as `renew_many` batches of at most
+//! [`MAX_BATCH`], at most [`MAX_IN_FLIGHT`] calls at once. Each batch in
+//! flight has one deadline timer, at the earliest deadline of the leases
+//! still waiting on it; when it fires, the leases whose deadline came are
+//! ended and the timer moves to the next deadline. Backend calls run as
+//! futures inside this task, so a slow batch never delays a deadline: the
+//! timer branch of the loop fires on time whatever the backend does.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::hash::{BuildHasherDefault, Hasher};
 use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
@@ -22,12 +30,11 @@ use futures_util::stream::FuturesUnordered;
 use futures_util::{FutureExt, StreamExt};
 use leasehold_core::{
     BackendError, HolderId, LeaseBackend, LeaseKey, ReleaseOutcome, RenewOutcome, RenewRequest,
-    valid_until,
+    Ttl, valid_until,
 };
-use tokio::sync::{mpsc, oneshot};
-use tokio::time::Instant;
+use tokio::sync::{Semaphore, mpsc, oneshot};
+use tokio::time::{Instant, Sleep};
 use tokio_util::sync::CancellationToken;
-use tokio_util::time::{DelayQueue, delay_queue};
 use tracing::{Instrument, debug, debug_span, warn};
 
 use crate::LeaseError;
@@ -37,13 +44,18 @@ use crate::metrics::{self, RENEW_ERROR, RENEW_LOST, RENEWED, RenewalTally};
 /// The most renewals sent to the backend in one call.
 pub(crate) const MAX_BATCH: usize = 1000;
 
+/// The most renewal calls in flight at once; later calls wait for one to
+/// finish and count their validity from their own send. Without a bound, a
+/// burst of due renewals (a million leases acquired in one go) would queue
+/// every call on the connection at once, and the last ones could outlast
+/// the op timeout while they only waited their turn.
+pub(crate) const MAX_IN_FLIGHT: usize = 16;
+
 /// Renewal times are rounded down to a multiple of
 /// `renew_interval / RENEW_WINDOW_DIVISOR` after the watchdog's start.
 /// Renewing up to that much early costs a lease nothing it relies on (its
 /// deadline counts from each renewal's send); in exchange, leases acquired
-/// within one step of each other fall due in the same timer tick. (Finding
-/// the renewals due soon when a timer fires would need a scan of the timer
-/// wheel's slot, which at a million leases costs more than the batching saves.)
+/// within one step of each other fall due in the same bucket.
 pub(crate) const RENEW_WINDOW_DIVISOR: u32 = 16;
 
 /// A reply channel for a release.
@@ -56,6 +68,8 @@ pub(crate) enum Command {
     Register {
         id: u64,
         shared: Arc<Shared>,
+        key: LeaseKey,
+        holder: HolderId,
         sent_at: Instant,
     },
     /// Stop keeping a lease and release it on the server.
@@ -92,6 +106,10 @@ impl Timing {
         }
     }
 
+    pub(crate) fn renew_interval_ns(&self) -> u64 {
+        self.renew_interval_ns
+    }
+
     pub(crate) fn renew_interval(&self) -> Duration {
         Duration::from_nanos(self.renew_interval_ns)
     }
@@ -114,19 +132,25 @@ impl Timing {
     }
 }
 
+/// Where a lease waits: its slot, and the slot's generation when it was
+/// put there. Stale once the lease moved, ended or was released.
 #[derive(Debug, Clone, Copy)]
-enum Event {
-    Renew,
-    Deadline,
+struct Place {
+    slot: u32,
+    generation: u32,
 }
 
-/// The watchdog's own state per lease. Kept small, since a manager may
-/// hold a million: the timing lives in `shared`, not here.
+/// The watchdog's own state per lease: what a renewal request needs, so
+/// that sending one reads nothing else. Kept small, since a manager may
+/// hold a million.
 struct Entry {
     shared: Arc<Shared>,
+    key: LeaseKey,
+    holder: HolderId,
+    ttl: Ttl,
     /// When the token fires unless a renewal succeeds first.
     deadline: Instant,
-    timer: Option<delay_queue::Key>,
+    /// Whether the hold time was recorded (the lease ended or was released).
     ended: bool,
     /// Failed renewals in a row, for the retry delay.
     failures: u8,
@@ -140,9 +164,7 @@ impl Entry {
             metrics::ended(&self.shared.name, how, self.shared.acquired_at.elapsed());
         }
     }
-}
 
-impl Entry {
     fn capped(&self) -> bool {
         self.shared
             .timing
@@ -151,9 +173,45 @@ impl Entry {
     }
 }
 
+/// A slot of the entry table. The generation survives the entry, so a
+/// place of a released lease never matches the lease that reuses the slot.
+struct Slot {
+    generation: u32,
+    entry: Option<Entry>,
+}
+
+/// Lease ids come from a counter: one multiplication spreads them well
+/// enough, where SipHash would cost more than the lookup.
+#[derive(Default)]
+struct IdHasher(u64);
+
+impl Hasher for IdHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+
+    fn write(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.0 = (self.0.rotate_left(8) ^ u64::from(b)).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+        }
+    }
+
+    fn write_u64(&mut self, id: u64) {
+        self.0 = id.wrapping_mul(0x9E37_79B9_7F4A_7C15);
+    }
+}
+
+/// A renewal call in flight: its leases, in request order.
+struct Batch {
+    members: Vec<Place>,
+    /// Where its deadline timer is set: the earliest deadline among the
+    /// members still waiting on it.
+    deadline: Instant,
+}
+
 enum Done {
     Renewals {
-        ids: Vec<u64>,
+        batch: u64,
         sent_at: Instant,
         outcomes: Vec<Result<RenewOutcome, BackendError>>,
     },
@@ -164,13 +222,34 @@ type Work = Pin<Box<dyn Future<Output = Done> + Send>>;
 
 pub(crate) struct Watchdog<B> {
     backend: B,
-    entries: HashMap<u64, Entry>,
-    timers: DelayQueue<(u64, Event)>,
+    slots: Vec<Slot>,
+    /// Slots without an entry, for reuse.
+    free: Vec<u32>,
+    /// The slot of each lease id.
+    ids: HashMap<u64, u32, BuildHasherDefault<IdHasher>>,
+    /// Leases waiting for their next renewal (or their deadline), by when.
+    buckets: BTreeMap<Instant, Vec<Place>>,
+    /// Renewal calls in flight, and their deadline timers.
+    batches: HashMap<u64, Batch, BuildHasherDefault<IdHasher>>,
+    batch_deadlines: BTreeSet<(Instant, u64)>,
+    next_batch: u64,
+    in_flight: Arc<Semaphore>,
+    /// The one timer: set for the earliest bucket or batch deadline.
+    timer: Pin<Box<Sleep>>,
+    timer_at: Option<Instant>,
     work: FuturesUnordered<Work>,
     commands: mpsc::UnboundedReceiver<Command>,
     shutdown: CancellationToken,
     /// Where the renewal grid starts.
     epoch: Instant,
+}
+
+/// Renewals gathered for one call.
+#[derive(Default)]
+struct Outgoing {
+    members: Vec<Place>,
+    requests: Vec<RenewRequest>,
+    deadline: Option<Instant>,
 }
 
 impl<B: LeaseBackend> Watchdog<B> {
@@ -179,36 +258,43 @@ impl<B: LeaseBackend> Watchdog<B> {
         commands: mpsc::UnboundedReceiver<Command>,
         shutdown: CancellationToken,
     ) -> Self {
+        let epoch = Instant::now();
         Self {
             backend,
-            entries: HashMap::new(),
-            timers: DelayQueue::new(),
+            slots: Vec::new(),
+            free: Vec::new(),
+            ids: HashMap::default(),
+            buckets: BTreeMap::new(),
+            batches: HashMap::default(),
+            batch_deadlines: BTreeSet::new(),
+            next_batch: 0,
+            in_flight: Arc::new(Semaphore::new(MAX_IN_FLIGHT)),
+            timer: Box::pin(tokio::time::sleep_until(epoch)),
+            timer_at: None,
             work: FuturesUnordered::new(),
             commands,
             shutdown,
-            epoch: Instant::now(),
+            epoch,
         }
     }
 
     /// `at`, rounded down to the renewal grid of a lease renewed every
-    /// `interval`: never later than `at`, at most `interval / 16` earlier.
-    fn on_grid(&self, at: Instant, interval: Duration) -> Instant {
-        let step = (interval / RENEW_WINDOW_DIVISOR).as_nanos();
+    /// `interval_ns`: never later than `at`, at most `interval / 16` earlier.
+    fn on_grid(&self, at: Instant, interval_ns: u64) -> Instant {
+        let step = interval_ns / u64::from(RENEW_WINDOW_DIVISOR);
         if step == 0 || at <= self.epoch {
             return at;
         }
-        let early = (at - self.epoch).as_nanos() % step;
-        // `early` is below `step`, itself below `interval`: it fits.
-        at - Duration::from_nanos(u64::try_from(early).unwrap_or(0))
+        let since = u64::try_from((at - self.epoch).as_nanos()).unwrap_or(u64::MAX);
+        at - Duration::from_nanos(since % step)
     }
 
     /// Runs until shut down, or until no handle or manager is left.
     ///
     /// Outside tokio's cooperative budget: with the budget (128 resource
-    /// polls per turn), the timer queue stops yielding expired entries after
-    /// about 128 in one turn, so a cohort of renewals due at one instant was
-    /// split into batches of ~125 instead of 1,000. The loop still returns
-    /// to the runtime whenever nothing is ready.
+    /// polls per turn), a turn that drains many finished calls or commands
+    /// would be cut short and the rest left for later turns. The loop still
+    /// returns to the runtime whenever nothing is ready.
     pub(crate) async fn run(self) {
         tokio::task::coop::unconstrained(self.run_loop()).await;
     }
@@ -217,6 +303,7 @@ impl<B: LeaseBackend> Watchdog<B> {
         let mut stopping = false;
         let mut commands_open = true;
         loop {
+            self.arm_timer();
             tokio::select! {
                 biased;
                 () = self.shutdown.cancelled(), if !stopping => {
@@ -233,8 +320,9 @@ impl<B: LeaseBackend> Watchdog<B> {
                     Some(command) => self.on_command(command),
                     None => commands_open = false,
                 },
-                Some(expired) = self.timers.next(), if !self.timers.is_empty() => {
-                    self.on_timers(expired.into_inner());
+                () = &mut self.timer, if self.timer_at.is_some() => {
+                    self.timer_at = None;
+                    self.on_timer(Instant::now());
                 }
                 Some(done) = self.work.next(), if !self.work.is_empty() => self.on_done(done),
                 else => break,
@@ -246,17 +334,41 @@ impl<B: LeaseBackend> Watchdog<B> {
         }
     }
 
-    /// Gives expired timers and finished backend calls a turn after every
-    /// event, without waiting. With many leases a timer expires (or a
-    /// command arrives) every millisecond, so the biased `select!` alone
-    /// would always find an earlier branch ready: a flood of acquisitions
-    /// would hold back deadlines, and a steady stream of renewal timers
-    /// would keep the renewals' own replies from ever being read.
-    /// (A noop waker is enough here: before the task sleeps, the `select!`
-    /// polls every branch with the real one.)
+    /// The earliest instant something is due: a bucket or a batch deadline.
+    fn next_due(&self) -> Option<Instant> {
+        let bucket = self.buckets.first_key_value().map(|(at, _)| *at);
+        let batch = self.batch_deadlines.first().map(|(at, _)| *at);
+        match (bucket, batch) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
+    }
+
+    /// Points the one timer at the next due instant, if it moved.
+    fn arm_timer(&mut self) {
+        let next = self.next_due();
+        if next != self.timer_at {
+            if let Some(at) = next {
+                self.timer.as_mut().reset(at);
+            }
+            self.timer_at = next;
+        }
+    }
+
+    /// Gives due timers and finished backend calls a turn after every
+    /// event, without waiting. With many leases a command arrives or a call
+    /// finishes all the time, so the biased `select!` alone could always
+    /// find an earlier branch ready: a flood of acquisitions would hold back
+    /// deadlines, and a steady stream of due renewals would keep the
+    /// renewals' own replies from ever being read. (A noop waker is enough
+    /// here: before the task sleeps, the `select!` polls every branch with
+    /// the real one.)
     fn catch_up(&mut self) {
-        if let Some(Some(expired)) = self.timers.next().now_or_never() {
-            self.on_timers(expired.into_inner());
+        if let Some(due) = self.next_due() {
+            let now = Instant::now();
+            if due <= now {
+                self.on_timer(now);
+            }
         }
         while let Some(Some(done)) = self.work.next().now_or_never() {
             self.on_done(done);
@@ -268,36 +380,55 @@ impl<B: LeaseBackend> Watchdog<B> {
             Command::Register {
                 id,
                 shared,
+                key,
+                holder,
                 sent_at,
             } => {
                 let timing = shared.timing;
                 let deadline = valid_until(sent_at, shared.ttl) - timing.safety_margin();
                 metrics::held(&shared.name, 1.0);
                 let entry = Entry {
+                    ttl: shared.ttl,
                     shared,
+                    key,
+                    holder,
                     deadline,
-                    timer: None,
                     ended: false,
                     failures: 0,
                 };
-                let renew_at = sent_at + timing.renew_interval();
-                self.entries.insert(id, entry);
-                self.schedule(id, renew_at);
+                let slot = match self.free.pop() {
+                    Some(slot) => slot,
+                    None => {
+                        let Ok(slot) = u32::try_from(self.slots.len()) else {
+                            // Four billion leases in one manager: refuse
+                            // to keep it rather than renew the wrong one.
+                            let mut entry = entry;
+                            entry.finish(LossReason::Deadline.as_str());
+                            if entry.shared.end(LossReason::Deadline) {
+                                metrics::lost(&entry.shared.name, LossReason::Deadline.as_str());
+                            }
+                            self.release(&entry.key, Some(&entry.shared.name), entry.holder, None);
+                            return;
+                        };
+                        self.slots.push(Slot {
+                            generation: 0,
+                            entry: None,
+                        });
+                        slot
+                    }
+                };
+                self.slots[slot as usize].entry = Some(entry);
+                self.ids.insert(id, slot);
+                self.schedule(slot, sent_at + timing.renew_interval(), Instant::now());
             }
-            Command::Release { id, reply } => match self.entries.remove(&id) {
+            Command::Release { id, reply } => match self.take(id) {
                 Some(mut entry) => {
-                    self.cancel_timer(&mut entry);
                     entry.finish(if reply.is_some() {
                         "released"
                     } else {
                         "dropped"
                     });
-                    self.release(
-                        &entry.shared.key,
-                        Some(&entry.shared.name),
-                        entry.shared.holder,
-                        reply,
-                    );
+                    self.release(&entry.key, Some(&entry.shared.name), entry.holder, reply);
                 }
                 None => {
                     // Released at shutdown already.
@@ -310,90 +441,176 @@ impl<B: LeaseBackend> Watchdog<B> {
         }
     }
 
-    /// Sets the entry's next timer: a renewal at `renew_at`, or the deadline
-    /// when the cap is reached. Ends the lease at once if the deadline passed.
-    fn schedule(&mut self, id: u64, renew_at: Instant) {
-        let now = Instant::now();
-        let Some(interval) = self
-            .entries
-            .get(&id)
-            .map(|e| e.shared.timing.renew_interval())
-        else {
+    /// Removes a lease's entry; every place it had becomes stale.
+    fn take(&mut self, id: u64) -> Option<Entry> {
+        let slot = self.ids.remove(&id)?;
+        let cell = self.slots.get_mut(slot as usize)?;
+        cell.generation = cell.generation.wrapping_add(1);
+        let entry = cell.entry.take();
+        self.free.push(slot);
+        entry
+    }
+
+    /// The entry at a place, unless the place is stale.
+    fn at(&mut self, place: Place) -> Option<&mut Entry> {
+        let cell = self.slots.get_mut(place.slot as usize)?;
+        if cell.generation != place.generation {
+            return None;
+        }
+        cell.entry.as_mut()
+    }
+
+    /// Gives the lease in `slot` a new place (voiding the old one) and
+    /// returns it.
+    fn new_place(&mut self, slot: u32) -> Place {
+        let cell = &mut self.slots[slot as usize];
+        cell.generation = cell.generation.wrapping_add(1);
+        Place {
+            slot,
+            generation: cell.generation,
+        }
+    }
+
+    /// Puts the lease in `slot` in the bucket of its next renewal at
+    /// `renew_at` (or of its deadline, when that comes first or the cap is
+    /// reached). Ends the lease at once if the deadline passed.
+    fn schedule(&mut self, slot: u32, renew_at: Instant, now: Instant) {
+        let Some(entry) = self.slots.get(slot as usize).and_then(|c| c.entry.as_ref()) else {
             return;
         };
-        let renew_at = self.on_grid(renew_at, interval);
-        let Some(entry) = self.entries.get_mut(&id) else {
-            return;
-        };
-        if now >= entry.deadline {
-            self.end(id, LossReason::Deadline);
+        let deadline = entry.deadline;
+        if now >= deadline {
+            self.end(slot, LossReason::Deadline);
             return;
         }
-        let (when, event) = if entry.capped() {
-            (entry.deadline, Event::Deadline)
+        let when = if entry.capped() {
+            deadline
         } else {
-            (renew_at.min(entry.deadline), Event::Renew)
+            let interval = entry.shared.timing.renew_interval_ns();
+            self.on_grid(renew_at, interval).min(deadline)
         };
-        if let Some(old) = entry.timer.take() {
-            self.timers.try_remove(&old);
-        }
-        entry.timer = Some(self.timers.insert_at((id, event), when));
+        let place = self.new_place(slot);
+        self.buckets.entry(when).or_default().push(place);
     }
 
-    fn cancel_timer(&mut self, entry: &mut Entry) {
-        if let Some(key) = entry.timer.take() {
-            self.timers.try_remove(&key);
-        }
-    }
-
-    /// Handles one expired timer and every other one already expired, then
-    /// sends the due renewals in batches.
-    fn on_timers(&mut self, first: (u64, Event)) {
-        let now = Instant::now();
-        let mut due = Vec::new();
-        let mut next = Some(first);
-        while let Some((id, event)) = next {
-            if let Some(entry) = self.entries.get_mut(&id) {
-                entry.timer = None;
-                match event {
-                    // Checked before renewing: a watchdog that was not
-                    // scheduled for a while must not renew a lease whose
-                    // holder should already have been told.
-                    Event::Renew if now < entry.deadline => {
-                        entry.timer =
-                            Some(self.timers.insert_at((id, Event::Deadline), entry.deadline));
-                        due.push(id);
+    /// Handles every bucket and batch deadline due by `now`, then sends the
+    /// due renewals in batches.
+    fn on_timer(&mut self, now: Instant) {
+        let mut out = Outgoing::default();
+        while let Some(entry) = self.buckets.first_entry() {
+            if *entry.key() > now {
+                break;
+            }
+            for place in entry.remove() {
+                let Some(entry) = self.at(place) else {
+                    continue; // moved, ended or released since
+                };
+                if entry.ended {
+                    continue;
+                }
+                // Checked before renewing: a watchdog that was not
+                // scheduled for a while must not renew a lease whose holder
+                // should already have been told.
+                if entry.capped() {
+                    self.end(place.slot, LossReason::RenewalLimit);
+                } else if now >= entry.deadline {
+                    self.end(place.slot, LossReason::Deadline);
+                } else {
+                    let deadline = entry.deadline;
+                    out.requests.push(RenewRequest::new(
+                        entry.key.clone(),
+                        entry.holder,
+                        entry.ttl,
+                    ));
+                    let place = self.new_place(place.slot);
+                    out.members.push(place);
+                    out.deadline = Some(out.deadline.map_or(deadline, |d| d.min(deadline)));
+                    if out.members.len() == MAX_BATCH {
+                        self.send_renewals(std::mem::take(&mut out));
                     }
-                    Event::Deadline if entry.capped() => self.end(id, LossReason::RenewalLimit),
-                    Event::Renew | Event::Deadline => self.end(id, LossReason::Deadline),
                 }
             }
-            next = self
-                .timers
-                .next()
-                .now_or_never()
-                .flatten()
-                .map(delay_queue::Expired::into_inner);
         }
-        for ids in due.chunks(MAX_BATCH) {
-            self.send_renewals(ids.to_vec());
+        if !out.members.is_empty() {
+            self.send_renewals(out);
+        }
+        while let Some(&(at, batch)) = self.batch_deadlines.first() {
+            if at > now {
+                break;
+            }
+            self.batch_deadlines.pop_first();
+            self.on_batch_deadline(batch, now);
         }
     }
 
-    fn send_renewals(&mut self, ids: Vec<u64>) {
-        let requests: Vec<RenewRequest> = ids
-            .iter()
-            .filter_map(|id| self.entries.get(id))
-            .map(|e| RenewRequest::new(e.shared.key.clone(), e.shared.holder, e.shared.ttl))
-            .collect();
+    /// A batch's earliest deadline came while its call is still in flight:
+    /// ends the leases whose deadline came, and sets the timer for the next.
+    fn on_batch_deadline(&mut self, id: u64, now: Instant) {
+        let Some(batch) = self.batches.remove(&id) else {
+            return;
+        };
+        let mut next: Option<Instant> = None;
+        for &place in &batch.members {
+            let Some(entry) = self.at(place) else {
+                continue;
+            };
+            if entry.ended {
+                continue;
+            }
+            if now >= entry.deadline {
+                self.end(place.slot, LossReason::Deadline);
+            } else {
+                let deadline = entry.deadline;
+                next = Some(next.map_or(deadline, |d| d.min(deadline)));
+            }
+        }
+        if let Some(deadline) = next {
+            self.batch_deadlines.insert((deadline, id));
+            self.batches.insert(
+                id,
+                Batch {
+                    members: batch.members,
+                    deadline,
+                },
+            );
+        } else {
+            // Nothing left to wait for; the reply, when it comes, is dropped.
+            self.batches.insert(
+                id,
+                Batch {
+                    members: Vec::new(),
+                    deadline: now,
+                },
+            );
+        }
+    }
+
+    fn send_renewals(&mut self, out: Outgoing) {
+        let Outgoing {
+            members,
+            requests,
+            deadline,
+        } = out;
+        let Some(deadline) = deadline else {
+            return;
+        };
+        let id = self.next_batch;
+        self.next_batch = self.next_batch.wrapping_add(1);
+        self.batches.insert(id, Batch { members, deadline });
+        self.batch_deadlines.insert((deadline, id));
         let backend = self.backend.clone();
+        let in_flight = Arc::clone(&self.in_flight);
         let span = debug_span!("renew_batch", size = requests.len());
         self.work.push(Box::pin(
             async move {
+                // The semaphore is never closed; were it, the call would
+                // simply go out unbounded.
+                let _permit = in_flight.acquire().await;
+                // After the wait for a permit: the validity counts from here.
                 let sent_at = Instant::now();
                 let outcomes = backend.renew_many(&requests).await;
                 Done::Renewals {
-                    ids,
+                    batch: id,
                     sent_at,
                     outcomes,
                 }
@@ -404,59 +621,80 @@ impl<B: LeaseBackend> Watchdog<B> {
 
     fn on_done(&mut self, done: Done) {
         let Done::Renewals {
-            ids,
+            batch: id,
             sent_at,
             outcomes,
         } = done
         else {
             return;
         };
+        let Some(batch) = self.batches.remove(&id) else {
+            return;
+        };
+        self.batch_deadlines.remove(&(batch.deadline, id));
         let now = Instant::now();
         metrics::renew_batch(now.saturating_duration_since(sent_at));
         let mut tally = RenewalTally::default();
-        for (id, outcome) in ids.into_iter().zip(outcomes) {
-            let Some(entry) = self.entries.get_mut(&id) else {
+        let mut outcomes = outcomes.into_iter();
+        for place in batch.members {
+            // A backend that returned too few outcomes left the rest unknown.
+            let outcome = outcomes.next().unwrap_or_else(|| {
+                Err(BackendError::UnexpectedReply {
+                    op: "renew",
+                    key: String::new(),
+                    detail: "no outcome for this renewal".to_owned(),
+                })
+            });
+            let Some(entry) = self.at(place) else {
                 continue; // released while the renewal was in flight
             };
             if entry.ended {
                 continue; // its deadline came first: a late success changes nothing
             }
+            if now >= entry.deadline {
+                // The reply came after the deadline, before its timer fired:
+                // the holder must be told, whatever the reply says.
+                self.end(place.slot, LossReason::Deadline);
+                continue;
+            }
             match outcome {
                 Ok(RenewOutcome::Renewed) => {
                     tally.add(&entry.shared.name, RENEWED);
-                    let valid = valid_until(sent_at, entry.shared.ttl);
+                    let valid = valid_until(sent_at, entry.ttl);
                     entry.deadline = valid - entry.shared.timing.safety_margin();
                     entry.shared.renewed(valid);
                     entry.failures = 0;
                     let renew_at = sent_at + entry.shared.timing.renew_interval();
-                    debug!(key = %entry.shared.key, name = %entry.shared.name, "lease renewed");
-                    self.schedule(id, renew_at);
+                    debug!(key = %entry.key, name = %entry.shared.name, "lease renewed");
+                    self.schedule(place.slot, renew_at, now);
                 }
                 Ok(RenewOutcome::Lost) => {
                     tally.add(&entry.shared.name, RENEW_LOST);
-                    self.end(id, LossReason::Lost);
+                    self.end(place.slot, LossReason::Lost);
                 }
                 Err(error) => {
                     tally.add(&entry.shared.name, RENEW_ERROR);
-                    debug!(key = %entry.shared.key, name = %entry.shared.name, %error, "renewal failed; retrying");
+                    debug!(key = %entry.key, name = %entry.shared.name, %error, "renewal failed; retrying");
                     let retry_at = now + entry.shared.timing.retry_delay(entry.failures);
                     entry.failures = entry.failures.saturating_add(1);
-                    self.schedule(id, retry_at);
+                    self.schedule(place.slot, retry_at, now);
                 }
             }
         }
         tally.record();
     }
 
-    /// Cancels the holder's token; the entry stays until its handle releases it.
-    fn end(&mut self, id: u64, reason: LossReason) {
-        let Some(entry) = self.entries.get_mut(&id) else {
+    /// Cancels the holder's token; the entry stays until its handle releases
+    /// it, but loses every place it had.
+    fn end(&mut self, slot: u32, reason: LossReason) {
+        let Some(cell) = self.slots.get_mut(slot as usize) else {
+            return;
+        };
+        cell.generation = cell.generation.wrapping_add(1);
+        let Some(entry) = cell.entry.as_mut() else {
             return;
         };
         entry.finish(reason.as_str());
-        if let Some(key) = entry.timer.take() {
-            self.timers.try_remove(&key);
-        }
         if entry.shared.end(reason) {
             metrics::lost(&entry.shared.name, reason.as_str());
             let left = entry
@@ -464,7 +702,7 @@ impl<B: LeaseBackend> Watchdog<B> {
                 .valid_until()
                 .saturating_duration_since(Instant::now());
             warn!(
-                key = %entry.shared.key,
+                key = %entry.key,
                 name = %entry.shared.name,
                 reason = reason.as_str(),
                 validity_left_ms = u64::try_from(left.as_millis()).unwrap_or(u64::MAX),
@@ -474,18 +712,20 @@ impl<B: LeaseBackend> Watchdog<B> {
     }
 
     fn stop_all(&mut self) {
-        self.timers.clear();
-        for (_, mut entry) in std::mem::take(&mut self.entries) {
+        self.buckets.clear();
+        self.batch_deadlines.clear();
+        self.batches.clear();
+        self.ids.clear();
+        self.free.clear();
+        for cell in std::mem::take(&mut self.slots) {
+            let Some(mut entry) = cell.entry else {
+                continue;
+            };
             entry.finish(LossReason::Shutdown.as_str());
             if entry.shared.end(LossReason::Shutdown) {
                 metrics::lost(&entry.shared.name, LossReason::Shutdown.as_str());
             }
-            self.release(
-                &entry.shared.key,
-                Some(&entry.shared.name),
-                entry.shared.holder,
-                None,
-            );
+            self.release(&entry.key, Some(&entry.shared.name), entry.holder, None);
         }
     }
 
@@ -520,17 +760,17 @@ mod tests {
     use super::*;
 
     /// The per-lease structures docs/performance.md accounts for: the
-    /// watchdog's entry, the state shared with the handle, and the handle.
+    /// watchdog's slot, the state shared with the handle, and the handle.
     #[test]
     #[cfg(target_pointer_width = "64")]
     fn per_lease_structures_stay_small() {
-        let entry = std::mem::size_of::<Entry>();
+        let slot = std::mem::size_of::<Slot>();
         let shared = std::mem::size_of::<Shared>();
         let lease = std::mem::size_of::<crate::Lease>();
-        assert!(entry <= 48, "Entry is {entry} bytes");
-        assert!(shared <= 160, "Shared is {shared} bytes");
+        assert!(slot <= 88, "Slot is {slot} bytes");
+        assert!(shared <= 144, "Shared is {shared} bytes");
         assert!(lease <= 32, "Lease is {lease} bytes");
-        // A timer's payload: the lease id and what to do.
-        assert!(std::mem::size_of::<(u64, Event)>() <= 16);
+        // A lease's place in a bucket or a batch.
+        assert_eq!(std::mem::size_of::<Place>(), 8);
     }
 }
