@@ -250,6 +250,10 @@ impl LeaseBackend for RedisBackend {
         requests: &[RenewRequest],
     ) -> Vec<Result<RenewOutcome, BackendError>> {
         if !self.shared.conn.is_cluster() {
+            if requests.len() <= scripts::RENEW_BATCH {
+                // The watchdog's batches: one call, its outcomes as they are.
+                return self.renew_batch(requests).await;
+            }
             let batches = requests
                 .chunks(scripts::RENEW_BATCH)
                 .map(|batch| self.renew_batch(batch));

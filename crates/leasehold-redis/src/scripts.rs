@@ -45,8 +45,14 @@ pub(crate) struct Call {
 
 impl Call {
     fn new(script: &'static Lua, keys: usize) -> Self {
-        let mut cmd = redis::cmd("EVALSHA");
-        cmd.arg(script.get_hash()).arg(keys);
+        Self::with_capacity(script, keys, 0, 0)
+    }
+
+    /// A call whose buffers are sized up front for `args` arguments of
+    /// `bytes` bytes in all, so a large batch is not copied as it grows.
+    fn with_capacity(script: &'static Lua, keys: usize, args: usize, bytes: usize) -> Self {
+        let mut cmd = Cmd::with_capacity(3 + args, 64 + bytes);
+        cmd.arg("EVALSHA").arg(script.get_hash()).arg(keys);
         Self { script, cmd }
     }
 
@@ -111,7 +117,13 @@ pub(crate) fn acquire(layout: &KeyLayout, request: &AcquireRequest) -> Call {
 
 /// `renew.lua` for a batch of at most [`RENEW_BATCH`] requests.
 pub(crate) fn renew(layout: &KeyLayout, requests: &[RenewRequest]) -> Call {
-    let mut call = Call::new(&RENEW, requests.len());
+    // Per lease: a key (namespace, braces, the key), a holder id (32 hex
+    // digits) and a ttl (at most 8 digits).
+    let bytes: usize = requests
+        .iter()
+        .map(|r| layout.namespace().len() + r.key.as_str().len() + 3 + 32 + 8)
+        .sum();
+    let mut call = Call::with_capacity(&RENEW, requests.len(), 3 * requests.len(), bytes);
     // One scratch buffer for every key of the batch.
     let mut key = Vec::with_capacity(64);
     for request in requests {

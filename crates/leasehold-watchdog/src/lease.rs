@@ -132,7 +132,10 @@ impl Shared {
             nanos_between(self.acquired_at, valid_until),
             Ordering::Release,
         );
-        self.renewals.fetch_add(1, Ordering::Release);
+        // The only writer: a load and a store, not a locked read-modify-write.
+        let renewals = self.renewals.load(Ordering::Relaxed);
+        self.renewals
+            .store(renewals.saturating_add(1), Ordering::Release);
     }
 
     /// Records the reason first, so that whoever wakes on the token sees it.

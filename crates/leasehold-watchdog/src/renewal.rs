@@ -20,7 +20,7 @@
 //! futures inside this task, so a slow batch never delays a deadline: the
 //! timer branch of the loop fires on time whatever the backend does.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap, btree_map};
 use std::hash::{BuildHasherDefault, Hasher};
 use std::pin::Pin;
 use std::sync::Arc;
@@ -152,6 +152,10 @@ struct Entry {
     deadline: Instant,
     /// Whether the hold time was recorded (the lease ended or was released).
     ended: bool,
+    /// Renewals still allowed by the cap; `u32::MAX` when there is none.
+    /// Kept here rather than read from `Shared`, so that deciding whether
+    /// to renew touches nothing but the entry.
+    renewals_left: u32,
     /// Failed renewals in a row, for the retry delay.
     failures: u8,
 }
@@ -166,10 +170,14 @@ impl Entry {
     }
 
     fn capped(&self) -> bool {
-        self.shared
-            .timing
-            .max_renewals
-            .is_some_and(|max| self.shared.renewals() >= max)
+        self.renewals_left == 0
+    }
+
+    /// Counts a successful renewal against the cap.
+    fn count_renewal(&mut self) {
+        if self.renewals_left != u32::MAX {
+            self.renewals_left -= 1;
+        }
     }
 }
 
@@ -394,6 +402,7 @@ impl<B: LeaseBackend> Watchdog<B> {
                     holder,
                     deadline,
                     ended: false,
+                    renewals_left: timing.max_renewals.unwrap_or(u32::MAX),
                     failures: 0,
                 };
                 let slot = match self.free.pop() {
@@ -419,7 +428,11 @@ impl<B: LeaseBackend> Watchdog<B> {
                 };
                 self.slots[slot as usize].entry = Some(entry);
                 self.ids.insert(id, slot);
-                self.schedule(slot, sent_at + timing.renew_interval(), Instant::now());
+                if let Some((when, place)) =
+                    self.schedule(slot, sent_at + timing.renew_interval(), Instant::now())
+                {
+                    self.buckets.entry(when).or_default().push(place);
+                }
             }
             Command::Release { id, reply } => match self.take(id) {
                 Some(mut entry) => {
@@ -471,17 +484,16 @@ impl<B: LeaseBackend> Watchdog<B> {
         }
     }
 
-    /// Puts the lease in `slot` in the bucket of its next renewal at
-    /// `renew_at` (or of its deadline, when that comes first or the cap is
-    /// reached). Ends the lease at once if the deadline passed.
-    fn schedule(&mut self, slot: u32, renew_at: Instant, now: Instant) {
-        let Some(entry) = self.slots.get(slot as usize).and_then(|c| c.entry.as_ref()) else {
-            return;
-        };
+    /// The bucket for the lease in `slot` and its new place there: its
+    /// next renewal at `renew_at` (or its deadline, when that comes first
+    /// or the cap is reached). Ends the lease at once, and returns `None`,
+    /// if the deadline passed. The caller puts the place in the bucket.
+    fn schedule(&mut self, slot: u32, renew_at: Instant, now: Instant) -> Option<(Instant, Place)> {
+        let entry = self.slots.get(slot as usize)?.entry.as_ref()?;
         let deadline = entry.deadline;
         if now >= deadline {
             self.end(slot, LossReason::Deadline);
-            return;
+            return None;
         }
         let when = if entry.capped() {
             deadline
@@ -489,8 +501,17 @@ impl<B: LeaseBackend> Watchdog<B> {
             let interval = entry.shared.timing.renew_interval_ns();
             self.on_grid(renew_at, interval).min(deadline)
         };
-        let place = self.new_place(slot);
-        self.buckets.entry(when).or_default().push(place);
+        Some((when, self.new_place(slot)))
+    }
+
+    /// Adds places to the bucket at `at`; a new bucket takes the vector as is.
+    fn add_to_bucket(&mut self, at: Instant, places: Vec<Place>) {
+        match self.buckets.entry(at) {
+            btree_map::Entry::Vacant(bucket) => {
+                bucket.insert(places);
+            }
+            btree_map::Entry::Occupied(bucket) => bucket.into_mut().extend(places),
+        }
     }
 
     /// Handles every bucket and batch deadline due by `now`, then sends the
@@ -635,6 +656,9 @@ impl<B: LeaseBackend> Watchdog<B> {
         let now = Instant::now();
         metrics::renew_batch(now.saturating_duration_since(sent_at));
         let mut tally = RenewalTally::default();
+        // Leases renewed together go back into one bucket: gathered here
+        // and added to it at once, not looked up in the map one by one.
+        let mut staged: Option<(Instant, Vec<Place>)> = None;
         let mut outcomes = outcomes.into_iter();
         for place in batch.members {
             // A backend that returned too few outcomes left the rest unknown.
@@ -663,10 +687,23 @@ impl<B: LeaseBackend> Watchdog<B> {
                     let valid = valid_until(sent_at, entry.ttl);
                     entry.deadline = valid - entry.shared.timing.safety_margin();
                     entry.shared.renewed(valid);
+                    entry.count_renewal();
                     entry.failures = 0;
                     let renew_at = sent_at + entry.shared.timing.renew_interval();
                     debug!(key = %entry.key, name = %entry.shared.name, "lease renewed");
-                    self.schedule(place.slot, renew_at, now);
+                    if let Some((when, place)) = self.schedule(place.slot, renew_at, now) {
+                        match &mut staged {
+                            Some((at, places)) if *at == when => places.push(place),
+                            _ => {
+                                if let Some((at, places)) = staged.take() {
+                                    self.add_to_bucket(at, places);
+                                }
+                                let mut places = Vec::with_capacity(MAX_BATCH);
+                                places.push(place);
+                                staged = Some((when, places));
+                            }
+                        }
+                    }
                 }
                 Ok(RenewOutcome::Lost) => {
                     tally.add(&entry.shared.name, RENEW_LOST);
@@ -677,9 +714,14 @@ impl<B: LeaseBackend> Watchdog<B> {
                     debug!(key = %entry.key, name = %entry.shared.name, %error, "renewal failed; retrying");
                     let retry_at = now + entry.shared.timing.retry_delay(entry.failures);
                     entry.failures = entry.failures.saturating_add(1);
-                    self.schedule(place.slot, retry_at, now);
+                    if let Some((when, place)) = self.schedule(place.slot, retry_at, now) {
+                        self.buckets.entry(when).or_default().push(place);
+                    }
                 }
             }
+        }
+        if let Some((at, places)) = staged {
+            self.add_to_bucket(at, places);
         }
         tally.record();
     }
