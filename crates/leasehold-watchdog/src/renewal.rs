@@ -810,7 +810,7 @@ mod tests {
         let shared = std::mem::size_of::<Shared>();
         let lease = std::mem::size_of::<crate::Lease>();
         assert!(slot <= 88, "Slot is {slot} bytes");
-        assert!(shared <= 144, "Shared is {shared} bytes");
+        assert!(shared <= 128, "Shared is {shared} bytes");
         assert!(lease <= 32, "Lease is {lease} bytes");
         // A lease's place in a bucket or a batch.
         assert_eq!(std::mem::size_of::<Place>(), 8);
