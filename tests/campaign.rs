@@ -19,21 +19,22 @@
 //! resource on a second, healthy server while its lease's token is live,
 //! and releases. Faults come from a `FaultPlan` drawn from the seed.
 
-use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use leasehold::redis::RedisBackend;
-use leasehold::{LeaseManager, LeaseOptions, LossReason, Ttl, clock_drift};
+use leasehold::{LeaseManager, LeaseOptions, Ttl};
 use leasehold_testkit::{
-    FENCED_WRITE_SCRIPT, Fault, FaultPlan, History, HoldEnd, Overlap, PlanShape, Proxy, ProxyMode,
-    RedisServer, Report, fault_length,
+    Fault, FaultPlan, History, Overlap, PlanShape, Proxy, ProxyMode, RedisServer, Report,
+    fault_length,
 };
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-type TestResult = Result<(), Box<dyn std::error::Error + Send + Sync>>;
+mod common;
+
+use common::campaign_client::{Client, Tally, TestResult, client};
 
 /// Lease ttl of the campaign: short, so that a run sees many leases expire.
 const TTL: Duration = Duration::from_secs(1);
@@ -61,12 +62,6 @@ struct Applied {
     fault: Fault,
     began: Instant,
     healed: Instant,
-}
-
-#[derive(Debug, Default)]
-struct Tally {
-    deadline_margins: Vec<Duration>,
-    losses: BTreeMap<&'static str, usize>,
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -271,113 +266,6 @@ async fn apply(fault: &Fault, server: &mut RedisServer, proxies: &[Proxy]) -> Te
         other => return Err(format!("the campaign cannot apply {other}").into()),
     }
     Ok(())
-}
-
-struct Client {
-    name: String,
-    manager: LeaseManager<RedisBackend>,
-    options: LeaseOptions,
-    keys: usize,
-    history: History,
-    tally: Arc<Mutex<Tally>>,
-    resource: redis::aio::MultiplexedConnection,
-    stop: CancellationToken,
-    rng: fastrand::Rng,
-}
-
-/// Acquire → fenced writes while the token is live → release, until stopped.
-async fn client(mut c: Client) -> TestResult {
-    let script = redis::Script::new(FENCED_WRITE_SCRIPT);
-    let ttl = c.options.ttl().get();
-    let renew = c.options.renew_interval();
-    while !c.stop.is_cancelled() {
-        let k = c.rng.usize(..c.keys);
-        let key = format!("key{k}");
-        let acquired = tokio::select! {
-            biased;
-            () = c.stop.cancelled() => break,
-            acquired = c.manager.acquire(&key, &c.options) => acquired,
-        };
-        let Ok(lease) = acquired else {
-            // Held by another client, or the server is unreachable: the
-            // acquire already waited; try again at once.
-            continue;
-        };
-        let acquired_at = Instant::now();
-        // Before any renewal, valid_until is counted from the acquisition's sending.
-        let requested_at = lease.valid_until() - (ttl - clock_drift(ttl));
-        let token = lease.fencing_token().get();
-        let hold = c
-            .history
-            .acquired(&key, &c.name, token, requested_at, acquired_at);
-
-        // Notes the moment the token fires, on its own task so that a
-        // write in flight does not delay the note.
-        let fired = lease.token();
-        let done = CancellationToken::new();
-        let watcher = tokio::spawn({
-            let done = done.clone();
-            async move {
-                tokio::select! {
-                    biased;
-                    () = fired.cancelled() => Some(Instant::now()),
-                    () = done.cancelled() => None,
-                }
-            }
-        });
-
-        for _ in 0..c.rng.u32(2..=6) {
-            if lease.token().is_cancelled() {
-                break;
-            }
-            let accepted: i64 = script
-                .key(format!("res:{k}"))
-                .key(format!("res:{k}:log"))
-                .arg(token)
-                .arg(&c.name)
-                .invoke_async(&mut c.resource)
-                .await?;
-            if accepted == 0 {
-                c.history.resource_refused();
-            }
-            let pause = Duration::from_millis(c.rng.u64(0..=millis(renew * 2)));
-            let live = lease.token();
-            tokio::select! {
-                () = live.cancelled() => break,
-                () = tokio::time::sleep(pause) => {}
-            }
-        }
-        let releasing_at = Instant::now();
-        done.cancel();
-        match watcher.await? {
-            Some(fired_at) => {
-                let reason = lease.loss_reason().unwrap_or(LossReason::Lost);
-                c.history.ended(
-                    hold,
-                    HoldEnd::Cancelled(reason.as_str().to_owned()),
-                    fired_at,
-                );
-                let mut tally = c.tally.lock().map_err(|_| "tally poisoned")?;
-                *tally.losses.entry(reason.as_str()).or_default() += 1;
-                if reason == LossReason::Deadline {
-                    // The server keeps the lease at least ttl after the last
-                    // successful request was sent: valid_until + drift.
-                    let expiry = lease.valid_until() + clock_drift(ttl);
-                    tally
-                        .deadline_margins
-                        .push(expiry.saturating_duration_since(fired_at));
-                }
-            }
-            None => c.history.ended(hold, HoldEnd::Released, releasing_at),
-        }
-        // Failures are fine: the lease then expires on its own.
-        let _ = lease.release().await;
-    }
-    Ok(())
-}
-
-fn millis(d: Duration) -> u64 {
-    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
 }
 
 #[derive(Debug, Default)]

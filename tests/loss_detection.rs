@@ -9,13 +9,16 @@
 //! - **F2**: the server is killed and restarted empty, and another holder
 //!   takes the lease at once. Measured: how long the other holder has had
 //!   the lease (from the moment its acquisition was sent) when the old
-//!   holder's token fires. At most one renew interval.
+//!   holder's token fires. The lost renewal connection makes the watchdog
+//!   renew every lease as soon as the connection is back: asserted at most
+//!   one renew interval (ttl/3), with no allowance on top.
 //! - **F3**: another client overwrites the lease with a plain `SET`.
-//!   Measured: how long after the `SET` the holder's token fires. At most
-//!   one renew interval.
+//!   Measured: how long after the `SET` the holder's token fires. The
+//!   server's client-tracking push makes the watchdog renew at once:
+//!   asserted at most [`PUSH_ALLOWANCE`] (and so within ttl/3).
 //!
 //! Each figure is measured once by default (the three run in parallel);
-//! `LEASEHOLD_LOSS_RUNS=5 cargo test --release --test loss_detection --
+//! `LEASEHOLD_LOSS_RUNS=10 cargo test --release --test loss_detection --
 //! --nocapture --test-threads 1` repeats each and prints the median and worst, as
 //! reported in docs/reliability.md.
 
@@ -28,13 +31,12 @@ use tokio::time::Instant;
 
 type TestResult = Result<(), Box<dyn std::error::Error>>;
 
-/// Beyond one renew interval, the time the watchdog task and the test task
-/// need to be scheduled once the answer that ends the lease arrives, on a
-/// 2-core machine that also runs the server: sub-millisecond when idle,
-/// tens of milliseconds under `cargo test`'s parallel load. 50 ms keeps
-/// this well below the watchdog's retry period (a quarter of the renew
-/// interval, 167 ms), so a missed renewal could not hide in it.
-const SCHEDULING_ALLOWANCE: Duration = Duration::from_millis(50);
+/// The bound on F3: spawning `redis-cli` for the `SET` (included in the
+/// figure), the server's push, one renewal round trip and the scheduling
+/// of two tasks, on a loaded 2-core machine. Measured worst: a few
+/// milliseconds (docs/reliability.md); a renewal at the renew cadence
+/// instead of on the push would take up to 667 ms.
+const PUSH_ALLOWANCE: Duration = Duration::from_millis(100);
 
 fn options() -> Result<LeaseOptions, Box<dyn std::error::Error>> {
     Ok(LeaseOptions::builder()
@@ -130,7 +132,7 @@ async fn f1_a_paused_server_fires_the_token_before_the_lease_can_expire() -> Tes
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn f2_a_restart_that_loses_the_lease_is_noticed_within_a_renew_interval() -> TestResult {
     let options = options()?;
-    let allowed = options.renew_interval() + SCHEDULING_ALLOWANCE;
+    let allowed = options.renew_interval();
     let mut figures = Vec::new();
     for _ in 0..runs() {
         let mut server = RedisServer::start()?;
@@ -165,9 +167,10 @@ async fn f2_a_restart_that_loses_the_lease_is_noticed_within_a_renew_interval() 
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn f3_an_overwritten_lease_is_noticed_within_a_renew_interval() -> TestResult {
+async fn f3_an_overwritten_lease_is_noticed_at_once() -> TestResult {
     let options = options()?;
-    let allowed = options.renew_interval() + SCHEDULING_ALLOWANCE;
+    let allowed = PUSH_ALLOWANCE;
+    assert!(allowed < options.renew_interval());
     let mut figures = Vec::new();
     for _ in 0..runs() {
         let server = RedisServer::start()?;

@@ -109,3 +109,39 @@ async fn killing_the_master_keeps_replicated_leases_and_reports_the_rest_lost() 
     );
     Ok(())
 }
+
+/// Client tracking behind Sentinel: the master reports a change to a
+/// renewed lease, and the holder hears of it without waiting to renew.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_overwritten_lease_is_reported_by_the_master() -> TestResult {
+    use leasehold::{AcquireOutcome, AcquireRequest, HolderId, LeaseChange, RenewRequest};
+    let set = SentinelSet::start()?;
+    let backend = RedisBackend::connect(set.url()).await?;
+    assert!(backend.tracks_lease_changes());
+    let mut watch = backend.watch_changes().await?;
+    let (key, me, ttl) = (
+        LeaseKey::new("watched")?,
+        HolderId::generate()?,
+        Ttl::parse("30s")?,
+    );
+    let acquired = backend
+        .try_acquire(&AcquireRequest::new(key.clone(), me, ttl))
+        .await?;
+    assert!(matches!(acquired, AcquireOutcome::Acquired(_)));
+    // Watched from its first renewal on.
+    backend
+        .renew(&RenewRequest::new(key.clone(), me, ttl))
+        .await?;
+    let stored = KeyLayout::default().lease(&key);
+    assert_eq!(set.master().cli(&["SET", &stored, "someone-else"])?, "OK");
+    let mut changed = Vec::new();
+    while !changed.contains(&LeaseChange::Changed(key.clone())) {
+        // Far above the milliseconds a push takes: only a missing report reaches it.
+        let change = tokio::time::timeout(Duration::from_secs(5), watch.next())
+            .await
+            .map_err(|_| format!("no change reported within 5 s; got {changed:?}"))?
+            .ok_or("the backend stopped reporting changes")?;
+        changed.push(change);
+    }
+    Ok(())
+}

@@ -3,7 +3,9 @@
 use std::future::Future;
 use std::time::Duration;
 
-use crate::{BackendError, Error, FencingToken, Grant, HolderId, LeaseKey, ReleaseWatch, Ttl};
+use crate::{
+    BackendError, ChangeWatch, Error, FencingToken, Grant, HolderId, LeaseKey, ReleaseWatch, Ttl,
+};
 
 /// A request to acquire a lease.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -191,5 +193,18 @@ pub trait LeaseBackend: Clone + Send + Sync + 'static {
     ) -> impl Future<Output = Result<ReleaseWatch, BackendError>> + Send {
         let _ = key;
         std::future::ready(Ok(ReleaseWatch::unsupported()))
+    }
+
+    /// Subscribes to the changes of the leases this backend renews, so a
+    /// holder can renew at once when its lease was changed behind its back
+    /// (deleted, overwritten, taken over) instead of learning at its next
+    /// renewal. A lease is watched from its first renewal through this
+    /// backend (or a clone) on.
+    ///
+    /// The default reports nothing ([`ChangeWatch::unsupported`]): holders
+    /// then learn of a loss at their next renewal. A backend whose server
+    /// can tell it of changes overrides it.
+    fn watch_changes(&self) -> impl Future<Output = Result<ChangeWatch, BackendError>> + Send {
+        std::future::ready(Ok(ChangeWatch::unsupported()))
     }
 }

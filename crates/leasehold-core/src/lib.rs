@@ -27,6 +27,7 @@
 //! ```
 
 mod backend;
+mod change;
 mod error;
 mod fencing;
 mod grant;
@@ -41,6 +42,7 @@ pub use backend::{
     AcquireOutcome, AcquireRequest, LeaseBackend, LeaseInfo, ReleaseOutcome, RenewOutcome,
     RenewRequest,
 };
+pub use change::{ChangeFeed, ChangeWatch, LeaseChange};
 pub use error::{BackendError, Cause, Error};
 pub use fencing::FencingToken;
 pub use grant::{Grant, valid_until};

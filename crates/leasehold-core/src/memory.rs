@@ -8,8 +8,9 @@ use tokio::sync::watch;
 use tokio::time::Instant;
 
 use crate::{
-    AcquireOutcome, AcquireRequest, BackendError, FencingToken, Grant, HolderId, LeaseBackend,
-    LeaseInfo, LeaseKey, ReleaseOutcome, ReleaseWatch, RenewOutcome, RenewRequest, Ttl,
+    AcquireOutcome, AcquireRequest, BackendError, ChangeFeed, ChangeWatch, FencingToken, Grant,
+    HolderId, LeaseBackend, LeaseChange, LeaseInfo, LeaseKey, ReleaseOutcome, ReleaseWatch,
+    RenewOutcome, RenewRequest, Ttl,
 };
 
 /// A [`LeaseBackend`] kept in this process, on the tokio clock.
@@ -108,6 +109,8 @@ struct State {
     fences: HashMap<LeaseKey, u64>,
     /// Release notices per key, while someone watches it.
     notices: HashMap<LeaseKey, watch::Sender<u64>>,
+    /// Changes made by `vanish` and `hand_over`, for every change watch.
+    changes: ChangeFeed,
 }
 
 #[derive(Clone)]
@@ -235,12 +238,24 @@ impl MemoryBackend {
 
     /// Deletes a lease behind its holder's back, as an expiry, a failover or
     /// an operator's `DEL` would. Returns whether there was one.
+    ///
+    /// The change is reported to every [`ChangeWatch`] (as a server with
+    /// client tracking reports a `DEL`), so a watchdog renews the lease at
+    /// once and its holder learns of the loss without waiting for its next
+    /// renewal.
     pub fn vanish(&self, key: &LeaseKey) -> bool {
-        self.state().leases.remove(key).is_some()
+        let mut state = self.state();
+        let there = state.leases.remove(key).is_some();
+        if there {
+            state.changes.report(&LeaseChange::Changed(key.clone()));
+        }
+        there
     }
 
     /// Gives the lease to a new holder with a new fencing token, whether or
     /// not someone holds it, as a second client that saw it expire would.
+    /// The change is reported to every [`ChangeWatch`], as for
+    /// [`vanish`](Self::vanish).
     ///
     /// # Errors
     ///
@@ -259,6 +274,7 @@ impl MemoryBackend {
                 expires_at: now + ttl.get(),
             },
         );
+        state.changes.report(&LeaseChange::Changed(key.clone()));
         Ok(Grant::new(key.clone(), holder, token, ttl, now))
     }
 
@@ -384,6 +400,13 @@ impl LeaseBackend for MemoryBackend {
             .or_insert_with(|| watch::Sender::new(0))
             .subscribe();
         Ok(ReleaseWatch::new(receiver, ()))
+    }
+
+    /// Reports the changes made by [`vanish`](MemoryBackend::vanish) and
+    /// [`hand_over`](MemoryBackend::hand_over); nothing else changes a
+    /// lease behind its holder's back here.
+    async fn watch_changes(&self) -> Result<ChangeWatch, BackendError> {
+        Ok(self.state().changes.subscribe())
     }
 }
 

@@ -3,8 +3,8 @@
 use std::time::Duration;
 
 use leasehold_core::{
-    AcquireOutcome, AcquireRequest, BackendError, HolderId, LeaseBackend, LeaseKey, MemoryBackend,
-    ReleaseOutcome, RenewOutcome, RenewRequest, Ttl,
+    AcquireOutcome, AcquireRequest, BackendError, HolderId, LeaseBackend, LeaseChange, LeaseKey,
+    MemoryBackend, ReleaseOutcome, RenewOutcome, RenewRequest, Ttl,
 };
 use tokio::time::Instant;
 
@@ -129,5 +129,33 @@ async fn a_hung_backend_lets_leases_expire_and_vanish_and_hand_over_replace_them
     assert_eq!(backend.release(&key, &me).await?, ReleaseOutcome::NotHeld);
     assert!(backend.vanish(&key));
     assert!(!backend.vanish(&key));
+    Ok(())
+}
+
+#[tokio::test(start_paused = true)]
+async fn vanish_and_hand_over_are_reported_to_every_change_watch() -> TestResult {
+    let backend = MemoryBackend::new();
+    let (a, b, ttl) = (LeaseKey::new("a")?, LeaseKey::new("b")?, Ttl::parse("5s")?);
+    let mut first = backend.watch_changes().await?;
+    let mut second = backend.clone().watch_changes().await?;
+    assert!(first.is_supported());
+    backend
+        .try_acquire(&AcquireRequest::new(a.clone(), HolderId::generate()?, ttl))
+        .await?;
+    // Nothing changed behind a holder's back yet: nothing is reported.
+    assert_eq!(first.try_next(), None);
+    assert!(backend.vanish(&a));
+    // Vanishing a lease that is not there changes nothing.
+    assert!(!backend.vanish(&a));
+    backend.hand_over(&b, ttl)?;
+    for watch in [&mut first, &mut second] {
+        assert_eq!(watch.next().await, Some(LeaseChange::Changed(a.clone())));
+        assert_eq!(watch.next().await, Some(LeaseChange::Changed(b.clone())));
+        assert_eq!(watch.try_next(), None);
+    }
+    // A dropped watch is forgotten; the others still hear.
+    drop(second);
+    backend.hand_over(&a, ttl)?;
+    assert_eq!(first.next().await, Some(LeaseChange::Changed(a)));
     Ok(())
 }

@@ -9,8 +9,8 @@ use std::collections::HashMap;
 
 use futures_util::future::join_all;
 use leasehold_core::{
-    AcquireOutcome, AcquireRequest, BackendError, HolderId, LeaseBackend, LeaseInfo, LeaseKey,
-    ReleaseOutcome, ReleaseWatch, RenewOutcome, RenewRequest,
+    AcquireOutcome, AcquireRequest, BackendError, ChangeWatch, HolderId, LeaseBackend, LeaseInfo,
+    LeaseKey, ReleaseOutcome, ReleaseWatch, RenewOutcome, RenewRequest,
 };
 use redis::RedisResult;
 use redis::Value;
@@ -22,6 +22,7 @@ use crate::layout::KeyLayout;
 use crate::notices::Notices;
 use crate::reply::{self, Failure};
 use crate::scripts::{self, Call};
+use crate::tracking::{Prelude, Tracking};
 use crate::url::Topology;
 
 /// A [`LeaseBackend`] on one standalone Redis server (or a primary with
@@ -60,6 +61,8 @@ struct Shared {
     /// The server, as it may be shown: a URL without its password, or an address.
     server: String,
     wait: Option<Wait>,
+    /// Client tracking on the renewal connection; standalone and Sentinel.
+    tracking: Option<Arc<Tracking>>,
 }
 
 impl RedisBackend {
@@ -81,8 +84,38 @@ impl RedisBackend {
                 op_timeout,
                 server,
                 wait,
+                tracking: None,
             }),
         }
+    }
+
+    /// The same backend, with client tracking on its renewal connection.
+    pub(crate) fn with_tracking(mut self, tracking: Option<Arc<Tracking>>) -> Self {
+        if let Some(shared) = Arc::get_mut(&mut self.shared) {
+            shared.tracking = tracking;
+        }
+        self
+    }
+
+    /// Turns client tracking on right after connecting, so that the first
+    /// renewal (perhaps behind a flood of acquisitions) needs no extra
+    /// round trip; after a reconnection the first renewal does it.
+    pub(crate) async fn start_tracking(self) -> Self {
+        if let Some(tracking) = &self.shared.tracking {
+            self.track_renewals(tracking).await;
+        }
+        self
+    }
+
+    /// Whether the server reports changes to the leases this backend
+    /// renews (see
+    /// [`RedisBackendBuilder::track_lease_changes`](crate::RedisBackendBuilder::track_lease_changes)).
+    /// False when it was turned off, refused by the server, not available
+    /// for this topology, or turned off because the server's tracking table
+    /// overflowed.
+    #[must_use]
+    pub fn tracks_lease_changes(&self) -> bool {
+        self.shared.tracking.as_ref().is_some_and(|t| t.is_on())
     }
 
     /// The kind of deployment this backend talks to.
@@ -197,9 +230,38 @@ impl RedisBackend {
         })
     }
 
+    /// Turns client tracking on (or off) on the renewal connection when it
+    /// is needed: before the first renewal on each new connection. A server
+    /// that refuses it leaves tracking off; a connection that fails leaves
+    /// it to the next renewal.
+    async fn track_renewals(&self, tracking: &Tracking) {
+        let Some((_one_at_a_time, prelude)) = tracking.prelude().await else {
+            return;
+        };
+        let mut cmd = redis::cmd("CLIENT");
+        cmd.arg("TRACKING");
+        match prelude {
+            Prelude::On(_) => cmd.arg("ON").arg("NOLOOP"),
+            Prelude::Off => cmd.arg("OFF"),
+        };
+        let limit = self.shared.op_timeout;
+        match tokio::time::timeout(limit, self.shared.renew_conn.command(&cmd, "")).await {
+            Ok(Ok(_)) => tracking.done(prelude),
+            Ok(Err(error)) if matches!(error.kind(), redis::ErrorKind::Server(_)) => {
+                tracking.refused(&error);
+            }
+            // Not sent, or no answer: the next renewal tries again.
+            Ok(Err(_)) | Err(_) => {}
+        }
+    }
+
     /// One `renew.lua` call for at most [`scripts::RENEW_BATCH`] requests,
     /// all in one cluster slot.
     async fn renew_batch(&self, batch: &[RenewRequest]) -> Vec<Result<RenewOutcome, BackendError>> {
+        if let Some(tracking) = &self.shared.tracking {
+            self.track_renewals(tracking).await;
+            tracking.renewing(batch.len());
+        }
         let call = scripts::renew(&self.shared.layout, batch);
         let outcomes = self.eval_renewal(&call).await.and_then(|reply| {
             // An unacknowledged renewal is unknown: a failover could lose it.
@@ -222,6 +284,9 @@ impl LeaseBackend for RedisBackend {
     async fn try_acquire(&self, request: &AcquireRequest) -> Result<AcquireOutcome, BackendError> {
         const OP: &str = "acquire";
         let call = scripts::acquire(&self.shared.layout, request);
+        if let Some(tracking) = &self.shared.tracking {
+            tracking.own_write(self.shared.layout.lease(&request.key));
+        }
         let sent_at = Instant::now();
         let reply = self
             .eval_acked(&call)
@@ -300,6 +365,9 @@ impl LeaseBackend for RedisBackend {
         const OP: &str = "release";
         let notify = self.shared.notices.is_some();
         let call = scripts::release(&self.shared.layout, key, holder, notify);
+        if let Some(tracking) = &self.shared.tracking {
+            tracking.own_write(self.shared.layout.lease(key));
+        }
         let reply = self.eval(&call).await.map_err(|f| f.for_key(OP, key))?;
         reply::released(&reply).map_err(|f| f.for_key(OP, key))
     }
@@ -315,6 +383,21 @@ impl LeaseBackend for RedisBackend {
     /// opened on first use and shared by every waiter of every clone. On
     /// Cluster and Sentinel deployments there are no notices yet: waiters
     /// poll, never past the holder's expiry.
+    /// Reports the changes the server pushes for the leases renewed by this
+    /// backend (and its clones), when client tracking is on (see
+    /// [`RedisBackendBuilder::track_lease_changes`](crate::RedisBackendBuilder::track_lease_changes));
+    /// a lost renewal connection is reported as [`LeaseChange::All`](leasehold_core::LeaseChange::All).
+    /// Behind Sentinel, a new resolution of the master is reported as
+    /// `All` too. Cluster deployments report nothing (the redis crate's
+    /// cluster client turns no tracking on for its node connections):
+    /// holders there learn of a change at their next renewal.
+    async fn watch_changes(&self) -> Result<ChangeWatch, BackendError> {
+        Ok(match &self.shared.tracking {
+            Some(tracking) if tracking.is_on() => tracking.watch(),
+            _ => ChangeWatch::unsupported(),
+        })
+    }
+
     async fn watch_releases(&self, key: &LeaseKey) -> Result<ReleaseWatch, BackendError> {
         let Some(notices) = &self.shared.notices else {
             return Ok(ReleaseWatch::unsupported());

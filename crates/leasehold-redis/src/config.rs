@@ -2,11 +2,12 @@
 //! before the first connection is made.
 
 use std::fmt;
+use std::sync::Arc;
 use std::time::Duration;
 
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::io::tcp::TcpSettings;
-use redis::{Client, ConnectionAddr, IntoConnectionInfo};
+use redis::{Client, ConnectionAddr, IntoConnectionInfo, ProtocolVersion};
 
 use redis::cluster::ClusterClientBuilder;
 use redis::sentinel::{SentinelClient, SentinelNodeConnectionInfo, SentinelServerType};
@@ -14,6 +15,7 @@ use redis::sentinel::{SentinelClient, SentinelNodeConnectionInfo, SentinelServer
 use crate::connection::{Conn, SentinelConn, Wait};
 use crate::layout::KeyLayout;
 use crate::notices::Notices;
+use crate::tracking::Tracking;
 use crate::url::{Endpoint, Kind};
 use crate::{Error, RedisBackend, redact};
 
@@ -40,6 +42,7 @@ pub struct RedisBackendBuilder {
     connect_timeout: Duration,
     namespace: String,
     wait: Option<Wait>,
+    track: bool,
 }
 
 enum Target {
@@ -59,11 +62,15 @@ impl Target {
 }
 
 /// How often a lost connection is retried (with jittered exponential
-/// backoff from [`RECONNECT_MIN_DELAY`] up to [`RECONNECT_MAX_DELAY`])
-/// before the operations waiting on it fail; the next operation starts over.
-const RECONNECT_RETRIES: usize = 3;
-const RECONNECT_MIN_DELAY: Duration = Duration::from_millis(50);
-const RECONNECT_MAX_DELAY: Duration = Duration::from_secs(1);
+/// backoff from [`RECONNECT_MIN_DELAY`], doubling, up to
+/// [`RECONNECT_MAX_DELAY`]) before the operations waiting on it fail; the
+/// next operation starts over. The first retries come within milliseconds:
+/// a restarted server is back in about 20 ms, and the renewals waiting on
+/// the connection (every lease is renewed when it is lost) should learn at
+/// once whether their leases survived. The retries span about a second.
+const RECONNECT_RETRIES: usize = 8;
+const RECONNECT_MIN_DELAY: Duration = Duration::from_millis(5);
+const RECONNECT_MAX_DELAY: Duration = Duration::from_millis(500);
 
 /// Bounds accepted for both timeouts.
 const MIN_TIMEOUT: Duration = Duration::from_millis(1);
@@ -82,7 +89,24 @@ impl RedisBackendBuilder {
             connect_timeout: Self::DEFAULT_CONNECT_TIMEOUT,
             namespace: KeyLayout::DEFAULT_NAMESPACE.to_owned(),
             wait: None,
+            track: true,
         }
+    }
+
+    /// Whether the renewal connection asks the server to report changes to
+    /// the leases it renews (RESP3 client tracking; standalone servers and
+    /// Sentinel-monitored masters, not Cluster), so that a holder learns
+    /// within a round trip that its lease was deleted or overwritten,
+    /// instead of at its next renewal. Default: on.
+    ///
+    /// It costs the server about 100 bytes per held lease in its tracking
+    /// table and one push message per change. A server that refuses it (an
+    /// ACL without `HELLO` or `CLIENT`, a server before Redis 6) is used
+    /// without it; so is one whose tracking table overflows (see
+    /// `tracking-table-max-keys`), with a warning.
+    pub fn track_lease_changes(mut self, on: bool) -> Self {
+        self.track = on;
+        self
     }
 
     /// After every acquisition and renewal, waits (`WAIT replicas timeout`,
@@ -194,9 +218,38 @@ impl RedisBackendBuilder {
                     master_info,
                     tls,
                 } => {
-                    let conn = self
-                        .connect_sentinel(sentinels, master, master_info, tls, &shown)
-                        .await?;
+                    let tracking = self.track.then(|| Arc::new(Tracking::new(layout.clone())));
+                    let tracked = match &tracking {
+                        Some(tracking) => {
+                            let sentinel = (sentinels.clone(), master.clone(), master_info.clone());
+                            match self
+                                .connect_sentinel(sentinel, tls, Some(tracking), &shown)
+                                .await
+                            {
+                                Ok(conn) => Some(conn),
+                                Err(Error::Connect { source, .. }) if refused(&source) => {
+                                    tracking.unavailable(&format!(
+                                        "the master refused RESP3: {source}"
+                                    ));
+                                    None
+                                }
+                                Err(other) => return Err(other),
+                            }
+                        }
+                        None => None,
+                    };
+                    let conn = match tracked {
+                        Some(conn) => conn,
+                        None => {
+                            self.connect_sentinel(
+                                (sentinels, master, master_info),
+                                tls,
+                                None,
+                                &shown,
+                            )
+                            .await?
+                        }
+                    };
                     return Ok(RedisBackend::from_parts(
                         conn.clone(),
                         conn,
@@ -205,7 +258,10 @@ impl RedisBackendBuilder {
                         self.op_timeout,
                         shown,
                         self.wait,
-                    ));
+                    )
+                    .with_tracking(tracking)
+                    .start_tracking()
+                    .await);
                 }
             },
             Target::Client(client) => *client,
@@ -223,6 +279,7 @@ impl RedisBackendBuilder {
             .set_min_delay(RECONNECT_MIN_DELAY)
             .set_max_delay(RECONNECT_MAX_DELAY);
         let notices = Notices::new(&client, self.connect_timeout, self.op_timeout);
+        let tracking = (self.track && !lazy).then(|| Arc::new(Tracking::new(layout.clone())));
         // Two connections: renewals get one of their own, so that no flood
         // of acquisitions (or the application's own traffic on a shared
         // client) can queue ahead of them.
@@ -240,9 +297,20 @@ impl RedisBackendBuilder {
             let ops = self
                 .connect_named(client.clone(), config.clone(), OPS_CONNECTION, &shown)
                 .await?;
-            let renew = self
-                .connect_named(client, config, RENEW_CONNECTION, &shown)
-                .await?;
+            let tracked = match &tracking {
+                Some(tracking) => {
+                    self.connect_tracked(&client, config.clone(), tracking, &shown)
+                        .await?
+                }
+                None => None,
+            };
+            let renew = match tracked {
+                Some(renew) => renew,
+                None => {
+                    self.connect_named(client, config, RENEW_CONNECTION, &shown)
+                        .await?
+                }
+            };
             (ops, renew)
         };
         Ok(RedisBackend::from_parts(
@@ -253,7 +321,51 @@ impl RedisBackendBuilder {
             self.op_timeout,
             shown,
             self.wait,
-        ))
+        )
+        .with_tracking(tracking)
+        .start_tracking()
+        .await)
+    }
+
+    /// The renewal connection in RESP3, its pushes handed to `tracking`.
+    /// `None` (and tracking off) when the server refuses RESP3 (`HELLO`):
+    /// the caller then opens a plain one.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Connect`] when the server cannot be reached at all.
+    async fn connect_tracked(
+        &self,
+        client: &Client,
+        config: ConnectionManagerConfig,
+        tracking: &Arc<Tracking>,
+        shown: &str,
+    ) -> Result<Option<ConnectionManager>, Error> {
+        let info = client.get_connection_info().clone();
+        let settings = info
+            .redis_settings()
+            .clone()
+            .set_protocol(ProtocolVersion::RESP3);
+        let Ok(resp3) = Client::open(info.set_redis_settings(settings)) else {
+            tracking.unavailable("no RESP3 client for this server");
+            return Ok(None);
+        };
+        let pushes = Arc::clone(tracking);
+        let config = config.set_push_sender(move |push| {
+            pushes.on_push(push);
+            Ok::<(), std::convert::Infallible>(())
+        });
+        match self
+            .connect_named(resp3, config, RENEW_CONNECTION, shown)
+            .await
+        {
+            Ok(conn) => Ok(Some(conn)),
+            Err(Error::Connect { source, .. }) if refused(&source) => {
+                tracking.unavailable(&format!("the server refused RESP3: {source}"));
+                Ok(None)
+            }
+            Err(other) => Err(other),
+        }
     }
 
     /// Opens one managed connection within the connect timeout and names
@@ -339,14 +451,24 @@ impl RedisBackendBuilder {
         Ok((Conn::Cluster(conn), Conn::Cluster(renew)))
     }
 
+    /// The connection to a Sentinel-monitored master; with `tracking`, in
+    /// RESP3 with its pushes handed to it.
     async fn connect_sentinel(
         &self,
-        sentinels: Vec<redis::ConnectionInfo>,
-        master: String,
-        master_info: redis::RedisConnectionInfo,
+        (sentinels, master, master_info): (
+            Vec<redis::ConnectionInfo>,
+            String,
+            redis::RedisConnectionInfo,
+        ),
         tls: bool,
+        tracking: Option<&Arc<Tracking>>,
         shown: &str,
     ) -> Result<Conn, Error> {
+        let master_info = if tracking.is_some() {
+            master_info.set_protocol(ProtocolVersion::RESP3)
+        } else {
+            master_info
+        };
         let mut node = SentinelNodeConnectionInfo::default()
             .set_redis_connection_info(master_info)
             .set_tcp_settings(TcpSettings::default().set_nodelay(true));
@@ -360,13 +482,29 @@ impl RedisBackendBuilder {
                     url_redacted: shown.to_owned(),
                     reason: e.to_string(),
                 })?;
-        let config = redis::AsyncConnectionConfig::new()
+        let mut config = redis::AsyncConnectionConfig::new()
             .set_connection_timeout(Some(self.connect_timeout))
             .set_response_timeout(Some(self.op_timeout));
-        let conn = std::sync::Arc::new(SentinelConn::new(client, config));
+        if let Some(tracking) = tracking {
+            let pushes = Arc::clone(tracking);
+            config = config.set_push_sender(move |push| {
+                pushes.on_push(push);
+                Ok::<(), std::convert::Infallible>(())
+            });
+        }
+        let conn = Arc::new(SentinelConn::new(client, config, tracking.cloned()));
         self.bounded_connect(conn.current(), shown).await?;
         Ok(Conn::Sentinel(conn))
     }
+}
+
+/// Whether a failed connection attempt was refused by the server (an
+/// error reply, such as to `HELLO 3`) rather than unable to reach it.
+fn refused(source: &redis::RedisError) -> bool {
+    !(source.is_io_error()
+        || source.is_timeout()
+        || source.is_connection_refusal()
+        || source.is_connection_dropped())
 }
 
 /// How often the cluster client retries a request (after a redirection or

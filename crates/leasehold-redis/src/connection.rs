@@ -12,6 +12,7 @@ use redis::sentinel::SentinelClient;
 use redis::{AsyncConnectionConfig, Cmd, ErrorKind, RedisResult, ServerErrorKind, Value};
 
 use crate::scripts::Call;
+use crate::tracking::Tracking;
 
 /// The connection of a [`RedisBackend`](crate::RedisBackend).
 #[derive(Clone)]
@@ -252,15 +253,22 @@ pub(crate) struct SentinelConn {
     current: Mutex<Option<(u64, MultiplexedConnection)>>,
     /// The generation of the next connection; never reused.
     next_generation: AtomicU64,
+    /// Client tracking, told of every new connection to a master.
+    tracking: Option<Arc<Tracking>>,
 }
 
 impl SentinelConn {
-    pub(crate) fn new(client: SentinelClient, config: AsyncConnectionConfig) -> Self {
+    pub(crate) fn new(
+        client: SentinelClient,
+        config: AsyncConnectionConfig,
+        tracking: Option<Arc<Tracking>>,
+    ) -> Self {
         Self {
             client: tokio::sync::Mutex::new(client),
             config,
             current: Mutex::new(None),
             next_generation: AtomicU64::new(0),
+            tracking,
         }
     }
 
@@ -286,6 +294,12 @@ impl SentinelConn {
             .get_async_connection_with_config(&self.config)
             .await?;
         let generation = self.next_generation.fetch_add(1, Ordering::Relaxed);
+        if let Some(tracking) = &self.tracking {
+            // A new connection (perhaps to a newly promoted master, which
+            // may lack writes the old one acknowledged): tracking must be
+            // turned on again, and every lease checked.
+            tracking.new_connection(generation > 0);
+        }
         let mut slot = self.current.lock().unwrap_or_else(PoisonError::into_inner);
         *slot = Some((generation, conn.clone()));
         Ok((generation, conn))

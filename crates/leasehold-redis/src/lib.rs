@@ -120,6 +120,7 @@ mod notices;
 mod redlock;
 mod reply;
 mod scripts;
+mod tracking;
 mod url;
 
 pub use backend::RedisBackend;

@@ -28,14 +28,15 @@ fn last_command(server: &RedisServer, name: &str) -> Result<String, Box<dyn std:
 async fn renewals_and_other_operations_use_distinct_named_connections() -> TestResult {
     let server = RedisServer::start()?;
     let backend = connect(&server).await;
-    // Both connections were named, and have done nothing else yet.
+    // Both connections were named, and have done nothing else yet but,
+    // on the renewal connection, turn client tracking on.
     assert_eq!(last_command(&server, "leasehold-ops")?, "client|setname");
-    assert_eq!(last_command(&server, "leasehold-renew")?, "client|setname");
+    assert_eq!(last_command(&server, "leasehold-renew")?, "client|tracking");
 
     let (k, a) = (key("distinct"), holder());
     acquire(&backend, &k, a, ttl("30s")).await?;
     assert_eq!(last_command(&server, "leasehold-ops")?, "evalsha");
-    assert_eq!(last_command(&server, "leasehold-renew")?, "client|setname");
+    assert_eq!(last_command(&server, "leasehold-renew")?, "client|tracking");
 
     let renewed = backend
         .renew(&RenewRequest::new(k.clone(), a, ttl("30s")))

@@ -13,9 +13,12 @@ use std::time::Duration;
 
 /// One fault of a campaign.
 ///
-/// Topology faults (a Sentinel failover, a Cluster failover) belong here as
-/// further variants once those topologies have test harnesses; the enum is
-/// `#[non_exhaustive]` so adding them breaks no runner.
+/// The first six kinds are for one standalone server behind proxies
+/// ([`FaultPlan::draw`]); the Cluster kinds for a
+/// [`RedisCluster`](crate::RedisCluster) ([`FaultPlan::draw_cluster`]);
+/// the Sentinel kind for a [`SentinelSet`](crate::SentinelSet)
+/// ([`FaultPlan::draw_sentinel`]).
+/// The enum is `#[non_exhaustive]` so adding kinds breaks no runner.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum Fault {
@@ -37,13 +40,31 @@ pub enum Fault {
     /// Cut one client's connections (or every client's) with resets, and
     /// refuse new ones, for this long.
     Reset(Option<usize>, Duration),
+    /// Cluster: freeze a master's replica (SIGSTOP) and cut its link (`CLIENT
+    /// KILL TYPE replica`, else it would read the writes buffered on its
+    /// socket on resume) for this long while the master takes writes,
+    /// then SIGKILL the master and let the replica go: it is promoted
+    /// without the writes of that lag, which are lost. The old master is
+    /// then restarted empty and rejoins as a replica.
+    ClusterKill(Duration),
+    /// Cluster: a manual `CLUSTER FAILOVER` of a master's replica, which
+    /// waits until the replica has every write: loses nothing.
+    ClusterFailover,
+    /// Sentinel: freeze the replica and cut its link for this long while
+    /// the master takes writes, then SIGKILL the master and let the replica go: the
+    /// sentinels promote it without the writes of that lag. The old master
+    /// is then restarted empty and made a replica of the new one.
+    SentinelFailover(Duration),
 }
 
 impl Fault {
     /// Whether the fault can lose acknowledged lease state on the server.
     #[must_use]
     pub fn loses_data(&self) -> bool {
-        matches!(self, Self::CrashEmpty(_))
+        matches!(
+            self,
+            Self::CrashEmpty(_) | Self::ClusterKill(_) | Self::SentinelFailover(_)
+        )
     }
 
     /// A short name for tables and logs.
@@ -56,6 +77,9 @@ impl Fault {
             Self::Blackhole(..) => "blackhole",
             Self::Delay(..) => "delay",
             Self::Reset(..) => "reset",
+            Self::ClusterKill(_) => "cluster-kill",
+            Self::ClusterFailover => "cluster-failover",
+            Self::SentinelFailover(_) => "sentinel-failover",
         }
     }
 
@@ -68,6 +92,12 @@ impl Fault {
         "delay",
         "reset",
     ];
+
+    /// The Cluster kinds, in table order.
+    pub const CLUSTER_KINDS: [&'static str; 2] = ["cluster-kill", "cluster-failover"];
+
+    /// The Sentinel kinds.
+    pub const SENTINEL_KINDS: [&'static str; 1] = ["sentinel-failover"];
 }
 
 impl fmt::Display for Fault {
@@ -82,6 +112,15 @@ impl fmt::Display for Fault {
             Self::Blackhole(c, d) => write!(f, "blackhole {} for {d:?}", who(c)),
             Self::Delay(c, by, d) => write!(f, "delay {} by {by:?} each way for {d:?}", who(c)),
             Self::Reset(c, d) => write!(f, "reset connections of {} for {d:?}", who(c)),
+            Self::ClusterKill(d) => write!(
+                f,
+                "freeze a replica for {d:?}, SIGKILL its master, promote the replica"
+            ),
+            Self::ClusterFailover => write!(f, "manual CLUSTER FAILOVER"),
+            Self::SentinelFailover(d) => write!(
+                f,
+                "freeze the replica for {d:?}, SIGKILL the master, Sentinel failover"
+            ),
         }
     }
 }
@@ -172,7 +211,64 @@ impl FaultPlan {
     }
 }
 
-/// How long a fault lasts before it is healed.
+impl FaultPlan {
+    /// Draws a plan for a Redis Cluster: kills after a replication lag
+    /// (`R` to `T`) and manual failovers, alternating in a seeded order,
+    /// each followed by two to three ttls of quiet. A runner applies each
+    /// after the previous one has healed (the cluster is healthy and every
+    /// replica linked), so `at` is the earliest start.
+    #[must_use]
+    pub fn draw_cluster(seed: u64, shape: PlanShape) -> Self {
+        let mut rng = fastrand::Rng::with_seed(seed);
+        let (t, r) = (shape.ttl, shape.renew_interval);
+        let mut faults = Vec::new();
+        let mut at = t;
+        let mut kill = rng.bool();
+        loop {
+            let fault = if kill {
+                let lag = Duration::from_millis(rng.u64(millis(r)..=millis(t).max(millis(r))));
+                Fault::ClusterKill(lag)
+            } else {
+                Fault::ClusterFailover
+            };
+            kill = !kill;
+            let lasts = fault_length(&fault);
+            if at + lasts + t > shape.run_for {
+                break;
+            }
+            faults.push(ScheduledFault { at, fault });
+            at += lasts + Duration::from_millis(rng.u64(millis(t * 2)..=millis(t * 3)));
+        }
+        Self { seed, faults }
+    }
+}
+
+impl FaultPlan {
+    /// Draws a plan for a Sentinel set: failovers after a replication lag
+    /// of `R` to `T`, each followed by two to three ttls of quiet, applied
+    /// (like [`draw_cluster`](Self::draw_cluster)'s) once the previous one
+    /// has healed.
+    #[must_use]
+    pub fn draw_sentinel(seed: u64, shape: PlanShape) -> Self {
+        let mut rng = fastrand::Rng::with_seed(seed);
+        let (t, r) = (shape.ttl, shape.renew_interval);
+        let mut faults = Vec::new();
+        let mut at = t;
+        loop {
+            let lag = Duration::from_millis(rng.u64(millis(r)..=millis(t).max(millis(r))));
+            let fault = Fault::SentinelFailover(lag);
+            if at + lag + t > shape.run_for {
+                break;
+            }
+            faults.push(ScheduledFault { at, fault });
+            at += lag + Duration::from_millis(rng.u64(millis(t * 2)..=millis(t * 3)));
+        }
+        Self { seed, faults }
+    }
+}
+
+/// How long a fault lasts before it is healed (for failovers, the
+/// part before the failover; the failover itself takes as long as it takes).
 #[must_use]
 pub fn fault_length(fault: &Fault) -> Duration {
     match *fault {
@@ -181,7 +277,10 @@ pub fn fault_length(fault: &Fault) -> Duration {
         | Fault::CrashDurable(d)
         | Fault::Blackhole(_, d)
         | Fault::Reset(_, d)
-        | Fault::Delay(_, _, d) => d,
+        | Fault::Delay(_, _, d)
+        | Fault::ClusterKill(d)
+        | Fault::SentinelFailover(d) => d,
+        Fault::ClusterFailover => Duration::ZERO,
     }
 }
 
@@ -200,6 +299,19 @@ mod tests {
             ttl: Duration::from_secs(1),
             renew_interval: Duration::from_millis(333),
         }
+    }
+
+    #[test]
+    fn a_cluster_plan_has_both_kinds_and_is_seeded() {
+        let plan = FaultPlan::draw_cluster(5, shape(60));
+        assert_eq!(plan, FaultPlan::draw_cluster(5, shape(60)));
+        let kinds: std::collections::BTreeSet<_> =
+            plan.faults.iter().map(|f| f.fault.kind()).collect();
+        assert_eq!(kinds.len(), Fault::CLUSTER_KINDS.len(), "{plan:?}");
+        assert!(plan.faults.iter().all(|f| match f.fault {
+            Fault::ClusterKill(lag) => lag >= Duration::from_millis(333),
+            other => other == Fault::ClusterFailover,
+        }));
     }
 
     #[test]

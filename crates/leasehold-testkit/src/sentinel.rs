@@ -51,6 +51,18 @@ impl SentinelSet {
     /// [`TestkitError::TopologyNotReady`] when the set does not form within
     /// 20 s, and the errors of [`RedisServer::start`].
     pub fn start() -> Result<Self, TestkitError> {
+        Self::start_with_down_after(Duration::from_millis(1000))
+    }
+
+    /// [`start`](Self::start) with the sentinels' `down-after-milliseconds`
+    /// set to `down_after`. Back-to-back failovers need more than 1 s: with
+    /// 1000 ms the sentinels sometimes fail a just-promoted master over
+    /// again about a second later; 1500 ms showed none.
+    ///
+    /// # Errors
+    ///
+    /// As [`start`](Self::start).
+    pub fn start_with_down_after(down_after: Duration) -> Result<Self, TestkitError> {
         let started = Instant::now();
         let master = data_node(RedisServer::builder())?;
         let replica = data_node(
@@ -74,10 +86,11 @@ impl SentinelSet {
                 &path,
                 format!(
                     "sentinel monitor {MASTER_NAME} 127.0.0.1 {} 2\n\
-                     sentinel down-after-milliseconds {MASTER_NAME} 1000\n\
+                     sentinel down-after-milliseconds {MASTER_NAME} {}\n\
                      sentinel failover-timeout {MASTER_NAME} 3000\n\
                      sentinel parallel-syncs {MASTER_NAME} 1\n",
-                    master.port()
+                    master.port(),
+                    down_after.as_millis()
                 ),
             )?;
             sentinels.push(
@@ -189,6 +202,38 @@ impl SentinelSet {
             }))
         })?;
         self.master = candidate;
+        Ok(started.elapsed())
+    }
+}
+
+impl SentinelSet {
+    /// After a failover, restarts the old master (killed before it) empty
+    /// (a replica's full sync leaves a `dump.rdb` that a restart would
+    /// load, so it is removed first), and waits until the sentinels have
+    /// made it a replica of the new master and its link is up, so that the
+    /// set can fail over again.
+    ///
+    /// # Errors
+    ///
+    /// As [`RedisServer::restart`]; [`TestkitError::TopologyNotReady`]
+    /// when the link is not up within 20 s.
+    pub fn restart_old_master(&mut self) -> Result<Duration, TestkitError> {
+        let started = Instant::now();
+        let old = 1 - self.master;
+        let dump = self.data[old].dir().join("dump.rdb");
+        if dump.exists() {
+            fs::remove_file(dump)?;
+        }
+        self.data[old].restart()?;
+        let master_port = format!("master_port:{}", self.data[self.master].port());
+        let replica = &self.data[old];
+        wait_until(FAILOVER_TIMEOUT, "sentinel set", || {
+            let info = replica.cli(&["INFO", "replication"])?;
+            Ok(
+                (!info.contains("master_link_status:up") || !info.contains(&master_port))
+                    .then(|| "the old master has not linked to the new one".to_owned()),
+            )
+        })?;
         Ok(started.elapsed())
     }
 }

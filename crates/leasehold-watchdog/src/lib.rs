@@ -30,6 +30,7 @@
 //! [`LeaseBackend`]: leasehold_core::LeaseBackend
 
 mod backoff;
+mod changes;
 #[cfg(feature = "serde")]
 mod config;
 mod election;

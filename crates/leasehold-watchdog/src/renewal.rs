@@ -38,6 +38,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::{Instrument, debug, debug_span, warn};
 
 use crate::LeaseError;
+use crate::changes::Changes;
 use crate::lease::{LossReason, Shared};
 use crate::metrics::{self, RENEW_ERROR, RENEW_LOST, RENEWED, RenewalTally};
 
@@ -158,6 +159,11 @@ struct Entry {
     renewals_left: u32,
     /// Failed renewals in a row, for the retry delay.
     failures: u8,
+    /// A renewal of this lease is in flight.
+    in_flight: bool,
+    /// The backend reported a change while the renewal was in flight:
+    /// renew again as soon as it returns.
+    again: bool,
 }
 
 impl Entry {
@@ -250,6 +256,8 @@ pub(crate) struct Watchdog<B> {
     shutdown: CancellationToken,
     /// Where the renewal grid starts.
     epoch: Instant,
+    /// Changes the backend reports, and the leases each one names.
+    changes: Changes,
 }
 
 /// Renewals gathered for one call.
@@ -283,6 +291,7 @@ impl<B: LeaseBackend> Watchdog<B> {
             commands,
             shutdown,
             epoch,
+            changes: Changes::none(),
         }
     }
 
@@ -308,6 +317,12 @@ impl<B: LeaseBackend> Watchdog<B> {
     }
 
     async fn run_loop(mut self) {
+        match self.backend.watch_changes().await {
+            Ok(watch) => self.changes = Changes::new(watch),
+            Err(error) => {
+                warn!(%error, "the backend's changes cannot be watched; leases learn of a loss at their next renewal");
+            }
+        }
         let mut stopping = false;
         let mut commands_open = true;
         loop {
@@ -333,6 +348,12 @@ impl<B: LeaseBackend> Watchdog<B> {
                     self.on_timer(Instant::now());
                 }
                 Some(done) = self.work.next(), if !self.work.is_empty() => self.on_done(done),
+                change = self.changes.next(), if self.changes.is_open() && !stopping => {
+                    if let Some(change) = change {
+                        let ids = self.changes.affected(change);
+                        self.renew_now(&ids);
+                    }
+                }
                 else => break,
             }
             self.catch_up();
@@ -404,6 +425,8 @@ impl<B: LeaseBackend> Watchdog<B> {
                     ended: false,
                     renewals_left: timing.max_renewals.unwrap_or(u32::MAX),
                     failures: 0,
+                    in_flight: false,
+                    again: false,
                 };
                 let slot = match self.free.pop() {
                     Some(slot) => slot,
@@ -426,6 +449,7 @@ impl<B: LeaseBackend> Watchdog<B> {
                         slot
                     }
                 };
+                self.changes.insert(&entry.key, id);
                 self.slots[slot as usize].entry = Some(entry);
                 self.ids.insert(id, slot);
                 if let Some((when, place)) =
@@ -436,6 +460,7 @@ impl<B: LeaseBackend> Watchdog<B> {
             }
             Command::Release { id, reply } => match self.take(id) {
                 Some(mut entry) => {
+                    self.changes.remove(&entry.key, id);
                     entry.finish(if reply.is_some() {
                         "released"
                     } else {
@@ -538,6 +563,7 @@ impl<B: LeaseBackend> Watchdog<B> {
                     self.end(place.slot, LossReason::Deadline);
                 } else {
                     let deadline = entry.deadline;
+                    entry.in_flight = true;
                     out.requests.push(RenewRequest::new(
                         entry.key.clone(),
                         entry.holder,
@@ -606,6 +632,52 @@ impl<B: LeaseBackend> Watchdog<B> {
         }
     }
 
+    /// Renews the leases `ids` now rather than at their next renewal, for
+    /// a change the backend reported. A lease whose renewal is in flight is
+    /// renewed once more right after it returns (the change may have come
+    /// after the server ran it); a lease past its cap, ended or released is
+    /// left alone. Taking a lease out of its bucket is giving it a new place:
+    /// the old one goes stale.
+    fn renew_now(&mut self, ids: &[u64]) {
+        let now = Instant::now();
+        let mut out = Outgoing::default();
+        for id in ids {
+            let Some(&slot) = self.ids.get(id) else {
+                continue;
+            };
+            let Some(entry) = self
+                .slots
+                .get_mut(slot as usize)
+                .and_then(|c| c.entry.as_mut())
+            else {
+                continue;
+            };
+            if entry.ended || entry.capped() || now >= entry.deadline {
+                continue;
+            }
+            if entry.in_flight {
+                entry.again = true;
+                continue;
+            }
+            let deadline = entry.deadline;
+            entry.in_flight = true;
+            out.requests.push(RenewRequest::new(
+                entry.key.clone(),
+                entry.holder,
+                entry.ttl,
+            ));
+            let place = self.new_place(slot);
+            out.members.push(place);
+            out.deadline = Some(out.deadline.map_or(deadline, |d| d.min(deadline)));
+            if out.members.len() == MAX_BATCH {
+                self.send_renewals(std::mem::take(&mut out));
+            }
+        }
+        if !out.members.is_empty() {
+            self.send_renewals(out);
+        }
+    }
+
     fn send_renewals(&mut self, out: Outgoing) {
         let Outgoing {
             members,
@@ -670,11 +742,13 @@ impl<B: LeaseBackend> Watchdog<B> {
                 })
             });
             let Some(entry) = self.at(place) else {
-                continue; // released while the renewal was in flight
+                continue; // released or ended while the renewal was in flight
             };
+            entry.in_flight = false;
             if entry.ended {
                 continue; // its deadline came first: a late success changes nothing
             }
+            let again = std::mem::take(&mut entry.again);
             if now >= entry.deadline {
                 // The reply came after the deadline, before its timer fired:
                 // the holder must be told, whatever the reply says.
@@ -689,7 +763,13 @@ impl<B: LeaseBackend> Watchdog<B> {
                     entry.shared.renewed(valid);
                     entry.count_renewal();
                     entry.failures = 0;
-                    let renew_at = sent_at + entry.shared.timing.renew_interval();
+                    // A change reported while this renewal was in flight
+                    // may have come after the server ran it: check again now.
+                    let renew_at = if again {
+                        now
+                    } else {
+                        sent_at + entry.shared.timing.renew_interval()
+                    };
                     debug!(key = %entry.key, name = %entry.shared.name, "lease renewed");
                     if let Some((when, place)) = self.schedule(place.slot, renew_at, now) {
                         match &mut staged {

@@ -1,0 +1,333 @@
+//! Client tracking on the renewal connection: the server tells the holder
+//! when a lease key it renews changes, so the watchdog renews that lease at
+//! once instead of at its next renewal.
+//!
+//! The renewal connection speaks RESP3 and runs `CLIENT TRACKING ON
+//! NOLOOP`. `renew.lua` reads each lease with `GETEX` (a write command, which
+//! tracking ignores) and ends with one `PTTL`: a read-only command inside a
+//! script makes Redis 7.0 track *every* key the script call names, so one
+//! read tracks the batch, where a `GET` per lease tracked the whole batch
+//! once per lease (quadratic in the batch size). The server then pushes an
+//! `invalidate` message when any of those keys changes (a `SET`, a `DEL`,
+//! an expiry, an eviction), once per tracking of the key; NOLOOP leaves out
+//! the renewals' own `PEXPIRE`s. Each push becomes
+//! [`LeaseChange::Changed`]; a flush (`invalidate` with no keys) and a lost
+//! connection (changes may have been missed) become [`LeaseChange::All`].
+//!
+//! Tracking is turned on again before the first renewal on every new
+//! connection (the connection counts its generations; a disconnection, or
+//! behind Sentinel a new resolution of the master, starts a new one). A server that refuses `CLIENT TRACKING` (an ACL
+//! without the right, an old server) leaves renewals working without it.
+//!
+//! Overflow: past `tracking-table-max-keys` the server evicts tracked keys
+//! and reports each as changed; the renewal each report causes tracks the
+//! key again and evicts another. A second in which at least
+//! [`STORM_MIN_REPORTS`] held leases are reported changed, and more than
+//! half as many as were renewed, is taken for such a storm: tracking is
+//! turned off for the backend, with a warning. Changes the backend made
+//! itself (acquisitions and releases, sent over the other connection, which
+//! NOLOOP does not cover) are not counted.
+
+use std::collections::HashSet;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Mutex, MutexGuard, PoisonError};
+use std::time::Duration;
+
+use leasehold_core::{ChangeFeed, ChangeWatch, LeaseChange, LeaseKey};
+use redis::{PushInfo, PushKind, Value};
+use tokio::time::Instant;
+use tracing::warn;
+
+use crate::layout::KeyLayout;
+
+/// The shortest storm the overflow guard acts on: this many held leases
+/// reported changed within [`STORM_WINDOW`].
+pub(crate) const STORM_MIN_REPORTS: u64 = 1000;
+/// The window the overflow guard counts in.
+const STORM_WINDOW: Duration = Duration::from_secs(1);
+
+/// The tracking state of one backend's renewal connection.
+pub(crate) struct Tracking {
+    layout: KeyLayout,
+    /// Whether tracking is still wanted: false once the server refused it
+    /// or the overflow guard turned it off.
+    wanted: AtomicBool,
+    /// Whether the server must be told to stop tracking (after the guard).
+    turn_off: AtomicBool,
+    /// The renewal connection's generation: bumped on every disconnection.
+    generation: AtomicU64,
+    /// The generation tracking was last turned on for (`u64::MAX`: never).
+    enabled_for: AtomicU64,
+    /// One turn-on at a time, so renewals wait for it rather than run
+    /// untracked on a connection being set up.
+    enabling: tokio::sync::Mutex<()>,
+    state: Mutex<State>,
+}
+
+#[derive(Default)]
+struct State {
+    feed: ChangeFeed,
+    window: Window,
+}
+
+/// The overflow guard's counts for the current window.
+#[derive(Default)]
+struct Window {
+    started: Option<Instant>,
+    reported: u64,
+    renewed: u64,
+    /// Lease keys this backend acquired or released in the window.
+    own: HashSet<String>,
+}
+
+impl Window {
+    fn roll(&mut self, now: Instant) {
+        if self
+            .started
+            .is_none_or(|started| now.duration_since(started) >= STORM_WINDOW)
+        {
+            *self = Self {
+                started: Some(now),
+                ..Self::default()
+            };
+        }
+    }
+}
+
+/// What a renewal must send before its script, if anything.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Prelude {
+    /// `CLIENT TRACKING ON NOLOOP`, for the connection generation given.
+    On(u64),
+    /// `CLIENT TRACKING OFF`: the overflow guard turned tracking off.
+    Off,
+}
+
+impl Tracking {
+    pub(crate) fn new(layout: KeyLayout) -> Self {
+        Self {
+            layout,
+            wanted: AtomicBool::new(true),
+            turn_off: AtomicBool::new(false),
+            generation: AtomicU64::new(0),
+            enabled_for: AtomicU64::new(u64::MAX),
+            enabling: tokio::sync::Mutex::new(()),
+            state: Mutex::new(State::default()),
+        }
+    }
+
+    fn state(&self) -> MutexGuard<'_, State> {
+        // Every update leaves the state whole; a panic elsewhere cannot tear it.
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Whether the server is asked to report changes.
+    pub(crate) fn is_on(&self) -> bool {
+        self.wanted.load(Ordering::Acquire)
+    }
+
+    /// A new watch of the changes reported from now on.
+    pub(crate) fn watch(&self) -> ChangeWatch {
+        self.state().feed.subscribe()
+    }
+
+    /// The lock a renewal holds while it sends a prelude, and what to send.
+    /// `None` when nothing is needed (the common case: no lock is taken).
+    pub(crate) async fn prelude(&self) -> Option<(tokio::sync::MutexGuard<'_, ()>, Prelude)> {
+        if !self.needs_prelude() {
+            return None;
+        }
+        let guard = self.enabling.lock().await;
+        // Another renewal may have sent it while we waited.
+        let prelude = if self.turn_off.load(Ordering::Acquire) {
+            Prelude::Off
+        } else if self.is_on() {
+            let generation = self.generation.load(Ordering::Acquire);
+            if self.enabled_for.load(Ordering::Acquire) == generation {
+                return None;
+            }
+            Prelude::On(generation)
+        } else {
+            return None;
+        };
+        Some((guard, prelude))
+    }
+
+    fn needs_prelude(&self) -> bool {
+        self.turn_off.load(Ordering::Acquire)
+            || (self.is_on()
+                && self.enabled_for.load(Ordering::Acquire)
+                    != self.generation.load(Ordering::Acquire))
+    }
+
+    /// The server accepted `prelude`.
+    pub(crate) fn done(&self, prelude: Prelude) {
+        match prelude {
+            Prelude::On(generation) => self.enabled_for.store(generation, Ordering::Release),
+            Prelude::Off => self.turn_off.store(false, Ordering::Release),
+        }
+    }
+
+    /// The server refused `CLIENT TRACKING`: renew without it from now on.
+    pub(crate) fn refused(&self, error: &redis::RedisError) {
+        self.turn_off.store(false, Ordering::Release);
+        if self.wanted.swap(false, Ordering::AcqRel) {
+            warn!(%error, "the server refused CLIENT TRACKING; holders learn of a changed lease at their next renewal");
+        }
+    }
+
+    /// Tracking cannot be had on this server: renew without it.
+    pub(crate) fn unavailable(&self, why: &str) {
+        if self.wanted.swap(false, Ordering::AcqRel) {
+            warn!(
+                why,
+                "client tracking is off; holders learn of a changed lease at their next renewal"
+            );
+        }
+    }
+
+    /// Counts `leases` renewals sent, for the overflow guard.
+    pub(crate) fn renewing(&self, leases: usize) {
+        if self.is_on() {
+            let mut state = self.state();
+            state.window.roll(Instant::now());
+            state.window.renewed += leases as u64;
+        }
+    }
+
+    /// Notes that this backend itself wrote `lease` (the Redis key) over its
+    /// other connection: a report of it is no sign of overflow.
+    pub(crate) fn own_write(&self, lease: String) {
+        if self.is_on() {
+            let mut state = self.state();
+            state.window.roll(Instant::now());
+            state.window.own.insert(lease);
+        }
+    }
+
+    /// A connection other than the one tracking was turned on for will
+    /// carry the renewals (Sentinel: the master was resolved again). With
+    /// `report`, every lease is reported changed.
+    pub(crate) fn new_connection(&self, report: bool) {
+        self.generation.fetch_add(1, Ordering::AcqRel);
+        if report && self.is_on() {
+            self.state().feed.report(&LeaseChange::All);
+        }
+    }
+
+    /// Handles one push from the renewal connection. Runs on the redis
+    /// crate's connection task: it must not block.
+    pub(crate) fn on_push(&self, push: PushInfo) {
+        match push.kind {
+            PushKind::Disconnection => {
+                self.generation.fetch_add(1, Ordering::AcqRel);
+                if self.is_on() {
+                    self.state().feed.report(&LeaseChange::All);
+                }
+            }
+            PushKind::Invalidate if self.is_on() => self.on_invalidate(&push.data),
+            _ => {}
+        }
+    }
+
+    fn on_invalidate(&self, data: &[Value]) {
+        let keys = match data.first() {
+            Some(Value::Array(keys)) => keys,
+            // No keys: the server was flushed.
+            _ => {
+                self.state().feed.report(&LeaseChange::All);
+                return;
+            }
+        };
+        let now = Instant::now();
+        let mut state = self.state();
+        state.window.roll(now);
+        for key in keys {
+            let Value::BulkString(bytes) = key else {
+                continue;
+            };
+            let Ok(redis_key) = std::str::from_utf8(bytes) else {
+                continue;
+            };
+            let leases = lease_keys(&self.layout, redis_key);
+            if leases.is_empty() {
+                continue;
+            }
+            if !state.window.own.contains(redis_key) {
+                state.window.reported += 1;
+            }
+            for lease in leases {
+                state.feed.report(&LeaseChange::Changed(lease));
+            }
+        }
+        let window = &state.window;
+        if window.reported >= STORM_MIN_REPORTS && window.reported * 2 > window.renewed {
+            let (reported, renewed) = (window.reported, window.renewed);
+            drop(state);
+            self.wanted.store(false, Ordering::Release);
+            self.turn_off.store(true, Ordering::Release);
+            warn!(
+                reported,
+                renewed,
+                "the server reports more held leases changed than is plausible (its tracking table is full, see tracking-table-max-keys); turning client tracking off: holders learn of a changed lease at their next renewal"
+            );
+        }
+    }
+}
+
+/// The lease keys whose Redis key is `redis_key`. A lease `K` without a
+/// hash tag is kept at `N:{K}`, and a lease `{K}` is kept there too, so a
+/// key of that form names both; other keys of the namespace (a lease with a
+/// hash tag) name one.
+pub(crate) fn lease_keys(layout: &KeyLayout, redis_key: &str) -> Vec<LeaseKey> {
+    let Some(rest) = redis_key
+        .strip_prefix(layout.namespace())
+        .and_then(|r| r.strip_prefix(':'))
+    else {
+        return Vec::new();
+    };
+    let mut keys = Vec::new();
+    if let Some(inner) = rest.strip_prefix('{').and_then(|r| r.strip_suffix('}'))
+        && let Ok(key) = LeaseKey::new(inner)
+        && key.hash_tag().is_none()
+    {
+        keys.push(key);
+    }
+    if let Ok(key) = LeaseKey::new(rest)
+        && key.hash_tag().is_some()
+        && layout.lease(&key) == redis_key
+    {
+        keys.push(key);
+    }
+    keys
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn redis_keys_map_back_to_the_leases_kept_there() {
+        let layout = KeyLayout::new("ns").expect("valid namespace");
+        for name in ["job", "a:b", "{tag}x", "x{tag}"] {
+            let key = LeaseKey::new(name).expect("valid key");
+            assert!(
+                lease_keys(&layout, &layout.lease(&key)).contains(&key),
+                "{name}"
+            );
+        }
+        // `job` and `{job}` share `ns:{job}`: both are named.
+        let both = lease_keys(&layout, "ns:{job}");
+        assert_eq!(both.len(), 2);
+        // Keys outside the namespace name none.
+        assert!(lease_keys(&layout, "other:{job}").is_empty());
+        assert!(lease_keys(&layout, "nsx:{job}").is_empty());
+        // A fencing counter is the key of a lease named `{job}:fence` (a
+        // limitation of the layout); renewals never read counters, so the
+        // server never reports them.
+        assert_eq!(
+            lease_keys(&layout, "ns:{job}:fence"),
+            vec![LeaseKey::new("{job}:fence").expect("valid key")]
+        );
+    }
+}

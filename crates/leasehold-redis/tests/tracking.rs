@@ -1,0 +1,136 @@
+//! Client tracking on the renewal connection: the server reports changes
+//! to the leases a backend renews.
+
+mod common;
+
+use std::time::Duration;
+
+use common::{TestResult, acquire, connect, holder, key, storage_key, ttl};
+use leasehold_core::{ChangeWatch, LeaseBackend, LeaseChange, RenewOutcome, RenewRequest};
+use leasehold_redis::RedisBackend;
+use leasehold_testkit::RedisServer;
+
+/// Far above the few milliseconds a push takes: only a missing report
+/// reaches it.
+const REPORT_BOUND: Duration = Duration::from_secs(5);
+
+async fn next_change(watch: &mut ChangeWatch) -> Result<LeaseChange, Box<dyn std::error::Error>> {
+    match tokio::time::timeout(REPORT_BOUND, watch.next()).await {
+        Ok(Some(change)) => Ok(change),
+        Ok(None) => Err("the backend stopped reporting changes".into()),
+        Err(_) => Err(format!("no change reported within {REPORT_BOUND:?}").into()),
+    }
+}
+
+/// The next change and every other one already reported. (`K` and `{K}`
+/// share one Redis key, so a change of it names both.)
+async fn changes(watch: &mut ChangeWatch) -> Result<Vec<LeaseChange>, Box<dyn std::error::Error>> {
+    let mut changes = vec![next_change(watch).await?];
+    while let Some(change) = watch.try_next() {
+        changes.push(change);
+    }
+    Ok(changes)
+}
+
+#[tokio::test]
+async fn a_set_or_del_behind_the_holder_is_reported_for_its_lease() -> TestResult {
+    let server = RedisServer::start()?;
+    let backend = connect(&server).await;
+    assert!(backend.tracks_lease_changes());
+    let mut watch = backend.watch_changes().await?;
+    assert!(watch.is_supported());
+    let (k, other, me) = (key("tracked"), key("untouched"), holder());
+    acquire(&backend, &k, me, ttl("30s")).await?;
+    acquire(&backend, &other, holder(), ttl("30s")).await?;
+    let renew = RenewRequest::new(k.clone(), me, ttl("30s"));
+    // A lease is watched from its first renewal on.
+    assert_eq!(backend.renew(&renew).await?, RenewOutcome::Renewed);
+    assert_eq!(
+        server.cli(&["SET", &storage_key(&k), "someone-else", "PX", "60000"])?,
+        "OK"
+    );
+    let changed = changes(&mut watch).await?;
+    assert!(
+        changed.contains(&LeaseChange::Changed(k.clone())),
+        "{changed:?}"
+    );
+    assert_eq!(backend.renew(&renew).await?, RenewOutcome::Lost);
+    // The renewal read it again: a DEL is reported too.
+    assert_eq!(server.cli(&["DEL", &storage_key(&k)])?, "1");
+    let changed = changes(&mut watch).await?;
+    assert!(changed.contains(&LeaseChange::Changed(k)), "{changed:?}");
+    // The other lease was never renewed here, so never tracked: nothing else.
+    assert_eq!(watch.try_next(), None);
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_flush_and_a_lost_connection_report_every_lease() -> TestResult {
+    let mut server = RedisServer::start()?;
+    let backend = connect(&server).await;
+    let mut watch = backend.watch_changes().await?;
+    let (k, me) = (key("flushed"), holder());
+    acquire(&backend, &k, me, ttl("30s")).await?;
+    let renew = RenewRequest::new(k.clone(), me, ttl("30s"));
+    assert_eq!(backend.renew(&renew).await?, RenewOutcome::Renewed);
+    assert_eq!(server.cli(&["FLUSHALL"])?, "OK");
+    assert_eq!(next_change(&mut watch).await?, LeaseChange::All);
+
+    server.restart()?;
+    assert_eq!(next_change(&mut watch).await?, LeaseChange::All);
+    // Tracking is on again on the new connection: a renewal (lost, the
+    // restart was empty) tracks the key, and a SET is reported.
+    assert_eq!(backend.renew(&renew).await?, RenewOutcome::Lost);
+    while watch.try_next().is_some() {}
+    assert_eq!(server.cli(&["SET", &storage_key(&k), "x"])?, "OK");
+    let changed = changes(&mut watch).await?;
+    assert!(changed.contains(&LeaseChange::Changed(k)), "{changed:?}");
+    assert!(backend.tracks_lease_changes());
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_refused_client_tracking_leaves_renewals_working() -> TestResult {
+    let server = RedisServer::start()?;
+    // A user that may speak RESP3 but not turn tracking on.
+    assert_eq!(
+        server.cli(&[
+            "ACL", "SETUSER", "notrack", "on", ">pw-3c1d", "~*", "&*", "+@all", "-client"
+        ])?,
+        "OK"
+    );
+    let url = format!("redis://notrack:pw-3c1d@{}", server.addr());
+    let backend = RedisBackend::connect(url).await?;
+    let (k, me) = (key("untracked"), holder());
+    acquire(&backend, &k, me, ttl("30s")).await?;
+    let renew = RenewRequest::new(k.clone(), me, ttl("30s"));
+    for _ in 0..3 {
+        assert_eq!(backend.renew(&renew).await?, RenewOutcome::Renewed);
+    }
+    assert!(!backend.tracks_lease_changes());
+    assert!(!backend.watch_changes().await?.is_supported());
+    Ok(())
+}
+
+#[tokio::test]
+async fn tracking_can_be_turned_off() -> TestResult {
+    let server = RedisServer::start()?;
+    let backend = RedisBackend::builder(server.url())
+        .track_lease_changes(false)
+        .connect()
+        .await?;
+    assert!(!backend.tracks_lease_changes());
+    assert!(!backend.watch_changes().await?.is_supported());
+    let (k, me) = (key("plain"), holder());
+    acquire(&backend, &k, me, ttl("30s")).await?;
+    let renew = RenewRequest::new(k.clone(), me, ttl("30s"));
+    assert_eq!(backend.renew(&renew).await?, RenewOutcome::Renewed);
+    // The renewal connection does not track.
+    let list = server.cli(&["CLIENT", "LIST"])?;
+    let renew_line = list
+        .lines()
+        .find(|l| l.contains("name=leasehold-renew"))
+        .ok_or("no renewal connection")?;
+    assert!(renew_line.contains("flags=N"), "{renew_line}");
+    Ok(())
+}
