@@ -38,12 +38,27 @@ impl HolderId {
     /// The id as 32 lowercase hexadecimal digits: the form stored on the server.
     #[must_use]
     pub fn to_hex(&self) -> String {
-        let mut s = String::with_capacity(32);
-        for b in self.0 {
-            s.push(char::from(HEX[usize::from(b >> 4)]));
-            s.push(char::from(HEX[usize::from(b & 0xf)]));
+        self.to_hex_bytes().iter().map(|&c| char::from(c)).collect()
+    }
+
+    /// The same 32 lowercase hexadecimal digits as [`HolderId::to_hex`], as
+    /// bytes on the stack: for writing the id into a request without
+    /// allocating.
+    ///
+    /// ```
+    /// use leasehold_core::HolderId;
+    /// let id = HolderId::generate()?;
+    /// assert_eq!(&id.to_hex_bytes()[..], id.to_hex().as_bytes());
+    /// # Ok::<(), leasehold_core::Error>(())
+    /// ```
+    #[must_use]
+    pub fn to_hex_bytes(&self) -> [u8; 32] {
+        let mut hex = [0u8; 32];
+        for (pair, b) in hex.chunks_exact_mut(2).zip(self.0) {
+            pair[0] = HEX[usize::from(b >> 4)];
+            pair[1] = HEX[usize::from(b & 0xf)];
         }
-        s
+        hex
     }
 
     /// Parses the form written by [`HolderId::to_hex`].

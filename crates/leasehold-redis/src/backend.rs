@@ -324,6 +324,10 @@ impl LeaseBackend for RedisBackend {
         requests: &[RenewRequest],
     ) -> Vec<Result<RenewOutcome, BackendError>> {
         if !self.shared.conn.is_cluster() {
+            if requests.len() <= scripts::RENEW_BATCH {
+                // The watchdog's batches: one call, its outcomes as they are.
+                return self.renew_batch(requests).await;
+            }
             let batches = requests
                 .chunks(scripts::RENEW_BATCH)
                 .map(|batch| self.renew_batch(batch));
@@ -372,7 +376,7 @@ impl LeaseBackend for RedisBackend {
         let call = scripts::release(
             &self.shared.layout,
             key,
-            &holder.to_hex(),
+            holder,
             notices.is_some(),
             notices.is_some_and(Notices::sharded),
         );
@@ -410,7 +414,7 @@ impl LeaseBackend for RedisBackend {
         let call = scripts::handover(
             &self.shared.layout,
             key,
-            &holder.to_hex(),
+            holder,
             own,
             notices.sharded(),
             next,

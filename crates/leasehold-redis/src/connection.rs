@@ -69,7 +69,9 @@ impl Conn {
     pub(crate) async fn command(&self, cmd: &Cmd, key: &str) -> RedisResult<Value> {
         match self {
             Self::Standalone(conn) => cmd.query_async(&mut conn.clone()).await,
-            Self::Cluster(conn) => routed(&mut conn.clone(), cmd.clone(), route_for(key)).await,
+            Self::Cluster(conn) => {
+                routed(&mut conn.clone(), cmd.clone(), route_for(key.as_bytes())).await
+            }
             Self::Sentinel(sentinel) => {
                 let (generation, mut conn) = sentinel.current().await?;
                 let mut guard = DropGuard {
@@ -88,7 +90,7 @@ impl Conn {
     }
 }
 
-fn route_for(key: &str) -> RoutingInfo {
+fn route_for(key: &[u8]) -> RoutingInfo {
     RoutingInfo::SingleNode(SingleNodeRoutingInfo::SpecificNode(Route::with_key(
         key,
         SlotAddr::Master,
@@ -138,10 +140,10 @@ async fn eval_on_cluster(
 ) -> RedisResult<Reply> {
     let route = route_for(call.first_key());
     let Some(wait) = wait else {
-        return match routed(conn, call.evalsha(), route.clone()).await {
+        return match routed(conn, call.evalsha().clone(), route.clone()).await {
             Err(err) if is_noscript(&err) => {
                 routed(conn, call.load(), route.clone()).await?;
-                let value = routed(conn, call.evalsha(), route).await?;
+                let value = routed(conn, call.evalsha().clone(), route).await?;
                 Ok(Reply { value, acked: None })
             }
             other => other.map(|value| Reply { value, acked: None }),
@@ -174,7 +176,7 @@ fn acked_pipeline(call: &Call, wait: Wait) -> redis::Pipeline {
     let millis = u64::try_from(wait.timeout.as_millis())
         .unwrap_or(u64::MAX)
         .max(1);
-    pipe.add_command(call.evalsha())
+    pipe.add_command(call.evalsha().clone())
         .add_command({
             let mut cmd = redis::cmd("WAIT");
             cmd.arg(wait.replicas).arg(millis);

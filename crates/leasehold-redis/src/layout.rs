@@ -84,6 +84,20 @@ impl KeyLayout {
         }
     }
 
+    /// Appends the prefix `P` of a lease to `out`, as [`lease`](Self::lease)
+    /// spells it, without allocating a `String` for it.
+    pub(crate) fn write_lease(&self, key: &LeaseKey, out: &mut Vec<u8>) {
+        out.extend_from_slice(self.namespace.as_bytes());
+        if key.hash_tag().is_some() {
+            out.push(b':');
+            out.extend_from_slice(key.as_str().as_bytes());
+        } else {
+            out.extend_from_slice(b":{");
+            out.extend_from_slice(key.as_str().as_bytes());
+            out.push(b'}');
+        }
+    }
+
     /// The Redis key holding the lease itself (`P`).
     #[must_use]
     pub fn lease(&self, key: &LeaseKey) -> String {
@@ -150,6 +164,18 @@ mod tests {
         assert_eq!(layout.lease(&k("order:{42}")), "leasehold:order:{42}");
         assert_eq!(layout.fence(&k("order:{42}")), "leasehold:order:{42}:fence");
         assert_eq!(hashed_part(&layout.lease(&k("order:{42}"))), "42");
+    }
+
+    #[test]
+    fn written_lease_keys_spell_the_same_as_lease() {
+        let layout = KeyLayout::new("app").expect("valid namespace");
+        let mut out = Vec::new();
+        for key in ["plain", "order:{42}", "x{}y", "a}b{c", "ü{ñ}"] {
+            let key = k(key);
+            out.clear();
+            layout.write_lease(&key, &mut out);
+            assert_eq!(out, layout.lease(&key).as_bytes(), "{key:?}");
+        }
     }
 
     #[test]

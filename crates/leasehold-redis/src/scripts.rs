@@ -9,7 +9,7 @@
 
 use std::sync::LazyLock;
 
-use leasehold_core::{AcquireRequest, LeaseKey, RenewRequest};
+use leasehold_core::{AcquireRequest, HolderId, LeaseKey, RenewRequest};
 use redis::{Cmd, Script};
 
 /// A script's source and its SHA-1, computed once.
@@ -32,45 +32,42 @@ impl Lua {
     }
 }
 
-/// One script call: the script, its KEYS and its ARGV.
+/// One script call, encoded once: `EVALSHA sha numkeys KEYS… ARGV…`.
+///
+/// Keys and arguments are written straight into the command's buffer (a
+/// lease key from its parts, a holder id as hex on the stack, numbers by
+/// `itoa`): a renewal batch of a thousand leases costs no allocation per
+/// lease.
 pub(crate) struct Call {
     script: &'static Lua,
-    keys: Vec<String>,
-    args: Vec<String>,
+    cmd: Cmd,
 }
 
 impl Call {
-    fn new(script: &'static Lua) -> Self {
-        Self {
-            script,
-            keys: Vec::new(),
-            args: Vec::new(),
-        }
+    fn new(script: &'static Lua, keys: usize) -> Self {
+        Self::with_capacity(script, keys, 0, 0)
     }
 
-    fn key(&mut self, key: String) -> &mut Self {
-        self.keys.push(key);
-        self
-    }
-
-    fn arg(&mut self, arg: impl ToString) -> &mut Self {
-        self.args.push(arg.to_string());
-        self
+    /// A call whose buffers are sized up front for `args` arguments of
+    /// `bytes` bytes in all, so a large batch is not copied as it grows.
+    fn with_capacity(script: &'static Lua, keys: usize, args: usize, bytes: usize) -> Self {
+        let mut cmd = Cmd::with_capacity(3 + args, 64 + bytes);
+        cmd.arg("EVALSHA").arg(script.get_hash()).arg(keys);
+        Self { script, cmd }
     }
 
     /// The first key: in a cluster, the call goes to the node of its slot.
-    pub(crate) fn first_key(&self) -> &str {
-        self.keys.first().map_or("", String::as_str)
+    pub(crate) fn first_key(&self) -> &[u8] {
+        // EVALSHA, the hash, the key count, then the keys.
+        match self.cmd.args_iter().nth(3) {
+            Some(redis::Arg::Simple(key)) => key,
+            _ => b"",
+        }
     }
 
     /// `EVALSHA sha numkeys KEYS… ARGV…`.
-    pub(crate) fn evalsha(&self) -> Cmd {
-        let mut cmd = redis::cmd("EVALSHA");
-        cmd.arg(self.script.get_hash())
-            .arg(self.keys.len())
-            .arg(&self.keys)
-            .arg(&self.args);
-        cmd
+    pub(crate) fn evalsha(&self) -> &Cmd {
+        &self.cmd
     }
 
     /// `SCRIPT LOAD source`, for a server that answered `NOSCRIPT`.
@@ -109,10 +106,14 @@ pub(crate) const RENEW_BATCH: usize = 1000;
 
 /// `acquire.lua` for `request`.
 pub(crate) fn acquire(layout: &KeyLayout, request: &AcquireRequest) -> Call {
-    let mut call = Call::new(&ACQUIRE);
-    call.key(layout.lease(&request.key))
-        .key(layout.fence(&request.key))
-        .arg(request.holder.to_hex())
+    let mut call = Call::new(&ACQUIRE, 2);
+    let mut key = Vec::with_capacity(64);
+    layout.write_lease(&request.key, &mut key);
+    call.cmd.arg(&key[..]);
+    key.extend_from_slice(b":fence");
+    call.cmd
+        .arg(&key[..])
+        .arg(&request.holder.to_hex_bytes()[..])
         .arg(request.ttl.as_millis())
         .arg(request.label.as_deref().unwrap_or(""));
     call
@@ -120,16 +121,29 @@ pub(crate) fn acquire(layout: &KeyLayout, request: &AcquireRequest) -> Call {
 
 /// `renew.lua` for a batch of at most [`RENEW_BATCH`] requests.
 pub(crate) fn renew(layout: &KeyLayout, requests: &[RenewRequest]) -> Call {
-    let mut call = Call::new(&RENEW);
+    // Per lease: a key (namespace, braces, the key), a holder id (32 hex
+    // digits) and a ttl (at most 8 digits).
+    let bytes: usize = requests
+        .iter()
+        .map(|r| layout.namespace().len() + r.key.as_str().len() + 3 + 32 + 8)
+        .sum();
+    let mut call = Call::with_capacity(&RENEW, requests.len(), 3 * requests.len(), bytes);
+    // One scratch buffer for every key of the batch.
+    let mut key = Vec::with_capacity(64);
     for request in requests {
-        call.key(layout.lease(&request.key))
-            .arg(request.holder.to_hex())
+        key.clear();
+        layout.write_lease(&request.key, &mut key);
+        call.cmd.arg(&key[..]);
+    }
+    for request in requests {
+        call.cmd
+            .arg(&request.holder.to_hex_bytes()[..])
             .arg(request.ttl.as_millis());
     }
     call
 }
 
-/// `release.lua` for `key` and `holder_hex`.
+/// `release.lua` for `key` and `holder`.
 ///
 /// With `notify`, the release is announced on `P:released`, with `SPUBLISH`
 /// when `sharded` (a cluster) and `PUBLISH` otherwise, for waiters
@@ -137,47 +151,56 @@ pub(crate) fn renew(layout: &KeyLayout, requests: &[RenewRequest]) -> Call {
 pub(crate) fn release(
     layout: &KeyLayout,
     key: &LeaseKey,
-    holder_hex: &str,
+    holder: &HolderId,
     notify: bool,
     sharded: bool,
 ) -> Call {
-    let mut call = Call::new(&RELEASE);
-    call.key(layout.lease(key))
-        .arg(holder_hex)
-        .arg(if notify {
-            layout.released(key)
-        } else {
-            String::new()
-        })
-        .arg(if sharded { "SPUBLISH" } else { "PUBLISH" });
+    let mut call = Call::new(&RELEASE, 1);
+    let mut lease = Vec::with_capacity(64);
+    layout.write_lease(key, &mut lease);
+    call.cmd.arg(&lease[..]).arg(&holder.to_hex_bytes()[..]);
+    if notify {
+        lease.extend_from_slice(b":released");
+        call.cmd.arg(&lease[..]);
+    } else {
+        call.cmd.arg("");
+    }
+    call.cmd.arg(if sharded { "SPUBLISH" } else { "PUBLISH" });
     call
 }
 
-/// `handover.lua`: release `key` for `holder_hex` and grant it to `next`
+/// `handover.lua`: release `key` for `holder` and grant it to `next`
 /// unless the channel has more than `own` subscribers; `sharded` picks
 /// `SHARDNUMSUB`/`SPUBLISH` (a cluster) over `NUMSUB`/`PUBLISH`.
 pub(crate) fn handover(
     layout: &KeyLayout,
     key: &LeaseKey,
-    holder_hex: &str,
+    holder: &HolderId,
     own: u8,
     sharded: bool,
     next: &AcquireRequest,
 ) -> Call {
-    let mut call = Call::new(&HANDOVER);
+    let mut call = Call::new(&HANDOVER, 2);
     let (count, publish) = if sharded {
         ("SHARDNUMSUB", "SPUBLISH")
     } else {
         ("NUMSUB", "PUBLISH")
     };
-    call.key(layout.lease(key))
-        .key(layout.fence(key))
-        .arg(holder_hex)
-        .arg(layout.released(key))
+    let mut lease = Vec::with_capacity(64);
+    layout.write_lease(key, &mut lease);
+    let stem = lease.len();
+    call.cmd.arg(&lease[..]);
+    lease.extend_from_slice(b":fence");
+    call.cmd.arg(&lease[..]);
+    lease.truncate(stem);
+    lease.extend_from_slice(b":released");
+    call.cmd
+        .arg(&holder.to_hex_bytes()[..])
+        .arg(&lease[..])
         .arg(own)
         .arg(count)
         .arg(publish)
-        .arg(next.holder.to_hex())
+        .arg(&next.holder.to_hex_bytes()[..])
         .arg(next.ttl.as_millis())
         .arg(next.label.as_deref().unwrap_or(""));
     call
@@ -185,8 +208,10 @@ pub(crate) fn handover(
 
 /// `inspect.lua` for `key`.
 pub(crate) fn inspect(layout: &KeyLayout, key: &LeaseKey) -> Call {
-    let mut call = Call::new(&INSPECT);
-    call.key(layout.lease(key));
+    let mut call = Call::new(&INSPECT, 1);
+    let mut lease = Vec::with_capacity(64);
+    layout.write_lease(key, &mut lease);
+    call.cmd.arg(&lease[..]);
     call
 }
 
@@ -207,6 +232,101 @@ mod tests {
             assert!(source.contains("-- KEYS["), "{name} names its KEYS");
             assert!(source.contains("ARGV"), "{name} names its ARGV");
         }
+    }
+
+    /// The arguments of a command, as text.
+    fn args(cmd: &Cmd) -> Vec<String> {
+        cmd.args_iter()
+            .map(|arg| match arg {
+                redis::Arg::Simple(a) => String::from_utf8_lossy(a).into_owned(),
+                _ => "<cursor>".to_owned(),
+            })
+            .collect()
+    }
+
+    #[test]
+    fn calls_are_encoded_as_the_scripts_expect() -> Result<(), leasehold_core::Error> {
+        let layout = KeyLayout::default();
+        let (a, b) = (LeaseKey::new("a")?, LeaseKey::new("order:{42}")?);
+        let (h1, h2) = (HolderId::generate()?, HolderId::generate()?);
+        let ttl = leasehold_core::Ttl::parse("3s")?;
+        let call = renew(
+            &layout,
+            &[
+                RenewRequest::new(a.clone(), h1, ttl),
+                RenewRequest::new(b, h2, ttl),
+            ],
+        );
+        assert_eq!(
+            args(call.evalsha()),
+            [
+                "EVALSHA",
+                RENEW.get_hash(),
+                "2",
+                "leasehold:{a}",
+                "leasehold:order:{42}",
+                &h1.to_hex(),
+                "3000",
+                &h2.to_hex(),
+                "3000"
+            ]
+        );
+        assert_eq!(call.first_key(), b"leasehold:{a}");
+
+        let request = AcquireRequest::new(a.clone(), h1, ttl).with_label("pod-1")?;
+        let call = acquire(&layout, &request);
+        assert_eq!(
+            args(call.evalsha()),
+            [
+                "EVALSHA",
+                ACQUIRE.get_hash(),
+                "2",
+                "leasehold:{a}",
+                "leasehold:{a}:fence",
+                &h1.to_hex(),
+                "3000",
+                "pod-1"
+            ]
+        );
+        let call = release(&layout, &a, &h1, true, false);
+        assert_eq!(
+            args(call.evalsha())[3..],
+            [
+                "leasehold:{a}",
+                &h1.to_hex(),
+                "leasehold:{a}:released",
+                "PUBLISH"
+            ]
+        );
+        let call = release(&layout, &a, &h1, false, false);
+        assert_eq!(
+            args(call.evalsha())[3..],
+            ["leasehold:{a}", &h1.to_hex(), "", "PUBLISH"]
+        );
+        let call = release(&layout, &a, &h1, true, true);
+        assert_eq!(args(call.evalsha())[6], "SPUBLISH");
+        let call = handover(&layout, &a, &h1, 1, true, &request);
+        assert_eq!(
+            args(call.evalsha())[2..],
+            [
+                "2",
+                "leasehold:{a}",
+                "leasehold:{a}:fence",
+                &h1.to_hex(),
+                "leasehold:{a}:released",
+                "1",
+                "SHARDNUMSUB",
+                "SPUBLISH",
+                &h1.to_hex(),
+                "3000",
+                "pod-1"
+            ]
+        );
+        assert_eq!(
+            args(inspect(&layout, &a).evalsha())[2..],
+            ["1", "leasehold:{a}"]
+        );
+        Ok(())
     }
 
     #[test]

@@ -223,6 +223,37 @@ async fn fencing_tokens_strictly_increase_over_1000_cycles() -> TestResult {
 }
 
 #[tokio::test]
+async fn a_counter_ahead_of_the_clock_is_followed_and_a_bad_one_refused() -> TestResult {
+    let server = RedisServer::start()?;
+    let backend = connect(&server).await;
+    // A counter far ahead of the server clock in microseconds (as after a
+    // clock that stepped back): the next token is one past it, not the clock.
+    let k = key("ahead");
+    let fence = format!("{}:fence", storage_key(&k));
+    server.cli(&["SET", &fence, "5000000000000000"])?;
+    let h = holder();
+    let grant = acquire(&backend, &k, h, ttl("10s")).await?;
+    assert_eq!(grant.fencing_token, FencingToken(5_000_000_000_000_001));
+    assert_eq!(server.cli(&["GET", &fence])?, "5000000000000001");
+    assert_eq!(backend.release(&k, &h).await?, ReleaseOutcome::Released);
+    let next = acquire(&backend, &k, holder(), ttl("10s")).await?;
+    assert_eq!(next.fencing_token, FencingToken(5_000_000_000_000_002));
+
+    // A counter that is not a number stops acquisition and is left as it was.
+    let bad = key("not-a-number");
+    let fence = format!("{}:fence", storage_key(&bad));
+    server.cli(&["SET", &fence, "twelve"])?;
+    let err = backend
+        .try_acquire(&AcquireRequest::new(bad.clone(), holder(), ttl("10s")))
+        .await
+        .expect_err("a counter that is not a number");
+    assert!(err.to_string().contains("not an integer"), "{err}");
+    assert_eq!(server.cli(&["GET", &fence])?, "twelve");
+    assert_eq!(backend.inspect(&bad).await?, None, "no lease was written");
+    Ok(())
+}
+
+#[tokio::test]
 async fn leases_expire_on_the_server() -> TestResult {
     let server = RedisServer::start()?;
     let backend = connect(&server).await;

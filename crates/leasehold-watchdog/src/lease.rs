@@ -1,9 +1,11 @@
 //! The holder's handle on a lease, and why a lease ends.
 
 use std::fmt;
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU8, AtomicU32, AtomicU64, Ordering};
+use std::time::Duration;
 
-use leasehold_core::{FencingToken, Grant, HolderId, LeaseKey, ReleaseOutcome, Ttl};
+use leasehold_core::{FencingToken, Grant, LeaseKey, ReleaseOutcome, Ttl};
 use tokio::sync::{mpsc, oneshot};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
@@ -54,81 +56,112 @@ impl fmt::Display for LossReason {
 }
 
 /// State shared by the handle and the watchdog.
+///
+/// The watchdog keeps what it needs to send a renewal (key, holder, ttl,
+/// deadline) in its own entry, so a renewal touches this only when its
+/// reply comes back; the fields it reads or writes then come first, and the
+/// per-renewal updates are plain atomic stores, not a lock.
+#[repr(C)]
 pub(crate) struct Shared {
+    pub(crate) timing: Timing,
+    /// The end of the validity known from the last successful renewal (or
+    /// the acquisition), in nanoseconds after `acquired_at`.
+    valid_for_ns: AtomicU64,
+    renewals: AtomicU32,
+    /// Why the lease ended: 0 while it has not, else a [`LossReason`] code.
+    loss: AtomicU8,
+    pub(crate) name: std::borrow::Cow<'static, str>,
+    /// When the acquisition was sent: the start of the hold-time metric,
+    /// and what `valid_for_ns` counts from.
+    pub(crate) acquired_at: Instant,
     pub(crate) key: LeaseKey,
-    pub(crate) holder: HolderId,
     pub(crate) fencing_token: FencingToken,
     pub(crate) ttl: Ttl,
-    pub(crate) name: std::borrow::Cow<'static, str>,
-    pub(crate) timing: Timing,
-    /// When the acquisition was sent: the start of the hold-time metric.
-    pub(crate) acquired_at: Instant,
     /// Cancelled by the watchdog; the holder sees a child of it.
     pub(crate) token: CancellationToken,
-    state: Mutex<State>,
 }
 
-#[derive(Clone, Copy)]
-struct State {
-    valid_until: Instant,
-    renewals: u32,
-    loss: Option<LossReason>,
-}
-
-impl Shared {
-    pub(crate) fn new(grant: Grant, name: std::borrow::Cow<'static, str>, timing: Timing) -> Self {
-        Self {
-            key: grant.key,
-            holder: grant.holder,
-            fencing_token: grant.fencing_token,
-            ttl: grant.ttl,
-            name,
-            timing,
-            acquired_at: grant.sent_at,
-            token: CancellationToken::new(),
-            state: Mutex::new(State {
-                valid_until: grant.valid_until,
-                renewals: 0,
-                loss: None,
-            }),
+impl LossReason {
+    /// The reason's code in [`Shared::loss`]; never 0.
+    fn code(self) -> u8 {
+        match self {
+            Self::Lost => 1,
+            Self::RenewalLimit => 2,
+            Self::Deadline => 3,
+            Self::Shutdown => 4,
         }
     }
 
-    fn state(&self) -> MutexGuard<'_, State> {
-        // Every update is a plain field store, so a poisoned lock holds consistent data.
-        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    fn from_code(code: u8) -> Option<Self> {
+        match code {
+            1 => Some(Self::Lost),
+            2 => Some(Self::RenewalLimit),
+            3 => Some(Self::Deadline),
+            4 => Some(Self::Shutdown),
+            _ => None,
+        }
+    }
+}
+
+/// Nanoseconds from `from` to `to` (0 if `to` is earlier), saturating.
+fn nanos_between(from: Instant, to: Instant) -> u64 {
+    u64::try_from(to.saturating_duration_since(from).as_nanos()).unwrap_or(u64::MAX)
+}
+
+impl Shared {
+    pub(crate) fn new(grant: &Grant, name: std::borrow::Cow<'static, str>, timing: Timing) -> Self {
+        Self {
+            timing,
+            valid_for_ns: AtomicU64::new(nanos_between(grant.sent_at, grant.valid_until)),
+            renewals: AtomicU32::new(0),
+            loss: AtomicU8::new(0),
+            name,
+            acquired_at: grant.sent_at,
+            key: grant.key.clone(),
+            fencing_token: grant.fencing_token,
+            ttl: grant.ttl,
+            token: CancellationToken::new(),
+        }
     }
 
+    /// Records a successful renewal. Only the watchdog writes, so plain
+    /// stores suffice; a reader may see the new validity a moment before
+    /// the new count, never a validity that was not earned.
     pub(crate) fn renewed(&self, valid_until: Instant) {
-        let mut state = self.state();
-        state.valid_until = valid_until;
-        state.renewals += 1;
+        self.valid_for_ns.store(
+            nanos_between(self.acquired_at, valid_until),
+            Ordering::Release,
+        );
+        // The only writer: a load and a store, not a locked read-modify-write.
+        let renewals = self.renewals.load(Ordering::Relaxed);
+        self.renewals
+            .store(renewals.saturating_add(1), Ordering::Release);
     }
 
     /// Records the reason first, so that whoever wakes on the token sees it.
     /// The first reason wins.
     pub(crate) fn end(&self, reason: LossReason) -> bool {
+        if self
+            .loss
+            .compare_exchange(0, reason.code(), Ordering::AcqRel, Ordering::Acquire)
+            .is_err()
         {
-            let mut state = self.state();
-            if state.loss.is_some() {
-                return false;
-            }
-            state.loss = Some(reason);
+            return false;
         }
         self.token.cancel();
         true
     }
 
     pub(crate) fn loss(&self) -> Option<LossReason> {
-        self.state().loss
+        LossReason::from_code(self.loss.load(Ordering::Acquire))
     }
 
     pub(crate) fn valid_until(&self) -> Instant {
-        self.state().valid_until
+        self.acquired_at + Duration::from_nanos(self.valid_for_ns.load(Ordering::Acquire))
     }
 
     pub(crate) fn renewals(&self) -> u32 {
-        self.state().renewals
+        self.renewals.load(Ordering::Acquire)
     }
 }
 

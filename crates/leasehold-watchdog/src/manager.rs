@@ -319,10 +319,9 @@ impl<B: LeaseBackend> LeaseManager<B> {
 
     fn register(&self, grant: Grant, options: &LeaseOptions) -> Result<Lease, LeaseError> {
         let id = self.inner.next_id.fetch_add(1, Ordering::Relaxed);
-        let sent_at = grant.sent_at;
         let shared = Arc::new(Shared::new(
-            grant,
-            options.name().to_owned().into(),
+            &grant,
+            options.shared_name().clone(),
             Timing::new(
                 options.renew_interval(),
                 options.safety_margin(),
@@ -335,7 +334,9 @@ impl<B: LeaseBackend> LeaseManager<B> {
             .send(Command::Register {
                 id,
                 shared,
-                sent_at,
+                key: grant.key,
+                holder: grant.holder,
+                sent_at: grant.sent_at,
             })
             .map_err(|_| LeaseError::ManagerStopped)?;
         Ok(lease)

@@ -137,7 +137,12 @@ const RENEW_OUTCOMES: [&str; 3] = ["renewed", "lost", "error"];
 
 impl RenewalTally {
     pub(crate) fn add(&mut self, name: &Cow<'static, str>, outcome: usize) {
-        match self.counts.iter_mut().find(|(n, _)| n == name) {
+        // Leases acquired with the same options share one name text, so the
+        // pointers usually match and the texts need no comparing.
+        let same = |n: &Cow<'static, str>| {
+            std::ptr::eq(n.as_ptr(), name.as_ptr()) && n.len() == name.len() || n == name
+        };
+        match self.counts.iter_mut().find(|(n, _)| same(n)) {
             Some((_, counts)) => counts[outcome] += 1,
             None => {
                 let mut counts = [0; 3];

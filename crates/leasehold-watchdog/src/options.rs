@@ -127,6 +127,12 @@ impl LeaseOptions {
         &self.name
     }
 
+    /// The name as kept: a `'static` name is shared by every lease
+    /// acquired with these options, not copied per lease.
+    pub(crate) fn shared_name(&self) -> &Cow<'static, str> {
+        &self.name
+    }
+
     /// The public label stored beside the lease.
     #[must_use]
     pub fn label(&self) -> Option<&str> {

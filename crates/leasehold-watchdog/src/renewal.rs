@@ -1,19 +1,27 @@
-//! The watchdog: one task and one timer queue for every lease of a manager.
+//! The watchdog: one task for every lease of a manager, with no timer and
+//! no task per lease.
 //!
-//! Each lease has exactly one timer at a time: `Renew` while it waits for
-//! its next renewal, `Deadline` while a renewal is in flight (or after the
-//! renewal cap is reached). Renewals that fall due together go to the
-//! backend as one `renew_many` batch. Renewal times are moved back onto a
-//! grid ([`RENEW_WINDOW_DIVISOR`] steps per renew interval, counted from the
-//! watchdog's start), so leases acquired close together fall due in the same
-//! timer tick and share their round trips from the first renewal on;
-//! renewed together, they stay together. Renewals are only ever sent early,
-//! never late.
-//! Backend calls run as futures inside this task, so a slow batch never
-//! delays a deadline: the timer branch of the loop fires on time whatever
-//! the backend does.
+//! Each lease waits in exactly one place: a *bucket* (every lease due at one
+//! instant shares a bucket, and the buckets share one timer) while it waits
+//! for its next renewal, or a *batch in flight* while its renewal is on its
+//! way. Renewal times are moved back onto a grid ([`RENEW_WINDOW_DIVISOR`]
+//! steps per renew interval, counted from the watchdog's start), so leases
+//! acquired close together fall due in the same bucket and share their round
+//! trips from the first renewal on; renewed together, they stay together.
+//! Renewals are only ever sent early, never late. A bucket place is never
+//! searched for: each lease carries a generation number, bumped whenever it
+//! moves, and a place whose generation no longer matches is skipped.
+//!
+//! Due renewals go to the backend as `renew_many` batches of at most
+//! [`MAX_BATCH`], at most [`MAX_IN_FLIGHT`] calls at once. Each batch in
+//! flight has one deadline timer, at the earliest deadline of the leases
+//! still waiting on it; when it fires, the leases whose deadline came are
+//! ended and the timer moves to the next deadline. Backend calls run as
+//! futures inside this task, so a slow batch never delays a deadline: the
+//! timer branch of the loop fires on time whatever the backend does.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, BTreeSet, HashMap, btree_map};
+use std::hash::{BuildHasherDefault, Hasher};
 use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
@@ -22,12 +30,11 @@ use futures_util::stream::FuturesUnordered;
 use futures_util::{FutureExt, StreamExt};
 use leasehold_core::{
     BackendError, HolderId, LeaseBackend, LeaseKey, ReleaseOutcome, RenewOutcome, RenewRequest,
-    valid_until,
+    Ttl, valid_until,
 };
-use tokio::sync::{mpsc, oneshot};
-use tokio::time::Instant;
+use tokio::sync::{Semaphore, mpsc, oneshot};
+use tokio::time::{Instant, Sleep};
 use tokio_util::sync::CancellationToken;
-use tokio_util::time::{DelayQueue, delay_queue};
 use tracing::{Instrument, debug, debug_span, warn};
 
 use crate::LeaseError;
@@ -39,13 +46,18 @@ use crate::queue::Queues;
 /// The most renewals sent to the backend in one call.
 pub(crate) const MAX_BATCH: usize = 1000;
 
+/// The most renewal calls in flight at once; later calls wait for one to
+/// finish and count their validity from their own send. Without a bound, a
+/// burst of due renewals (a million leases acquired in one go) would queue
+/// every call on the connection at once, and the last ones could outlast
+/// the op timeout while they only waited their turn.
+pub(crate) const MAX_IN_FLIGHT: usize = 16;
+
 /// Renewal times are rounded down to a multiple of
 /// `renew_interval / RENEW_WINDOW_DIVISOR` after the watchdog's start.
 /// Renewing up to that much early costs a lease nothing it relies on (its
 /// deadline counts from each renewal's send); in exchange, leases acquired
-/// within one step of each other fall due in the same timer tick. (Finding
-/// the renewals due soon when a timer fires would need a scan of the timer
-/// wheel's slot, which at a million leases costs more than the batching saves.)
+/// within one step of each other fall due in the same bucket.
 pub(crate) const RENEW_WINDOW_DIVISOR: u32 = 16;
 
 /// A reply channel for a release.
@@ -58,6 +70,8 @@ pub(crate) enum Command {
     Register {
         id: u64,
         shared: Arc<Shared>,
+        key: LeaseKey,
+        holder: HolderId,
         sent_at: Instant,
     },
     /// Stop keeping a lease and release it on the server.
@@ -94,6 +108,10 @@ impl Timing {
         }
     }
 
+    pub(crate) fn renew_interval_ns(&self) -> u64 {
+        self.renew_interval_ns
+    }
+
     pub(crate) fn renew_interval(&self) -> Duration {
         Duration::from_nanos(self.renew_interval_ns)
     }
@@ -116,20 +134,30 @@ impl Timing {
     }
 }
 
+/// Where a lease waits: its slot, and the slot's generation when it was
+/// put there. Stale once the lease moved, ended or was released.
 #[derive(Debug, Clone, Copy)]
-enum Event {
-    Renew,
-    Deadline,
+struct Place {
+    slot: u32,
+    generation: u32,
 }
 
-/// The watchdog's own state per lease. Kept small, since a manager may
-/// hold a million: the timing lives in `shared`, not here.
+/// The watchdog's own state per lease: what a renewal request needs, so
+/// that sending one reads nothing else. Kept small, since a manager may
+/// hold a million.
 struct Entry {
     shared: Arc<Shared>,
+    key: LeaseKey,
+    holder: HolderId,
+    ttl: Ttl,
     /// When the token fires unless a renewal succeeds first.
     deadline: Instant,
-    timer: Option<delay_queue::Key>,
+    /// Whether the hold time was recorded (the lease ended or was released).
     ended: bool,
+    /// Renewals still allowed by the cap; `u32::MAX` when there is none.
+    /// Kept here rather than read from `Shared`, so that deciding whether
+    /// to renew touches nothing but the entry.
+    renewals_left: u32,
     /// Failed renewals in a row, for the retry delay.
     failures: u8,
     /// A renewal of this lease is in flight.
@@ -147,20 +175,58 @@ impl Entry {
             metrics::ended(&self.shared.name, how, self.shared.acquired_at.elapsed());
         }
     }
+
+    fn capped(&self) -> bool {
+        self.renewals_left == 0
+    }
+
+    /// Counts a successful renewal against the cap.
+    fn count_renewal(&mut self) {
+        if self.renewals_left != u32::MAX {
+            self.renewals_left -= 1;
+        }
+    }
 }
 
-impl Entry {
-    fn capped(&self) -> bool {
-        self.shared
-            .timing
-            .max_renewals
-            .is_some_and(|max| self.shared.renewals() >= max)
+/// A slot of the entry table. The generation survives the entry, so a
+/// place of a released lease never matches the lease that reuses the slot.
+struct Slot {
+    generation: u32,
+    entry: Option<Entry>,
+}
+
+/// Lease ids come from a counter: one multiplication spreads them well
+/// enough, where SipHash would cost more than the lookup.
+#[derive(Default)]
+struct IdHasher(u64);
+
+impl Hasher for IdHasher {
+    fn finish(&self) -> u64 {
+        self.0
     }
+
+    fn write(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.0 = (self.0.rotate_left(8) ^ u64::from(b)).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+        }
+    }
+
+    fn write_u64(&mut self, id: u64) {
+        self.0 = id.wrapping_mul(0x9E37_79B9_7F4A_7C15);
+    }
+}
+
+/// A renewal call in flight: its leases, in request order.
+struct Batch {
+    members: Vec<Place>,
+    /// Where its deadline timer is set: the earliest deadline among the
+    /// members still waiting on it.
+    deadline: Instant,
 }
 
 enum Done {
     Renewals {
-        ids: Vec<u64>,
+        batch: u64,
         sent_at: Instant,
         outcomes: Vec<Result<RenewOutcome, BackendError>>,
     },
@@ -173,8 +239,21 @@ pub(crate) struct Watchdog<B> {
     backend: B,
     /// For releases to hand a lease to a local waiter (see `handoff.rs`).
     queues: Arc<Queues>,
-    entries: HashMap<u64, Entry>,
-    timers: DelayQueue<(u64, Event)>,
+    slots: Vec<Slot>,
+    /// Slots without an entry, for reuse.
+    free: Vec<u32>,
+    /// The slot of each lease id.
+    ids: HashMap<u64, u32, BuildHasherDefault<IdHasher>>,
+    /// Leases waiting for their next renewal (or their deadline), by when.
+    buckets: BTreeMap<Instant, Vec<Place>>,
+    /// Renewal calls in flight, and their deadline timers.
+    batches: HashMap<u64, Batch, BuildHasherDefault<IdHasher>>,
+    batch_deadlines: BTreeSet<(Instant, u64)>,
+    next_batch: u64,
+    in_flight: Arc<Semaphore>,
+    /// The one timer: set for the earliest bucket or batch deadline.
+    timer: Pin<Box<Sleep>>,
+    timer_at: Option<Instant>,
     work: FuturesUnordered<Work>,
     commands: mpsc::UnboundedReceiver<Command>,
     shutdown: CancellationToken,
@@ -184,6 +263,14 @@ pub(crate) struct Watchdog<B> {
     changes: Changes,
 }
 
+/// Renewals gathered for one call.
+#[derive(Default)]
+struct Outgoing {
+    members: Vec<Place>,
+    requests: Vec<RenewRequest>,
+    deadline: Option<Instant>,
+}
+
 impl<B: LeaseBackend> Watchdog<B> {
     pub(crate) fn new(
         backend: B,
@@ -191,38 +278,45 @@ impl<B: LeaseBackend> Watchdog<B> {
         commands: mpsc::UnboundedReceiver<Command>,
         shutdown: CancellationToken,
     ) -> Self {
+        let epoch = Instant::now();
         Self {
             backend,
             queues,
-            entries: HashMap::new(),
-            timers: DelayQueue::new(),
+            slots: Vec::new(),
+            free: Vec::new(),
+            ids: HashMap::default(),
+            buckets: BTreeMap::new(),
+            batches: HashMap::default(),
+            batch_deadlines: BTreeSet::new(),
+            next_batch: 0,
+            in_flight: Arc::new(Semaphore::new(MAX_IN_FLIGHT)),
+            timer: Box::pin(tokio::time::sleep_until(epoch)),
+            timer_at: None,
             work: FuturesUnordered::new(),
             commands,
             shutdown,
-            epoch: Instant::now(),
+            epoch,
             changes: Changes::none(),
         }
     }
 
     /// `at`, rounded down to the renewal grid of a lease renewed every
-    /// `interval`: never later than `at`, at most `interval / 16` earlier.
-    fn on_grid(&self, at: Instant, interval: Duration) -> Instant {
-        let step = (interval / RENEW_WINDOW_DIVISOR).as_nanos();
+    /// `interval_ns`: never later than `at`, at most `interval / 16` earlier.
+    fn on_grid(&self, at: Instant, interval_ns: u64) -> Instant {
+        let step = interval_ns / u64::from(RENEW_WINDOW_DIVISOR);
         if step == 0 || at <= self.epoch {
             return at;
         }
-        let early = (at - self.epoch).as_nanos() % step;
-        // `early` is below `step`, itself below `interval`: it fits.
-        at - Duration::from_nanos(u64::try_from(early).unwrap_or(0))
+        let since = u64::try_from((at - self.epoch).as_nanos()).unwrap_or(u64::MAX);
+        at - Duration::from_nanos(since % step)
     }
 
     /// Runs until shut down, or until no handle or manager is left.
     ///
     /// Outside tokio's cooperative budget: with the budget (128 resource
-    /// polls per turn), the timer queue stops yielding expired entries after
-    /// about 128 in one turn, so a cohort of renewals due at one instant was
-    /// split into batches of ~125 instead of 1,000. The loop still returns
-    /// to the runtime whenever nothing is ready.
+    /// polls per turn), a turn that drains many finished calls or commands
+    /// would be cut short and the rest left for later turns. The loop still
+    /// returns to the runtime whenever nothing is ready.
     pub(crate) async fn run(self) {
         tokio::task::coop::unconstrained(self.run_loop()).await;
     }
@@ -237,6 +331,7 @@ impl<B: LeaseBackend> Watchdog<B> {
         let mut stopping = false;
         let mut commands_open = true;
         loop {
+            self.arm_timer();
             tokio::select! {
                 biased;
                 () = self.shutdown.cancelled(), if !stopping => {
@@ -253,8 +348,9 @@ impl<B: LeaseBackend> Watchdog<B> {
                     Some(command) => self.on_command(command),
                     None => commands_open = false,
                 },
-                Some(expired) = self.timers.next(), if !self.timers.is_empty() => {
-                    self.on_timers(expired.into_inner());
+                () = &mut self.timer, if self.timer_at.is_some() => {
+                    self.timer_at = None;
+                    self.on_timer(Instant::now());
                 }
                 Some(done) = self.work.next(), if !self.work.is_empty() => self.on_done(done),
                 change = self.changes.next(), if self.changes.is_open() && !stopping => {
@@ -272,17 +368,41 @@ impl<B: LeaseBackend> Watchdog<B> {
         }
     }
 
-    /// Gives expired timers and finished backend calls a turn after every
-    /// event, without waiting. With many leases a timer expires (or a
-    /// command arrives) every millisecond, so the biased `select!` alone
-    /// would always find an earlier branch ready: a flood of acquisitions
-    /// would hold back deadlines, and a steady stream of renewal timers
-    /// would keep the renewals' own replies from ever being read.
-    /// (A noop waker is enough here: before the task sleeps, the `select!`
-    /// polls every branch with the real one.)
+    /// The earliest instant something is due: a bucket or a batch deadline.
+    fn next_due(&self) -> Option<Instant> {
+        let bucket = self.buckets.first_key_value().map(|(at, _)| *at);
+        let batch = self.batch_deadlines.first().map(|(at, _)| *at);
+        match (bucket, batch) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
+    }
+
+    /// Points the one timer at the next due instant, if it moved.
+    fn arm_timer(&mut self) {
+        let next = self.next_due();
+        if next != self.timer_at {
+            if let Some(at) = next {
+                self.timer.as_mut().reset(at);
+            }
+            self.timer_at = next;
+        }
+    }
+
+    /// Gives due timers and finished backend calls a turn after every
+    /// event, without waiting. With many leases a command arrives or a call
+    /// finishes all the time, so the biased `select!` alone could always
+    /// find an earlier branch ready: a flood of acquisitions would hold back
+    /// deadlines, and a steady stream of due renewals would keep the
+    /// renewals' own replies from ever being read. (A noop waker is enough
+    /// here: before the task sleeps, the `select!` polls every branch with
+    /// the real one.)
     fn catch_up(&mut self) {
-        if let Some(Some(expired)) = self.timers.next().now_or_never() {
-            self.on_timers(expired.into_inner());
+        if let Some(due) = self.next_due() {
+            let now = Instant::now();
+            if due <= now {
+                self.on_timer(now);
+            }
         }
         while let Some(Some(done)) = self.work.next().now_or_never() {
             self.on_done(done);
@@ -294,40 +414,64 @@ impl<B: LeaseBackend> Watchdog<B> {
             Command::Register {
                 id,
                 shared,
+                key,
+                holder,
                 sent_at,
             } => {
                 let timing = shared.timing;
                 let deadline = valid_until(sent_at, shared.ttl) - timing.safety_margin();
                 metrics::held(&shared.name, 1.0);
                 let entry = Entry {
+                    ttl: shared.ttl,
                     shared,
+                    key,
+                    holder,
                     deadline,
-                    timer: None,
                     ended: false,
+                    renewals_left: timing.max_renewals.unwrap_or(u32::MAX),
                     failures: 0,
                     in_flight: false,
                     again: false,
                 };
-                self.changes.insert(&entry.shared.key, id);
-                let renew_at = sent_at + timing.renew_interval();
-                self.entries.insert(id, entry);
-                self.schedule(id, renew_at);
+                let slot = match self.free.pop() {
+                    Some(slot) => slot,
+                    None => {
+                        let Ok(slot) = u32::try_from(self.slots.len()) else {
+                            // Four billion leases in one manager: refuse
+                            // to keep it rather than renew the wrong one.
+                            let mut entry = entry;
+                            entry.finish(LossReason::Deadline.as_str());
+                            if entry.shared.end(LossReason::Deadline) {
+                                metrics::lost(&entry.shared.name, LossReason::Deadline.as_str());
+                            }
+                            self.release(&entry.key, Some(&entry.shared.name), entry.holder, None);
+                            return;
+                        };
+                        self.slots.push(Slot {
+                            generation: 0,
+                            entry: None,
+                        });
+                        slot
+                    }
+                };
+                self.changes.insert(&entry.key, id);
+                self.slots[slot as usize].entry = Some(entry);
+                self.ids.insert(id, slot);
+                if let Some((when, place)) =
+                    self.schedule(slot, sent_at + timing.renew_interval(), Instant::now())
+                {
+                    self.buckets.entry(when).or_default().push(place);
+                }
             }
-            Command::Release { id, reply } => match self.entries.remove(&id) {
+            Command::Release { id, reply } => match self.take(id) {
                 Some(mut entry) => {
-                    self.changes.remove(&entry.shared.key, id);
-                    self.cancel_timer(&mut entry);
+                    self.changes.remove(&entry.key, id);
                     entry.finish(if reply.is_some() {
                         "released"
                     } else {
                         "dropped"
                     });
-                    self.release(
-                        &entry.shared.key,
-                        Some(&entry.shared.name),
-                        entry.shared.holder,
-                        reply,
-                    );
+                    self.release(&entry.key, Some(&entry.shared.name), entry.holder, reply);
                 }
                 None => {
                     // Released at shutdown already.
@@ -340,74 +484,156 @@ impl<B: LeaseBackend> Watchdog<B> {
         }
     }
 
-    /// Sets the entry's next timer: a renewal at `renew_at`, or the deadline
-    /// when the cap is reached. Ends the lease at once if the deadline passed.
-    fn schedule(&mut self, id: u64, renew_at: Instant) {
-        let now = Instant::now();
-        let Some(interval) = self
-            .entries
-            .get(&id)
-            .map(|e| e.shared.timing.renew_interval())
-        else {
-            return;
-        };
-        let renew_at = self.on_grid(renew_at, interval);
-        let Some(entry) = self.entries.get_mut(&id) else {
-            return;
-        };
-        if now >= entry.deadline {
-            self.end(id, LossReason::Deadline);
-            return;
+    /// Removes a lease's entry; every place it had becomes stale.
+    fn take(&mut self, id: u64) -> Option<Entry> {
+        let slot = self.ids.remove(&id)?;
+        let cell = self.slots.get_mut(slot as usize)?;
+        cell.generation = cell.generation.wrapping_add(1);
+        let entry = cell.entry.take();
+        self.free.push(slot);
+        entry
+    }
+
+    /// The entry at a place, unless the place is stale.
+    fn at(&mut self, place: Place) -> Option<&mut Entry> {
+        let cell = self.slots.get_mut(place.slot as usize)?;
+        if cell.generation != place.generation {
+            return None;
         }
-        let (when, event) = if entry.capped() {
-            (entry.deadline, Event::Deadline)
+        cell.entry.as_mut()
+    }
+
+    /// Gives the lease in `slot` a new place (voiding the old one) and
+    /// returns it.
+    fn new_place(&mut self, slot: u32) -> Place {
+        let cell = &mut self.slots[slot as usize];
+        cell.generation = cell.generation.wrapping_add(1);
+        Place {
+            slot,
+            generation: cell.generation,
+        }
+    }
+
+    /// The bucket for the lease in `slot` and its new place there: its
+    /// next renewal at `renew_at` (or its deadline, when that comes first
+    /// or the cap is reached). Ends the lease at once, and returns `None`,
+    /// if the deadline passed. The caller puts the place in the bucket.
+    fn schedule(&mut self, slot: u32, renew_at: Instant, now: Instant) -> Option<(Instant, Place)> {
+        let entry = self.slots.get(slot as usize)?.entry.as_ref()?;
+        let deadline = entry.deadline;
+        if now >= deadline {
+            self.end(slot, LossReason::Deadline);
+            return None;
+        }
+        let when = if entry.capped() {
+            deadline
         } else {
-            (renew_at.min(entry.deadline), Event::Renew)
+            let interval = entry.shared.timing.renew_interval_ns();
+            self.on_grid(renew_at, interval).min(deadline)
         };
-        if let Some(old) = entry.timer.take() {
-            self.timers.try_remove(&old);
-        }
-        entry.timer = Some(self.timers.insert_at((id, event), when));
+        Some((when, self.new_place(slot)))
     }
 
-    fn cancel_timer(&mut self, entry: &mut Entry) {
-        if let Some(key) = entry.timer.take() {
-            self.timers.try_remove(&key);
+    /// Adds places to the bucket at `at`; a new bucket takes the vector as is.
+    fn add_to_bucket(&mut self, at: Instant, places: Vec<Place>) {
+        match self.buckets.entry(at) {
+            btree_map::Entry::Vacant(bucket) => {
+                bucket.insert(places);
+            }
+            btree_map::Entry::Occupied(bucket) => bucket.into_mut().extend(places),
         }
     }
 
-    /// Handles one expired timer and every other one already expired, then
-    /// sends the due renewals in batches.
-    fn on_timers(&mut self, first: (u64, Event)) {
-        let now = Instant::now();
-        let mut due = Vec::new();
-        let mut next = Some(first);
-        while let Some((id, event)) = next {
-            if let Some(entry) = self.entries.get_mut(&id) {
-                entry.timer = None;
-                match event {
-                    // Checked before renewing: a watchdog that was not
-                    // scheduled for a while must not renew a lease whose
-                    // holder should already have been told.
-                    Event::Renew if now < entry.deadline => {
-                        entry.timer =
-                            Some(self.timers.insert_at((id, Event::Deadline), entry.deadline));
-                        entry.in_flight = true;
-                        due.push(id);
+    /// Handles every bucket and batch deadline due by `now`, then sends the
+    /// due renewals in batches.
+    fn on_timer(&mut self, now: Instant) {
+        let mut out = Outgoing::default();
+        while let Some(entry) = self.buckets.first_entry() {
+            if *entry.key() > now {
+                break;
+            }
+            for place in entry.remove() {
+                let Some(entry) = self.at(place) else {
+                    continue; // moved, ended or released since
+                };
+                if entry.ended {
+                    continue;
+                }
+                // Checked before renewing: a watchdog that was not
+                // scheduled for a while must not renew a lease whose holder
+                // should already have been told.
+                if entry.capped() {
+                    self.end(place.slot, LossReason::RenewalLimit);
+                } else if now >= entry.deadline {
+                    self.end(place.slot, LossReason::Deadline);
+                } else {
+                    let deadline = entry.deadline;
+                    entry.in_flight = true;
+                    out.requests.push(RenewRequest::new(
+                        entry.key.clone(),
+                        entry.holder,
+                        entry.ttl,
+                    ));
+                    let place = self.new_place(place.slot);
+                    out.members.push(place);
+                    out.deadline = Some(out.deadline.map_or(deadline, |d| d.min(deadline)));
+                    if out.members.len() == MAX_BATCH {
+                        self.send_renewals(std::mem::take(&mut out));
                     }
-                    Event::Deadline if entry.capped() => self.end(id, LossReason::RenewalLimit),
-                    Event::Renew | Event::Deadline => self.end(id, LossReason::Deadline),
                 }
             }
-            next = self
-                .timers
-                .next()
-                .now_or_never()
-                .flatten()
-                .map(delay_queue::Expired::into_inner);
         }
-        for ids in due.chunks(MAX_BATCH) {
-            self.send_renewals(ids.to_vec());
+        if !out.members.is_empty() {
+            self.send_renewals(out);
+        }
+        while let Some(&(at, batch)) = self.batch_deadlines.first() {
+            if at > now {
+                break;
+            }
+            self.batch_deadlines.pop_first();
+            self.on_batch_deadline(batch, now);
+        }
+    }
+
+    /// A batch's earliest deadline came while its call is still in flight:
+    /// ends the leases whose deadline came, and sets the timer for the next.
+    fn on_batch_deadline(&mut self, id: u64, now: Instant) {
+        let Some(batch) = self.batches.remove(&id) else {
+            return;
+        };
+        let mut next: Option<Instant> = None;
+        for &place in &batch.members {
+            let Some(entry) = self.at(place) else {
+                continue;
+            };
+            if entry.ended {
+                continue;
+            }
+            if now >= entry.deadline {
+                self.end(place.slot, LossReason::Deadline);
+            } else {
+                let deadline = entry.deadline;
+                next = Some(next.map_or(deadline, |d| d.min(deadline)));
+            }
+        }
+        if let Some(deadline) = next {
+            self.batch_deadlines.insert((deadline, id));
+            self.batches.insert(
+                id,
+                Batch {
+                    members: batch.members,
+                    deadline,
+                },
+            );
+        } else {
+            // Nothing left to wait for; the reply, when it comes, is dropped.
+            self.batches.insert(
+                id,
+                Batch {
+                    members: Vec::new(),
+                    deadline: now,
+                },
+            );
         }
     }
 
@@ -415,12 +641,20 @@ impl<B: LeaseBackend> Watchdog<B> {
     /// a change the backend reported. A lease whose renewal is in flight is
     /// renewed once more right after it returns (the change may have come
     /// after the server ran it); a lease past its cap, ended or released is
-    /// left alone.
+    /// left alone. Taking a lease out of its bucket is giving it a new place:
+    /// the old one goes stale.
     fn renew_now(&mut self, ids: &[u64]) {
         let now = Instant::now();
-        let mut due = Vec::new();
-        for &id in ids {
-            let Some(entry) = self.entries.get_mut(&id) else {
+        let mut out = Outgoing::default();
+        for id in ids {
+            let Some(&slot) = self.ids.get(id) else {
+                continue;
+            };
+            let Some(entry) = self
+                .slots
+                .get_mut(slot as usize)
+                .and_then(|c| c.entry.as_mut())
+            else {
                 continue;
             };
             if entry.ended || entry.capped() || now >= entry.deadline {
@@ -430,32 +664,51 @@ impl<B: LeaseBackend> Watchdog<B> {
                 entry.again = true;
                 continue;
             }
-            if let Some(old) = entry.timer.take() {
-                self.timers.try_remove(&old);
-            }
-            entry.timer = Some(self.timers.insert_at((id, Event::Deadline), entry.deadline));
+            let deadline = entry.deadline;
             entry.in_flight = true;
-            due.push(id);
+            out.requests.push(RenewRequest::new(
+                entry.key.clone(),
+                entry.holder,
+                entry.ttl,
+            ));
+            let place = self.new_place(slot);
+            out.members.push(place);
+            out.deadline = Some(out.deadline.map_or(deadline, |d| d.min(deadline)));
+            if out.members.len() == MAX_BATCH {
+                self.send_renewals(std::mem::take(&mut out));
+            }
         }
-        for ids in due.chunks(MAX_BATCH) {
-            self.send_renewals(ids.to_vec());
+        if !out.members.is_empty() {
+            self.send_renewals(out);
         }
     }
 
-    fn send_renewals(&mut self, ids: Vec<u64>) {
-        let requests: Vec<RenewRequest> = ids
-            .iter()
-            .filter_map(|id| self.entries.get(id))
-            .map(|e| RenewRequest::new(e.shared.key.clone(), e.shared.holder, e.shared.ttl))
-            .collect();
+    fn send_renewals(&mut self, out: Outgoing) {
+        let Outgoing {
+            members,
+            requests,
+            deadline,
+        } = out;
+        let Some(deadline) = deadline else {
+            return;
+        };
+        let id = self.next_batch;
+        self.next_batch = self.next_batch.wrapping_add(1);
+        self.batches.insert(id, Batch { members, deadline });
+        self.batch_deadlines.insert((deadline, id));
         let backend = self.backend.clone();
+        let in_flight = Arc::clone(&self.in_flight);
         let span = debug_span!("renew_batch", size = requests.len());
         self.work.push(Box::pin(
             async move {
+                // The semaphore is never closed; were it, the call would
+                // simply go out unbounded.
+                let _permit = in_flight.acquire().await;
+                // After the wait for a permit: the validity counts from here.
                 let sent_at = Instant::now();
                 let outcomes = backend.renew_many(&requests).await;
                 Done::Renewals {
-                    ids,
+                    batch: id,
                     sent_at,
                     outcomes,
                 }
@@ -466,31 +719,54 @@ impl<B: LeaseBackend> Watchdog<B> {
 
     fn on_done(&mut self, done: Done) {
         let Done::Renewals {
-            ids,
+            batch: id,
             sent_at,
             outcomes,
         } = done
         else {
             return;
         };
+        let Some(batch) = self.batches.remove(&id) else {
+            return;
+        };
+        self.batch_deadlines.remove(&(batch.deadline, id));
         let now = Instant::now();
         metrics::renew_batch(now.saturating_duration_since(sent_at));
         let mut tally = RenewalTally::default();
-        for (id, outcome) in ids.into_iter().zip(outcomes) {
-            let Some(entry) = self.entries.get_mut(&id) else {
-                continue; // released while the renewal was in flight
+        // Leases renewed together go back into one bucket: gathered here
+        // and added to it at once, not looked up in the map one by one.
+        let mut staged: Option<(Instant, Vec<Place>)> = None;
+        let mut outcomes = outcomes.into_iter();
+        for place in batch.members {
+            // A backend that returned too few outcomes left the rest unknown.
+            let outcome = outcomes.next().unwrap_or_else(|| {
+                Err(BackendError::UnexpectedReply {
+                    op: "renew",
+                    key: String::new(),
+                    detail: "no outcome for this renewal".to_owned(),
+                })
+            });
+            let Some(entry) = self.at(place) else {
+                continue; // released or ended while the renewal was in flight
             };
             entry.in_flight = false;
             if entry.ended {
                 continue; // its deadline came first: a late success changes nothing
             }
             let again = std::mem::take(&mut entry.again);
+            if now >= entry.deadline {
+                // The reply came after the deadline, before its timer fired:
+                // the holder must be told, whatever the reply says.
+                self.end(place.slot, LossReason::Deadline);
+                continue;
+            }
             match outcome {
                 Ok(RenewOutcome::Renewed) => {
                     tally.add(&entry.shared.name, RENEWED);
-                    let valid = valid_until(sent_at, entry.shared.ttl);
+                    let valid = valid_until(sent_at, entry.ttl);
                     entry.deadline = valid - entry.shared.timing.safety_margin();
                     entry.shared.renewed(valid);
+                    entry.count_renewal();
                     entry.failures = 0;
                     // A change reported while this renewal was in flight
                     // may have come after the server ran it: check again now.
@@ -499,34 +775,53 @@ impl<B: LeaseBackend> Watchdog<B> {
                     } else {
                         sent_at + entry.shared.timing.renew_interval()
                     };
-                    debug!(key = %entry.shared.key, name = %entry.shared.name, "lease renewed");
-                    self.schedule(id, renew_at);
+                    debug!(key = %entry.key, name = %entry.shared.name, "lease renewed");
+                    if let Some((when, place)) = self.schedule(place.slot, renew_at, now) {
+                        match &mut staged {
+                            Some((at, places)) if *at == when => places.push(place),
+                            _ => {
+                                if let Some((at, places)) = staged.take() {
+                                    self.add_to_bucket(at, places);
+                                }
+                                let mut places = Vec::with_capacity(MAX_BATCH);
+                                places.push(place);
+                                staged = Some((when, places));
+                            }
+                        }
+                    }
                 }
                 Ok(RenewOutcome::Lost) => {
                     tally.add(&entry.shared.name, RENEW_LOST);
-                    self.end(id, LossReason::Lost);
+                    self.end(place.slot, LossReason::Lost);
                 }
                 Err(error) => {
                     tally.add(&entry.shared.name, RENEW_ERROR);
-                    debug!(key = %entry.shared.key, name = %entry.shared.name, %error, "renewal failed; retrying");
+                    debug!(key = %entry.key, name = %entry.shared.name, %error, "renewal failed; retrying");
                     let retry_at = now + entry.shared.timing.retry_delay(entry.failures);
                     entry.failures = entry.failures.saturating_add(1);
-                    self.schedule(id, retry_at);
+                    if let Some((when, place)) = self.schedule(place.slot, retry_at, now) {
+                        self.buckets.entry(when).or_default().push(place);
+                    }
                 }
             }
+        }
+        if let Some((at, places)) = staged {
+            self.add_to_bucket(at, places);
         }
         tally.record();
     }
 
-    /// Cancels the holder's token; the entry stays until its handle releases it.
-    fn end(&mut self, id: u64, reason: LossReason) {
-        let Some(entry) = self.entries.get_mut(&id) else {
+    /// Cancels the holder's token; the entry stays until its handle releases
+    /// it, but loses every place it had.
+    fn end(&mut self, slot: u32, reason: LossReason) {
+        let Some(cell) = self.slots.get_mut(slot as usize) else {
+            return;
+        };
+        cell.generation = cell.generation.wrapping_add(1);
+        let Some(entry) = cell.entry.as_mut() else {
             return;
         };
         entry.finish(reason.as_str());
-        if let Some(key) = entry.timer.take() {
-            self.timers.try_remove(&key);
-        }
         if entry.shared.end(reason) {
             metrics::lost(&entry.shared.name, reason.as_str());
             let left = entry
@@ -534,7 +829,7 @@ impl<B: LeaseBackend> Watchdog<B> {
                 .valid_until()
                 .saturating_duration_since(Instant::now());
             warn!(
-                key = %entry.shared.key,
+                key = %entry.key,
                 name = %entry.shared.name,
                 reason = reason.as_str(),
                 validity_left_ms = u64::try_from(left.as_millis()).unwrap_or(u64::MAX),
@@ -544,18 +839,20 @@ impl<B: LeaseBackend> Watchdog<B> {
     }
 
     fn stop_all(&mut self) {
-        self.timers.clear();
-        for (_, mut entry) in std::mem::take(&mut self.entries) {
+        self.buckets.clear();
+        self.batch_deadlines.clear();
+        self.batches.clear();
+        self.ids.clear();
+        self.free.clear();
+        for cell in std::mem::take(&mut self.slots) {
+            let Some(mut entry) = cell.entry else {
+                continue;
+            };
             entry.finish(LossReason::Shutdown.as_str());
             if entry.shared.end(LossReason::Shutdown) {
                 metrics::lost(&entry.shared.name, LossReason::Shutdown.as_str());
             }
-            self.release(
-                &entry.shared.key,
-                Some(&entry.shared.name),
-                entry.shared.holder,
-                None,
-            );
+            self.release(&entry.key, Some(&entry.shared.name), entry.holder, None);
         }
     }
 
@@ -591,17 +888,17 @@ mod tests {
     use super::*;
 
     /// The per-lease structures docs/performance.md accounts for: the
-    /// watchdog's entry, the state shared with the handle, and the handle.
+    /// watchdog's slot, the state shared with the handle, and the handle.
     #[test]
     #[cfg(target_pointer_width = "64")]
     fn per_lease_structures_stay_small() {
-        let entry = std::mem::size_of::<Entry>();
+        let slot = std::mem::size_of::<Slot>();
         let shared = std::mem::size_of::<Shared>();
         let lease = std::mem::size_of::<crate::Lease>();
-        assert!(entry <= 48, "Entry is {entry} bytes");
-        assert!(shared <= 160, "Shared is {shared} bytes");
+        assert!(slot <= 88, "Slot is {slot} bytes");
+        assert!(shared <= 128, "Shared is {shared} bytes");
         assert!(lease <= 32, "Lease is {lease} bytes");
-        // A timer's payload: the lease id and what to do.
-        assert!(std::mem::size_of::<(u64, Event)>() <= 16);
+        // A lease's place in a bucket or a batch.
+        assert_eq!(std::mem::size_of::<Place>(), 8);
     }
 }

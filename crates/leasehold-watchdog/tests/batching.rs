@@ -1,7 +1,8 @@
 //! Batched renewals on `MemoryBackend` and tokio's paused clock: renewals
 //! due close together (on one step of the renewal grid, a sixteenth of the
-//! renew interval) share one `renew_many` call, none is sent late, and a
-//! batch that hangs delays no other lease.
+//! renew interval) share one `renew_many` call, none is sent late, a batch
+//! that hangs delays no other lease, and at most sixteen calls are in flight
+//! at once.
 
 use std::collections::HashSet;
 use std::sync::{Arc, Mutex};
@@ -204,5 +205,80 @@ async fn a_hung_batch_delays_neither_the_deadline_nor_the_renewals_of_another() 
     sleep_until(start + Duration::from_millis(10_600)).await;
     assert_eq!(b.renewals(), 10);
     assert_eq!(b.loss_reason(), None);
+    Ok(())
+}
+
+/// A `MemoryBackend` whose renewal calls each take 50 ms, recording when
+/// each call started and how many leases it carried.
+#[derive(Clone, Default)]
+struct Slow {
+    inner: MemoryBackend,
+    calls: Arc<Mutex<Vec<(Instant, usize)>>>,
+}
+
+impl LeaseBackend for Slow {
+    async fn try_acquire(&self, request: &AcquireRequest) -> Result<AcquireOutcome, BackendError> {
+        self.inner.try_acquire(request).await
+    }
+
+    async fn renew_many(
+        &self,
+        requests: &[RenewRequest],
+    ) -> Vec<Result<RenewOutcome, BackendError>> {
+        self.calls
+            .lock()
+            .expect("not poisoned")
+            .push((Instant::now(), requests.len()));
+        tokio::time::sleep(50 * MS).await;
+        self.inner.renew_many(requests).await
+    }
+
+    async fn release(
+        &self,
+        key: &LeaseKey,
+        holder: &HolderId,
+    ) -> Result<ReleaseOutcome, BackendError> {
+        self.inner.release(key, holder).await
+    }
+
+    async fn inspect(&self, key: &LeaseKey) -> Result<Option<LeaseInfo>, BackendError> {
+        self.inner.inspect(key).await
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn at_most_sixteen_renewal_calls_are_in_flight_and_the_rest_follow() -> TestResult {
+    let backend = Slow::default();
+    let manager = LeaseManager::new(backend.clone())?;
+    let options = options("3s");
+    let start = Instant::now();
+    let mut leases = Vec::with_capacity(20_000);
+    for i in 0..20_000 {
+        leases.push(manager.acquire(format!("many:{i}"), &options).await?);
+    }
+    // All acquired at one instant (the clock is paused): all due at 1 s.
+    assert_eq!(Instant::now(), start);
+    sleep_until(start + Duration::from_millis(1200)).await;
+    let calls = backend.calls.lock().expect("not poisoned").clone();
+    let first = start + Duration::from_secs(1);
+    let at: Vec<Instant> = calls.iter().map(|(at, _)| *at).collect();
+    let mut expected = vec![first; 16];
+    expected.extend([first + 50 * MS; 4]);
+    assert_eq!(at, expected);
+    assert!(calls.iter().all(|(_, size)| *size == 1000), "{calls:?}");
+    // The later calls count their validity from their own send.
+    let late = leases
+        .iter()
+        .filter(|l| {
+            l.valid_until()
+                == first + 50 * MS + Duration::from_secs(3) - clock_drift(Duration::from_secs(3))
+        })
+        .count();
+    assert_eq!(late, 4000);
+    assert!(
+        leases
+            .iter()
+            .all(|l| l.renewals() == 1 && l.loss_reason().is_none())
+    );
     Ok(())
 }

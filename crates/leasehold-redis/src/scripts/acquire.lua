@@ -40,11 +40,24 @@ end
 local t = redis.call('TIME')
 local floor = tonumber(t[1]) * 1000000 + tonumber(t[2])
 
--- 4. Advance the counter; lift it to the floor if it fell behind (or was lost).
-local n = redis.call('INCR', KEYS[2])
-if n < floor then
-  n = floor
-  redis.call('SET', KEYS[2], string.format('%.0f', n))
+-- 4. The token is one past the counter, lifted to the floor, and the counter keeps it.
+--    Tokens follow the clock, so the floor is nearly always the higher: store it and read
+--    the old counter in one step (SET ... GET; a counter of another type fails it with
+--    WRONGTYPE and nothing is written), and only when the counter was ahead (a clock that
+--    stepped back, or two grants within one microsecond) store one past the counter.
+local n = floor
+local before = redis.call('SET', KEYS[2], string.format('%.0f', floor), 'GET')
+if before then
+  local c = tonumber(before)
+  if not c then
+    -- Not a number: put it back untouched and refuse, as INCR would.
+    redis.call('SET', KEYS[2], before)
+    return redis.error_reply('ERR the fencing counter is not an integer')
+  end
+  if c >= floor then
+    n = c + 1
+    redis.call('SET', KEYS[2], string.format('%.0f', n))
+  end
 end
 local token = string.format('%.0f', n)
 
