@@ -7,9 +7,13 @@
 //! own, so that CPU time and peak memory belong to that scenario alone.
 //! Prints one JSON line per scenario. Settings: `LEASEHOLD_BENCH_HOLD_SECS`
 //! (default 120), `LEASEHOLD_BENCH_SCENARIOS` (a comma-separated subset of
-//! `leasehold_10k,raw_10k,leasehold_1m,raw_1m`, or `leasehold_250k,raw_250k`
-//! which are not run by default), `LEASEHOLD_BENCH_QUICK=1`
-//! (1,000 leases for 5 s, to check it runs).
+//! `leasehold_10k,leasehold_10k_untracked,raw_10k,leasehold_1m,`
+//! `leasehold_1m_untracked,raw_1m`, or `leasehold_250k,raw_250k` which are
+//! not run by default), `LEASEHOLD_BENCH_QUICK=1` (1,000 leases for 5 s, to
+//! check it runs). `leasehold_*` holds with the backend's defaults, client
+//! tracking on (a lease overwritten behind its holder is noticed at once);
+//! `*_untracked` turns tracking off, which is the same work the hand-written
+//! loop does.
 
 mod common;
 
@@ -21,8 +25,9 @@ use common::{Json, env_number, quick};
 use futures_util::future::join_all;
 use leasehold::redis::RedisBackend;
 use leasehold::{
-    AcquireOutcome, AcquireRequest, BackendError, HolderId, Lease, LeaseBackend, LeaseInfo,
-    LeaseKey, LeaseManager, LeaseOptions, ReleaseOutcome, RenewOutcome, RenewRequest, Ttl,
+    AcquireOutcome, AcquireRequest, BackendError, ChangeWatch, HolderId, Lease, LeaseBackend,
+    LeaseInfo, LeaseKey, LeaseManager, LeaseOptions, ReleaseOutcome, RenewOutcome, RenewRequest,
+    Ttl,
 };
 use leasehold_testkit::RedisServer;
 use redis::aio::ConnectionManager;
@@ -48,6 +53,8 @@ struct Scenario {
     leasehold: bool,
     leases: usize,
     ttl: &'static str,
+    /// Client tracking on the renewal connection (the backend's default).
+    tracking: bool,
 }
 
 const SCENARIOS: &[Scenario] = &[
@@ -56,24 +63,42 @@ const SCENARIOS: &[Scenario] = &[
         leasehold: true,
         leases: 10_000,
         ttl: "3s",
+        tracking: true,
+    },
+    Scenario {
+        name: "leasehold_10k_untracked",
+        leasehold: true,
+        leases: 10_000,
+        ttl: "3s",
+        tracking: false,
     },
     Scenario {
         name: "raw_10k",
         leasehold: false,
         leases: 10_000,
         ttl: "3s",
+        tracking: false,
     },
     Scenario {
         name: "leasehold_1m",
         leasehold: true,
         leases: 1_000_000,
         ttl: "30s",
+        tracking: true,
+    },
+    Scenario {
+        name: "leasehold_1m_untracked",
+        leasehold: true,
+        leases: 1_000_000,
+        ttl: "30s",
+        tracking: false,
     },
     Scenario {
         name: "raw_1m",
         leasehold: false,
         leases: 1_000_000,
         ttl: "30s",
+        tracking: false,
     },
 ];
 
@@ -85,12 +110,14 @@ const EXTRA_SCENARIOS: &[Scenario] = &[
         leasehold: true,
         leases: 250_000,
         ttl: "30s",
+        tracking: true,
     },
     Scenario {
         name: "raw_250k",
         leasehold: false,
         leases: 250_000,
         ttl: "30s",
+        tracking: false,
     },
 ];
 
@@ -100,14 +127,28 @@ const QUICK_SCENARIOS: &[Scenario] = &[
         leasehold: true,
         leases: 1_000,
         ttl: "3s",
+        tracking: true,
+    },
+    Scenario {
+        name: "leasehold_1k_untracked",
+        leasehold: true,
+        leases: 1_000,
+        ttl: "3s",
+        tracking: false,
     },
     Scenario {
         name: "raw_1k",
         leasehold: false,
         leases: 1_000,
         ttl: "3s",
+        tracking: false,
     },
 ];
+
+/// The server's tracking table holds 1,000,000 keys by default, shared by
+/// every client; past it the server evicts tracked keys (and reports each
+/// as changed). A million tracked leases need room for all of them.
+const TRACKING_TABLE_KEYS: &str = "2000000";
 
 /// Counts what the watchdog sends: renew_many calls, the round trips they
 /// take (one script call per 1000 leases) and the renewals in them.
@@ -157,6 +198,10 @@ impl LeaseBackend for Counting {
     async fn inspect(&self, key: &LeaseKey) -> Result<Option<LeaseInfo>, BackendError> {
         self.inner.inspect(key).await
     }
+
+    async fn watch_changes(&self) -> Result<ChangeWatch, BackendError> {
+        self.inner.watch_changes().await
+    }
 }
 
 /// What a hold measured.
@@ -196,7 +241,10 @@ fn main() -> BenchResult {
     } else {
         env_number("LEASEHOLD_BENCH_HOLD_SECS", 120)
     });
-    let server = RedisServer::start()?;
+    let server = RedisServer::builder()
+        .arg("--tracking-table-max-keys")
+        .arg(TRACKING_TABLE_KEYS)
+        .start()?;
     let version = common::server_version(&server);
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
@@ -204,7 +252,7 @@ fn main() -> BenchResult {
     let ttl = Ttl::parse(scenario.ttl)?;
     let (held, leases) = runtime.block_on(async {
         if scenario.leasehold {
-            hold_with_leasehold(&server, scenario.leases, ttl, hold).await
+            hold_with_leasehold(&server, scenario, ttl, hold).await
         } else {
             hold_by_hand(&server, scenario.leases, ttl, hold)
                 .await
@@ -217,6 +265,7 @@ fn main() -> BenchResult {
         .str("scenario", scenario.name)
         .int("leases", scenario.leases as u64)
         .str("ttl", scenario.ttl)
+        .str("tracking", if scenario.tracking { "on" } else { "off" })
         .num("hold_secs", held.hold_secs)
         .num("acquire_secs", held.acquire_secs)
         .int("lost", held.lost)
@@ -276,12 +325,16 @@ fn rss_baseline() -> BenchResult<u64> {
 
 async fn hold_with_leasehold(
     server: &RedisServer,
-    count: usize,
+    scenario: &Scenario,
     ttl: Ttl,
     hold: Duration,
 ) -> BenchResult<(Held, Vec<Lease>)> {
+    let count = scenario.leases;
     let backend = Counting {
-        inner: RedisBackend::connect(server.url()).await?,
+        inner: RedisBackend::builder(server.url())
+            .track_lease_changes(scenario.tracking)
+            .connect()
+            .await?,
         round_trips: Arc::default(),
         renewals: Arc::default(),
         slowest_us: Arc::default(),
