@@ -35,7 +35,6 @@ const LEASER_ACL: &[&str] = &[
     "+pexpire",
     "+pttl",
     "+del",
-    "+incr",
     "+time",
     "+evalsha",
     "+eval",
