@@ -122,6 +122,22 @@ async fn renew_is_compare_and_pexpire() -> TestResult {
     );
     assert_eq!(server.cli(&["GET", &p])?, "someone-else");
     assert_eq!(server.cli(&["PTTL", &p])?, "-1");
+
+    // Our holder id anywhere but at the start (here: inside another
+    // holder's label, or without its ':' after it) is not ours.
+    let ours = String::from_utf8(a.to_hex_bytes().to_vec())?;
+    let other = String::from_utf8(holder().to_hex_bytes().to_vec())?;
+    for value in [format!("{other}:7:{ours}"), format!("{ours}7:label")] {
+        server.cli(&["SET", &p, &value])?;
+        assert_eq!(
+            backend
+                .renew(&RenewRequest::new(k.clone(), a, ttl("60s")))
+                .await?,
+            RenewOutcome::Lost,
+            "{value}"
+        );
+        assert_eq!(server.cli(&["PTTL", &p])?, "-1", "{value} left alone");
+    }
     Ok(())
 }
 

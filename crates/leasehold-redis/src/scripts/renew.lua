@@ -14,7 +14,7 @@
 
 local out = {}
 for i = 1, #KEYS do
-  local mine = ARGV[2 * i - 1] .. ':'
+  local holder = ARGV[2 * i - 1]
   -- 1. Read the lease; pcall turns WRONGTYPE into an error table, which
   --    counts as lost. A server without GETEX (before 6.2), or an ACL
   --    without it, gets a plain GET.
@@ -22,8 +22,12 @@ for i = 1, #KEYS do
   if type(v) == 'table' and v.err and not string.find(v.err, 'WRONGTYPE', 1, true) then
     v = redis.pcall('GET', KEYS[i])
   end
-  -- 2. Still ours? Extend it. Anything else (gone, another holder, another type) is lost.
-  if type(v) == 'string' and string.sub(v, 1, 33) == mine then
+  -- 2. Still ours (the 32-digit holder id, then ':' at byte 33)? Extend it.
+  --    Anything else (gone, another holder, another type) is lost. A plain
+  --    find and a byte test build no Lua string per lease, unlike a
+  --    concatenation and string.sub would.
+  if type(v) == 'string' and #holder == 32 and string.byte(v, 33) == 58
+      and string.find(v, holder, 1, true) == 1 then
     redis.call('PEXPIRE', KEYS[i], ARGV[2 * i])
     out[i] = 1
   else
