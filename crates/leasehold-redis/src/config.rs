@@ -476,19 +476,7 @@ impl RedisBackendBuilder {
         } else {
             master_info
         };
-        let mut node = SentinelNodeConnectionInfo::default()
-            .set_redis_connection_info(master_info)
-            .set_tcp_settings(TcpSettings::default().set_nodelay(true));
-        if tls {
-            ensure_crypto_provider();
-            node = node.set_tls_mode(redis::TlsMode::Secure);
-        }
-        let client =
-            SentinelClient::build(sentinels, master, Some(node), SentinelServerType::Master)
-                .map_err(|e| Error::InvalidUrl {
-                    url_redacted: shown.to_owned(),
-                    reason: e.to_string(),
-                })?;
+        let client = sentinel_client(sentinels, master, master_info, tls, shown)?;
         let mut config = redis::AsyncConnectionConfig::new()
             .set_connection_timeout(Some(self.connect_timeout))
             .set_response_timeout(Some(self.op_timeout));
@@ -516,25 +504,44 @@ impl RedisBackendBuilder {
         tls: bool,
         shown: &str,
     ) -> Result<Notices, Error> {
-        let mut node = SentinelNodeConnectionInfo::default()
-            .set_redis_connection_info(master_info.set_protocol(ProtocolVersion::RESP3))
-            .set_tcp_settings(TcpSettings::default().set_nodelay(true));
-        if tls {
-            ensure_crypto_provider();
-            node = node.set_tls_mode(redis::TlsMode::Secure);
-        }
-        let client =
-            SentinelClient::build(sentinels, master, Some(node), SentinelServerType::Master)
-                .map_err(|e| Error::InvalidUrl {
-                    url_redacted: shown.to_owned(),
-                    reason: e.to_string(),
-                })?;
+        let client = sentinel_client(
+            sentinels,
+            master,
+            master_info.set_protocol(ProtocolVersion::RESP3),
+            tls,
+            shown,
+        )?;
         Ok(Notices::sentinel(
             client,
             self.connect_timeout,
             self.op_timeout,
         ))
     }
+}
+
+/// A client for the master that `sentinels` name, with TLS when the URL
+/// asked for it. One place for every Sentinel connection, so that none of
+/// them (the tracked one, the notices') can lose a setting the others have.
+fn sentinel_client(
+    sentinels: Vec<redis::ConnectionInfo>,
+    master: String,
+    master_info: redis::RedisConnectionInfo,
+    tls: bool,
+    shown: &str,
+) -> Result<SentinelClient, Error> {
+    let mut node = SentinelNodeConnectionInfo::default()
+        .set_redis_connection_info(master_info)
+        .set_tcp_settings(TcpSettings::default().set_nodelay(true));
+    if tls {
+        ensure_crypto_provider();
+        node = node.set_tls_mode(redis::TlsMode::Secure);
+    }
+    SentinelClient::build(sentinels, master, Some(node), SentinelServerType::Master).map_err(|e| {
+        Error::InvalidUrl {
+            url_redacted: shown.to_owned(),
+            reason: e.to_string(),
+        }
+    })
 }
 
 /// Whether a failed connection attempt was refused by the server (an
