@@ -5,12 +5,14 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU8, AtomicU32, AtomicU64, Ordering};
 use std::time::Duration;
 
-use leasehold_core::{FencingToken, Grant, LeaseKey, ReleaseOutcome, Ttl};
-use tokio::sync::{mpsc, oneshot};
+use leasehold_core::{FencingToken, Grant, HolderId, LeaseKey, ReleaseOutcome, Ttl};
+use tokio::sync::oneshot;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
+use tracing::{Instrument, debug, debug_span};
 
 use crate::LeaseError;
+use crate::home::Home;
 use crate::renewal::{Command, Timing};
 
 /// Why a lease's token was cancelled.
@@ -92,6 +94,7 @@ impl LossReason {
         }
     }
 
+    /// `None` for 0 (not ended) and for [`RELEASED`].
     fn from_code(code: u8) -> Option<Self> {
         match code {
             1 => Some(Self::Lost),
@@ -102,6 +105,10 @@ impl LossReason {
         }
     }
 }
+
+/// [`Shared::loss`] once the handle has taken the release on itself: the
+/// lease ended, but not by a loss, and the watchdog reports none after it.
+const RELEASED: u8 = u8::MAX;
 
 /// Nanoseconds from `from` to `to` (0 if `to` is earlier), saturating.
 fn nanos_between(from: Instant, to: Instant) -> u64 {
@@ -152,6 +159,15 @@ impl Shared {
         true
     }
 
+    /// Takes the release on the handle, unless the lease ended already. From
+    /// then on the watchdog's [`end`](Self::end) does nothing: the token is
+    /// not cancelled and no loss is counted for a lease being released.
+    pub(crate) fn claim_release(&self) -> bool {
+        self.loss
+            .compare_exchange(0, RELEASED, Ordering::AcqRel, Ordering::Acquire)
+            .is_ok()
+    }
+
     pub(crate) fn loss(&self) -> Option<LossReason> {
         LossReason::from_code(self.loss.load(Ordering::Acquire))
     }
@@ -178,21 +194,18 @@ impl Shared {
 pub struct Lease {
     shared: Arc<Shared>,
     id: u64,
-    commands: mpsc::UnboundedSender<Command>,
-    released: bool,
+    holder: HolderId,
+    /// `None` once released: dropping it then does nothing.
+    home: Option<Arc<Home>>,
 }
 
 impl Lease {
-    pub(crate) fn new(
-        shared: Arc<Shared>,
-        id: u64,
-        commands: mpsc::UnboundedSender<Command>,
-    ) -> Self {
+    pub(crate) fn new(shared: Arc<Shared>, id: u64, holder: HolderId, home: Arc<Home>) -> Self {
         Self {
             shared,
             id,
-            commands,
-            released: false,
+            holder,
+            home: Some(home),
         }
     }
 
@@ -276,24 +289,75 @@ impl Lease {
     ///
     /// If the future is dropped, the release still happens in the background.
     pub async fn release(mut self) -> Result<ReleaseOutcome, LeaseError> {
-        self.released = true;
-        let (reply, answer) = oneshot::channel();
-        self.commands
-            .send(Command::Release {
-                id: self.id,
-                reply: Some(reply),
-            })
-            .map_err(|_| LeaseError::ManagerStopped)?;
-        answer.await.map_err(|_| LeaseError::ManagerStopped)?
+        let Some(home) = self.home.take() else {
+            return Ok(ReleaseOutcome::NotHeld);
+        };
+        if !self.shared.claim_release() {
+            // The watchdog ended the lease (lost, capped, past its deadline,
+            // or shut down) and keeps its entry until the handle lets go:
+            // it releases what may be left.
+            let (reply, answer) = oneshot::channel();
+            home.commands
+                .send(Command::Release {
+                    id: self.id,
+                    reply: Some(reply),
+                })
+                .map_err(|_| LeaseError::ManagerStopped)?;
+            return answer.await.map_err(|_| LeaseError::ManagerStopped)?;
+        }
+        // Ours to release, here: the watchdog stops renewing it and forgets
+        // it. A renewal already on its way finds the lease gone (or handed
+        // over) and is ignored. If the watchdog is gone, the lease is still
+        // ours on the server and is released all the same.
+        let _ = home.commands.send(Command::Forget { id: self.id });
+        crate::metrics::ended(
+            &self.shared.name,
+            "released",
+            self.shared.acquired_at.elapsed(),
+        );
+        let key = &self.shared.key;
+        let mut abandoned = Abandoned {
+            home: &home,
+            key,
+            holder: self.holder,
+            armed: true,
+        };
+        let span = debug_span!("release", key = %key, name = %self.shared.name);
+        let outcome = home.release(key, &self.holder).instrument(span).await;
+        abandoned.armed = false;
+        if let Err(error) = &outcome {
+            debug!(%key, %error, "release failed; the lease expires by itself");
+        }
+        outcome.map_err(LeaseError::from)
+    }
+}
+
+/// A release whose future was dropped in flight: the watchdog releases the
+/// lease in the background, as it would for a dropped handle.
+struct Abandoned<'a> {
+    home: &'a Home,
+    key: &'a LeaseKey,
+    holder: HolderId,
+    armed: bool,
+}
+
+impl Drop for Abandoned<'_> {
+    fn drop(&mut self) {
+        if self.armed {
+            let _ = self.home.commands.send(Command::ReleaseOrphan {
+                key: self.key.clone(),
+                holder: self.holder,
+            });
+        }
     }
 }
 
 impl Drop for Lease {
     fn drop(&mut self) {
-        if !self.released {
+        if let Some(home) = self.home.take() {
             // Never blocks: the watchdog does the release. If it is gone the
             // manager has shut down and released everything already.
-            let _ = self.commands.send(Command::Release {
+            let _ = home.commands.send(Command::Release {
                 id: self.id,
                 reply: None,
             });
@@ -311,5 +375,40 @@ impl fmt::Debug for Lease {
             .field("renewals", &self.renewals())
             .field("loss", &self.loss_reason())
             .finish_non_exhaustive()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use leasehold_core::{AcquireRequest, MemoryBackend};
+
+    /// A lease whose handle took the release on itself: a loss the watchdog
+    /// sees afterwards (a renewal that crossed the release) is not one.
+    #[tokio::test(start_paused = true)]
+    async fn a_claimed_release_ignores_later_losses() -> Result<(), Box<dyn std::error::Error>> {
+        let backend = MemoryBackend::new();
+        let key = LeaseKey::new("claimed")?;
+        let request = AcquireRequest::new(key, HolderId::generate()?, Ttl::parse("3s")?);
+        let grant = match leasehold_core::LeaseBackend::try_acquire(&backend, &request).await? {
+            leasehold_core::AcquireOutcome::Acquired(grant) => grant,
+            other => return Err(format!("not acquired: {other:?}").into()),
+        };
+        let timing = Timing::new(Duration::from_secs(1), Duration::from_millis(300), None);
+        let shared = Shared::new(&grant, "claimed".into(), timing);
+        assert!(shared.claim_release());
+        assert!(!shared.end(LossReason::Lost));
+        assert!(!shared.token.is_cancelled());
+        assert_eq!(shared.loss(), None);
+        // Only one release is taken.
+        assert!(!shared.claim_release());
+
+        // A lease that ended first is not claimed: its handle asks the
+        // watchdog, which kept the entry.
+        let ended = Shared::new(&grant, "ended".into(), timing);
+        assert!(ended.end(LossReason::Deadline));
+        assert!(!ended.claim_release());
+        assert_eq!(ended.loss(), Some(LossReason::Deadline));
+        Ok(())
     }
 }

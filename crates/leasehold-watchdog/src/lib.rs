@@ -36,6 +36,7 @@ mod config;
 mod election;
 mod error;
 mod handoff;
+mod home;
 mod lease;
 mod manager;
 pub mod metrics;

@@ -15,6 +15,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::{Instrument, debug, info_span};
 
 use crate::handoff::Withdrawn;
+use crate::home::Home;
 use crate::lease::Shared;
 use crate::queue::{QueueError, Queues, Turn};
 use crate::renewal::{Command, Timing, Watchdog};
@@ -49,7 +50,8 @@ pub struct LeaseManager<B> {
 struct Inner<B> {
     backend: B,
     queues: Arc<Queues>,
-    commands: mpsc::UnboundedSender<Command>,
+    /// The watchdog's command channel and the handles' release.
+    home: Arc<Home>,
     shutdown: CancellationToken,
     task: Mutex<Option<JoinHandle<()>>>,
     next_id: AtomicU64,
@@ -174,7 +176,7 @@ impl<B: LeaseBackend> LeaseManager<B> {
         // Releases in the background if this future is dropped, or gives up,
         // after an attempt whose outcome is unknown.
         let mut orphan = OrphanGuard {
-            commands: &self.inner.commands,
+            commands: &self.inner.home.commands,
             key: &key,
             holder: request.holder,
             armed: false,
@@ -232,7 +234,7 @@ impl<B: LeaseBackend> LeaseManager<B> {
             // while no other watch listens, which ours must be part of.
             let mut offer = OfferGuard {
                 turn: &turn,
-                commands: &self.inner.commands,
+                commands: &self.inner.home.commands,
                 key: &key,
                 answer: None,
             };
@@ -328,18 +330,21 @@ impl<B: LeaseBackend> LeaseManager<B> {
                 options.max_renewals(),
             ),
         ));
-        let lease = Lease::new(Arc::clone(&shared), id, self.inner.commands.clone());
+        let holder = grant.holder;
         self.inner
+            .home
             .commands
             .send(Command::Register {
                 id,
-                shared,
+                shared: Arc::clone(&shared),
                 key: grant.key,
-                holder: grant.holder,
+                holder,
                 sent_at: grant.sent_at,
             })
             .map_err(|_| LeaseError::ManagerStopped)?;
-        Ok(lease)
+        // Counted here, as the handle's release uncounts it on its own task.
+        crate::metrics::held(&shared.name, 1.0);
+        Ok(Lease::new(shared, id, holder, Arc::clone(&self.inner.home)))
     }
 
     /// Cancels every lease's token with
@@ -462,11 +467,16 @@ impl<B: LeaseBackend> LeaseManagerBuilder<B> {
             shutdown.clone(),
         );
         let task = runtime.spawn(watchdog.run());
+        let home = Arc::new(Home::new(
+            commands,
+            self.backend.clone(),
+            Arc::clone(&queues),
+        ));
         Ok(LeaseManager {
             inner: Arc::new(Inner {
                 backend: self.backend,
                 queues,
-                commands,
+                home,
                 shutdown,
                 task: Mutex::new(Some(task)),
                 next_id: AtomicU64::new(0),

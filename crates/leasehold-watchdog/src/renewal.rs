@@ -74,6 +74,8 @@ pub(crate) enum Command {
         holder: HolderId,
         sent_at: Instant,
     },
+    /// Stop keeping a lease: its handle releases it.
+    Forget { id: u64 },
     /// Stop keeping a lease and release it on the server.
     Release {
         id: u64,
@@ -420,7 +422,6 @@ impl<B: LeaseBackend> Watchdog<B> {
             } => {
                 let timing = shared.timing;
                 let deadline = valid_until(sent_at, shared.ttl) - timing.safety_margin();
-                metrics::held(&shared.name, 1.0);
                 let entry = Entry {
                     ttl: shared.ttl,
                     shared,
@@ -440,8 +441,8 @@ impl<B: LeaseBackend> Watchdog<B> {
                             // Four billion leases in one manager: refuse
                             // to keep it rather than renew the wrong one.
                             let mut entry = entry;
-                            entry.finish(LossReason::Deadline.as_str());
                             if entry.shared.end(LossReason::Deadline) {
+                                entry.finish(LossReason::Deadline.as_str());
                                 metrics::lost(&entry.shared.name, LossReason::Deadline.as_str());
                             }
                             self.release(&entry.key, Some(&entry.shared.name), entry.holder, None);
@@ -480,6 +481,12 @@ impl<B: LeaseBackend> Watchdog<B> {
                     }
                 }
             },
+            Command::Forget { id } => {
+                // The handle recorded the hold time when it took the release.
+                if let Some(entry) = self.take(id) {
+                    self.changes.remove(&entry.key, id);
+                }
+            }
             Command::ReleaseOrphan { key, holder } => self.release(&key, None, holder, None),
         }
     }
@@ -821,8 +828,10 @@ impl<B: LeaseBackend> Watchdog<B> {
         let Some(entry) = cell.entry.as_mut() else {
             return;
         };
-        entry.finish(reason.as_str());
+        // A lease whose handle is releasing it (or that ended before) has
+        // no loss to report, and its hold time is recorded elsewhere.
         if entry.shared.end(reason) {
+            entry.finish(reason.as_str());
             metrics::lost(&entry.shared.name, reason.as_str());
             let left = entry
                 .shared
@@ -848,8 +857,8 @@ impl<B: LeaseBackend> Watchdog<B> {
             let Some(mut entry) = cell.entry else {
                 continue;
             };
-            entry.finish(LossReason::Shutdown.as_str());
             if entry.shared.end(LossReason::Shutdown) {
+                entry.finish(LossReason::Shutdown.as_str());
                 metrics::lost(&entry.shared.name, LossReason::Shutdown.as_str());
             }
             self.release(&entry.key, Some(&entry.shared.name), entry.holder, None);
@@ -897,7 +906,7 @@ mod tests {
         let lease = std::mem::size_of::<crate::Lease>();
         assert!(slot <= 88, "Slot is {slot} bytes");
         assert!(shared <= 128, "Shared is {shared} bytes");
-        assert!(lease <= 32, "Lease is {lease} bytes");
+        assert!(lease <= 40, "Lease is {lease} bytes");
         // A lease's place in a bucket or a batch.
         assert_eq!(std::mem::size_of::<Place>(), 8);
     }

@@ -163,6 +163,40 @@ async fn release_and_drop_free_the_lease() -> TestResult {
 }
 
 #[tokio::test(start_paused = true)]
+async fn a_release_dropped_in_flight_still_frees_the_lease() -> TestResult {
+    let backend = MemoryBackend::new();
+    let manager = LeaseManager::new(backend.clone())?;
+    let lease = manager.acquire("dropped-release", &options("30s")).await?;
+    backend.hang();
+    let release = tokio::time::timeout(Duration::from_secs(1), lease.release()).await;
+    assert!(release.is_err(), "the hung release must time out");
+    // The release was abandoned before the server answered; the watchdog
+    // releases in the background once it answers again, long before the
+    // lease's 30 s would run out.
+    backend.resume();
+    settle().await;
+    assert_eq!(backend.inspect(&key("dropped-release")).await?, None);
+    Ok(())
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_released_lease_is_renewed_no_more() -> TestResult {
+    let backend = MemoryBackend::new();
+    let manager = LeaseManager::new(backend.clone())?;
+    let lease = manager.acquire("released", &options("3s")).await?;
+    let token = lease.token();
+    assert_eq!(lease.release().await?, ReleaseOutcome::Released);
+    // Someone else takes the key; the watchdog, had it kept the lease,
+    // would renew it at 1 s, find it taken and count a loss.
+    let other = manager.acquire("released", &options("3s")).await?;
+    sleep(Duration::from_millis(3500)).await;
+    assert!(!token.is_cancelled(), "a released lease is not lost");
+    assert_eq!(other.renewals(), 3);
+    assert!(other.loss_reason().is_none());
+    Ok(())
+}
+
+#[tokio::test(start_paused = true)]
 async fn waiting_acquire_gets_the_lease_when_it_is_freed() -> TestResult {
     let backend = MemoryBackend::new();
     let manager = LeaseManager::new(backend.clone())?;

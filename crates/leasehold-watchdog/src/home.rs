@@ -1,0 +1,81 @@
+//! What a [`Lease`](crate::Lease) handle keeps of its manager: the
+//! watchdog's command channel, and a release it can run on its own task.
+//!
+//! `Lease::release` frees the lease from the caller's task instead of asking
+//! the watchdog task to do it: the release (and a local handover to the next
+//! waiter) then reaches the server without first waking another task, which
+//! is most of a contended key's gap between one holder and the next. The
+//! watchdog is only told to forget the lease.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+
+use leasehold_core::{BackendError, HolderId, LeaseBackend, LeaseKey, ReleaseOutcome};
+use tokio::sync::mpsc;
+
+use crate::queue::Queues;
+use crate::renewal::Command;
+
+/// A boxed, sendable future: the release future's type cannot be named
+/// through the type-erased backend.
+pub(crate) type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
+
+/// A manager's side of its handles, shared by all of them (one pointer per
+/// handle, whatever the backend's type).
+pub(crate) struct Home {
+    pub(crate) commands: mpsc::UnboundedSender<Command>,
+    releaser: Box<dyn Releaser>,
+}
+
+impl Home {
+    pub(crate) fn new<B: LeaseBackend>(
+        commands: mpsc::UnboundedSender<Command>,
+        backend: B,
+        queues: Arc<Queues>,
+    ) -> Self {
+        Self {
+            commands,
+            releaser: Box::new(Direct { backend, queues }),
+        }
+    }
+
+    /// Frees `key` for `holder` on the server, handing it to this
+    /// manager's next waiter where [`crate::handoff`] can.
+    pub(crate) fn release<'a>(
+        &'a self,
+        key: &'a LeaseKey,
+        holder: &'a HolderId,
+    ) -> BoxFuture<'a, Result<ReleaseOutcome, BackendError>> {
+        self.releaser.release(key, holder)
+    }
+}
+
+/// The release, with the backend's type erased.
+trait Releaser: Send + Sync {
+    fn release<'a>(
+        &'a self,
+        key: &'a LeaseKey,
+        holder: &'a HolderId,
+    ) -> BoxFuture<'a, Result<ReleaseOutcome, BackendError>>;
+}
+
+struct Direct<B> {
+    backend: B,
+    queues: Arc<Queues>,
+}
+
+impl<B: LeaseBackend> Releaser for Direct<B> {
+    fn release<'a>(
+        &'a self,
+        key: &'a LeaseKey,
+        holder: &'a HolderId,
+    ) -> BoxFuture<'a, Result<ReleaseOutcome, BackendError>> {
+        Box::pin(crate::handoff::release(
+            &self.backend,
+            &self.queues,
+            key,
+            holder,
+        ))
+    }
+}
