@@ -8,8 +8,9 @@
 //! Prints one JSON line per scenario. Settings: `LEASEHOLD_BENCH_HOLD_SECS`
 //! (default 120), `LEASEHOLD_BENCH_SCENARIOS` (a comma-separated subset of
 //! `leasehold_10k,leasehold_10k_untracked,raw_10k,leasehold_1m,`
-//! `leasehold_1m_untracked,raw_1m`, or `leasehold_250k,raw_250k` which are
-//! not run by default), `LEASEHOLD_BENCH_QUICK=1` (1,000 leases for 5 s, to
+//! `leasehold_1m_untracked,raw_1m`, or `leasehold_250k,raw_250k` and
+//! `raw_10k_fenced,raw_1m_fenced` which are not run by default; a name may
+//! be repeated, to interleave rounds), `LEASEHOLD_BENCH_QUICK=1` (1,000 leases for 5 s, to
 //! check it runs). `leasehold_*` holds with the backend's defaults, client
 //! tracking on (a lease overwritten behind its holder is noticed at once);
 //! `*_untracked` turns tracking off, which is the same work the hand-written
@@ -55,6 +56,10 @@ struct Scenario {
     ttl: &'static str,
     /// Client tracking on the renewal connection (the backend's default).
     tracking: bool,
+    /// For the hand-written loop: store what leasehold stores (its key
+    /// names, a fencing counter beside each lease, the token in the value),
+    /// so that the server holds the same data and only the renewals differ.
+    fenced: bool,
 }
 
 const SCENARIOS: &[Scenario] = &[
@@ -64,6 +69,7 @@ const SCENARIOS: &[Scenario] = &[
         leases: 10_000,
         ttl: "3s",
         tracking: true,
+        fenced: false,
     },
     Scenario {
         name: "leasehold_10k_untracked",
@@ -71,6 +77,7 @@ const SCENARIOS: &[Scenario] = &[
         leases: 10_000,
         ttl: "3s",
         tracking: false,
+        fenced: false,
     },
     Scenario {
         name: "raw_10k",
@@ -78,6 +85,7 @@ const SCENARIOS: &[Scenario] = &[
         leases: 10_000,
         ttl: "3s",
         tracking: false,
+        fenced: false,
     },
     Scenario {
         name: "leasehold_1m",
@@ -85,6 +93,7 @@ const SCENARIOS: &[Scenario] = &[
         leases: 1_000_000,
         ttl: "30s",
         tracking: true,
+        fenced: false,
     },
     Scenario {
         name: "leasehold_1m_untracked",
@@ -92,6 +101,7 @@ const SCENARIOS: &[Scenario] = &[
         leases: 1_000_000,
         ttl: "30s",
         tracking: false,
+        fenced: false,
     },
     Scenario {
         name: "raw_1m",
@@ -99,18 +109,37 @@ const SCENARIOS: &[Scenario] = &[
         leases: 1_000_000,
         ttl: "30s",
         tracking: false,
+        fenced: false,
     },
 ];
 
 /// Not run by default: a size between the two, where one watchdog task
-/// still keeps up on this machine.
+/// still keeps up on this machine; and the hand-written loop over
+/// leasehold's data layout.
 const EXTRA_SCENARIOS: &[Scenario] = &[
+    Scenario {
+        name: "raw_10k_fenced",
+        leasehold: false,
+        leases: 10_000,
+        ttl: "3s",
+        tracking: false,
+        fenced: true,
+    },
+    Scenario {
+        name: "raw_1m_fenced",
+        leasehold: false,
+        leases: 1_000_000,
+        ttl: "30s",
+        tracking: false,
+        fenced: true,
+    },
     Scenario {
         name: "leasehold_250k",
         leasehold: true,
         leases: 250_000,
         ttl: "30s",
         tracking: true,
+        fenced: false,
     },
     Scenario {
         name: "raw_250k",
@@ -118,6 +147,7 @@ const EXTRA_SCENARIOS: &[Scenario] = &[
         leases: 250_000,
         ttl: "30s",
         tracking: false,
+        fenced: false,
     },
 ];
 
@@ -128,6 +158,7 @@ const QUICK_SCENARIOS: &[Scenario] = &[
         leases: 1_000,
         ttl: "3s",
         tracking: true,
+        fenced: false,
     },
     Scenario {
         name: "leasehold_1k_untracked",
@@ -135,6 +166,7 @@ const QUICK_SCENARIOS: &[Scenario] = &[
         leases: 1_000,
         ttl: "3s",
         tracking: false,
+        fenced: false,
     },
     Scenario {
         name: "raw_1k",
@@ -142,6 +174,7 @@ const QUICK_SCENARIOS: &[Scenario] = &[
         leases: 1_000,
         ttl: "3s",
         tracking: false,
+        fenced: false,
     },
 ];
 
@@ -254,7 +287,7 @@ fn main() -> BenchResult {
         if scenario.leasehold {
             hold_with_leasehold(&server, scenario, ttl, hold).await
         } else {
-            hold_by_hand(&server, scenario.leases, ttl, hold)
+            hold_by_hand(&server, scenario.leases, scenario.fenced, ttl, hold)
                 .await
                 .map(|held| (held, Vec::new()))
         }
@@ -427,6 +460,7 @@ async fn hold_with_leasehold(
 async fn hold_by_hand(
     server: &RedisServer,
     count: usize,
+    fenced: bool,
     ttl: Ttl,
     hold: Duration,
 ) -> BenchResult<Held> {
@@ -446,13 +480,41 @@ async fn hold_by_hand(
     let baseline = rss_baseline()?;
 
     let started = Instant::now();
+    // The fenced layout's tokens are of the size of leasehold's
+    // (microseconds since the epoch). Each lease's value is what its
+    // renewal compares.
+    let token = 1_700_000_000_000_000u64;
     let leases: Vec<(String, String)> = (0..count)
-        .map(|i| (format!("hold:{i}"), format!("{:032x}", fastrand::u128(..))))
+        .map(|i| {
+            let holder = format!("{:032x}", fastrand::u128(..));
+            if fenced {
+                (
+                    format!("leasehold:{{hold:{i}}}"),
+                    format!("{holder}:{token}:"),
+                )
+            } else {
+                (format!("hold:{i}"), holder)
+            }
+        })
         .collect();
     for group in leases.chunks(RAW_PIPELINE * PIPELINES_IN_FLIGHT) {
         let sends = group.chunks(RAW_PIPELINE).map(|chunk| {
             let mut pipe = redis::pipe();
             for (key, holder) in chunk {
+                if fenced {
+                    pipe.cmd("SET")
+                        .arg(format!("{key}:fence"))
+                        .arg(token)
+                        .ignore();
+                    pipe.cmd("SET")
+                        .arg(key)
+                        .arg(holder)
+                        .arg("NX")
+                        .arg("PX")
+                        .arg(ttl_ms)
+                        .ignore();
+                    continue;
+                }
                 pipe.cmd("SET")
                     .arg(key)
                     .arg(holder)
