@@ -9,7 +9,8 @@
 //! `taskset -c 0` for sequential figures: the redis-server it starts inherits
 //! the pinning). Prints one JSON line per scenario. Settings:
 //! `LEASEHOLD_BENCH_SECS` (seconds per run, default 3), `LEASEHOLD_BENCH_REPEATS`
-//! (default 5), `LEASEHOLD_BENCH_QUICK=1` (a few cycles, to check it runs).
+//! (default 5), `LEASEHOLD_BENCH_QUICK=1` (a few cycles, to check it runs),
+//! `LEASEHOLD_BENCH_CLIENTS` (a comma-separated subset of the client names).
 
 mod common;
 
@@ -268,14 +269,18 @@ fn main() -> BenchResult {
             options: LeaseOptions::with_ttl(ttl),
             ttl,
         };
-        let all = [
+        let only = std::env::var("LEASEHOLD_BENCH_CLIENTS").unwrap_or_default();
+        let all: Vec<Client> = [
             Client::Manager,
             Client::Backend,
             Client::RawScripts,
             Client::Raw,
-        ];
+        ]
+        .into_iter()
+        .filter(|c| only.is_empty() || only.split(',').any(|o| o.trim() == c.name()))
+        .collect();
         // Warm up: scripts loaded, connections established, allocator primed.
-        for client in all {
+        for client in all.iter().copied() {
             run(
                 &server,
                 &clients,
