@@ -506,14 +506,6 @@ async fn hold_by_hand(
                         .arg(format!("{key}:fence"))
                         .arg(token)
                         .ignore();
-                    pipe.cmd("SET")
-                        .arg(key)
-                        .arg(holder)
-                        .arg("NX")
-                        .arg("PX")
-                        .arg(ttl_ms)
-                        .ignore();
-                    continue;
                 }
                 pipe.cmd("SET")
                     .arg(key)

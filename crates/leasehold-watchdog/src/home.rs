@@ -6,6 +6,9 @@
 //! waiter) then reaches the server without first waking another task, which
 //! is most of a contended key's gap between one holder and the next. The
 //! watchdog is only told to forget the lease.
+//!
+//! [`OrphanGuard`] hands the watchdog a release that no task will finish:
+//! an abandoned acquisition of unknown outcome, or a dropped release.
 
 use std::future::Future;
 use std::pin::Pin;
@@ -77,5 +80,27 @@ impl<B: LeaseBackend> Releaser for Direct<B> {
             key,
             holder,
         ))
+    }
+}
+
+/// A lease that may exist on the server with no one to release it: an
+/// acquisition of unknown outcome that was abandoned, or a release whose
+/// future was dropped in flight. While armed, dropping the guard hands the
+/// release to the watchdog.
+pub(crate) struct OrphanGuard<'a> {
+    pub(crate) commands: &'a mpsc::UnboundedSender<Command>,
+    pub(crate) key: &'a LeaseKey,
+    pub(crate) holder: HolderId,
+    pub(crate) armed: bool,
+}
+
+impl Drop for OrphanGuard<'_> {
+    fn drop(&mut self) {
+        if self.armed {
+            let _ = self.commands.send(Command::ReleaseOrphan {
+                key: self.key.clone(),
+                holder: self.holder,
+            });
+        }
     }
 }

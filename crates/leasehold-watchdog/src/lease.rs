@@ -12,7 +12,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::{Instrument, debug, debug_span};
 
 use crate::LeaseError;
-use crate::home::Home;
+use crate::home::{Home, OrphanGuard};
 use crate::renewal::{Command, Timing};
 
 /// Why a lease's token was cancelled.
@@ -316,8 +316,10 @@ impl Lease {
             self.shared.acquired_at.elapsed(),
         );
         let key = &self.shared.key;
-        let mut abandoned = Abandoned {
-            home: &home,
+        // A release future dropped in flight hands the release to the
+        // watchdog, as a dropped handle does.
+        let mut abandoned = OrphanGuard {
+            commands: &home.commands,
             key,
             holder: self.holder,
             armed: true,
@@ -329,26 +331,6 @@ impl Lease {
             debug!(%key, %error, "release failed; the lease expires by itself");
         }
         outcome.map_err(LeaseError::from)
-    }
-}
-
-/// A release whose future was dropped in flight: the watchdog releases the
-/// lease in the background, as it would for a dropped handle.
-struct Abandoned<'a> {
-    home: &'a Home,
-    key: &'a LeaseKey,
-    holder: HolderId,
-    armed: bool,
-}
-
-impl Drop for Abandoned<'_> {
-    fn drop(&mut self) {
-        if self.armed {
-            let _ = self.home.commands.send(Command::ReleaseOrphan {
-                key: self.key.clone(),
-                holder: self.holder,
-            });
-        }
     }
 }
 

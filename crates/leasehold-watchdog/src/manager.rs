@@ -15,7 +15,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::{Instrument, debug, info_span};
 
 use crate::handoff::Withdrawn;
-use crate::home::Home;
+use crate::home::{Home, OrphanGuard};
 use crate::lease::Shared;
 use crate::queue::{QueueError, Queues, Turn};
 use crate::renewal::{Command, Timing, Watchdog};
@@ -408,24 +408,6 @@ impl Drop for OfferGuard<'_> {
                     holder: grant.holder,
                 });
             }
-        }
-    }
-}
-
-struct OrphanGuard<'a> {
-    commands: &'a mpsc::UnboundedSender<Command>,
-    key: &'a LeaseKey,
-    holder: HolderId,
-    armed: bool,
-}
-
-impl Drop for OrphanGuard<'_> {
-    fn drop(&mut self) {
-        if self.armed {
-            let _ = self.commands.send(Command::ReleaseOrphan {
-                key: self.key.clone(),
-                holder: self.holder,
-            });
         }
     }
 }
