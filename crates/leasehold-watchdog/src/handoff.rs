@@ -9,11 +9,14 @@
 //! overtaken, so the lease is only released and announced then, and the
 //! head tries like everyone else.
 //!
-//! A head that got the lease by handover passes its release watch on to the
-//! next head as a [`Baton`]: the lease is known to be held by a holder of
-//! this manager, whose release will look for an offer, so the next head
-//! offers and waits without asking the backend first. The baton is only
-//! good until the next local release of the key (counted in `releases`).
+//! A head that gets the lease while others wait behind it leaves the next
+//! head a [`Baton`]: the lease is known to be held by a holder of this
+//! manager, whose release will look for an offer, so the next head offers
+//! and waits without asking the backend first. The baton carries the
+//! holder's release watch if it got the lease by handover; after an
+//! acquisition of its own the next head subscribes anew while its offer
+//! stands. The baton is only good until the next local release of the key
+//! (counted in `releases`).
 
 use std::sync::{Mutex, MutexGuard, PoisonError};
 
@@ -32,9 +35,10 @@ pub(crate) struct Offer {
     reply: oneshot::Sender<Grant>,
 }
 
-/// The release watch of a head that got the lease by handover, for the next head.
+/// What a head that got the lease leaves the next head.
 pub(crate) struct Baton {
-    pub(crate) watch: ReleaseWatch,
+    /// The holder's release watch, if it got the lease by handover.
+    pub(crate) watch: Option<ReleaseWatch>,
     /// The key's local release count when the holder got the lease.
     pub(crate) releases: u64,
 }
@@ -102,9 +106,9 @@ impl Handoff {
         state.offer.take().filter(|o| !o.reply.is_closed())
     }
 
-    /// Leaves `watch` for the next head, good until the next local release
-    /// (the holder that passes it holds the lease now).
-    pub(crate) fn pass_baton(&self, watch: ReleaseWatch) {
+    /// Leaves a baton (with `watch`, if any) for the next head, good until
+    /// the next local release (the holder that passes it holds the lease now).
+    pub(crate) fn pass_baton(&self, watch: Option<ReleaseWatch>) {
         let mut state = self.state();
         let releases = state.releases;
         state.baton = Some(Baton { watch, releases });

@@ -183,9 +183,14 @@ impl<B: LeaseBackend> LeaseManager<B> {
         };
         // A baton from the previous head: the lease is held in this manager
         // and its release will look for our offer, so offer without asking.
-        let baton = turn.handoff().take_baton();
+        // Only with notices on: a head that polls leaves every grant to its
+        // own attempts.
+        let baton = turn
+            .handoff()
+            .take_baton()
+            .filter(|_| options.release_notices());
         let mut baton_releases = baton.as_ref().map(|b| b.releases);
-        let mut notices: Option<ReleaseWatch> = baton.map(|b| b.watch);
+        let mut notices: Option<ReleaseWatch> = baton.and_then(|b| b.watch);
         let mut attempt = 0u32;
         loop {
             let mut retry_after = options.backoff().delay(attempt);
@@ -220,30 +225,37 @@ impl<B: LeaseBackend> LeaseManager<B> {
             let Some(give_up_at) = give_up_at.filter(|at| now < *at) else {
                 return Err(failure);
             };
-            if notices.is_none() && options.release_notices() {
-                // Subscribe, then retry at once: a release between the
-                // refused attempt and the subscription sent no notice we saw.
-                let watch = self.inner.backend.watch_releases(&key).await;
-                notices = Some(watch.unwrap_or_else(|error| {
-                    debug!(%error, "no release notices; polling");
-                    ReleaseWatch::unsupported()
-                }));
-                continue;
-            }
-            // Offer only with a working watch: a release here hands over only
-            // while no other watch listens, which ours must be part of.
             let mut offer = OfferGuard {
                 turn: &turn,
                 commands: &self.inner.home.commands,
                 key: &key,
                 answer: None,
             };
-            if notices.as_ref().is_some_and(ReleaseWatch::is_supported) {
-                offer.answer = turn.handoff().offer(&request, baton_releases.take());
+            // With a baton, offer first: the holder's release looks for it.
+            if let Some(releases) = baton_releases.take() {
+                offer.answer = turn.handoff().offer(&request, Some(releases));
                 if offer.answer.is_none() {
                     // The baton went stale: the holder released meanwhile.
                     continue;
                 }
+            }
+            if notices.is_none() && options.release_notices() {
+                notices = Some(self.watch(&key).await);
+                if offer.answer.is_none() {
+                    // Subscribe, then retry at once: a release between the
+                    // refused attempt and the subscription sent no notice we
+                    // saw. (With an offer standing, the holder's release
+                    // answers the offer whether it hands over or not.)
+                    continue;
+                }
+            }
+            // Offer only with a working watch: a release here hands over only
+            // while no other watch listens, which ours must be part of. (A
+            // baton's offer may stand before its watch does: until then the
+            // release counts none of ours, and hands over only if no one
+            // listens at all.)
+            if offer.answer.is_none() && notices.as_ref().is_some_and(ReleaseWatch::is_supported) {
+                offer.answer = turn.handoff().offer(&request, None);
             }
             baton_releases = None;
             debug!(attempt, ?retry_after, "lease not acquired yet; waiting");
@@ -291,15 +303,27 @@ impl<B: LeaseBackend> LeaseManager<B> {
         }
     }
 
-    /// Hands the turn on and keeps the lease. A `baton` (the watch of a
-    /// head that got the lease by handover) goes to the next head: the
-    /// lease is held here now. After an acquisition of its own the head
-    /// passes none: the next head subscribes anew, which moves this process
-    /// to the end of the server's subscriber order, so that processes take
-    /// turns hearing of releases first. Then this task yields once, so that
-    /// the next head, woken from this task and so sitting in this worker's
-    /// slot that other workers never steal, gets to leave its offer before
-    /// this holder's work blocks the thread.
+    /// Subscribes to `key`'s release notices; a backend without them gives
+    /// a watch that never fires, and the head polls.
+    async fn watch(&self, key: &LeaseKey) -> ReleaseWatch {
+        let watch = self.inner.backend.watch_releases(key).await;
+        watch.unwrap_or_else(|error| {
+            debug!(%error, "no release notices; polling");
+            ReleaseWatch::unsupported()
+        })
+    }
+
+    /// Hands the turn on and keeps the lease. With others waiting, the next
+    /// head gets a baton: the lease is held here now, so it offers at once.
+    /// The baton carries the holder's watch (`baton`) if the holder got the
+    /// lease by handover. After an acquisition of its own the holder passes
+    /// no watch: the next head subscribes anew (its offer standing
+    /// meanwhile), which moves this process to the end of the server's
+    /// subscriber order, so that processes take turns hearing of releases
+    /// first. Then this task yields once, so that the next head, woken from
+    /// this task and so sitting in this worker's slot that other workers
+    /// never steal, gets to leave its offer before this holder's work
+    /// blocks the thread.
     async fn took(
         &self,
         turn: Turn,
@@ -308,8 +332,9 @@ impl<B: LeaseBackend> LeaseManager<B> {
         options: &LeaseOptions,
     ) -> Result<Lease, LeaseError> {
         let others = turn.others_waiting();
-        if others && let Some(watch) = baton.filter(ReleaseWatch::is_supported) {
-            turn.handoff().pass_baton(watch);
+        if others && options.release_notices() {
+            turn.handoff()
+                .pass_baton(baton.filter(ReleaseWatch::is_supported));
         }
         drop(turn);
         let lease = self.register(grant, options);

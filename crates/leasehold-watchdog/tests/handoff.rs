@@ -246,6 +246,39 @@ async fn after_a_handover_the_next_head_waits_without_asking_the_backend() -> Te
 }
 
 #[tokio::test(start_paused = true)]
+async fn after_an_acquisition_of_its_own_the_next_head_offers_without_asking() -> TestResult {
+    let backend = Counting::new();
+    let here = LeaseManager::new(backend.clone())?;
+    let elsewhere = LeaseManager::new(backend.clone())?;
+    let holder = elsewhere.acquire("job", &patient()).await?;
+    let first = waiter(&here);
+    until_waiting(&backend, 3).await;
+    let second = waiter(&here);
+    sleep(10 * OP).await;
+
+    // Released elsewhere: announced, and the first waiter takes the lease
+    // with an attempt of its own.
+    holder.release().await?;
+    until(|| backend.acquires() >= 4).await;
+    let (_, first_lease) = first.await??;
+    // The second is the head now. The lease is held in its manager, so it
+    // offers at once and subscribes anew (moving this process to the end
+    // of the subscriber order), without an attempt.
+    sleep(10 * OP).await;
+    assert_eq!(backend.acquires(), 4, "the next head asked the backend");
+    assert_eq!(backend.watches(), 2);
+
+    let released_at = Instant::now();
+    first_lease.release().await?;
+    let (got_at, lease) = second.await??;
+    assert_eq!(got_at - released_at, OP);
+    assert_eq!(backend.counts.handed_over.load(Ordering::SeqCst), 1);
+    assert_eq!(backend.acquires(), 4);
+    lease.release().await?;
+    Ok(())
+}
+
+#[tokio::test(start_paused = true)]
 async fn a_handover_after_an_attempt_of_unknown_outcome_is_kept() -> TestResult {
     let backend = Counting::new();
     let manager = LeaseManager::new(backend.clone())?;
