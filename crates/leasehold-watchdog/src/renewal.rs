@@ -501,6 +501,11 @@ impl<B: LeaseBackend> Watchdog<B> {
         entry
     }
 
+    /// The entry in `slot`, whatever its places.
+    fn entry_mut(&mut self, slot: u32) -> Option<&mut Entry> {
+        self.slots.get_mut(slot as usize)?.entry.as_mut()
+    }
+
     /// The entry at a place, unless the place is stale.
     fn at(&mut self, place: Place) -> Option<&mut Entry> {
         let cell = self.slots.get_mut(place.slot as usize)?;
@@ -574,19 +579,7 @@ impl<B: LeaseBackend> Watchdog<B> {
                 } else if now >= entry.deadline {
                     self.end(place.slot, LossReason::Deadline);
                 } else {
-                    let deadline = entry.deadline;
-                    entry.in_flight = true;
-                    out.requests.push(RenewRequest::new(
-                        entry.key.clone(),
-                        entry.holder,
-                        entry.ttl,
-                    ));
-                    let place = self.new_place(place.slot);
-                    out.members.push(place);
-                    out.deadline = Some(out.deadline.map_or(deadline, |d| d.min(deadline)));
-                    if out.members.len() == MAX_BATCH {
-                        self.send_renewals(std::mem::take(&mut out));
-                    }
+                    self.stage(place.slot, &mut out);
                 }
             }
         }
@@ -657,11 +650,7 @@ impl<B: LeaseBackend> Watchdog<B> {
             let Some(&slot) = self.ids.get(id) else {
                 continue;
             };
-            let Some(entry) = self
-                .slots
-                .get_mut(slot as usize)
-                .and_then(|c| c.entry.as_mut())
-            else {
+            let Some(entry) = self.entry_mut(slot) else {
                 continue;
             };
             if entry.ended || entry.capped() || now >= entry.deadline {
@@ -671,22 +660,32 @@ impl<B: LeaseBackend> Watchdog<B> {
                 entry.again = true;
                 continue;
             }
-            let deadline = entry.deadline;
-            entry.in_flight = true;
-            out.requests.push(RenewRequest::new(
-                entry.key.clone(),
-                entry.holder,
-                entry.ttl,
-            ));
-            let place = self.new_place(slot);
-            out.members.push(place);
-            out.deadline = Some(out.deadline.map_or(deadline, |d| d.min(deadline)));
-            if out.members.len() == MAX_BATCH {
-                self.send_renewals(std::mem::take(&mut out));
-            }
+            self.stage(slot, &mut out);
         }
         if !out.members.is_empty() {
             self.send_renewals(out);
+        }
+    }
+
+    /// Puts the lease in `slot` into the outgoing batch (sending the batch
+    /// once it is full): marked in flight, with a new place in the batch
+    /// and the batch's deadline brought forward to the lease's.
+    fn stage(&mut self, slot: u32, out: &mut Outgoing) {
+        let Some(entry) = self.entry_mut(slot) else {
+            return;
+        };
+        let deadline = entry.deadline;
+        entry.in_flight = true;
+        out.requests.push(RenewRequest::new(
+            entry.key.clone(),
+            entry.holder,
+            entry.ttl,
+        ));
+        let place = self.new_place(slot);
+        out.members.push(place);
+        out.deadline = Some(out.deadline.map_or(deadline, |d| d.min(deadline)));
+        if out.members.len() == MAX_BATCH {
+            self.send_renewals(std::mem::take(out));
         }
     }
 
