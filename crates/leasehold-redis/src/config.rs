@@ -220,19 +220,17 @@ impl RedisBackendBuilder {
                     master_info,
                     tls,
                 } => {
-                    let notices = self.sentinel_notices(
-                        (sentinels.clone(), master.clone(), master_info.clone()),
+                    let target = SentinelTarget {
+                        sentinels,
+                        master,
+                        master_info,
                         tls,
-                        &shown,
-                    )?;
+                    };
+                    let notices = self.sentinel_notices(&target, &shown)?;
                     let tracking = self.track.then(|| Arc::new(Tracking::new(layout.clone())));
                     let tracked = match &tracking {
                         Some(tracking) => {
-                            let sentinel = (sentinels.clone(), master.clone(), master_info.clone());
-                            match self
-                                .connect_sentinel(sentinel, tls, Some(tracking), &shown)
-                                .await
-                            {
+                            match self.connect_sentinel(&target, Some(tracking), &shown).await {
                                 Ok(conn) => Some(conn),
                                 Err(Error::Connect { source, .. }) if refused(&source) => {
                                     tracking.unavailable(&format!(
@@ -247,15 +245,7 @@ impl RedisBackendBuilder {
                     };
                     let conn = match tracked {
                         Some(conn) => conn,
-                        None => {
-                            self.connect_sentinel(
-                                (sentinels, master, master_info),
-                                tls,
-                                None,
-                                &shown,
-                            )
-                            .await?
-                        }
+                        None => self.connect_sentinel(&target, None, &shown).await?,
                     };
                     return Ok(RedisBackend::from_parts(
                         conn.clone(),
@@ -462,21 +452,11 @@ impl RedisBackendBuilder {
     /// RESP3 with its pushes handed to it.
     async fn connect_sentinel(
         &self,
-        (sentinels, master, master_info): (
-            Vec<redis::ConnectionInfo>,
-            String,
-            redis::RedisConnectionInfo,
-        ),
-        tls: bool,
+        target: &SentinelTarget,
         tracking: Option<&Arc<Tracking>>,
         shown: &str,
     ) -> Result<Conn, Error> {
-        let master_info = if tracking.is_some() {
-            master_info.set_protocol(ProtocolVersion::RESP3)
-        } else {
-            master_info
-        };
-        let client = sentinel_client(sentinels, master, master_info, tls, shown)?;
+        let client = target.client(tracking.is_some(), shown)?;
         let mut config = redis::AsyncConnectionConfig::new()
             .set_connection_timeout(Some(self.connect_timeout))
             .set_response_timeout(Some(self.op_timeout));
@@ -494,23 +474,8 @@ impl RedisBackendBuilder {
 
     /// Release notices behind Sentinel: a RESP3 connection of their own to
     /// the master the sentinels name, opened on first use.
-    fn sentinel_notices(
-        &self,
-        (sentinels, master, master_info): (
-            Vec<redis::ConnectionInfo>,
-            String,
-            redis::RedisConnectionInfo,
-        ),
-        tls: bool,
-        shown: &str,
-    ) -> Result<Notices, Error> {
-        let client = sentinel_client(
-            sentinels,
-            master,
-            master_info.set_protocol(ProtocolVersion::RESP3),
-            tls,
-            shown,
-        )?;
+    fn sentinel_notices(&self, target: &SentinelTarget, shown: &str) -> Result<Notices, Error> {
+        let client = target.client(true, shown)?;
         Ok(Notices::sentinel(
             client,
             self.connect_timeout,
@@ -519,29 +484,45 @@ impl RedisBackendBuilder {
     }
 }
 
-/// A client for the master that `sentinels` name, with TLS when the URL
-/// asked for it. One place for every Sentinel connection, so that none of
-/// them (the tracked one, the notices') can lose a setting the others have.
-fn sentinel_client(
+/// What every Sentinel connection is made from, as the URL gave it.
+struct SentinelTarget {
     sentinels: Vec<redis::ConnectionInfo>,
     master: String,
     master_info: redis::RedisConnectionInfo,
     tls: bool,
-    shown: &str,
-) -> Result<SentinelClient, Error> {
-    let mut node = SentinelNodeConnectionInfo::default()
-        .set_redis_connection_info(master_info)
-        .set_tcp_settings(TcpSettings::default().set_nodelay(true));
-    if tls {
-        ensure_crypto_provider();
-        node = node.set_tls_mode(redis::TlsMode::Secure);
-    }
-    SentinelClient::build(sentinels, master, Some(node), SentinelServerType::Master).map_err(|e| {
-        Error::InvalidUrl {
+}
+
+impl SentinelTarget {
+    /// A client for the master the sentinels name, in RESP3 if `resp3`,
+    /// with TLS when the URL asked for it. One place for every Sentinel
+    /// connection, so that none of them (the tracked one, the notices') can
+    /// lose a setting the others have.
+    fn client(&self, resp3: bool, shown: &str) -> Result<SentinelClient, Error> {
+        let master_info = if resp3 {
+            self.master_info
+                .clone()
+                .set_protocol(ProtocolVersion::RESP3)
+        } else {
+            self.master_info.clone()
+        };
+        let mut node = SentinelNodeConnectionInfo::default()
+            .set_redis_connection_info(master_info)
+            .set_tcp_settings(TcpSettings::default().set_nodelay(true));
+        if self.tls {
+            ensure_crypto_provider();
+            node = node.set_tls_mode(redis::TlsMode::Secure);
+        }
+        SentinelClient::build(
+            self.sentinels.clone(),
+            self.master.clone(),
+            Some(node),
+            SentinelServerType::Master,
+        )
+        .map_err(|e| Error::InvalidUrl {
             url_redacted: shown.to_owned(),
             reason: e.to_string(),
-        }
-    })
+        })
+    }
 }
 
 /// Whether a failed connection attempt was refused by the server (an
