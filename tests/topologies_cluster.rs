@@ -11,6 +11,9 @@ use leasehold::{
 };
 use leasehold_testkit::{RedisCluster, RedisServer};
 
+#[path = "common/notice.rs"]
+mod notice;
+
 type TestResult = Result<(), Box<dyn std::error::Error>>;
 
 async fn backend(cluster: &RedisCluster) -> Result<RedisBackend, leasehold::redis::Error> {
@@ -399,18 +402,9 @@ async fn a_release_wakes_a_waiter_elsewhere_through_sharded_pub_sub() -> TestRes
     for key in keys {
         let lease = holder.acquire(key, &options).await?;
         let channel = KeyLayout::default().released(&LeaseKey::new(key)?);
-        let task = {
-            let (waiter, options) = (waiter.clone(), options.clone());
-            tokio::spawn(async move {
-                waiter
-                    .acquire(key, &options)
-                    .await
-                    .map(|l| (tokio::time::Instant::now(), l))
-            })
-        };
+        let waiting = notice::spawn_waiter(&waiter, key, &options);
         // Until the waiter has subscribed on the node of the key's slot.
-        let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
-        loop {
+        notice::release_wakes(key, lease, waiting, fallback, || {
             let mut subscribers = 0;
             for node in cluster.nodes() {
                 let reply = node.cli(&["PUBSUB", "SHARDNUMSUB", &channel])?;
@@ -420,25 +414,9 @@ async fn a_release_wakes_a_waiter_elsewhere_through_sharded_pub_sub() -> TestRes
                     .and_then(|n| n.trim().parse::<u32>().ok())
                     .unwrap_or(0);
             }
-            if subscribers > 0 {
-                break;
-            }
-            assert!(
-                tokio::time::Instant::now() < deadline,
-                "{key}: the waiter never subscribed"
-            );
-            tokio::time::sleep(Duration::from_millis(5)).await;
-        }
-        let released_at = tokio::time::Instant::now();
-        lease.release().await?;
-        let (acquired_at, theirs) = task.await??;
-        let gap = acquired_at - released_at;
-        println!("{key}: the waiter acquired {gap:?} after the release");
-        assert!(
-            gap < fallback / 10,
-            "{key}: the waiter polled instead of waking ({gap:?})"
-        );
-        theirs.release().await?;
+            Ok::<_, leasehold_testkit::TestkitError>(subscribers > 0)
+        })
+        .await?;
     }
     Ok(())
 }

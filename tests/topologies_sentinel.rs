@@ -6,6 +6,9 @@ use leasehold::redis::{KeyLayout, RedisBackend, Topology};
 use leasehold::{LeaseBackend, LeaseKey, LeaseManager, LeaseOptions, LossReason, Ttl};
 use leasehold_testkit::SentinelSet;
 
+#[path = "common/notice.rs"]
+mod notice;
+
 type TestResult = Result<(), Box<dyn std::error::Error>>;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -125,40 +128,13 @@ async fn release_wakes_waiter(
         .backoff(leasehold::Backoff::fixed(fallback))
         .build()?;
     let lease = holder.acquire(key, &options).await?;
-    let task = {
-        let (waiter, options) = (waiter.clone(), options.clone());
-        tokio::spawn(async move {
-            waiter
-                .acquire(key, &options)
-                .await
-                .map(|l| (tokio::time::Instant::now(), l))
-        })
-    };
+    let waiting = notice::spawn_waiter(waiter, key, &options);
     let channel = KeyLayout::default().released(&LeaseKey::new(key)?);
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
-    while set
-        .master()
-        .cli(&["PUBSUB", "NUMSUB", &channel])?
-        .lines()
-        .nth(1)
-        != Some("1")
-    {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "{key}: the waiter never subscribed on the master"
-        );
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
-    let released_at = tokio::time::Instant::now();
-    lease.release().await?;
-    let (acquired_at, theirs) = task.await??;
-    let gap = acquired_at - released_at;
-    println!("{key}: the waiter acquired {gap:?} after the release");
-    assert!(
-        gap < fallback / 10,
-        "{key}: the waiter polled instead of waking ({gap:?})"
-    );
-    theirs.release().await?;
+    notice::release_wakes(key, lease, waiting, fallback, || {
+        let reply = set.master().cli(&["PUBSUB", "NUMSUB", &channel])?;
+        Ok::<_, leasehold_testkit::TestkitError>(reply.lines().nth(1) == Some("1"))
+    })
+    .await?;
     Ok(())
 }
 

@@ -13,6 +13,9 @@ use leasehold::{
 use leasehold_testkit::RedisServer;
 use tokio::time::Instant;
 
+#[path = "common/notice.rs"]
+mod notice;
+
 type TestResult = Result<(), Box<dyn std::error::Error + Send + Sync>>;
 
 async fn manager(
@@ -257,12 +260,7 @@ async fn notices_survive_a_dropped_subscription_connection() -> TestResult {
     let lease = holder
         .acquire("resubscribe", &patient("10s", fallback))
         .await?;
-    let task = tokio::spawn(async move {
-        waiter
-            .acquire("resubscribe", &patient("10s", fallback))
-            .await
-            .map(|l| (Instant::now(), l))
-    });
+    let task = notice::spawn_waiter(&waiter, "resubscribe", &patient("10s", fallback));
     // Wait until the waiter has subscribed, then cut its subscription connection.
     let deadline = Instant::now() + Duration::from_secs(5);
     while server
@@ -277,27 +275,11 @@ async fn notices_survive_a_dropped_subscription_connection() -> TestResult {
     let killed = server.cli(&["CLIENT", "KILL", "TYPE", "pubsub"])?;
     assert_eq!(killed, "1", "exactly the subscription connection is cut");
     // It comes back and subscribes again by itself.
-    while server
-        .cli(&["PUBSUB", "NUMSUB", "leasehold:{resubscribe}:released"])?
-        .lines()
-        .nth(1)
-        != Some("1")
-    {
-        assert!(
-            Instant::now() < deadline + Duration::from_secs(5),
-            "the waiter never subscribed again"
-        );
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
-    let released_at = Instant::now();
-    lease.release().await?;
-    let (acquired_at, _lease) = task.await??;
-    let gap = acquired_at - released_at;
-    println!("after a resubscription the waiter acquired {gap:?} after the release");
-    assert!(
-        gap < fallback / 10,
-        "the waiter polled instead of waking: {gap:?}"
-    );
+    notice::release_wakes("after a resubscription", lease, task, fallback, || {
+        let reply = server.cli(&["PUBSUB", "NUMSUB", "leasehold:{resubscribe}:released"])?;
+        Ok::<_, leasehold_testkit::TestkitError>(reply.lines().nth(1) == Some("1"))
+    })
+    .await?;
     Ok(())
 }
 
