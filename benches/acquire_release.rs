@@ -32,8 +32,9 @@ const CONCURRENT_TASKS: usize = 64;
 
 /// leasehold's acquire and release scripts, run by hand.
 static LEASEHOLD_ACQUIRE: LazyLock<redis::Script> = LazyLock::new(|| {
-    redis::Script::new(include_str!(
-        "../crates/leasehold-redis/src/scripts/acquire.lua"
+    redis::Script::new(concat!(
+        include_str!("../crates/leasehold-redis/src/scripts/grant.lua"),
+        include_str!("../crates/leasehold-redis/src/scripts/acquire.lua")
     ))
 });
 static LEASEHOLD_RELEASE: LazyLock<redis::Script> = LazyLock::new(|| {

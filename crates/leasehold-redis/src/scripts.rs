@@ -80,9 +80,14 @@ impl Call {
 
 use crate::layout::KeyLayout;
 
-/// Takes a free lease or refreshes our own; see `scripts/acquire.lua`.
-pub(crate) static ACQUIRE: LazyLock<Lua> =
-    LazyLock::new(|| Lua::new(include_str!("scripts/acquire.lua")));
+/// Takes a free lease or refreshes our own; see `scripts/acquire.lua`,
+/// which ends with the grant of `scripts/grant.lua`, sent in front of it.
+pub(crate) static ACQUIRE: LazyLock<Lua> = LazyLock::new(|| {
+    Lua::new(concat!(
+        include_str!("scripts/grant.lua"),
+        include_str!("scripts/acquire.lua")
+    ))
+});
 
 /// Compare-and-pexpire for a batch of leases; see `scripts/renew.lua`.
 pub(crate) static RENEW: LazyLock<Lua> =
@@ -92,9 +97,15 @@ pub(crate) static RENEW: LazyLock<Lua> =
 pub(crate) static RELEASE: LazyLock<Lua> =
     LazyLock::new(|| Lua::new(include_str!("scripts/release.lua")));
 
-/// Compare-and-delete, then a grant to a local waiter; see `scripts/handover.lua`.
-pub(crate) static HANDOVER: LazyLock<Lua> =
-    LazyLock::new(|| Lua::new(include_str!("scripts/handover.lua")));
+/// Compare-and-delete, then a grant to a local waiter; see
+/// `scripts/handover.lua`, with `scripts/grant.lua` in front, as for
+/// [`ACQUIRE`].
+pub(crate) static HANDOVER: LazyLock<Lua> = LazyLock::new(|| {
+    Lua::new(concat!(
+        include_str!("scripts/grant.lua"),
+        include_str!("scripts/handover.lua")
+    ))
+});
 
 /// Reads a lease; see `scripts/inspect.lua`.
 pub(crate) static INSPECT: LazyLock<Lua> =
@@ -228,6 +239,9 @@ mod tests {
             ("inspect", include_str!("scripts/inspect.lua")),
             ("handover", include_str!("scripts/handover.lua")),
         ] {
+            if name == "acquire" || name == "handover" {
+                assert!(source.contains("grant("), "{name} grants through grant.lua");
+            }
             assert!(source.starts_with(&format!("-- {name}.lua:")), "{name}");
             assert!(source.contains("-- KEYS["), "{name} names its KEYS");
             assert!(source.contains("ARGV"), "{name} names its ARGV");

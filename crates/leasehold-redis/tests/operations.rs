@@ -266,6 +266,26 @@ async fn a_counter_ahead_of_the_clock_is_followed_and_a_bad_one_refused() -> Tes
     assert!(err.to_string().contains("not an integer"), "{err}");
     assert_eq!(server.cli(&["GET", &fence])?, "twelve");
     assert_eq!(backend.inspect(&bad).await?, None, "no lease was written");
+
+    // The same for a handover, which grants the same way: refused before
+    // the lease is touched, so the releasing holder still holds it.
+    let handed = key("handover-not-a-number");
+    let releasing = holder();
+    acquire(&backend, &handed, releasing, ttl("10s")).await?;
+    let fence = format!("{}:fence", storage_key(&handed));
+    server.cli(&["SET", &fence, "twelve"])?;
+    let next = AcquireRequest::new(handed.clone(), holder(), ttl("10s"));
+    let err = backend
+        .release_to(&handed, &releasing, &next)
+        .await
+        .expect_err("a counter that is not a number");
+    assert!(err.to_string().contains("not an integer"), "{err}");
+    assert_eq!(server.cli(&["GET", &fence])?, "twelve");
+    assert_eq!(
+        backend.release(&handed, &releasing).await?,
+        ReleaseOutcome::Released,
+        "the releasing holder still held it"
+    );
     Ok(())
 }
 

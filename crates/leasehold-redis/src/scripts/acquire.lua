@@ -8,9 +8,6 @@
 --
 -- Returns {1, token}        when the lease is ours (token: the fencing token, a decimal string)
 --      or {0, value, pttl}  when someone else holds it (their stored value and PTTL).
---
--- Numbers go to redis.call only through string.format('%.0f', n): Redis may
--- render a large Lua number in exponent form.
 
 local holder, ttl, label = ARGV[1], ARGV[2], ARGV[3]
 local mine = holder .. ':'
@@ -35,32 +32,9 @@ if current then
   return {0, current, redis.call('PTTL', KEYS[1])}
 end
 
--- 3. Free. Take a floor from the server clock, in microseconds (< 2^53, so exact),
---    so tokens keep rising even if a restart lost the counter.
-local t = redis.call('TIME')
-local floor = tonumber(t[1]) * 1000000 + tonumber(t[2])
-
--- 4. The token is one past the counter, lifted to the floor, and the counter keeps it.
---    Tokens follow the clock, so the floor is nearly always the higher: store it and read
---    the old counter in one step (SET ... GET; a counter of another type fails it with
---    WRONGTYPE and nothing is written), and only when the counter was ahead (a clock that
---    stepped back, or two grants within one microsecond) store one past the counter.
-local n = floor
-local before = redis.call('SET', KEYS[2], string.format('%.0f', floor), 'GET')
-if before then
-  local c = tonumber(before)
-  if not c then
-    -- Not a number: put it back untouched and refuse, as INCR would.
-    redis.call('SET', KEYS[2], before)
-    return redis.error_reply('ERR the fencing counter is not an integer')
-  end
-  if c >= floor then
-    n = c + 1
-    redis.call('SET', KEYS[2], string.format('%.0f', n))
-  end
+-- 3. Free: grant it (grant.lua, sent in front of this script).
+local token, refused = grant(KEYS[1], KEYS[2], holder, ttl, label)
+if not token then
+  return refused
 end
-local token = string.format('%.0f', n)
-
--- 5. Store the lease with its expiry.
-redis.call('SET', KEYS[1], mine .. token .. ':' .. label, 'PX', ttl)
 return {1, token}

@@ -44,27 +44,11 @@ if others then
   return 1
 end
 
--- 5. Only our waiter: grant it the lease. These are acquire.lua's steps 3-5
---    (scripts cannot call one another): a floor from the server clock, the
---    token one past the counter lifted to the floor (stored and the old
---    counter read in one SET ... GET), the lease stored with its expiry.
---    A counter that is not a number is put back and refused before the lease
---    is touched, so the releasing holder still holds it.
-local t = redis.call('TIME')
-local floor = tonumber(t[1]) * 1000000 + tonumber(t[2])
-local n = floor
-local before = redis.call('SET', KEYS[2], string.format('%.0f', floor), 'GET')
-if before then
-  local c = tonumber(before)
-  if not c then
-    redis.call('SET', KEYS[2], before)
-    return redis.error_reply('ERR the fencing counter is not an integer')
-  end
-  if c >= floor then
-    n = c + 1
-    redis.call('SET', KEYS[2], string.format('%.0f', n))
-  end
+-- 5. Only our waiter: grant it the lease (grant.lua, sent in front of this
+--    script). A counter that is not a number is refused before the lease is
+--    touched, so the releasing holder still holds it.
+local token, refused = grant(KEYS[1], KEYS[2], ARGV[6], ARGV[7], ARGV[8])
+if not token then
+  return refused
 end
-local token = string.format('%.0f', n)
-redis.call('SET', KEYS[1], ARGV[6] .. ':' .. token .. ':' .. ARGV[8], 'PX', ARGV[7])
 return {2, token}
