@@ -20,21 +20,18 @@
 //! and releases. Faults come from a `FaultPlan` drawn from the seed.
 
 use std::fmt::Write as _;
-use std::sync::{Arc, Mutex};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
+use leasehold::LeaseManager;
 use leasehold::redis::RedisBackend;
-use leasehold::{LeaseManager, LeaseOptions, Ttl};
 use leasehold_testkit::{
-    Fault, FaultPlan, History, Overlap, PlanShape, Proxy, ProxyMode, RedisServer, Report,
-    fault_length,
+    Fault, FaultPlan, Overlap, Proxy, ProxyMode, RedisServer, Report, fault_length,
 };
 use tokio::time::Instant;
-use tokio_util::sync::CancellationToken;
 
 mod common;
 
-use common::campaign_client::{Client, Tally, TestResult, client};
+use common::campaign_client::{Applied, Clients, Settings, Tally, TestResult, assert_sound};
 
 /// Lease ttl of the campaign: short, so that a run sees many leases expire.
 const TTL: Duration = Duration::from_secs(1);
@@ -49,47 +46,17 @@ const OP_TIMEOUT: Duration = Duration::from_millis(500);
 /// hiding a missed renewal, which would cost a full retry period, 83 ms).
 const SCHEDULING_ALLOWANCE: Duration = Duration::from_millis(50);
 
-fn env_u64(name: &str, default: u64) -> u64 {
-    std::env::var(name)
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(default)
-}
-
-/// A fault as it happened: when it began and when it was healed.
-#[derive(Debug, Clone)]
-struct Applied {
-    fault: Fault,
-    began: Instant,
-    healed: Instant,
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn campaign() -> TestResult {
-    let run_for = Duration::from_secs(env_u64("LEASEHOLD_CAMPAIGN_SECS", 28));
-    let seed = env_u64(
-        "LEASEHOLD_CAMPAIGN_SEED",
-        SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .map_or(1, |d| d.as_secs()),
+    let settings = Settings::from_env(TTL, 28, 2)?;
+    let (seed, clients, keys, run_for) = (
+        settings.seed,
+        settings.clients,
+        settings.keys,
+        settings.run_for,
     );
-    let clients = usize::try_from(env_u64("LEASEHOLD_CAMPAIGN_CLIENTS", 4))?.max(1);
-    let keys = usize::try_from(env_u64("LEASEHOLD_CAMPAIGN_KEYS", 2))?.max(1);
-    let options = LeaseOptions::builder()
-        .ttl(Ttl::new(TTL)?)
-        .wait(TTL)
-        .name("campaign")
-        .build()?;
-    let renew_interval = options.renew_interval();
-    let plan = FaultPlan::draw(
-        seed,
-        PlanShape {
-            run_for,
-            clients,
-            ttl: TTL,
-            renew_interval,
-        },
-    );
+    let renew_interval = settings.renew_interval();
+    let plan = settings.plan(FaultPlan::draw);
     println!(
         "campaign: seed {seed}, {clients} clients x {keys} keys for {run_for:?}, {} faults",
         plan.faults.len()
@@ -109,27 +76,8 @@ async fn campaign() -> TestResult {
         proxies.push(proxy);
     }
 
-    let history = History::new();
-    let tally = Arc::new(Mutex::new(Tally::default()));
-    let stop = CancellationToken::new();
-    let started = Instant::now();
-    let mut tasks = Vec::new();
-    for (i, manager) in managers.iter().enumerate() {
-        let conn = redis::Client::open(resource.url())?
-            .get_multiplexed_async_connection()
-            .await?;
-        tasks.push(tokio::spawn(client(Client {
-            name: format!("c{i}"),
-            manager: manager.clone(),
-            options: options.clone(),
-            keys,
-            history: history.clone(),
-            tally: Arc::clone(&tally),
-            resource: conn,
-            stop: stop.clone(),
-            rng: fastrand::Rng::with_seed(seed.wrapping_add(i as u64 + 1)),
-        })));
-    }
+    let running = Clients::start(&settings, &managers, &resource).await?;
+    let started = running.started;
 
     let mut applied = Vec::new();
     for scheduled in &plan.faults {
@@ -148,58 +96,15 @@ async fn campaign() -> TestResult {
         );
     }
     tokio::time::sleep_until(started + run_for).await;
-    stop.cancel();
-    for task in tasks {
-        task.await??;
-    }
-    for manager in &managers {
-        manager.shutdown().await;
-    }
-
-    // The resource's own order of accepted writes.
-    let mut conn = redis::Client::open(resource.url())?
-        .get_multiplexed_async_connection()
-        .await?;
-    for k in 0..keys {
-        let log: Vec<String> = redis::cmd("LRANGE")
-            .arg(format!("res:{k}:log"))
-            .arg(0)
-            .arg(-1)
-            .query_async(&mut conn)
-            .await?;
-        for entry in log {
-            let (token, holder) = entry.split_once(':').ok_or("malformed log entry")?;
-            history.resource_accepted(format!("key{k}"), holder, token.parse()?);
-        }
-    }
-
-    let report = history.check();
-    let tally = std::mem::take(&mut *tally.lock().map_err(|_| "tally poisoned")?);
+    let (report, tally) = running.finish(&managers, &resource, keys).await?;
     let verdict = judge(&report, &applied, renew_interval);
     println!("{}", summary(&report, &applied, &tally, &verdict));
 
-    assert!(
-        report.holds >= 10,
-        "too few leases to judge anything: {report}"
-    );
-    assert!(
-        report.stale_writes.is_empty(),
-        "the fenced resource accepted stale writes: {:?}",
-        report.stale_writes
-    );
-    assert!(
-        report.token_violations.is_empty(),
-        "fencing tokens did not increase: {:?}",
-        report.token_violations
-    );
+    assert_sound(&report, &tally);
     assert!(
         verdict.forbidden.is_empty(),
         "holders overlapped outside a restart that lost data, or for longer than a renew interval after one (seed {seed}): {:#?}",
         verdict.forbidden
-    );
-    assert!(
-        tally.deadline_margins.iter().all(|m| !m.is_zero()),
-        "a token fired by deadline at or after the lease's earliest expiry"
     );
     Ok(())
 }

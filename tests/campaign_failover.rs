@@ -19,18 +19,15 @@
 mod common;
 
 use std::fmt::Write as _;
-use std::sync::{Arc, Mutex};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
-use common::campaign_client::{Client, Tally, TestResult, client};
+use common::campaign_client::{Applied, Clients, Settings, Tally, TestResult, assert_sound};
 use leasehold::redis::{KeyLayout, RedisBackend};
-use leasehold::{LeaseKey, LeaseManager, LeaseOptions, Ttl};
+use leasehold::{LeaseKey, LeaseManager};
 use leasehold_testkit::{
-    Fault, FaultPlan, History, PlanShape, RedisCluster, RedisServer, Report, SentinelSet,
-    fault_length,
+    Fault, FaultPlan, PlanShape, RedisCluster, RedisServer, Report, SentinelSet, fault_length,
 };
 use tokio::time::Instant;
-use tokio_util::sync::CancellationToken;
 
 /// Lease ttl: long enough for a lease to outlive a failover (2–3 s after a
 /// master is killed), so that a lease lost with its master is still
@@ -42,19 +39,6 @@ const OP_TIMEOUT: Duration = Duration::from_millis(500);
 const SCHEDULING_ALLOWANCE: Duration = Duration::from_millis(50);
 /// The longest a failover and the rejoining of the old master may take.
 const HEAL_TIMEOUT: Duration = Duration::from_secs(30);
-
-fn env_u64(name: &str, default: u64) -> u64 {
-    std::env::var(name)
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(default)
-}
-
-struct Applied {
-    fault: Fault,
-    began: Instant,
-    healed: Instant,
-}
 
 /// The deployment a campaign runs on.
 enum Target {
@@ -107,30 +91,15 @@ async fn campaign(
     mut target: Target,
     draw: fn(u64, PlanShape) -> FaultPlan,
 ) -> Result<Vec<Applied>, Box<dyn std::error::Error + Send + Sync>> {
-    let run_for = Duration::from_secs(env_u64("LEASEHOLD_CAMPAIGN_SECS", 60));
-    let seed = env_u64(
-        "LEASEHOLD_CAMPAIGN_SEED",
-        SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .map_or(1, |d| d.as_secs()),
+    let settings = Settings::from_env(TTL, 60, 3)?;
+    let (seed, clients, keys, run_for) = (
+        settings.seed,
+        settings.clients,
+        settings.keys,
+        settings.run_for,
     );
-    let clients = usize::try_from(env_u64("LEASEHOLD_CAMPAIGN_CLIENTS", 4))?.max(1);
-    let keys = usize::try_from(env_u64("LEASEHOLD_CAMPAIGN_KEYS", 3))?.max(1);
-    let options = LeaseOptions::builder()
-        .ttl(Ttl::new(TTL)?)
-        .wait(TTL)
-        .name("campaign")
-        .build()?;
-    let renew_interval = options.renew_interval();
-    let plan = draw(
-        seed,
-        PlanShape {
-            run_for,
-            clients,
-            ttl: TTL,
-            renew_interval,
-        },
-    );
+    let renew_interval = settings.renew_interval();
+    let plan = settings.plan(draw);
     println!(
         "campaign on {}: seed {seed}, {clients} clients x {keys} keys for {run_for:?}, {} faults planned",
         target.kinds()[0],
@@ -146,27 +115,8 @@ async fn campaign(
             .await?;
         managers.push(LeaseManager::new(backend)?);
     }
-    let history = History::new();
-    let tally = Arc::new(Mutex::new(Tally::default()));
-    let stop = CancellationToken::new();
-    let started = Instant::now();
-    let mut tasks = Vec::new();
-    for (i, manager) in managers.iter().enumerate() {
-        let conn = redis::Client::open(resource.url())?
-            .get_multiplexed_async_connection()
-            .await?;
-        tasks.push(tokio::spawn(client(Client {
-            name: format!("c{i}"),
-            manager: manager.clone(),
-            options: options.clone(),
-            keys,
-            history: history.clone(),
-            tally: Arc::clone(&tally),
-            resource: conn,
-            stop: stop.clone(),
-            rng: fastrand::Rng::with_seed(seed.wrapping_add(i as u64 + 1)),
-        })));
-    }
+    let running = Clients::start(&settings, &managers, &resource).await?;
+    let started = running.started;
 
     let mut rng = fastrand::Rng::with_seed(seed);
     let mut applied = Vec::new();
@@ -194,31 +144,7 @@ async fn campaign(
         });
     }
     tokio::time::sleep_until((started + run_for).max(Instant::now() + TTL)).await;
-    stop.cancel();
-    for task in tasks {
-        task.await??;
-    }
-    for manager in &managers {
-        manager.shutdown().await;
-    }
-
-    let mut conn = redis::Client::open(resource.url())?
-        .get_multiplexed_async_connection()
-        .await?;
-    for k in 0..keys {
-        let log: Vec<String> = redis::cmd("LRANGE")
-            .arg(format!("res:{k}:log"))
-            .arg(0)
-            .arg(-1)
-            .query_async(&mut conn)
-            .await?;
-        for entry in log {
-            let (token, holder) = entry.split_once(':').ok_or("malformed log entry")?;
-            history.resource_accepted(format!("key{k}"), holder, token.parse()?);
-        }
-    }
-    let report = history.check();
-    let tally = std::mem::take(&mut *tally.lock().map_err(|_| "tally poisoned")?);
+    let (report, tally) = running.finish(&managers, &resource, keys).await?;
     let (allowed, forbidden) = judge(&report, &applied, renew_interval);
     println!(
         "{}",
@@ -232,27 +158,10 @@ async fn campaign(
         )
     );
 
-    assert!(
-        report.holds >= 10,
-        "too few leases to judge anything: {report}"
-    );
-    assert!(
-        report.stale_writes.is_empty(),
-        "the fenced resource accepted stale writes: {:?}",
-        report.stale_writes
-    );
-    assert!(
-        report.token_violations.is_empty(),
-        "fencing tokens did not increase: {:?}",
-        report.token_violations
-    );
+    assert_sound(&report, &tally);
     assert!(
         forbidden.is_empty(),
         "holders overlapped outside a kill after a lag, or for longer than a renew interval after one (seed {seed}): {forbidden:#?}"
-    );
-    assert!(
-        tally.deadline_margins.iter().all(|m| !m.is_zero()),
-        "a token fired by deadline at or after the lease's earliest expiry"
     );
     Ok(applied)
 }
