@@ -744,17 +744,18 @@ impl<B: LeaseBackend> Watchdog<B> {
         let mut staged: Option<(Instant, Vec<Place>)> = None;
         let mut outcomes = outcomes.into_iter();
         for place in batch.members {
-            // A backend that returned too few outcomes left the rest unknown.
-            let outcome = outcomes.next().unwrap_or_else(|| {
-                Err(BackendError::UnexpectedReply {
-                    op: "renew",
-                    key: String::new(),
-                    detail: "no outcome for this renewal".to_owned(),
-                })
-            });
+            let outcome = outcomes.next();
             let Some(entry) = self.at(place) else {
                 continue; // released or ended while the renewal was in flight
             };
+            // A backend that returned too few outcomes left the rest unknown.
+            let outcome = outcome.unwrap_or_else(|| {
+                Err(BackendError::UnexpectedReply {
+                    op: "renew",
+                    key: entry.key.to_string(),
+                    detail: "the backend returned no outcome for this renewal".to_owned(),
+                })
+            });
             entry.in_flight = false;
             if entry.ended {
                 continue; // its deadline came first: a late success changes nothing
