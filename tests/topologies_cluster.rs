@@ -386,12 +386,7 @@ async fn a_release_wakes_a_waiter_elsewhere_through_sharded_pub_sub() -> TestRes
     // can tell the waiter of the other's release.
     let holder = LeaseManager::new(backend(&cluster).await?)?;
     let waiter = LeaseManager::new(backend(&cluster).await?)?;
-    let fallback = Duration::from_secs(5);
-    let options = LeaseOptions::builder()
-        .ttl(ttl("10s"))
-        .wait(Duration::from_secs(30))
-        .backoff(leasehold::Backoff::fixed(fallback))
-        .build()?;
+    let options = notice::options();
     // Keys in different slots, so on different masters.
     let keys = ["notice-a", "notice-b", "notice-c"];
     let mut slots = BTreeSet::new();
@@ -404,7 +399,7 @@ async fn a_release_wakes_a_waiter_elsewhere_through_sharded_pub_sub() -> TestRes
         let channel = KeyLayout::default().released(&LeaseKey::new(key)?);
         let waiting = notice::spawn_waiter(&waiter, key, &options);
         // Until the waiter has subscribed on the node of the key's slot.
-        notice::release_wakes(key, lease, waiting, fallback, || {
+        notice::release_wakes(key, lease, waiting, || {
             let mut subscribers = 0;
             for node in cluster.nodes() {
                 let reply = node.cli(&["PUBSUB", "SHARDNUMSUB", &channel])?;

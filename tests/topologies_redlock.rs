@@ -327,18 +327,13 @@ async fn a_release_wakes_a_waiter_elsewhere_with_one_master_down() -> TestResult
     // Two backends, as two processes would have.
     let holder = LeaseManager::new(redlock(&masters).await?)?;
     let waiter = LeaseManager::new(redlock(&masters).await?)?;
-    let fallback = Duration::from_secs(5);
-    let options = LeaseOptions::builder()
-        .ttl(Ttl::parse("10s")?)
-        .wait(Duration::from_secs(30))
-        .backoff(leasehold::Backoff::fixed(fallback))
-        .build()?;
+    let options = notice::options();
     let lease = holder.acquire("redlock-notice", &options).await?;
     let waiting = notice::spawn_waiter(&waiter, "redlock-notice", &options);
     // Until the waiter listens on both live masters. The acquisition itself
     // waits out the dead master's 100 ms node timeout.
     let channel = KeyLayout::default().released(&LeaseKey::new("redlock-notice")?);
-    notice::release_wakes("with one master down", lease, waiting, fallback, || {
+    notice::release_wakes("with one master down", lease, waiting, || {
         for master in &masters[1..] {
             if master.cli(&["PUBSUB", "NUMSUB", &channel])?.lines().nth(1) != Some("1") {
                 return Ok(false);

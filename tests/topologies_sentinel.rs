@@ -121,16 +121,11 @@ async fn release_wakes_waiter(
     waiter: &LeaseManager<RedisBackend>,
     key: &'static str,
 ) -> TestResult {
-    let fallback = Duration::from_secs(5);
-    let options = LeaseOptions::builder()
-        .ttl(Ttl::parse("10s")?)
-        .wait(Duration::from_secs(30))
-        .backoff(leasehold::Backoff::fixed(fallback))
-        .build()?;
+    let options = notice::options();
     let lease = holder.acquire(key, &options).await?;
     let waiting = notice::spawn_waiter(waiter, key, &options);
     let channel = KeyLayout::default().released(&LeaseKey::new(key)?);
-    notice::release_wakes(key, lease, waiting, fallback, || {
+    notice::release_wakes(key, lease, waiting, || {
         let reply = set.master().cli(&["PUBSUB", "NUMSUB", &channel])?;
         Ok::<_, leasehold_testkit::TestkitError>(reply.lines().nth(1) == Some("1"))
     })

@@ -256,11 +256,9 @@ async fn notices_survive_a_dropped_subscription_connection() -> TestResult {
     let server = RedisServer::start()?;
     let holder = manager(&server).await?;
     let waiter = manager(&server).await?;
-    let fallback = Duration::from_secs(5);
-    let lease = holder
-        .acquire("resubscribe", &patient("10s", fallback))
-        .await?;
-    let task = notice::spawn_waiter(&waiter, "resubscribe", &patient("10s", fallback));
+    let options = notice::options();
+    let lease = holder.acquire("resubscribe", &options).await?;
+    let task = notice::spawn_waiter(&waiter, "resubscribe", &options);
     // Wait until the waiter has subscribed, then cut its subscription connection.
     let deadline = Instant::now() + Duration::from_secs(5);
     while server
@@ -275,7 +273,7 @@ async fn notices_survive_a_dropped_subscription_connection() -> TestResult {
     let killed = server.cli(&["CLIENT", "KILL", "TYPE", "pubsub"])?;
     assert_eq!(killed, "1", "exactly the subscription connection is cut");
     // It comes back and subscribes again by itself.
-    notice::release_wakes("after a resubscription", lease, task, fallback, || {
+    notice::release_wakes("after a resubscription", lease, task, || {
         let reply = server.cli(&["PUBSUB", "NUMSUB", "leasehold:{resubscribe}:released"])?;
         Ok::<_, leasehold_testkit::TestkitError>(reply.lines().nth(1) == Some("1"))
     })

@@ -8,9 +8,23 @@
 use std::fmt::Display;
 use std::time::Duration;
 
-use leasehold::{Lease, LeaseBackend, LeaseError, LeaseManager, LeaseOptions};
+use leasehold::{Backoff, Lease, LeaseBackend, LeaseError, LeaseManager, LeaseOptions, Ttl};
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
+
+/// The waiters' fallback poll: far longer than a notice takes.
+pub(crate) const FALLBACK: Duration = Duration::from_secs(5);
+
+/// Options for holder and waiter: a 10 s lease, waiting up to 30 s,
+/// polling only every [`FALLBACK`].
+pub(crate) fn options() -> LeaseOptions {
+    LeaseOptions::builder()
+        .ttl(Ttl::parse("10s").expect("a valid ttl"))
+        .wait(Duration::from_secs(30))
+        .backoff(Backoff::fixed(FALLBACK))
+        .build()
+        .expect("valid options")
+}
 
 /// A waiter's task: when it got the lease, and the lease.
 pub(crate) type Waiter = JoinHandle<Result<(Instant, Lease), LeaseError>>;
@@ -33,12 +47,11 @@ pub(crate) fn spawn_waiter<B: LeaseBackend>(
 /// Waits (up to 10 s, looking every 5 ms: the subscription is the server's
 /// state, with no signal to wait on) until `subscribed` says the waiter
 /// listens; then releases `lease` and checks that the waiter got the lease
-/// within a tenth of `fallback`. Releases the waiter's lease at the end.
+/// within a tenth of [`FALLBACK`]. Releases the waiter's lease at the end.
 pub(crate) async fn release_wakes<E: Display>(
     what: &str,
     lease: Lease,
     waiter: Waiter,
-    fallback: Duration,
     mut subscribed: impl FnMut() -> Result<bool, E>,
 ) -> Result<(), LeaseError> {
     let deadline = Instant::now() + Duration::from_secs(10);
@@ -60,7 +73,7 @@ pub(crate) async fn release_wakes<E: Display>(
     let gap = acquired_at - released_at;
     println!("{what}: the waiter acquired {gap:?} after the release");
     assert!(
-        gap < fallback / 10,
+        gap < FALLBACK / 10,
         "{what}: the waiter polled instead of waking ({gap:?})"
     );
     theirs.release().await?;
