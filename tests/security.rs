@@ -92,14 +92,22 @@ fn acl_server() -> Result<RedisServer, Box<dyn std::error::Error>> {
     Ok(server)
 }
 
-#[tokio::test]
-async fn an_acl_user_with_only_the_needed_commands_runs_every_operation() -> TestResult {
-    let server = acl_server()?;
+/// A backend signed in as the confined user, and its URL.
+async fn connect_as_leaser(
+    server: &RedisServer,
+) -> Result<(String, RedisBackend), Box<dyn std::error::Error>> {
     let url = format!("redis://leaser:{USER_PASSWORD}@{}", server.addr());
     let backend = RedisBackend::builder(&url)
         .op_timeout(Duration::from_millis(500))
         .connect()
         .await?;
+    Ok((url, backend))
+}
+
+#[tokio::test]
+async fn an_acl_user_with_only_the_needed_commands_runs_every_operation() -> TestResult {
+    let server = acl_server()?;
+    let (url, backend) = connect_as_leaser(&server).await?;
     let manager = LeaseManager::new(backend.clone())?;
     let lease = manager.acquire("acl-job", &options()).await?;
     while lease.renewals() < 2 {
@@ -137,11 +145,7 @@ async fn without_pubsub_rights_a_handover_releases_and_announces() -> TestResult
     // many listen (no PUBSUB): a release must then not hand over, and must
     // not fail either.
     let server = acl_server()?;
-    let url = format!("redis://leaser:{USER_PASSWORD}@{}", server.addr());
-    let backend = RedisBackend::builder(&url)
-        .op_timeout(Duration::from_millis(500))
-        .connect()
-        .await?;
+    let (_, backend) = connect_as_leaser(&server).await?;
     let key = LeaseKey::new("acl-handover")?;
     let ttl = Ttl::parse("10s")?;
     let holder = HolderId::generate()?;
