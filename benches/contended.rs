@@ -4,7 +4,9 @@
 //! Run with `cargo bench --bench contended` (3 rounds of 5 s per scenario)
 //! or `cargo test --bench contended` (one 300 ms smoke round). Set
 //! `LEASEHOLD_BENCH_SECS` to change the duration and
-//! `LEASEHOLD_BENCH_REPEATS` the number of rounds. Each round runs every
+//! `LEASEHOLD_BENCH_REPEATS` the number of rounds, and
+//! `LEASEHOLD_BENCH_SCENARIOS` (a comma-separated subset of the names
+//! below) to run only some scenarios. Each round runs every
 //! scenario once, in turn, so that other load on the machine falls on all
 //! of them alike. Prints one JSON line per scenario and round, then one per
 //! scenario with the median of each figure over the rounds (`"round":
@@ -31,6 +33,8 @@ use tokio::time::Instant;
 const WORKERS: usize = 16;
 const HOLD: Duration = Duration::from_millis(1);
 const POLL: Duration = Duration::from_millis(10);
+/// The scenario written directly with the `redis` crate.
+const RAW: &str = "redis-crate/polling";
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
@@ -70,25 +74,32 @@ fn main() -> Result<(), BoxError> {
                 .stdout(std::process::Stdio::null())
                 .status()?;
         }
+        let only = std::env::var("LEASEHOLD_BENCH_SCENARIOS").unwrap_or_default();
+        let chosen = |name: &str| only.is_empty() || only.split(',').any(|o| o.trim() == name);
         let scenarios = [(1, true), (1, false), (WORKERS, true), (WORKERS, false)];
         let mut results: Vec<(String, Vec<Summary>)> = Vec::new();
         for round in 0..rounds {
             let mut summaries = Vec::new();
             for (managers, notices) in scenarios {
-                let record = leasehold_run(&server, managers, notices, run_for).await?;
                 let mode = if notices { "notices" } else { "polling" };
                 let name = if managers == 1 {
                     format!("leasehold/1-manager/{mode}")
                 } else {
                     format!("leasehold/{managers}-managers/{mode}")
                 };
+                if !chosen(&name) {
+                    continue;
+                }
+                let record = leasehold_run(&server, managers, notices, run_for).await?;
                 summaries.push((name, Summary::of(run_for, record)));
             }
-            let record = raw_run(&server, run_for).await?;
-            summaries.push((
-                "redis-crate/polling".to_owned(),
-                Summary::of(run_for, record),
-            ));
+            if chosen(RAW) {
+                let record = raw_run(&server, run_for).await?;
+                summaries.push((RAW.to_owned(), Summary::of(run_for, record)));
+            }
+            if summaries.is_empty() {
+                return Err(format!("LEASEHOLD_BENCH_SCENARIOS names no scenario: {only}").into());
+            }
             for (i, (name, summary)) in summaries.into_iter().enumerate() {
                 summary.print(&name, run_for, &round.to_string());
                 match results.get_mut(i) {
