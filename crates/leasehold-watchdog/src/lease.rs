@@ -6,7 +6,7 @@ use std::sync::atomic::{AtomicU8, AtomicU32, AtomicU64, Ordering};
 use std::time::Duration;
 
 use leasehold_core::{FencingToken, Grant, HolderId, LeaseKey, ReleaseOutcome, Ttl};
-use tokio::sync::oneshot;
+use tokio::sync::{mpsc, oneshot};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tracing::{Instrument, debug, debug_span};
@@ -305,11 +305,16 @@ impl Lease {
                 .map_err(|_| LeaseError::ManagerStopped)?;
             return answer.await.map_err(|_| LeaseError::ManagerStopped)?;
         }
-        // Ours to release, here: the watchdog stops renewing it and forgets
-        // it. A renewal already on its way finds the lease gone (or handed
-        // over) and is ignored. If the watchdog is gone, the lease is still
-        // ours on the server and is released all the same.
-        let _ = home.commands.send(Command::Forget { id: self.id });
+        // Ours to release, here. The watchdog is told to forget the lease
+        // once the release is over (or dropped), not before: waking its task
+        // first would put it ahead of the release's own round trip. A
+        // renewal meanwhile finds the lease gone (or handed over) and is
+        // ignored, as the release is claimed. If the watchdog is gone, the
+        // lease is still ours on the server and is released all the same.
+        let _forget = Forget {
+            commands: &home.commands,
+            id: self.id,
+        };
         crate::metrics::ended(
             &self.shared.name,
             "released",
@@ -331,6 +336,19 @@ impl Lease {
             debug!(%key, %error, "release failed; the lease expires by itself");
         }
         outcome.map_err(LeaseError::from)
+    }
+}
+
+/// Tells the watchdog to forget a lease whose release the handle ran,
+/// when dropped: after the release, whether it finished or was abandoned.
+struct Forget<'a> {
+    commands: &'a mpsc::UnboundedSender<Command>,
+    id: u64,
+}
+
+impl Drop for Forget<'_> {
+    fn drop(&mut self) {
+        let _ = self.commands.send(Command::Forget { id: self.id });
     }
 }
 
