@@ -8,7 +8,8 @@ use std::time::Duration;
 use leasehold::redis::RedisBackend;
 use leasehold::{
     AcquireOutcome, AcquireRequest, Backoff, CancellationToken, Election, HandoverOutcome,
-    HolderId, LeaseBackend, LeaseKey, LeaseManager, LeaseOptions, RenewOutcome, RenewRequest, Ttl,
+    HolderId, LeaseBackend, LeaseKey, LeaseManager, LeaseOptions, ReleaseOutcome, RenewOutcome,
+    RenewRequest, Ttl,
 };
 use leasehold_testkit::RedisServer;
 use tokio::time::Instant;
@@ -360,6 +361,56 @@ async fn release_to_hands_over_only_while_no_other_connection_listens() -> TestR
     );
     tokio::time::timeout(Duration::from_secs(5), theirs.released()).await?;
     assert_eq!(backend.inspect(&key).await?, None);
+    drop(own);
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_release_is_heard_only_by_a_listener_elsewhere() -> TestResult {
+    let server = RedisServer::start()?;
+    let backend = RedisBackend::connect(server.url()).await?;
+    let other = RedisBackend::connect(server.url()).await?;
+    let key = LeaseKey::new("heard")?;
+    let ttl = Ttl::parse("10s")?;
+    let acquired = async |holder| -> TestResult {
+        match backend
+            .try_acquire(&AcquireRequest::new(key.clone(), holder, ttl))
+            .await?
+        {
+            AcquireOutcome::Acquired(_) => Ok(()),
+            AcquireOutcome::Held(_) => Err("the lease is held".into()),
+        }
+    };
+
+    // No one listens.
+    let holder = HolderId::generate()?;
+    acquired(holder).await?;
+    assert_eq!(
+        backend.release_heard(&key, &holder).await?,
+        (ReleaseOutcome::Released, false)
+    );
+    // Only this backend's own watch listens: not someone else.
+    let own = backend.watch_releases(&key).await?;
+    let holder = HolderId::generate()?;
+    acquired(holder).await?;
+    assert_eq!(
+        backend.release_heard(&key, &holder).await?,
+        (ReleaseOutcome::Released, false)
+    );
+    // A watch of another backend (another process) hears it.
+    let mut theirs = other.watch_releases(&key).await?;
+    let holder = HolderId::generate()?;
+    acquired(holder).await?;
+    assert_eq!(
+        backend.release_heard(&key, &holder).await?,
+        (ReleaseOutcome::Released, true)
+    );
+    tokio::time::timeout(Duration::from_secs(5), theirs.released()).await?;
+    // Not ours: nothing happens, and no one is told.
+    assert_eq!(
+        backend.release_heard(&key, &holder).await?,
+        (ReleaseOutcome::NotHeld, false)
+    );
     drop(own);
     Ok(())
 }

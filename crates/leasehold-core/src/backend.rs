@@ -191,6 +191,20 @@ pub trait LeaseBackend: Clone + Send + Sync + 'static {
         holder: &HolderId,
     ) -> impl Future<Output = Result<ReleaseOutcome, BackendError>> + Send;
 
+    /// Frees the lease as [`release`](Self::release) does, and tells
+    /// whether the release was heard: `true` when its notice reached a
+    /// listener other than this backend's own watches, that is a waiter
+    /// that may be in another process. A manager then lets that waiter go
+    /// first instead of taking the lease straight back with its next
+    /// acquisition. The default cannot tell: it releases and says `false`.
+    fn release_heard(
+        &self,
+        key: &LeaseKey,
+        holder: &HolderId,
+    ) -> impl Future<Output = Result<(ReleaseOutcome, bool), BackendError>> + Send {
+        async move { Ok((self.release(key, holder).await?, false)) }
+    }
+
     /// Frees the lease if `holder` still holds it and, in the same atomic
     /// operation, grants it to `next` (a waiter of the caller's own) unless
     /// someone else may be waiting for it: then it is only released, and

@@ -162,14 +162,35 @@ impl State {
         )
     }
 
-    /// Wakes the key's watchers; forgets the key's notices once no one watches.
-    fn announce(&mut self, key: &LeaseKey) {
-        if let Some(notices) = self.notices.get(key) {
-            notices.send_modify(|n| *n = n.wrapping_add(1));
-            if notices.receiver_count() == 0 {
-                self.notices.remove(key);
+    /// Frees `key` if `holder` holds it, and says whether a watch heard.
+    fn release(
+        &mut self,
+        key: &LeaseKey,
+        holder: &HolderId,
+        now: Instant,
+    ) -> (ReleaseOutcome, bool) {
+        match self.live(key, now) {
+            Some(entry) if entry.holder == *holder => {
+                self.leases.remove(key);
+                let listeners = self.announce(key);
+                (ReleaseOutcome::Released, listeners > 0)
             }
+            _ => (ReleaseOutcome::NotHeld, false),
         }
+    }
+
+    /// Wakes the key's watchers and says how many there are; forgets the
+    /// key's notices once no one watches.
+    fn announce(&mut self, key: &LeaseKey) -> usize {
+        let Some(notices) = self.notices.get(key) else {
+            return 0;
+        };
+        notices.send_modify(|n| *n = n.wrapping_add(1));
+        let listeners = notices.receiver_count();
+        if listeners == 0 {
+            self.notices.remove(key);
+        }
+        listeners
     }
 
     fn next_token(&mut self, key: &LeaseKey) -> FencingToken {
@@ -384,16 +405,18 @@ impl LeaseBackend for MemoryBackend {
         holder: &HolderId,
     ) -> Result<ReleaseOutcome, BackendError> {
         self.gate("release", key).await?;
-        let now = Instant::now();
-        let mut state = self.state();
-        match state.live(key, now) {
-            Some(entry) if entry.holder == *holder => {
-                state.leases.remove(key);
-                state.announce(key);
-                Ok(ReleaseOutcome::Released)
-            }
-            _ => Ok(ReleaseOutcome::NotHeld),
-        }
+        Ok(self.state().release(key, holder, Instant::now()).0)
+    }
+
+    /// Heard when the key's notices have a watch: every watch on a memory
+    /// backend counts, as managers sharing one stand for separate processes.
+    async fn release_heard(
+        &self,
+        key: &LeaseKey,
+        holder: &HolderId,
+    ) -> Result<(ReleaseOutcome, bool), BackendError> {
+        self.gate("release", key).await?;
+        Ok(self.state().release(key, holder, Instant::now()))
     }
 
     /// Hands over while the key's notices have at most one watch (the

@@ -312,6 +312,16 @@ impl Notices {
         Ok(ReleaseWatch::new(receiver, subscription))
     }
 
+    /// How many of `channel`'s subscribers on the server are this
+    /// backend's notices connection: 1 while any watch holds it, else 0.
+    pub(crate) fn own_subscription(&self, channel: &str) -> u8 {
+        let channels = lock(&self.channels);
+        match channels.watched.get(channel.as_bytes()) {
+            Some(c) if c.subscribed => 1,
+            _ => 0,
+        }
+    }
+
     /// How many of `channel`'s subscribers on the server are a waiter of
     /// ours: 1 while exactly one watch listens on our connection (so the
     /// waiter offering a handover is that one), else 0, so that a second

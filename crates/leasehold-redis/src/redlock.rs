@@ -452,19 +452,35 @@ impl LeaseBackend for RedlockBackend {
         key: &LeaseKey,
         holder: &HolderId,
     ) -> Result<ReleaseOutcome, BackendError> {
-        let results = join_all(self.shared.nodes.iter().map(|n| n.release(key, holder))).await;
+        Ok(self.release_heard(key, holder).await?.0)
+    }
+
+    /// Heard when a master's notice reached a waiter elsewhere.
+    async fn release_heard(
+        &self,
+        key: &LeaseKey,
+        holder: &HolderId,
+    ) -> Result<(ReleaseOutcome, bool), BackendError> {
+        let results = join_all(
+            self.shared
+                .nodes
+                .iter()
+                .map(|n| n.release_heard(key, holder)),
+        )
+        .await;
         let released = results
             .iter()
-            .filter(|r| matches!(r, Ok(ReleaseOutcome::Released)))
+            .filter(|r| matches!(r, Ok((ReleaseOutcome::Released, _))))
             .count();
+        let heard = results.iter().any(|r| matches!(r, Ok((_, true))));
         let not_held = results
             .iter()
-            .filter(|r| matches!(r, Ok(ReleaseOutcome::NotHeld)))
+            .filter(|r| matches!(r, Ok((ReleaseOutcome::NotHeld, _))))
             .count();
         if released > 0 {
-            Ok(ReleaseOutcome::Released)
+            Ok((ReleaseOutcome::Released, heard))
         } else if not_held >= self.shared.quorum {
-            Ok(ReleaseOutcome::NotHeld)
+            Ok((ReleaseOutcome::NotHeld, false))
         } else {
             Err(no_quorum(
                 "release",

@@ -253,12 +253,14 @@ pub(crate) fn renewed(count: usize, reply: &Value) -> Result<Vec<RenewOutcome>, 
         .collect()
 }
 
-/// The reply of `release.lua`: 1 or 0.
-pub(crate) fn released(reply: &Value) -> Result<ReleaseOutcome, Failure> {
+/// The reply of `release.lua`: 0 (not ours), 1 (released), or 2 (released,
+/// and a waiter elsewhere heard the notice).
+pub(crate) fn released_heard(reply: &Value) -> Result<(ReleaseOutcome, bool), Failure> {
     match int(plain(reply)) {
-        Some(1) => Ok(ReleaseOutcome::Released),
-        Some(0) => Ok(ReleaseOutcome::NotHeld),
-        _ => Err(unexpected("1 or 0", reply)),
+        Some(2) => Ok((ReleaseOutcome::Released, true)),
+        Some(1) => Ok((ReleaseOutcome::Released, false)),
+        Some(0) => Ok((ReleaseOutcome::NotHeld, false)),
+        _ => Err(unexpected("2, 1 or 0", reply)),
     }
 }
 
@@ -433,14 +435,19 @@ mod tests {
         assert!(renewed(1, &Value::Okay).is_err());
 
         assert!(matches!(
-            released(&Value::Int(1)),
-            Ok(ReleaseOutcome::Released)
+            released_heard(&Value::Int(2)),
+            Ok((ReleaseOutcome::Released, true))
         ));
         assert!(matches!(
-            released(&Value::Int(0)),
-            Ok(ReleaseOutcome::NotHeld)
+            released_heard(&Value::Int(1)),
+            Ok((ReleaseOutcome::Released, false))
         ));
-        assert!(released(&bulk("1")).is_err());
+        assert!(matches!(
+            released_heard(&Value::Int(0)),
+            Ok((ReleaseOutcome::NotHeld, false))
+        ));
+        assert!(released_heard(&Value::Int(3)).is_err());
+        assert!(released_heard(&bulk("1")).is_err());
 
         assert!(matches!(
             inspected(&Value::Array(vec![Value::Nil, Value::Int(-2)])),
@@ -459,7 +466,7 @@ mod tests {
     #[test]
     fn descriptions_never_show_contents() {
         let secret = format!("{HOLDER}:1:");
-        let Err(Failure::Unexpected(detail)) = released(&bulk(&secret)) else {
+        let Err(Failure::Unexpected(detail)) = released_heard(&bulk(&secret)) else {
             panic!("a string is not a release reply");
         };
         assert!(!detail.contains(HOLDER), "{detail}");

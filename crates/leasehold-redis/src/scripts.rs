@@ -165,6 +165,7 @@ pub(crate) fn release(
     holder: &HolderId,
     notify: bool,
     sharded: bool,
+    own: u8,
 ) -> Call {
     let mut call = Call::new(&RELEASE, 1);
     let mut lease = Vec::with_capacity(64);
@@ -176,7 +177,9 @@ pub(crate) fn release(
     } else {
         call.cmd.arg("");
     }
-    call.cmd.arg(if sharded { "SPUBLISH" } else { "PUBLISH" });
+    call.cmd
+        .arg(if sharded { "SPUBLISH" } else { "PUBLISH" })
+        .arg(own);
     call
 }
 
@@ -302,22 +305,23 @@ mod tests {
                 "pod-1"
             ]
         );
-        let call = release(&layout, &a, &h1, true, false);
+        let call = release(&layout, &a, &h1, true, false, 1);
         assert_eq!(
             args(call.evalsha())[3..],
             [
                 "leasehold:{a}",
                 &h1.to_hex(),
                 "leasehold:{a}:released",
-                "PUBLISH"
+                "PUBLISH",
+                "1"
             ]
         );
-        let call = release(&layout, &a, &h1, false, false);
+        let call = release(&layout, &a, &h1, false, false, 0);
         assert_eq!(
             args(call.evalsha())[3..],
-            ["leasehold:{a}", &h1.to_hex(), "", "PUBLISH"]
+            ["leasehold:{a}", &h1.to_hex(), "", "PUBLISH", "0"]
         );
-        let call = release(&layout, &a, &h1, true, true);
+        let call = release(&layout, &a, &h1, true, true, 0);
         assert_eq!(args(call.evalsha())[6], "SPUBLISH");
         let call = handover(&layout, &a, &h1, 1, true, &request);
         assert_eq!(

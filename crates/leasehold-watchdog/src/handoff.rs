@@ -132,7 +132,11 @@ pub(crate) async fn release<B: LeaseBackend>(
     holder: &HolderId,
 ) -> Result<ReleaseOutcome, BackendError> {
     let Some(offer) = queues.handoff(key).and_then(|h| h.claim()) else {
-        return backend.release(key, holder).await;
+        let (outcome, heard) = backend.release_heard(key, holder).await?;
+        if heard {
+            queues.heard(key);
+        }
+        return Ok(outcome);
     };
     // Dropping the offer's reply unanswered tells the head to try itself.
     match backend.release_to(key, holder, &offer.request).await? {

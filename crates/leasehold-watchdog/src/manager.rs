@@ -191,6 +191,18 @@ impl<B: LeaseBackend> LeaseManager<B> {
             .filter(|_| options.release_notices());
         let mut baton_releases = baton.as_ref().map(|b| b.releases);
         let mut notices: Option<ReleaseWatch> = baton.and_then(|b| b.watch);
+        // This manager released the key a moment ago and a waiter elsewhere
+        // heard it: let that waiter take it first. Listen meanwhile, so that
+        // this one is heard of when that one releases. (The subscription is
+        // boxed: this rare path need not grow the acquisition's future.)
+        if let (None, Some(give_up_at)) = (baton_releases, give_up_at)
+            && let Some(until) = self.inner.queues.yield_until(&key)
+        {
+            if options.release_notices() {
+                notices = Some(Box::pin(self.watch(&key)).await);
+            }
+            tokio::time::sleep_until(until.min(give_up_at)).await;
+        }
         let mut attempt = 0u32;
         loop {
             let mut retry_after = options.backoff().delay(attempt);

@@ -28,7 +28,19 @@ pub(crate) enum QueueError {
 pub(crate) struct Queues {
     bound: usize,
     keys: Mutex<HashMap<LeaseKey, Arc<KeyQueue>>>,
+    /// Keys this manager released a moment ago while a waiter elsewhere
+    /// listened, and when (see [`Queues::yield_until`]).
+    heard: Mutex<HashMap<LeaseKey, Instant>>,
 }
+
+/// How long a new acquisition in this manager lets a waiter elsewhere go
+/// first, after a release here that it heard. The waiter's attempt and
+/// ours would both start with the release's reply (the notice travels as
+/// fast), so this only has to cover the waiter's wake-up, not a round trip.
+pub(crate) const YIELD: std::time::Duration = std::time::Duration::from_millis(2);
+
+/// Past this many keys, noting a heard release first drops the stale ones.
+const HEARD_KEYS: usize = 1024;
 
 struct KeyQueue {
     /// tokio's mutex queues its waiters in FIFO order.
@@ -70,7 +82,35 @@ impl Queues {
         Self {
             bound,
             keys: Mutex::new(HashMap::new()),
+            heard: Mutex::new(HashMap::new()),
         }
+    }
+
+    /// Notes that this manager released `key` and a waiter elsewhere heard.
+    pub(crate) fn heard(&self, key: &LeaseKey) {
+        let now = Instant::now();
+        let mut heard = self.heard.lock().unwrap_or_else(PoisonError::into_inner);
+        if heard.len() >= HEARD_KEYS {
+            heard.retain(|_, at| now.duration_since(*at) < YIELD);
+        }
+        heard.insert(key.clone(), now);
+    }
+
+    /// Until when a new acquisition of `key` should hold back its first
+    /// attempt: [`YIELD`] after this manager's last release of it that a
+    /// waiter elsewhere heard, if that is still ahead. Otherwise the release
+    /// and the next acquisition run back to back on one task, and the
+    /// releasing process takes the lease again before the waiter that heard
+    /// it can even ask: a worker that releases and re-acquires in a loop
+    /// would starve every other process.
+    pub(crate) fn yield_until(&self, key: &LeaseKey) -> Option<Instant> {
+        let at = self
+            .heard
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .remove(key)?;
+        let until = at + YIELD;
+        (Instant::now() < until).then_some(until)
     }
 
     fn keys(&self) -> MutexGuard<'_, HashMap<LeaseKey, Arc<KeyQueue>>> {

@@ -75,6 +75,15 @@ impl LeaseBackend for Counting {
         self.inner.release(key, holder).await
     }
 
+    async fn release_heard(
+        &self,
+        key: &LeaseKey,
+        holder: &HolderId,
+    ) -> Result<(ReleaseOutcome, bool), BackendError> {
+        self.counts.release.fetch_add(1, Ordering::SeqCst);
+        self.inner.release_heard(key, holder).await
+    }
+
     async fn release_to(
         &self,
         key: &LeaseKey,
@@ -191,6 +200,51 @@ async fn a_waiter_in_another_manager_is_not_overtaken() -> TestResult {
     assert_eq!(first.0 - released_at, 2 * OP, "release, then an attempt");
     drop(first.1);
     let _ = second.await??;
+    Ok(())
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_release_heard_elsewhere_is_not_taken_straight_back() -> TestResult {
+    let backend = Counting::new();
+    let here = LeaseManager::new(backend.clone())?;
+    let elsewhere = LeaseManager::new(backend.clone())?;
+    let holder = here.acquire("job", &patient()).await?;
+    let theirs = waiter(&elsewhere);
+    until_waiting(&backend, 3).await;
+
+    // A worker that releases and asks again at once, as a loop would.
+    let ours = tokio::spawn(async move {
+        holder.release().await?;
+        let lease = here.acquire("job", &patient()).await?;
+        Ok::<_, leasehold_watchdog::LeaseError>((Instant::now(), lease))
+    });
+    let (their_at, their_lease) = theirs.await??;
+    assert!(
+        !ours.is_finished(),
+        "the releasing manager took the lease back first"
+    );
+    assert_eq!(backend.counts.handed_over.load(Ordering::SeqCst), 0);
+    let their_token = their_lease.fencing_token();
+    their_lease.release().await?;
+    let (our_at, our_lease) = ours.await??;
+    assert!(our_at > their_at);
+    assert!(our_lease.fencing_token() > their_token);
+    our_lease.release().await?;
+    Ok(())
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_release_heard_by_no_one_else_is_taken_straight_back() -> TestResult {
+    let backend = Counting::new();
+    let manager = LeaseManager::new(backend.clone())?;
+    let holder = manager.acquire("job", &patient()).await?;
+    holder.release().await?;
+    let asked_at = Instant::now();
+    let lease = manager.acquire("job", &patient()).await?;
+    // One attempt, at once: nobody listened, so there is no one to wait for.
+    assert_eq!(Instant::now() - asked_at, OP);
+    assert_eq!(backend.acquires(), 2);
+    lease.release().await?;
     Ok(())
 }
 

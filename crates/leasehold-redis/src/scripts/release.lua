@@ -8,8 +8,12 @@
 --                   (the channel carries the lease's hash tag, so it is in its
 --                   slot); PUBLISH when left out, as callers of the two-argument
 --                   form expect
+-- ARGV[4]  own      how many of the channel's subscribers are the releasing
+--                   process's own connection (0 or 1; 0 when left out)
 --
--- Returns 1 when the lease was ours and is now deleted, 0 when it was not ours.
+-- Returns 0 when the lease was not ours, 1 when it was ours and is now
+-- deleted, and 2 when, besides, the notice reached a subscriber other than
+-- the releasing process's own: a waiter elsewhere heard it.
 
 -- 1. Read the lease. A key of another type gives WRONGTYPE, passed on as the reply's
 --    own error (not wrapped as a script error, as Redis 6 would), so the client sees its code.
@@ -26,9 +30,13 @@ end
 -- 3. Ours: delete it. The fencing counter (P:fence) stays, so tokens keep rising.
 redis.call('DEL', KEYS[1])
 
--- 4. Tell waiters at once, so they need not poll.
+-- 4. Tell waiters at once, so they need not poll, and say whether one
+--    elsewhere heard (the releasing process then lets it go first).
 if ARGV[2] and ARGV[2] ~= '' then
-  redis.call(ARGV[3] or 'PUBLISH', ARGV[2], '1')
+  local heard = redis.call(ARGV[3] or 'PUBLISH', ARGV[2], '1')
+  if heard > (tonumber(ARGV[4]) or 0) then
+    return 2
+  end
 end
 
 return 1
