@@ -50,6 +50,8 @@ fn lease_keys() {
         ("del\u{7f}", "InvalidKey"),
         ("c1\u{85}control", "InvalidKey"),
         ("}starts-with-brace", "InvalidKey"),
+        ("order:{42}:fence", "InvalidKey"),
+        ("reports:fence", "ok"),
         ("a", "ok"),
         (&long, "ok"),
         ("ünïcode:{tag}", "ok"),

@@ -11,8 +11,10 @@ use crate::error::excerpt;
 ///
 /// A key is 1 to [`LeaseKey::MAX_LEN`] bytes of UTF-8 without control
 /// characters (they would corrupt logs and terminals), not starting with `}`
-/// (which would defeat the hash tag backends wrap around it). It is cheap to
-/// clone.
+/// (which would defeat the hash tag backends wrap around it), and, if it has
+/// a hash tag, not ending with `:fence` (a Redis backend stores the fencing
+/// counter of `K` at `K:fence`, so `order:{42}:fence` would name the counter
+/// of `order:{42}`). It is cheap to clone.
 ///
 /// A key may carry a Redis Cluster *hash tag*, the text between the first
 /// `{` and the next `}` (`order:{42}` has the tag `42`): backends store the
@@ -38,7 +40,8 @@ impl LeaseKey {
     /// # Errors
     ///
     /// [`Error::InvalidKey`] when the key is empty, longer than
-    /// [`LeaseKey::MAX_LEN`] bytes, or contains a control character.
+    /// [`LeaseKey::MAX_LEN`] bytes, contains a control character, starts
+    /// with `}`, or has a hash tag and ends with `:fence`.
     pub fn new(key: impl AsRef<str>) -> Result<Self, Error> {
         let key = key.as_ref();
         let refuse = |reason| Error::InvalidKey {
@@ -61,7 +64,17 @@ impl LeaseKey {
             // tag, and Redis Cluster could split the lease from its counter.
             return Err(refuse("a lease key must not start with '}'"));
         }
-        Ok(Self(Arc::from(key)))
+        let key = Self(Arc::from(key));
+        if key.hash_tag().is_some() && key.0.ends_with(":fence") {
+            // A key with a hash tag is stored as is (`namespace:key`), and a
+            // lease's fencing counter beside it with `:fence` appended: this
+            // key would be another lease's counter.
+            return Err(Error::InvalidKey {
+                key: excerpt(&key.0),
+                reason: "a lease key with a hash tag must not end with ':fence', the suffix of fencing counters; choose another ending",
+            });
+        }
+        Ok(key)
     }
 
     /// The key as text.
@@ -144,5 +157,19 @@ mod tests {
         }
         assert!(LeaseKey::new("k".repeat(512)).is_ok());
         assert!(LeaseKey::new("ünïcode:{ok}").is_ok());
+    }
+
+    #[test]
+    fn a_key_with_a_hash_tag_cannot_name_a_fencing_counter() {
+        // Stored as is, it would be the counter of "order:{42}" or "42".
+        for bad in ["order:{42}:fence", "{42}:fence"] {
+            let Err(Error::InvalidKey { reason, .. }) = LeaseKey::new(bad) else {
+                panic!("{bad:?} was accepted");
+            };
+            assert!(reason.contains(":fence"), "{reason}");
+        }
+        // Without a hash tag the key is stored in braces, so it cannot.
+        assert!(LeaseKey::new("reports:fence").is_ok());
+        assert!(LeaseKey::new("order:{42}:fence:x").is_ok());
     }
 }

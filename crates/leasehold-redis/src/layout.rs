@@ -20,6 +20,9 @@ use crate::Error;
 /// keeps it, so a lease can live in the slot of the data it guards.
 ///
 /// The namespace may not contain `{` or `}`: they would change the hash tag.
+/// A lease key with a hash tag may not end with `:fence` (`LeaseKey`
+/// refuses it): its `P` would be another lease's counter. `K` and `{K}`
+/// have the same `P`, and so are one lease.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct KeyLayout {
     namespace: std::sync::Arc<str>,
