@@ -1,5 +1,6 @@
 //! Lease keys and namespaces: never a panic; an accepted key keeps its
-//! lease and fencing counter under one hash tag in every namespace.
+//! lease and fencing counter under one hash tag in every namespace, and no
+//! other accepted key is stored at its counter.
 #![no_main]
 
 use leasehold_core::LeaseKey;
@@ -26,4 +27,8 @@ fuzz_target!(|input: (&str, &str)| {
     let Ok(layout) = KeyLayout::new(namespace) else { return };
     let (lease, fence) = (layout.lease(&key), layout.fence(&key));
     assert_eq!(hashed(&lease), hashed(&fence), "{lease} / {fence}");
+    // No accepted key is stored where this one keeps its counter.
+    if let Ok(next) = LeaseKey::new(format!("{}:fence", key.as_str())) {
+        assert_ne!(layout.lease(&next), fence, "{next}");
+    }
 });
