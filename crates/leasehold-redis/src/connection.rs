@@ -47,22 +47,35 @@ impl Conn {
     pub(crate) async fn eval(&self, call: &Call, wait: Option<Wait>) -> RedisResult<Reply> {
         match self {
             Self::Standalone(conn) => eval_on(&mut conn.clone(), call, wait).await,
-            Self::Cluster(conn) => eval_on_cluster(&mut conn.clone(), call, wait).await,
+            // Boxed: the cluster client's future is several kilobytes, and
+            // unboxed it would size (and be copied with) every caller's
+            // future on every topology.
+            Self::Cluster(conn) => Box::pin(eval_on_cluster(&mut conn.clone(), call, wait)).await,
             Self::Sentinel(sentinel) => {
-                let (generation, mut conn) = sentinel.current().await?;
-                let mut guard = DropGuard {
-                    sentinel,
-                    generation,
-                    armed: true,
-                };
-                let result = eval_on(&mut conn, call, wait).await;
-                guard.armed = match &result {
-                    Ok(_) => false,
-                    Err(err) => needs_new_master(err),
-                };
-                result
+                Box::pin(Self::eval_on_sentinel(sentinel, call, wait)).await
             }
         }
+    }
+
+    /// `eval` on the current master behind Sentinel; a connection error
+    /// makes the next call look the master up again.
+    async fn eval_on_sentinel(
+        sentinel: &SentinelConn,
+        call: &Call,
+        wait: Option<Wait>,
+    ) -> RedisResult<Reply> {
+        let (generation, mut conn) = sentinel.current().await?;
+        let mut guard = DropGuard {
+            sentinel,
+            generation,
+            armed: true,
+        };
+        let result = eval_on(&mut conn, call, wait).await;
+        guard.armed = match &result {
+            Ok(_) => false,
+            Err(err) => needs_new_master(err),
+        };
+        result
     }
 
     /// Runs one command on the server (or cluster node) that holds `key`.

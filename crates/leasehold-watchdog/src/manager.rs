@@ -193,13 +193,12 @@ impl<B: LeaseBackend> LeaseManager<B> {
         let mut notices: Option<ReleaseWatch> = baton.and_then(|b| b.watch);
         // This manager released the key a moment ago and a waiter elsewhere
         // heard it: let that waiter take it first. Listen meanwhile, so that
-        // this one is heard of when that one releases. (The subscription is
-        // boxed: this rare path need not grow the acquisition's future.)
+        // this one is heard of when that one releases.
         if let (None, Some(give_up_at)) = (baton_releases, give_up_at)
             && let Some(until) = self.inner.queues.yield_until(&key)
         {
             if options.release_notices() {
-                notices = Some(Box::pin(self.watch(&key)).await);
+                notices = Some(self.watch(&key).await);
             }
             tokio::time::sleep_until(until.min(give_up_at)).await;
         }
@@ -318,7 +317,10 @@ impl<B: LeaseBackend> LeaseManager<B> {
     /// Subscribes to `key`'s release notices; a backend without them gives
     /// a watch that never fires, and the head polls.
     async fn watch(&self, key: &LeaseKey) -> ReleaseWatch {
-        let watch = self.inner.backend.watch_releases(key).await;
+        // Boxed: a subscription's future is large and is made once per
+        // wait, and inline it would size (and be copied with) every
+        // acquisition's future.
+        let watch = Box::pin(self.inner.backend.watch_releases(key)).await;
         watch.unwrap_or_else(|error| {
             debug!(%error, "no release notices; polling");
             ReleaseWatch::unsupported()
