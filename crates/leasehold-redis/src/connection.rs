@@ -52,30 +52,9 @@ impl Conn {
             // future on every topology.
             Self::Cluster(conn) => Box::pin(eval_on_cluster(&mut conn.clone(), call, wait)).await,
             Self::Sentinel(sentinel) => {
-                Box::pin(Self::eval_on_sentinel(sentinel, call, wait)).await
+                Box::pin(sentinel.on_master(async |conn| eval_on(conn, call, wait).await)).await
             }
         }
-    }
-
-    /// `eval` on the current master behind Sentinel; a connection error
-    /// makes the next call look the master up again.
-    async fn eval_on_sentinel(
-        sentinel: &SentinelConn,
-        call: &Call,
-        wait: Option<Wait>,
-    ) -> RedisResult<Reply> {
-        let (generation, mut conn) = sentinel.current().await?;
-        let mut guard = DropGuard {
-            sentinel,
-            generation,
-            armed: true,
-        };
-        let result = eval_on(&mut conn, call, wait).await;
-        guard.armed = match &result {
-            Ok(_) => false,
-            Err(err) => needs_new_master(err),
-        };
-        result
     }
 
     /// Runs one command on the server (or cluster node) that holds `key`.
@@ -86,18 +65,9 @@ impl Conn {
                 routed(&mut conn.clone(), cmd.clone(), route_for(key.as_bytes())).await
             }
             Self::Sentinel(sentinel) => {
-                let (generation, mut conn) = sentinel.current().await?;
-                let mut guard = DropGuard {
-                    sentinel,
-                    generation,
-                    armed: true,
-                };
-                let result = cmd.query_async(&mut conn).await;
-                guard.armed = match &result {
-                    Ok(_) => false,
-                    Err(err) => needs_new_master(err),
-                };
-                result
+                sentinel
+                    .on_master(async |conn| cmd.query_async(conn).await)
+                    .await
             }
         }
     }
@@ -290,6 +260,27 @@ impl SentinelConn {
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
             .clone()
+    }
+
+    /// Runs `op` on the current master. An error that may mean the master
+    /// moved, or a future dropped mid-call, makes the next call look the
+    /// master up again.
+    async fn on_master<T>(
+        &self,
+        op: impl AsyncFnOnce(&mut MultiplexedConnection) -> RedisResult<T>,
+    ) -> RedisResult<T> {
+        let (generation, mut conn) = self.current().await?;
+        let mut guard = DropGuard {
+            sentinel: self,
+            generation,
+            armed: true,
+        };
+        let result = op(&mut conn).await;
+        guard.armed = match &result {
+            Ok(_) => false,
+            Err(err) => needs_new_master(err),
+        };
+        result
     }
 
     /// The connection to the current master, asking the sentinels for it
