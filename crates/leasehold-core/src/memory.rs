@@ -162,23 +162,6 @@ impl State {
         )
     }
 
-    /// Frees `key` if `holder` holds it, and says whether a watch heard.
-    fn release(
-        &mut self,
-        key: &LeaseKey,
-        holder: &HolderId,
-        now: Instant,
-    ) -> (ReleaseOutcome, bool) {
-        match self.live(key, now) {
-            Some(entry) if entry.holder == *holder => {
-                self.leases.remove(key);
-                let listeners = self.announce(key);
-                (ReleaseOutcome::Released, listeners > 0)
-            }
-            _ => (ReleaseOutcome::NotHeld, false),
-        }
-    }
-
     /// Wakes the key's watchers and says how many there are; forgets the
     /// key's notices once no one watches.
     fn announce(&mut self, key: &LeaseKey) -> usize {
@@ -404,8 +387,7 @@ impl LeaseBackend for MemoryBackend {
         key: &LeaseKey,
         holder: &HolderId,
     ) -> Result<ReleaseOutcome, BackendError> {
-        self.gate("release", key).await?;
-        Ok(self.state().release(key, holder, Instant::now()).0)
+        Ok(self.release_heard(key, holder).await?.0)
     }
 
     /// Heard when the key's notices have a watch: every watch on a memory
@@ -416,7 +398,16 @@ impl LeaseBackend for MemoryBackend {
         holder: &HolderId,
     ) -> Result<(ReleaseOutcome, bool), BackendError> {
         self.gate("release", key).await?;
-        Ok(self.state().release(key, holder, Instant::now()))
+        let now = Instant::now();
+        let mut state = self.state();
+        match state.live(key, now) {
+            Some(entry) if entry.holder == *holder => {
+                state.leases.remove(key);
+                let listeners = state.announce(key);
+                Ok((ReleaseOutcome::Released, listeners > 0))
+            }
+            _ => Ok((ReleaseOutcome::NotHeld, false)),
+        }
     }
 
     /// Hands over while the key's notices have at most one watch (the

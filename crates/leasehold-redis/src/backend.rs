@@ -67,24 +67,6 @@ struct Shared {
 }
 
 impl RedisBackend {
-    /// The `release.lua` call for `key` and `holder`, and the tracking of
-    /// its write.
-    fn release_call(&self, key: &LeaseKey, holder: &HolderId) -> scripts::Call {
-        let notices = self.shared.notices.as_ref();
-        let call = scripts::release(
-            &self.shared.layout,
-            key,
-            holder,
-            notices.is_some(),
-            notices.is_some_and(Notices::sharded),
-            notices.map_or(0, |n| n.own_subscription(&self.shared.layout.released(key))),
-        );
-        if let Some(tracking) = &self.shared.tracking {
-            tracking.own_write(self.shared.layout.lease(key));
-        }
-        call
-    }
-
     pub(crate) fn from_parts(
         conn: Conn,
         renew_conn: Conn,
@@ -389,14 +371,7 @@ impl LeaseBackend for RedisBackend {
         key: &LeaseKey,
         holder: &HolderId,
     ) -> Result<ReleaseOutcome, BackendError> {
-        let call = self.release_call(key, holder);
-        let reply = self
-            .eval(&call)
-            .await
-            .map_err(|f| f.for_key("release", key))?;
-        let (outcome, _heard) =
-            reply::released_heard(&reply).map_err(|f| f.for_key("release", key))?;
-        Ok(outcome)
+        Ok(self.release_heard(key, holder).await?.0)
     }
 
     /// Heard when the `PUBLISH` reached a subscriber besides this
@@ -406,12 +381,21 @@ impl LeaseBackend for RedisBackend {
         key: &LeaseKey,
         holder: &HolderId,
     ) -> Result<(ReleaseOutcome, bool), BackendError> {
-        let call = self.release_call(key, holder);
-        let reply = self
-            .eval(&call)
-            .await
-            .map_err(|f| f.for_key("release", key))?;
-        reply::released_heard(&reply).map_err(|f| f.for_key("release", key))
+        const OP: &str = "release";
+        let notices = self.shared.notices.as_ref();
+        let call = scripts::release(
+            &self.shared.layout,
+            key,
+            holder,
+            notices.is_some(),
+            notices.is_some_and(Notices::sharded),
+            notices.map_or(0, |n| n.own_subscription(&self.shared.layout.released(key))),
+        );
+        if let Some(tracking) = &self.shared.tracking {
+            tracking.own_write(self.shared.layout.lease(key));
+        }
+        let reply = self.eval(&call).await.map_err(|f| f.for_key(OP, key))?;
+        reply::released_heard(&reply).map_err(|f| f.for_key(OP, key))
     }
 
     /// One `handover.lua` call: hands over only while the key's release
