@@ -134,7 +134,7 @@ pub(crate) async fn release<B: LeaseBackend>(
     let Some(offer) = queues.handoff(key).and_then(|h| h.claim()) else {
         let (outcome, heard) = backend.release_heard(key, holder).await?;
         if heard {
-            queues.heard(key);
+            queues.note_heard(key);
         }
         return Ok(outcome);
     };

@@ -87,7 +87,7 @@ impl Queues {
     }
 
     /// Notes that this manager released `key` and a waiter elsewhere heard.
-    pub(crate) fn heard(&self, key: &LeaseKey) {
+    pub(crate) fn note_heard(&self, key: &LeaseKey) {
         let now = Instant::now();
         let mut heard = self.heard.lock().unwrap_or_else(PoisonError::into_inner);
         if heard.len() >= HEARD_KEYS {
