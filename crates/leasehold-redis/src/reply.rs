@@ -234,23 +234,29 @@ pub(crate) fn acquired(
     }
 }
 
-/// The reply of `renew.lua` for `count` requests: one 1 or 0 each.
+/// The reply of `renew.lua` for `count` requests: the positions (from 1,
+/// ascending) of the leases lost; every other lease was renewed.
 pub(crate) fn renewed(count: usize, reply: &Value) -> Result<Vec<RenewOutcome>, Failure> {
-    let expected = || format!("an array of {count} ones and zeros");
+    let expected = || format!("the ascending positions (1 to {count}) of the leases lost");
     let Value::Array(items) = plain(reply) else {
         return Err(unexpected(&expected(), reply));
     };
-    if items.len() != count {
-        return Err(unexpected(&expected(), reply));
+    let mut outcomes = vec![RenewOutcome::Renewed; count];
+    let mut last = 0;
+    for item in items {
+        // Past the last one, so at least 1: `i - 1` cannot wrap.
+        let position = int(plain(item))
+            .and_then(|i| usize::try_from(i).ok())
+            .filter(|&i| i > last);
+        match position.and_then(|i| Some((i, outcomes.get_mut(i - 1)?))) {
+            Some((i, outcome)) => {
+                *outcome = RenewOutcome::Lost;
+                last = i;
+            }
+            None => return Err(unexpected(&expected(), item)),
+        }
     }
-    items
-        .iter()
-        .map(|item| match int(plain(item)) {
-            Some(1) => Ok(RenewOutcome::Renewed),
-            Some(0) => Ok(RenewOutcome::Lost),
-            _ => Err(unexpected(&expected(), item)),
-        })
-        .collect()
+    Ok(outcomes)
 }
 
 /// The reply of `release.lua`: 0 (not ours), 1 (released), or 2 (released,
@@ -419,20 +425,33 @@ mod tests {
     #[test]
     fn renew_release_inspect_replies() {
         assert!(matches!(
-            renewed(
-                3,
-                &Value::Array(vec![Value::Int(1), Value::Int(0), Value::Int(1)])
-            )
-            .as_deref(),
+            renewed(3, &Value::Array(vec![Value::Int(2)])).as_deref(),
             Ok([
                 RenewOutcome::Renewed,
                 RenewOutcome::Lost,
                 RenewOutcome::Renewed
             ])
         ));
-        assert!(renewed(2, &Value::Array(vec![Value::Int(1)])).is_err());
-        assert!(renewed(1, &Value::Array(vec![Value::Int(5)])).is_err());
-        assert!(renewed(1, &Value::Okay).is_err());
+        assert!(matches!(
+            renewed(2, &Value::Array(vec![])).as_deref(),
+            Ok([RenewOutcome::Renewed, RenewOutcome::Renewed])
+        ));
+        assert!(matches!(
+            renewed(2, &Value::Array(vec![Value::Int(1), Value::Int(2)])).as_deref(),
+            Ok([RenewOutcome::Lost, RenewOutcome::Lost])
+        ));
+        // Out of range, repeated or descending positions, and other shapes.
+        for bad in [
+            Value::Array(vec![Value::Int(0)]),
+            Value::Array(vec![Value::Int(3)]),
+            Value::Array(vec![Value::Int(-1)]),
+            Value::Array(vec![Value::Int(1), Value::Int(1)]),
+            Value::Array(vec![Value::Int(2), Value::Int(1)]),
+            Value::Array(vec![Value::Okay]),
+            Value::Okay,
+        ] {
+            assert!(renewed(2, &bad).is_err(), "{bad:?}");
+        }
 
         assert!(matches!(
             released_heard(&Value::Int(2)),

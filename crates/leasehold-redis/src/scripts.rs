@@ -131,14 +131,25 @@ pub(crate) fn acquire(layout: &KeyLayout, request: &AcquireRequest) -> Call {
 }
 
 /// `renew.lua` for a batch of at most [`RENEW_BATCH`] requests.
+///
+/// A batch whose leases share one ttl (nearly every batch: a manager's
+/// leases mostly share their options) sends it once; a mixed batch sends an
+/// empty shared ttl and then one per lease.
 pub(crate) fn renew(layout: &KeyLayout, requests: &[RenewRequest]) -> Call {
+    let shared = requests
+        .first()
+        .map(|first| first.ttl)
+        .filter(|ttl| requests.iter().all(|r| r.ttl == *ttl));
+    let per_lease = if shared.is_some() { 0 } else { requests.len() };
     // Per lease: a key (namespace, braces, the key), a holder id (32 hex
-    // digits) and a ttl (at most 8 digits).
+    // digits), and in a mixed batch a ttl (at most 8 digits).
     let bytes: usize = requests
         .iter()
-        .map(|r| layout.namespace().len() + r.key.as_str().len() + 3 + 32 + 8)
-        .sum();
-    let mut call = Call::with_capacity(&RENEW, requests.len(), 3 * requests.len(), bytes);
+        .map(|r| layout.namespace().len() + r.key.as_str().len() + 3 + 32)
+        .sum::<usize>()
+        + 8 * (per_lease + 1);
+    let args = 2 * requests.len() + 1 + per_lease;
+    let mut call = Call::with_capacity(&RENEW, requests.len(), args, bytes);
     // One scratch buffer for every key of the batch.
     let mut key = Vec::with_capacity(64);
     for request in requests {
@@ -146,10 +157,17 @@ pub(crate) fn renew(layout: &KeyLayout, requests: &[RenewRequest]) -> Call {
         layout.write_lease(&request.key, &mut key);
         call.cmd.arg(&key[..]);
     }
+    match shared {
+        Some(ttl) => call.cmd.arg(ttl.as_millis()),
+        None => call.cmd.arg(""),
+    };
     for request in requests {
-        call.cmd
-            .arg(&request.holder.to_hex_bytes()[..])
-            .arg(request.ttl.as_millis());
+        call.cmd.arg(&request.holder.to_hex_bytes()[..]);
+    }
+    if shared.is_none() {
+        for request in requests {
+            call.cmd.arg(request.ttl.as_millis());
+        }
     }
     call
 }
@@ -282,13 +300,35 @@ mod tests {
                 "2",
                 "leasehold:{a}",
                 "leasehold:order:{42}",
-                &h1.to_hex(),
                 "3000",
+                &h1.to_hex(),
                 &h2.to_hex(),
-                "3000"
             ]
         );
         assert_eq!(call.first_key(), b"leasehold:{a}");
+        // Leases of different ttls: no shared ttl, then one per lease.
+        let call = renew(
+            &layout,
+            &[
+                RenewRequest::new(a.clone(), h1, ttl),
+                RenewRequest::new(LeaseKey::new("b")?, h2, leasehold_core::Ttl::parse("1m")?),
+            ],
+        );
+        assert_eq!(
+            args(call.evalsha()),
+            [
+                "EVALSHA",
+                RENEW.get_hash(),
+                "2",
+                "leasehold:{a}",
+                "leasehold:{b}",
+                "",
+                &h1.to_hex(),
+                &h2.to_hex(),
+                "3000",
+                "60000",
+            ]
+        );
 
         let request = AcquireRequest::new(a.clone(), h1, ttl).with_label("pod-1")?;
         let call = acquire(&layout, &request);

@@ -180,6 +180,64 @@ async fn renew_many_gives_one_outcome_per_request_in_one_call() -> TestResult {
     Ok(())
 }
 
+/// A batch whose leases share a ttl sends it once; a mixed batch sends one
+/// per lease. Either way each lease gets the ttl of its own request.
+#[tokio::test]
+async fn renew_many_gives_each_lease_its_own_ttl() -> TestResult {
+    let server = RedisServer::start()?;
+    let backend = connect(&server).await;
+    let a = holder();
+    let keys: Vec<_> = (0..4).map(|i| key(&format!("ttls:{i}"))).collect();
+    for k in &keys {
+        acquire(&backend, k, a, ttl("5s")).await?;
+    }
+    server.cli(&["DEL", &storage_key(&keys[2])])?;
+    let pttl = |k| -> Result<i64, Box<dyn std::error::Error>> {
+        Ok(server.cli(&["PTTL", &storage_key(k)])?.parse()?)
+    };
+
+    // Mixed: 20 s, 60 s, a lost one, 20 s.
+    let ttls = [ttl("20s"), ttl("1m"), ttl("20s"), ttl("20s")];
+    let requests: Vec<_> = keys
+        .iter()
+        .zip(ttls)
+        .map(|(k, ttl)| RenewRequest::new(k.clone(), a, ttl))
+        .collect();
+    let outcomes: Vec<_> = backend
+        .renew_many(&requests)
+        .await
+        .into_iter()
+        .collect::<Result<_, _>>()?;
+    use RenewOutcome::{Lost, Renewed};
+    assert_eq!(outcomes, [Renewed, Renewed, Lost, Renewed]);
+    for (k, (low, high)) in keys.iter().zip([
+        (19_000, 20_000),
+        (59_000, 60_000),
+        (-2, -2),
+        (19_000, 20_000),
+    ]) {
+        let left = pttl(k)?;
+        assert!((low..=high).contains(&left), "{k}: PTTL {left}");
+    }
+
+    // Shared: every lease gets the one ttl sent.
+    let requests: Vec<_> = [&keys[0], &keys[1], &keys[3]]
+        .into_iter()
+        .map(|k| RenewRequest::new(k.clone(), a, ttl("45s")))
+        .collect();
+    let outcomes: Vec<_> = backend
+        .renew_many(&requests)
+        .await
+        .into_iter()
+        .collect::<Result<_, _>>()?;
+    assert_eq!(outcomes, [Renewed, Renewed, Renewed]);
+    for k in [&keys[0], &keys[1], &keys[3]] {
+        let left = pttl(k)?;
+        assert!((44_000..=45_000).contains(&left), "{k}: PTTL {left}");
+    }
+    Ok(())
+}
+
 #[tokio::test]
 async fn renew_many_splits_large_batches_and_keeps_the_order() -> TestResult {
     let server = RedisServer::start()?;

@@ -1,10 +1,15 @@
 -- renew.lua: compare-and-pexpire for a batch of leases.
 --
--- KEYS[i]      P_i      the lease keys, one per renewal
--- ARGV[2i-1]   holder_i the holder id expected in lease i, 32 lowercase hex digits
--- ARGV[2i]     ttl_i    the new time to live of lease i, in milliseconds
+-- KEYS[i]       P_i       the lease keys, one per renewal (n of them)
+-- ARGV[1]       ttl       the new time to live of every lease, in milliseconds;
+--                         empty when the batch's leases differ (then see ARGV[1+n+i])
+-- ARGV[1+i]     holder_i  the holder id expected in lease i, 32 lowercase hex digits
+-- ARGV[1+n+i]   ttl_i     lease i's new time to live, only when ARGV[1] is empty
 --
--- Returns an array with one entry per key: 1 renewed, 0 lost.
+-- Returns the positions (from 1, ascending) of the leases lost; every other
+-- lease was renewed. A batch nearly always shares one ttl and loses nothing,
+-- so the ttl is sent once and the reply is usually empty: per lease, that
+-- spares the server an argument and a reply entry, and the client as much.
 --
 -- Client tracking: a read-only command in a script makes Redis 7.0 track
 -- every key the call names, for the calling connection. So the leases are
@@ -12,9 +17,11 @@
 -- by one PTTL at the end; a GET per lease would track the whole batch once
 -- per lease. Without tracking on the connection the PTTL costs one lookup.
 
-local out = {}
-for i = 1, #KEYS do
-  local holder = ARGV[2 * i - 1]
+local n = #KEYS
+local shared = ARGV[1]
+local lost = {}
+for i = 1, n do
+  local holder = ARGV[1 + i]
   -- 1. Read the lease; pcall turns WRONGTYPE into an error table, which
   --    counts as lost. A server without GETEX (before 6.2), or an ACL
   --    without it, gets a plain GET.
@@ -28,14 +35,17 @@ for i = 1, #KEYS do
   --    concatenation and string.sub would.
   if type(v) == 'string' and #holder == 32 and string.byte(v, 33) == 58
       and string.find(v, holder, 1, true) == 1 then
-    redis.call('PEXPIRE', KEYS[i], ARGV[2 * i])
-    out[i] = 1
+    if shared ~= '' then
+      redis.call('PEXPIRE', KEYS[i], shared)
+    else
+      redis.call('PEXPIRE', KEYS[i], ARGV[1 + n + i])
+    end
   else
-    out[i] = 0
+    lost[#lost + 1] = i
   end
 end
 -- 3. Track the batch (see above); an error here changes no outcome.
-if #KEYS > 0 then
+if n > 0 then
   redis.pcall('PTTL', KEYS[1])
 end
-return out
+return lost
