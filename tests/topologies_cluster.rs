@@ -317,9 +317,13 @@ async fn a_killed_master_hands_its_acknowledged_leases_to_its_replica() -> TestR
         .connect()
         .await?;
     let manager = LeaseManager::new(backend)?;
+    // A lease is acquired only once its replica acknowledged it. On a
+    // loaded machine a fresh replica may answer a WAIT late: the manager
+    // gives that lease back and, with a wait, tries again.
     let options = LeaseOptions::builder()
         .ttl(ttl("10s"))
         .renew_interval(Duration::from_millis(300))
+        .wait(Duration::from_secs(10))
         .build()?;
     let mut leases = Vec::new();
     for i in 0..24 {
