@@ -285,50 +285,32 @@ mod tests {
         let (a, b) = (LeaseKey::new("a")?, LeaseKey::new("order:{42}")?);
         let (h1, h2) = (HolderId::generate()?, HolderId::generate()?);
         let ttl = leasehold_core::Ttl::parse("3s")?;
-        let call = renew(
-            &layout,
-            &[
-                RenewRequest::new(a.clone(), h1, ttl),
-                RenewRequest::new(b, h2, ttl),
-            ],
-        );
-        assert_eq!(
-            args(call.evalsha()),
-            [
+        // One ttl shared: sent once, before the holders. Different ttls: an
+        // empty shared ttl, then one per lease after the holders.
+        let (hex1, hex2) = (h1.to_hex(), h2.to_hex());
+        let minute = leasehold_core::Ttl::parse("1m")?;
+        for (second, tail) in [
+            (ttl, vec!["3000", &hex1, &hex2]),
+            (minute, vec!["", &hex1, &hex2, "3000", "60000"]),
+        ] {
+            let call = renew(
+                &layout,
+                &[
+                    RenewRequest::new(a.clone(), h1, ttl),
+                    RenewRequest::new(b.clone(), h2, second),
+                ],
+            );
+            let mut expected = vec![
                 "EVALSHA",
                 RENEW.get_hash(),
                 "2",
                 "leasehold:{a}",
                 "leasehold:order:{42}",
-                "3000",
-                &h1.to_hex(),
-                &h2.to_hex(),
-            ]
-        );
-        assert_eq!(call.first_key(), b"leasehold:{a}");
-        // Leases of different ttls: no shared ttl, then one per lease.
-        let call = renew(
-            &layout,
-            &[
-                RenewRequest::new(a.clone(), h1, ttl),
-                RenewRequest::new(LeaseKey::new("b")?, h2, leasehold_core::Ttl::parse("1m")?),
-            ],
-        );
-        assert_eq!(
-            args(call.evalsha()),
-            [
-                "EVALSHA",
-                RENEW.get_hash(),
-                "2",
-                "leasehold:{a}",
-                "leasehold:{b}",
-                "",
-                &h1.to_hex(),
-                &h2.to_hex(),
-                "3000",
-                "60000",
-            ]
-        );
+            ];
+            expected.extend(tail);
+            assert_eq!(args(call.evalsha()), expected);
+            assert_eq!(call.first_key(), b"leasehold:{a}");
+        }
 
         let request = AcquireRequest::new(a.clone(), h1, ttl).with_label("pod-1")?;
         let call = acquire(&layout, &request);

@@ -203,13 +203,11 @@ async fn renew_many_gives_each_lease_its_own_ttl() -> TestResult {
         .zip(ttls)
         .map(|(k, ttl)| RenewRequest::new(k.clone(), a, ttl))
         .collect();
-    let outcomes: Vec<_> = backend
-        .renew_many(&requests)
-        .await
-        .into_iter()
-        .collect::<Result<_, _>>()?;
     use RenewOutcome::{Lost, Renewed};
-    assert_eq!(outcomes, [Renewed, Renewed, Lost, Renewed]);
+    assert_eq!(
+        renew_all(&backend, &requests).await?,
+        [Renewed, Renewed, Lost, Renewed]
+    );
     for (k, (low, high)) in keys.iter().zip([
         (19_000, 20_000),
         (59_000, 60_000),
@@ -225,17 +223,23 @@ async fn renew_many_gives_each_lease_its_own_ttl() -> TestResult {
         .into_iter()
         .map(|k| RenewRequest::new(k.clone(), a, ttl("45s")))
         .collect();
-    let outcomes: Vec<_> = backend
-        .renew_many(&requests)
-        .await
-        .into_iter()
-        .collect::<Result<_, _>>()?;
-    assert_eq!(outcomes, [Renewed, Renewed, Renewed]);
+    assert_eq!(
+        renew_all(&backend, &requests).await?,
+        [Renewed, Renewed, Renewed]
+    );
     for k in [&keys[0], &keys[1], &keys[3]] {
         let left = pttl(k)?;
         assert!((44_000..=45_000).contains(&left), "{k}: PTTL {left}");
     }
     Ok(())
+}
+
+/// `renew_many` of `requests`, each outcome known.
+async fn renew_all(
+    backend: &RedisBackend,
+    requests: &[RenewRequest],
+) -> Result<Vec<RenewOutcome>, leasehold_core::BackendError> {
+    backend.renew_many(requests).await.into_iter().collect()
 }
 
 #[tokio::test]
