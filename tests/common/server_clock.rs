@@ -1,0 +1,256 @@
+//! The server's own account of when it did what, for tests that judge a
+//! holder against the server rather than against the library's arithmetic.
+//!
+//! [`Monitor`] keeps a `MONITOR` connection open on a side connection and
+//! records every command the server executes with the server's wall-clock
+//! timestamp, including the commands a Lua script runs (`[0 lua]` lines:
+//! the `SET … PX` of an acquisition, the `PEXPIRE` of a renewal). The
+//! server stamps a command right after it ran, with `gettimeofday`: the same
+//! clock as [`SystemTime`] in a test on the same machine.
+//!
+//! A key given a ttl by a command stamped `at` is kept by the server until
+//! at least [`earliest_expiry`]`(at, ttl)`: Redis stores the expiry in whole
+//! milliseconds, counted from the command's start (at most the stamp,
+//! truncated), and expires a key only once the clock is past it.
+//!
+//! Included with `#[path]` by the tests that need it, apart from `mod.rs`,
+//! whose campaign client they do not use.
+
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
+use tokio::net::TcpStream;
+use tokio::sync::Notify;
+use tokio::task::JoinHandle;
+
+type Error = Box<dyn std::error::Error + Send + Sync>;
+
+/// How long [`Monitor::start`] and [`Monitor::sync`] wait for the server.
+const ANSWER_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// One command as the server executed it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Executed {
+    /// The server's wall-clock time when it had run the command.
+    pub(crate) at: SystemTime,
+    /// The command name and arguments, as the server printed them.
+    pub(crate) args: Vec<String>,
+}
+
+impl Executed {
+    /// Whether this command gave `key` a time to live: the acquisition's
+    /// `SET key value PX ttl` or a renewal's `PEXPIRE key ttl`.
+    pub(crate) fn sets_ttl_of(&self, key: &str) -> bool {
+        let name = self.args.first().map(|a| a.to_ascii_uppercase());
+        let on_key = self.args.get(1).is_some_and(|k| k == key);
+        match name.as_deref() {
+            Some("PEXPIRE") => on_key,
+            Some("SET") => on_key && self.args.iter().any(|a| a.eq_ignore_ascii_case("PX")),
+            _ => false,
+        }
+    }
+
+    /// Whether this is `SET key …` (any options).
+    pub(crate) fn sets(&self, key: &str) -> bool {
+        self.args
+            .first()
+            .is_some_and(|name| name.eq_ignore_ascii_case("SET"))
+            && self.args.get(1).is_some_and(|k| k == key)
+    }
+}
+
+/// The earliest wall-clock instant a server can expire a key given `ttl`
+/// by a command it stamped `at` (see the module comment).
+pub(crate) fn earliest_expiry(at: SystemTime, ttl: Duration) -> SystemTime {
+    let since_epoch = at.duration_since(UNIX_EPOCH).unwrap_or_default();
+    let whole_ms = Duration::from_millis(
+        u64::try_from(since_epoch.as_millis()).expect("a wall clock before the year 500,000,000"),
+    );
+    UNIX_EPOCH + whole_ms + ttl
+}
+
+/// Signed milliseconds from `b` to `a`: positive when `a` is later.
+pub(crate) fn ms_after(a: SystemTime, b: SystemTime) -> f64 {
+    match a.duration_since(b) {
+        Ok(d) => d.as_secs_f64() * 1e3,
+        Err(e) => -e.duration().as_secs_f64() * 1e3,
+    }
+}
+
+/// A `MONITOR` side connection and everything it has seen so far.
+pub(crate) struct Monitor {
+    server: SocketAddr,
+    seen: Arc<Mutex<Vec<Executed>>>,
+    arrived: Arc<Notify>,
+    reader: JoinHandle<()>,
+}
+
+impl Monitor {
+    /// Connects to `server` (directly, not through any proxy under test)
+    /// and starts recording. Commands executed after this returns are seen.
+    pub(crate) async fn start(server: SocketAddr) -> Result<Self, Error> {
+        let mut stream = TcpStream::connect(server).await?;
+        stream.write_all(b"MONITOR\r\n").await?;
+        let mut lines = BufReader::new(stream).lines();
+        let ok = tokio::time::timeout(ANSWER_TIMEOUT, lines.next_line())
+            .await??
+            .ok_or("the server closed the MONITOR connection")?;
+        if ok != "+OK" {
+            return Err(format!("MONITOR answered {ok:?}").into());
+        }
+        let seen = Arc::new(Mutex::new(Vec::new()));
+        let arrived = Arc::new(Notify::new());
+        let reader = tokio::spawn({
+            let (seen, arrived) = (Arc::clone(&seen), Arc::clone(&arrived));
+            async move {
+                // Ends when the server goes away (a kill) or the monitor is dropped.
+                while let Ok(Some(line)) = lines.next_line().await {
+                    if let Some(executed) = parse(&line) {
+                        seen.lock()
+                            .unwrap_or_else(PoisonError::into_inner)
+                            .push(executed);
+                        arrived.notify_waiters();
+                    }
+                }
+            }
+        });
+        Ok(Self {
+            server,
+            seen,
+            arrived,
+            reader,
+        })
+    }
+
+    /// Waits until every command the server executed before this call has
+    /// been seen: sends a marker on a fresh connection and waits for it to
+    /// come back through the monitor (a server writes monitor lines in the
+    /// order it executes commands).
+    pub(crate) async fn sync(&self) -> Result<(), Error> {
+        let marker = format!("monitor-sync-{:016x}", fastrand::u64(..));
+        let mut echo = TcpStream::connect(self.server).await?;
+        let command = format!("*2\r\n$4\r\nECHO\r\n${}\r\n{marker}\r\n", marker.len());
+        echo.write_all(command.as_bytes()).await?;
+        tokio::time::timeout(ANSWER_TIMEOUT, async {
+            loop {
+                let arrived = self.arrived.notified();
+                if self.seen().iter().any(|e| e.args.get(1) == Some(&marker)) {
+                    return;
+                }
+                arrived.await;
+            }
+        })
+        .await
+        .map_err(|_| "the monitor did not see its marker within 5 s")?;
+        Ok(())
+    }
+
+    /// Waits until a command satisfying `wanted` has been seen (at most
+    /// `limit`) and returns the first such.
+    pub(crate) async fn wait_for(
+        &self,
+        limit: Duration,
+        wanted: impl Fn(&Executed) -> bool,
+    ) -> Result<Executed, Error> {
+        tokio::time::timeout(limit, async {
+            loop {
+                let arrived = self.arrived.notified();
+                if let Some(found) = self.seen().into_iter().find(&wanted) {
+                    return found;
+                }
+                arrived.await;
+            }
+        })
+        .await
+        .map_err(|_| format!("the server ran no such command within {limit:?}").into())
+    }
+
+    /// Everything seen so far, in the order the server executed it.
+    pub(crate) fn seen(&self) -> Vec<Executed> {
+        self.seen
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+    }
+
+    /// When the server last gave `key` a ttl, before `before`.
+    pub(crate) fn last_ttl_set(&self, key: &str, before: SystemTime) -> Option<SystemTime> {
+        self.seen()
+            .iter()
+            .filter(|e| e.at < before && e.sets_ttl_of(key))
+            .map(|e| e.at)
+            .next_back()
+    }
+}
+
+impl Drop for Monitor {
+    fn drop(&mut self) {
+        self.reader.abort();
+    }
+}
+
+/// Parses `+1700000000.123456 [0 lua] "PEXPIRE" "key" "2000"`.
+fn parse(line: &str) -> Option<Executed> {
+    let line = line.strip_prefix('+')?;
+    let (stamp, rest) = line.split_once(' ')?;
+    let (secs, micros) = stamp.split_once('.')?;
+    let at = UNIX_EPOCH
+        + Duration::from_secs(secs.parse().ok()?)
+        + Duration::from_micros(micros.parse().ok()?);
+    let (_, quoted) = rest.split_once("] ")?;
+    Some(Executed {
+        at,
+        args: unquote(quoted),
+    })
+}
+
+/// Splits the server's quoted arguments (`"a" "b\"c"`), undoing its escapes.
+fn unquote(quoted: &str) -> Vec<String> {
+    let mut args = Vec::new();
+    let mut chars = quoted.chars();
+    while let Some(c) = chars.next() {
+        if c != '"' {
+            continue;
+        }
+        let mut arg = String::new();
+        while let Some(c) = chars.next() {
+            match c {
+                '"' => break,
+                '\\' => match chars.next() {
+                    Some('n') => arg.push('\n'),
+                    Some('r') => arg.push('\r'),
+                    Some('t') => arg.push('\t'),
+                    Some('x') => {
+                        let hex: String = chars.by_ref().take(2).collect();
+                        if let Ok(byte) = u8::from_str_radix(&hex, 16) {
+                            arg.push(char::from(byte));
+                        }
+                    }
+                    Some(other) => arg.push(other),
+                    None => {}
+                },
+                other => arg.push(other),
+            }
+        }
+        args.push(arg);
+    }
+    args
+}
+
+#[test]
+fn monitor_lines_parse_with_their_escapes() {
+    let line = r#"+1795600370.850204 [0 lua] "PEXPIRE" "leasehold:{a b\"}" "2000""#;
+    let executed = parse(line).expect("a monitor line");
+    assert_eq!(executed.args, ["PEXPIRE", "leasehold:{a b\"}", "2000"]);
+    assert_eq!(
+        executed.at,
+        UNIX_EPOCH + Duration::from_secs(1_795_600_370) + Duration::from_micros(850_204)
+    );
+    assert!(executed.sets_ttl_of("leasehold:{a b\"}"));
+    assert_eq!(
+        earliest_expiry(executed.at, Duration::from_secs(2)),
+        UNIX_EPOCH + Duration::from_millis(1_795_600_372_850)
+    );
+}
