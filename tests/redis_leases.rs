@@ -1,18 +1,23 @@
 //! The lease spine end to end on a real `redis-server` started by the testkit.
 
+#[path = "common/server_clock.rs"]
+#[allow(dead_code)] // this file uses part of it
+mod server_clock;
+
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
 use leasehold::redis::{Error as RedisError, RedisBackend};
 use leasehold::{
     AcquireOutcome, AcquireRequest, HolderId, LeaseBackend, LeaseError, LeaseKey, LeaseManager,
-    LeaseOptions, LossReason, ReleaseOutcome, RenewOutcome, RenewRequest, Ttl, clock_drift,
+    LeaseOptions, LossReason, ReleaseOutcome, RenewOutcome, RenewRequest, Ttl,
 };
 use leasehold_testkit::RedisServer;
-use tokio::time::Instant;
+use server_clock::{Monitor, earliest_expiry, ms_after};
+use tokio::time::{Instant, timeout};
 
-type TestResult = Result<(), Box<dyn std::error::Error>>;
+type TestResult = Result<(), Box<dyn std::error::Error + Send + Sync>>;
 
 async fn backend(server: &RedisServer) -> Result<RedisBackend, RedisError> {
     RedisBackend::builder(server.url())
@@ -119,7 +124,10 @@ async fn a_lease_deleted_or_overwritten_behind_the_holders_back_is_lost_within_a
         tokio::time::sleep(Duration::from_millis(50)).await;
         let at = Instant::now();
         server.cli(&sabotage)?;
-        assert_eq!(lease.lost().await, LossReason::Lost);
+        assert_eq!(
+            timeout(Duration::from_secs(5), lease.lost()).await?,
+            LossReason::Lost
+        );
         let took = at.elapsed();
         println!("{key}: token fired {took:?} after the change (allowed {allowed:?})");
         assert!(
@@ -133,33 +141,38 @@ async fn a_lease_deleted_or_overwritten_behind_the_holders_back_is_lost_within_a
 #[tokio::test]
 async fn a_paused_server_fires_the_deadline_before_the_lease_can_expire() -> TestResult {
     let mut server = RedisServer::start()?;
+    let monitor = Monitor::start(server.addr()).await?;
     let manager = LeaseManager::new(backend(&server).await?)?;
     let options = opts("1s", None);
+    let ttl = options.ttl().get();
     let lease = manager.acquire("paused", &options).await?;
-    // Let a few renewals succeed first.
-    while lease.renewals() < 2 {
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    // Let two renewals run on the server first.
+    monitor
+        .wait_for(Duration::from_secs(5), 2, |e| {
+            e.renews("leasehold:{paused}")
+        })
+        .await?;
     let first_token = lease.fencing_token();
     server.pause()?;
-    let reason = lease.lost().await;
-    let fired = Instant::now();
+    let reason = timeout(Duration::from_secs(5), lease.lost()).await?;
+    let fired = SystemTime::now();
+    let resumed = SystemTime::now();
     server.resume()?;
     assert_eq!(reason, LossReason::Deadline);
-    // The server expires the key no earlier than ttl after the last
-    // successful renewal was sent.
-    let ttl = options.ttl().get();
-    let last_sent = lease.valid_until() - (ttl - clock_drift(ttl));
-    let earliest_expiry = last_sent + ttl;
+    // The server's own record: the last ttl it gave the lease before the
+    // pause, and so the earliest moment it can expire it.
+    monitor.sync().await?;
+    let applied = monitor
+        .last_ttl_set("leasehold:{paused}", resumed)
+        .ok_or("the server never gave the lease a ttl")?;
+    let earliest_expiry = earliest_expiry(applied, ttl);
+    let margin = ms_after(earliest_expiry, fired);
     assert!(
-        fired < earliest_expiry,
-        "token fired {:?} after the lease could expire",
-        fired - earliest_expiry
+        margin > 0.0,
+        "token fired {:.1} ms after the server could expire the lease",
+        -margin
     );
-    println!(
-        "SIGSTOP: token fired {:?} before the earliest server-side expiry",
-        earliest_expiry - fired
-    );
+    println!("SIGSTOP: token fired {margin:.1} ms before the server could expire the lease");
 
     // After SIGCONT the same manager works again, and late replies to the
     // requests queued during the pause are not taken for newer answers.
@@ -174,10 +187,13 @@ async fn a_paused_server_fires_the_deadline_before_the_lease_can_expire() -> Tes
         .await?
         .ok_or("lease missing")?;
     assert_eq!(info.fencing_token, Some(again.fencing_token()));
-    while again.renewals() < 3 {
-        assert_eq!(again.loss_reason(), None);
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    timeout(Duration::from_secs(5), async {
+        while again.renewals() < 3 {
+            assert_eq!(again.loss_reason(), None);
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    })
+    .await?;
     assert_eq!(again.release().await?, ReleaseOutcome::Released);
     Ok(())
 }

@@ -52,6 +52,15 @@ impl Executed {
         }
     }
 
+    /// Whether this is a renewal's `PEXPIRE key …`.
+    pub(crate) fn renews(&self, key: &str) -> bool {
+        self.sets_ttl_of(key)
+            && self
+                .args
+                .first()
+                .is_some_and(|name| name.eq_ignore_ascii_case("PEXPIRE"))
+    }
+
     /// Whether this is `SET key …` (any options).
     pub(crate) fn sets(&self, key: &str) -> bool {
         self.args
@@ -147,24 +156,27 @@ impl Monitor {
         Ok(())
     }
 
-    /// Waits until a command satisfying `wanted` has been seen (at most
-    /// `limit`) and returns the first such.
+    /// Waits until `count` commands satisfying `wanted` have been seen (at
+    /// most `limit`) and returns the last of them.
     pub(crate) async fn wait_for(
         &self,
         limit: Duration,
+        count: usize,
         wanted: impl Fn(&Executed) -> bool,
     ) -> Result<Executed, Error> {
         tokio::time::timeout(limit, async {
             loop {
                 let arrived = self.arrived.notified();
-                if let Some(found) = self.seen().into_iter().find(&wanted) {
+                if let Some(found) = self.seen().into_iter().filter(&wanted).nth(count - 1) {
                     return found;
                 }
                 arrived.await;
             }
         })
         .await
-        .map_err(|_| format!("the server ran no such command within {limit:?}").into())
+        .map_err(|_| {
+            format!("the server ran fewer than {count} such commands within {limit:?}").into()
+        })
     }
 
     /// Everything seen so far, in the order the server executed it.
