@@ -34,6 +34,7 @@ use crate::{
 /// | [`fail_next`](Self::fail_next) | a broken connection: the next operations fail with [`BackendError::Unavailable`] |
 /// | [`vanish`](Self::vanish) | an expiry, failover or `DEL`: the lease is gone |
 /// | [`hand_over`](Self::hand_over) | a takeover: the lease now belongs to someone else, with a higher fencing token |
+/// | [`cut_changes`](Self::cut_changes) / [`restore_changes`](Self::restore_changes) | a lost change-watching connection: changes go unreported, then every lease is reported as possibly changed ([`LeaseChange::All`]) |
 ///
 /// Faults apply to every clone of the backend.
 ///
@@ -111,6 +112,8 @@ struct State {
     notices: HashMap<LeaseKey, watch::Sender<u64>>,
     /// Changes made by `vanish` and `hand_over`, for every change watch.
     changes: ChangeFeed,
+    /// Whether changes go unreported (see `cut_changes`).
+    changes_cut: bool,
 }
 
 #[derive(Clone)]
@@ -174,6 +177,13 @@ impl State {
             self.notices.remove(key);
         }
         listeners
+    }
+
+    /// Reports `change` to every change watch, unless changes are cut.
+    fn report(&mut self, change: &LeaseChange) {
+        if !self.changes_cut {
+            self.changes.report(change);
+        }
     }
 
     fn next_token(&mut self, key: &LeaseKey) -> FencingToken {
@@ -276,22 +286,22 @@ impl MemoryBackend {
     /// an operator's `DEL` would. Returns whether there was one.
     ///
     /// The change is reported to every [`ChangeWatch`] (as a server with
-    /// client tracking reports a `DEL`), so a watchdog renews the lease at
-    /// once and its holder learns of the loss without waiting for its next
-    /// renewal.
+    /// client tracking reports a `DEL`), unless changes are
+    /// [cut](Self::cut_changes), so a watchdog renews the lease at once and
+    /// its holder learns of the loss without waiting for its next renewal.
     pub fn vanish(&self, key: &LeaseKey) -> bool {
         let mut state = self.state();
         let there = state.leases.remove(key).is_some();
         if there {
-            state.changes.report(&LeaseChange::Changed(key.clone()));
+            state.report(&LeaseChange::Changed(key.clone()));
         }
         there
     }
 
     /// Gives the lease to a new holder with a new fencing token, whether or
     /// not someone holds it, as a second client that saw it expire would.
-    /// The change is reported to every [`ChangeWatch`], as for
-    /// [`vanish`](Self::vanish).
+    /// The change is reported to every [`ChangeWatch`] unless changes are
+    /// [cut](Self::cut_changes), as for [`vanish`](Self::vanish).
     ///
     /// # Errors
     ///
@@ -310,8 +320,51 @@ impl MemoryBackend {
                 expires_at: now + ttl.get(),
             },
         );
-        state.changes.report(&LeaseChange::Changed(key.clone()));
+        state.report(&LeaseChange::Changed(key.clone()));
         Ok(Grant::new(key.clone(), holder, token, ttl, now))
+    }
+
+    /// Stops reporting changes, as a backend whose change-watching
+    /// connection is lost: from now on [`vanish`](Self::vanish) and
+    /// [`hand_over`](Self::hand_over) change leases without telling any
+    /// [`ChangeWatch`], so their holders learn of it only at their next
+    /// renewal, or when [`restore_changes`](Self::restore_changes) is called.
+    /// Every other operation works as before.
+    pub fn cut_changes(&self) {
+        self.state().changes_cut = true;
+    }
+
+    /// Reports [`LeaseChange::All`] to every [`ChangeWatch`] and reports
+    /// changes again, as a backend does when its change-watching connection
+    /// is back (or the server was flushed): changes may have been missed, so
+    /// every lease may have changed. A watchdog then renews all its leases
+    /// at once, and the holders of leases changed meanwhile learn of it
+    /// without waiting for their next renewal. Works whether or not changes
+    /// were [cut](Self::cut_changes).
+    ///
+    /// ```
+    /// use leasehold_core::{AcquireRequest, HolderId, LeaseBackend, LeaseChange, LeaseKey, MemoryBackend, Ttl};
+    ///
+    /// # #[tokio::main(flavor = "current_thread", start_paused = true)] async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let backend = MemoryBackend::new();
+    /// let mut watch = backend.watch_changes().await?;
+    /// let key = LeaseKey::new("job")?;
+    /// backend.try_acquire(&AcquireRequest::new(key.clone(), HolderId::generate()?, Ttl::parse("3s")?)).await?;
+    ///
+    /// // The watching connection drops; a deletion meanwhile goes unreported.
+    /// backend.cut_changes();
+    /// assert!(backend.vanish(&key));
+    /// assert_eq!(watch.try_next(), None);
+    ///
+    /// // It comes back: every lease may have changed.
+    /// backend.restore_changes();
+    /// assert_eq!(watch.next().await, Some(LeaseChange::All));
+    /// # Ok(()) }
+    /// ```
+    pub fn restore_changes(&self) {
+        let mut state = self.state();
+        state.changes_cut = false;
+        state.changes.report(&LeaseChange::All);
     }
 
     fn renew_now(&self, request: &RenewRequest) -> RenewOutcome {

@@ -10,7 +10,7 @@ use leasehold_core::{
     LeaseKey, MemoryBackend, ReleaseOutcome, RenewOutcome, RenewRequest, Ttl,
 };
 use leasehold_watchdog::{LeaseManager, LeaseOptions, LossReason};
-use tokio::time::{Instant, sleep, sleep_until};
+use tokio::time::{Instant, sleep, sleep_until, timeout};
 
 type TestResult = Result<(), Box<dyn std::error::Error>>;
 
@@ -83,7 +83,10 @@ async fn a_vanished_lease_is_lost_at_once_and_the_others_are_left_alone() -> Tes
     let kept = manager.acquire("kept", &options("3s")).await?;
     sleep(Duration::from_millis(300)).await;
     assert!(memory.vanish(&key("gone")));
-    assert_eq!(gone.lost().await, LossReason::Lost);
+    assert_eq!(
+        timeout(Duration::from_secs(5), gone.lost()).await?,
+        LossReason::Lost
+    );
     assert_eq!(Instant::now(), start + Duration::from_millis(300));
     // Only the lease that changed was renewed.
     assert_eq!(backend.batches.load(Ordering::Relaxed), 1);
@@ -104,7 +107,10 @@ async fn a_change_during_a_renewal_in_flight_renews_once_more_right_after_it() -
     // renewal: its reply says Renewed, so only a second renewal can tell.
     sleep_until(start + Duration::from_millis(1050)).await;
     memory.hand_over(&key("busy"), Ttl::parse("3s")?)?;
-    assert_eq!(lease.lost().await, LossReason::Lost);
+    assert_eq!(
+        timeout(Duration::from_secs(5), lease.lost()).await?,
+        LossReason::Lost
+    );
     assert_eq!(lease.renewals(), 1);
     // Renewed again at 1.1 s, answered at 1.2 s; not at the next renewal (2.1 s).
     assert_eq!(Instant::now(), start + Duration::from_millis(1200));
@@ -128,11 +134,59 @@ async fn changes_reported_together_share_batches() -> TestResult {
         assert!(memory.vanish(&key(&format!("k{i}"))));
     }
     for lease in &leases {
-        assert_eq!(lease.lost().await, LossReason::Lost);
+        assert_eq!(
+            timeout(Duration::from_secs(5), lease.lost()).await?,
+            LossReason::Lost
+        );
     }
     assert_eq!(Instant::now(), start);
     // 1,500 renewals in batches of at most 1,000: two calls.
     assert_eq!(backend.batches.load(Ordering::Relaxed), 2);
+    Ok(())
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_report_of_every_lease_renews_them_all_at_once_and_ends_those_deleted_meanwhile()
+-> TestResult {
+    let memory = MemoryBackend::new();
+    let backend = SlowReplies::new(memory.clone(), Duration::ZERO);
+    let manager = LeaseManager::new(backend.clone())?;
+    let start = Instant::now();
+    let mut leases = Vec::new();
+    for i in 0..100 {
+        leases.push(manager.acquire(&format!("k{i}"), &options("3s")).await?);
+    }
+    // The change-watching connection drops at 300 ms, and every third
+    // lease is deleted while it is down: no one is told.
+    sleep_until(start + Duration::from_millis(300)).await;
+    memory.cut_changes();
+    let deleted = |i: usize| i.is_multiple_of(3);
+    for i in (0..100).filter(|&i| deleted(i)) {
+        assert!(memory.vanish(&key(&format!("k{i}"))));
+    }
+    // It is back at 400 ms, well before the first renewal (1 s).
+    sleep_until(start + Duration::from_millis(400)).await;
+    assert!(leases.iter().all(|lease| lease.loss_reason().is_none()));
+    assert_eq!(backend.batches.load(Ordering::Relaxed), 0);
+    memory.restore_changes();
+    for (i, lease) in leases.iter().enumerate().filter(|(i, _)| deleted(*i)) {
+        let reason = timeout(Duration::from_secs(5), lease.lost()).await?;
+        assert_eq!(reason, LossReason::Lost, "k{i}");
+    }
+    // All at the moment of the report, not at their next renewal.
+    assert_eq!(Instant::now(), start + Duration::from_millis(400));
+    // Every lease was renewed at once, in one batch; the others are still
+    // held, and the backend's own record shows them renewed at 400 ms.
+    assert_eq!(backend.batches.load(Ordering::Relaxed), 1);
+    for (i, lease) in leases.iter().enumerate().filter(|(i, _)| !deleted(*i)) {
+        assert_eq!(lease.loss_reason(), None, "k{i}");
+        assert_eq!(lease.renewals(), 1, "k{i}");
+        let info = memory
+            .inspect(&key(&format!("k{i}")))
+            .await?
+            .ok_or("a kept lease vanished")?;
+        assert_eq!(info.ttl_left, Some(Duration::from_secs(3)), "k{i}");
+    }
     Ok(())
 }
 
