@@ -165,7 +165,7 @@ async fn a_paused_server_fires_the_deadline_before_the_lease_can_expire() -> Tes
     let applied = monitor
         .last_ttl_set("leasehold:{paused}", resumed)
         .ok_or("the server never gave the lease a ttl")?;
-    let earliest_expiry = earliest_expiry(applied, ttl);
+    let earliest_expiry = earliest_expiry(applied.started, ttl);
     let margin = ms_after(earliest_expiry, fired);
     assert!(
         margin > 0.0,

@@ -5,13 +5,17 @@
 //! records every command the server executes with the server's wall-clock
 //! timestamp, including the commands a Lua script runs (`[0 lua]` lines:
 //! the `SET … PX` of an acquisition, the `PEXPIRE` of a renewal). The
-//! server stamps a command right after it ran, with `gettimeofday`: the same
-//! clock as [`SystemTime`] in a test on the same machine.
+//! server stamps with `gettimeofday`: the same clock as [`SystemTime`] in a
+//! test on the same machine. Checked on Redis 7.0: a script's call
+//! (`EVALSHA`) is stamped before the script runs, each command inside it
+//! right after that command ran, and a `PEXPIRE` inside a script counts
+//! from when it ran (not from the script's start).
 //!
-//! A key given a ttl by a command stamped `at` is kept by the server until
-//! at least [`earliest_expiry`]`(at, ttl)`: Redis stores the expiry in whole
-//! milliseconds, counted from the command's start (at most the stamp,
-//! truncated), and expires a key only once the clock is past it.
+//! So a key given a ttl by a command inside a script is kept by the server
+//! until at least [`earliest_expiry`]`(started, ttl)`, where `started` is
+//! the stamp of the script's call ([`Executed::started`]): Redis stores the
+//! expiry in whole milliseconds (its clock when the command ran, truncated,
+//! plus the ttl) and expires a key only once its clock is past that.
 //!
 //! Included with `#[path]` by the tests that need it, apart from `mod.rs`,
 //! whose campaign client they do not use.
@@ -33,8 +37,13 @@ const ANSWER_TIMEOUT: Duration = Duration::from_secs(5);
 /// One command as the server executed it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct Executed {
-    /// The server's wall-clock time when it had run the command.
+    /// The server's wall-clock time when it printed the command.
     pub(crate) at: SystemTime,
+    /// A moment at or before the command started: for a command a script
+    /// ran, the stamp of the script's call; otherwise [`at`](Self::at).
+    pub(crate) started: SystemTime,
+    /// Whether a script ran the command.
+    pub(crate) by_script: bool,
     /// The command name and arguments, as the server printed them.
     pub(crate) args: Vec<String>,
 }
@@ -114,9 +123,17 @@ impl Monitor {
         let reader = tokio::spawn({
             let (seen, arrived) = (Arc::clone(&seen), Arc::clone(&arrived));
             async move {
+                // The stamp of the last command a client sent: the call of
+                // the script that runs the `[0 lua]` lines after it.
+                let mut call: Option<SystemTime> = None;
                 // Ends when the server goes away (a kill) or the monitor is dropped.
                 while let Ok(Some(line)) = lines.next_line().await {
-                    if let Some(executed) = parse(&line) {
+                    if let Some(mut executed) = parse(&line) {
+                        if executed.by_script {
+                            executed.started = call.map_or(executed.at, |c| c.min(executed.at));
+                        } else {
+                            call = Some(executed.at);
+                        }
                         seen.lock()
                             .unwrap_or_else(PoisonError::into_inner)
                             .push(executed);
@@ -187,13 +204,12 @@ impl Monitor {
             .clone()
     }
 
-    /// When the server last gave `key` a ttl, before `before`.
-    pub(crate) fn last_ttl_set(&self, key: &str, before: SystemTime) -> Option<SystemTime> {
+    /// The last command that gave `key` a ttl, of those printed before
+    /// `before`.
+    pub(crate) fn last_ttl_set(&self, key: &str, before: SystemTime) -> Option<Executed> {
         self.seen()
-            .iter()
-            .filter(|e| e.at < before && e.sets_ttl_of(key))
-            .map(|e| e.at)
-            .next_back()
+            .into_iter()
+            .rfind(|e| e.at < before && e.sets_ttl_of(key))
     }
 }
 
@@ -211,9 +227,11 @@ fn parse(line: &str) -> Option<Executed> {
     let at = UNIX_EPOCH
         + Duration::from_secs(secs.parse().ok()?)
         + Duration::from_micros(micros.parse().ok()?);
-    let (_, quoted) = rest.split_once("] ")?;
+    let (source, quoted) = rest.split_once("] ")?;
     Some(Executed {
         at,
+        started: at,
+        by_script: source.ends_with(" lua"),
         args: unquote(quoted),
     })
 }
@@ -260,6 +278,7 @@ fn monitor_lines_parse_with_their_escapes() {
         executed.at,
         UNIX_EPOCH + Duration::from_secs(1_795_600_370) + Duration::from_micros(850_204)
     );
+    assert!(executed.by_script);
     assert!(executed.sets_ttl_of("leasehold:{a b\"}"));
     assert_eq!(
         earliest_expiry(executed.at, Duration::from_secs(2)),
