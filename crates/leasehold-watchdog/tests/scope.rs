@@ -79,13 +79,14 @@ async fn a_lost_lease_stops_the_work_and_says_why() -> TestResult {
     let backend = MemoryBackend::new();
     let manager = LeaseManager::new(backend.clone())?;
     let saboteur = backend.clone();
-    let result = manager
-        .with_lease("scoped", &LeaseOptions::default(), |token| async move {
-            saboteur.vanish(&key());
-            token.cancelled().await;
-            "stopped"
-        })
-        .await;
+    let options = LeaseOptions::default();
+    let scoped = manager.with_lease("scoped", &options, |token| async move {
+        saboteur.vanish(&key());
+        token.cancelled().await;
+        "stopped"
+    });
+    // The default ttl is 30 s: the loss comes well within it.
+    let result = within(Duration::from_secs(60), "the lost lease's token", scoped).await;
     match result {
         Err(LeaseError::LeaseEnded { reason, .. }) => assert_eq!(reason, LossReason::Lost),
         other => return Err(format!("expected LeaseEnded, got {other:?}").into()),
