@@ -374,10 +374,16 @@ async fn local_waiters_are_served_in_order_bounded_and_may_leave() -> TestResult
     });
     settle().await;
     head.release().await?;
+    // Each waits up to 600 s; beyond that, only a hang is left.
+    let limit = Duration::from_secs(700);
     for w in waiters {
-        w.await?.map_err(|e| e.to_string())?;
+        within(limit, "a queued waiter", w)
+            .await?
+            .map_err(|e| e.to_string())?;
     }
-    fourth.await?.map_err(|e| e.to_string())?;
+    within(limit, "the fourth waiter", fourth)
+        .await?
+        .map_err(|e| e.to_string())?;
     assert_eq!(*order.lock().map_err(|_| "poisoned")?, vec![0, 2, 3]);
     Ok(())
 }
