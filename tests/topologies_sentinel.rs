@@ -189,6 +189,100 @@ async fn killing_the_master_keeps_replicated_leases_and_reports_the_rest_lost() 
     Ok(())
 }
 
+/// With `wait_for_replicas(1, …)` an acquisition succeeds only once the
+/// replica has the lease: the master may be killed at once (the test does
+/// not wait to see the replica catch up) and the promoted replica holds
+/// every lease that was granted, with its holder's value; while the
+/// replica is cut off, acquisitions are refused and given back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_replica_acks_every_granted_lease_survives_a_killed_master() -> TestResult {
+    use leasehold::{AcquireOutcome, AcquireRequest, BackendError, HolderId};
+    let mut set = SentinelSet::start()?;
+    let backend = RedisBackend::builder(set.url())
+        .op_timeout(Duration::from_secs(3))
+        .connect_timeout(Duration::from_millis(500))
+        .wait_for_replicas(1, Duration::from_millis(1500))
+        .connect()
+        .await?;
+    let ttl = Ttl::parse("30s")?;
+    let layout = KeyLayout::default();
+    // Every lease whose acquisition succeeded, with its token.
+    let mut granted = Vec::new();
+    for i in 0..10 {
+        let key = LeaseKey::new(format!("acked-{i}"))?;
+        let request = AcquireRequest::new(key.clone(), HolderId::generate()?, ttl);
+        match backend.try_acquire(&request).await? {
+            AcquireOutcome::Acquired(grant) => granted.push((key, grant.fencing_token)),
+            AcquireOutcome::Held(info) => return Err(format!("{key} is held: {info:?}").into()),
+        }
+    }
+    let mut old_master = side_connection(set.master()).await?;
+    let mut written = Vec::new();
+    for (key, _) in &granted {
+        let value = held_on(&mut old_master, &layout.lease(key)).await?.0;
+        written.push(value.ok_or_else(|| format!("{key} is not on the master"))?);
+    }
+
+    // The replica cut off: no acknowledgement can come, so nothing may be
+    // granted. A grant is judged after the failover like the others.
+    set.replica_mut().pause()?;
+    set.master().cli(&["CLIENT", "KILL", "TYPE", "replica"])?;
+    let mut granted_unacked = Vec::new();
+    for i in 0..3 {
+        let key = LeaseKey::new(format!("unacked-{i}"))?;
+        let request = AcquireRequest::new(key.clone(), HolderId::generate()?, ttl);
+        match backend.try_acquire(&request).await {
+            Ok(AcquireOutcome::Acquired(grant)) => {
+                let value = held_on(&mut old_master, &layout.lease(&key)).await?.0;
+                written.push(value.unwrap_or_default());
+                granted.push((key.clone(), grant.fencing_token));
+                granted_unacked.push(key);
+            }
+            Ok(AcquireOutcome::Held(info)) => {
+                return Err(format!("{key} is held: {info:?}").into());
+            }
+            Err(err) => {
+                assert!(
+                    matches!(err, BackendError::Server { .. }) && err.is_transient(),
+                    "{key}: {err:?}"
+                );
+                assert_eq!(
+                    held_on(&mut old_master, &layout.lease(&key)).await?.0,
+                    None,
+                    "{key}: the unacknowledged lease was not given back"
+                );
+            }
+        }
+    }
+    set.kill_master()?;
+    set.replica_mut().resume()?;
+    let took = tokio::task::block_in_place(|| set.wait_for_failover())?;
+    println!("sentinels promoted the replica {took:?} after the master was killed");
+
+    // Judged by the new master: every granted lease is there, as written.
+    let mut new_master = side_connection(set.master()).await?;
+    for ((key, token), value) in granted.iter().zip(&written) {
+        let (held, pttl) = held_on(&mut new_master, &layout.lease(key)).await?;
+        assert_eq!(
+            held.as_deref(),
+            Some(value.as_str()),
+            "{key}: granted, yet the promoted replica does not hold it"
+        );
+        assert_eq!(
+            held.as_deref().and_then(stored_token),
+            Some(token.get()),
+            "{key}"
+        );
+        assert!(pttl > 0, "{key}: no expiry on the new master ({pttl})");
+    }
+    println!("all {} granted leases are on the new master", granted.len());
+    assert!(
+        granted_unacked.is_empty(),
+        "granted with no replica to acknowledge them: {granted_unacked:?}"
+    );
+    Ok(())
+}
+
 /// A release by one backend wakes a waiter of another (as in another
 /// process) on `key`, well under the fallback poll.
 async fn release_wakes_waiter(
