@@ -11,6 +11,11 @@
 //! `LEASEHOLD_BENCH_SECS` (seconds per run, default 3), `LEASEHOLD_BENCH_REPEATS`
 //! (default 5), `LEASEHOLD_BENCH_QUICK=1` (a few cycles, to check it runs),
 //! `LEASEHOLD_BENCH_CLIENTS` (a comma-separated subset of the client names).
+//!
+//! A broken cycle — a free key not granted, a lease lost while held, a
+//! release that finds it gone, a fencing token that does not rise, a
+//! released lease left on the server — fails the run (non-zero exit), in
+//! the quick configuration too; the figures never do.
 
 mod common;
 
@@ -18,7 +23,7 @@ use std::sync::LazyLock;
 use std::time::{Duration, Instant};
 
 use common::{Json, env_number, median, percentile_us, quick};
-use leasehold::redis::RedisBackend;
+use leasehold::redis::{KeyLayout, RedisBackend};
 use leasehold::{
     AcquireOutcome, AcquireRequest, HolderId, LeaseBackend, LeaseKey, ReleaseOutcome, Ttl,
 };
@@ -82,17 +87,41 @@ struct Clients {
     ttl: Ttl,
 }
 
-/// One acquire and one release of `key`; returns their latencies.
-async fn cycle(clients: &Clients, client: Client, key: &str) -> BenchResult<(Duration, Duration)> {
+/// One acquire and release: their latencies, and the fencing token the
+/// acquisition handed out (none for the plain `SET NX` client).
+struct Cycle {
+    acquire: Duration,
+    release: Duration,
+    token: Option<u64>,
+}
+
+/// One acquire and one release of `key`. Every outcome is checked: an
+/// acquisition of a free key that is not granted, a lease lost while held,
+/// or a release that finds the lease gone is an error, which ends the run.
+async fn cycle(clients: &Clients, client: Client, key: &str) -> BenchResult<Cycle> {
     match client {
         Client::Manager => {
             let t0 = Instant::now();
             let lease = clients.manager.acquire(key, &clients.options).await?;
             let t1 = Instant::now();
+            check(
+                lease.loss_reason().is_none(),
+                key,
+                "the lease was lost while held",
+            )?;
+            let token = lease.fencing_token().get();
             let outcome = lease.release().await?;
             let t2 = Instant::now();
-            check(outcome == ReleaseOutcome::Released, key)?;
-            Ok((t1 - t0, t2 - t1))
+            check(
+                outcome == ReleaseOutcome::Released,
+                key,
+                "the release found the lease gone",
+            )?;
+            Ok(Cycle {
+                acquire: t1 - t0,
+                release: t2 - t1,
+                token: Some(token),
+            })
         }
         Client::Backend => {
             let request =
@@ -100,14 +129,24 @@ async fn cycle(clients: &Clients, client: Client, key: &str) -> BenchResult<(Dur
             let t0 = Instant::now();
             let outcome = clients.backend.try_acquire(&request).await?;
             let t1 = Instant::now();
-            check(matches!(outcome, AcquireOutcome::Acquired(_)), key)?;
+            let AcquireOutcome::Acquired(grant) = outcome else {
+                return Err(violation(key, "a free key was not granted"));
+            };
             let released = clients
                 .backend
                 .release(&request.key, &request.holder)
                 .await?;
             let t2 = Instant::now();
-            check(released == ReleaseOutcome::Released, key)?;
-            Ok((t1 - t0, t2 - t1))
+            check(
+                released == ReleaseOutcome::Released,
+                key,
+                "the release found the lease gone",
+            )?;
+            Ok(Cycle {
+                acquire: t1 - t0,
+                release: t2 - t1,
+                token: Some(grant.fencing_token.get()),
+            })
         }
         Client::RawScripts => raw_scripts_cycle(clients, key).await,
         Client::Raw => {
@@ -123,21 +162,25 @@ async fn cycle(clients: &Clients, client: Client, key: &str) -> BenchResult<(Dur
                 .query_async(&mut conn)
                 .await?;
             let t1 = Instant::now();
-            check(set.is_some(), key)?;
+            check(set.is_some(), key, "a free key was not granted")?;
             let deleted: i64 = RAW_RELEASE
                 .key(key)
                 .arg(&holder)
                 .invoke_async(&mut conn)
                 .await?;
             let t2 = Instant::now();
-            check(deleted == 1, key)?;
-            Ok((t1 - t0, t2 - t1))
+            check(deleted == 1, key, "the release found the lease gone")?;
+            Ok(Cycle {
+                acquire: t1 - t0,
+                release: t2 - t1,
+                token: None,
+            })
         }
     }
 }
 
 /// One acquire and release by hand with leasehold's scripts and its key layout.
-async fn raw_scripts_cycle(clients: &Clients, key: &str) -> BenchResult<(Duration, Duration)> {
+async fn raw_scripts_cycle(clients: &Clients, key: &str) -> BenchResult<Cycle> {
     let mut conn = clients.raw.clone();
     let holder = format!("{:032x}", fastrand::u128(..));
     let (lease, fence) = (format!("{key}:raw"), format!("{key}:raw:fence"));
@@ -151,7 +194,11 @@ async fn raw_scripts_cycle(clients: &Clients, key: &str) -> BenchResult<(Duratio
         .invoke_async(&mut conn)
         .await?;
     let t1 = Instant::now();
-    check(acquired.first() == Some(&redis::Value::Int(1)), key)?;
+    let token = match acquired.as_slice() {
+        [redis::Value::Int(1), token] => redis::from_redis_value::<u64>(token.clone()).ok(),
+        _ => None,
+    };
+    check(token.is_some(), key, "a free key was not granted")?;
     let deleted: i64 = LEASEHOLD_RELEASE
         .key(&lease)
         .arg(&holder)
@@ -159,16 +206,40 @@ async fn raw_scripts_cycle(clients: &Clients, key: &str) -> BenchResult<(Duratio
         .invoke_async(&mut conn)
         .await?;
     let t2 = Instant::now();
-    check(deleted == 1, key)?;
-    Ok((t1 - t0, t2 - t1))
+    check(deleted == 1, key, "the release found the lease gone")?;
+    Ok(Cycle {
+        acquire: t1 - t0,
+        release: t2 - t1,
+        token,
+    })
 }
 
-fn check(ok: bool, key: &str) -> BenchResult {
+/// A broken guarantee, as the error that ends the bench: the server is the
+/// bench's own, so nothing else can explain it.
+fn violation(key: &str, what: &str) -> Box<dyn std::error::Error> {
+    format!("correctness violation on {key}: {what}").into()
+}
+
+fn check(ok: bool, key: &str, what: &str) -> BenchResult {
     if ok {
         Ok(())
     } else {
-        Err(format!("unexpected outcome on {key}: is another process using this server?").into())
+        Err(violation(key, what))
     }
+}
+
+/// The stored lease keys of `client`'s task keys, as the server names them.
+fn stored_keys(client: Client, keys: &[String]) -> BenchResult<Vec<String>> {
+    let layout = KeyLayout::default();
+    keys.iter()
+        .map(|key| {
+            Ok(match client {
+                Client::Manager | Client::Backend => layout.lease(&LeaseKey::new(key.as_str())?),
+                Client::RawScripts => format!("{key}:raw"),
+                Client::Raw => key.clone(),
+            })
+        })
+        .collect()
 }
 
 struct Run {
@@ -196,11 +267,14 @@ async fn run(
     let started = Instant::now();
     let end = started + length;
     let mut handles = Vec::with_capacity(tasks);
-    for task in 0..tasks {
-        let clients = clients.clone();
+    let keys: Vec<String> = (0..tasks)
+        .map(|task| format!("bench:{}:{task}", client.name()))
+        .collect();
+    for key in &keys {
+        let (clients, key) = (clients.clone(), key.clone());
         handles.push(tokio::spawn(async move {
-            let key = format!("bench:{}:{task}", client.name());
             let (mut acquire, mut release) = (Vec::new(), Vec::new());
+            let mut last_token = None;
             let mut n = 0;
             loop {
                 let done = match quick_cycles {
@@ -210,11 +284,21 @@ async fn run(
                 if done {
                     break;
                 }
-                let (a, r) = cycle(&clients, client, &key)
+                let done = cycle(&clients, client, &key)
                     .await
-                    .map_err(|e| e.to_string())?;
-                acquire.push(a);
-                release.push(r);
+                    .map_err(|e| format!("{}: {e}", client.name()))?;
+                // Each acquisition of a key must hand out a higher token.
+                if let Some(token) = done.token {
+                    if last_token.is_some_and(|last| token <= last) {
+                        return Err(format!(
+                            "{}: correctness violation on {key}: fencing token {token} after {last_token:?}",
+                            client.name()
+                        ));
+                    }
+                    last_token = Some(token);
+                }
+                acquire.push(done.acquire);
+                release.push(done.release);
                 n += 1;
             }
             Ok::<_, String>((acquire, release))
@@ -227,6 +311,18 @@ async fn run(
         release.extend(r);
     }
     let elapsed = started.elapsed().as_secs_f64();
+    // Every lease was released: the server holds none of them.
+    let left: u64 = redis::cmd("EXISTS")
+        .arg(stored_keys(client, &keys)?)
+        .query_async(&mut clients.raw.clone())
+        .await?;
+    if left > 0 {
+        return Err(format!(
+            "{}: correctness violation: {left} released lease(s) still on the server",
+            client.name()
+        )
+        .into());
+    }
     let cycles = acquire.len().max(1) as f64;
     let per_cycle = |before: Option<f64>, after: Option<f64>| match (before, after) {
         (Some(b), Some(a)) => (a - b) * 1e6 / cycles,

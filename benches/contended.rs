@@ -19,13 +19,19 @@
 //!   processes would have;
 //! - `redis-crate/polling`: the same work written directly with the `redis`
 //!   crate: `SET NX PX`, a compare-and-delete script, and a 10 ms retry sleep.
+//!
+//! Every scenario checks what it measures: a worker that acquires while
+//! another still believes it holds the key, a fencing token that does not
+//! rise over the previous holder's, a lease lost while held, or a release
+//! that finds the lease gone fails the run (non-zero exit), in the smoke
+//! round too; the figures never do.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use leasehold::redis::RedisBackend;
-use leasehold::{Backoff, LeaseManager, LeaseOptions, Ttl};
+use leasehold::{Backoff, LeaseManager, LeaseOptions, ReleaseOutcome, Ttl};
 use leasehold_testkit::RedisServer;
 use std::sync::Mutex;
 use tokio::time::Instant;
@@ -46,6 +52,13 @@ struct Record {
     per_worker: Vec<usize>,
     /// When the last holder started to release, if the key is free now.
     released_at: Option<Instant>,
+    /// The worker that believes it holds the key now.
+    holder: Option<usize>,
+    /// The fencing token of the latest acquisition.
+    last_token: Option<u64>,
+    /// The first broken guarantee seen: once a worker stops on one, the
+    /// others may trip over the state it left, so this is what is reported.
+    violation: Option<String>,
 }
 
 fn main() -> Result<(), BoxError> {
@@ -155,19 +168,29 @@ async fn leasehold_run(
                 let asked = Instant::now();
                 let lease = manager.acquire(&key, &options).await?;
                 let got = Instant::now();
-                note_acquired(&record, worker, asked, got)?;
+                let token = lease.fencing_token().get();
+                note_acquired(&record, worker, asked, got, Some(token))?;
                 hold();
-                note_release(&record)?;
-                lease.release().await?;
+                if lease.loss_reason().is_some() {
+                    return Err(violation(
+                        &record,
+                        format!("worker {worker} lost its lease while holding it"),
+                    ));
+                }
+                note_release(&record, worker)?;
+                if lease.release().await? != ReleaseOutcome::Released {
+                    return Err(violation(
+                        &record,
+                        format!("worker {worker}'s release found its lease gone"),
+                    ));
+                }
             }
             Ok::<_, BoxError>(())
         }));
     }
     tokio::time::sleep(run_for).await;
     stop.store(true, Ordering::Relaxed);
-    for task in tasks {
-        task.await??;
-    }
+    join_workers(tasks, &record).await?;
     for manager in pool {
         manager.shutdown().await;
     }
@@ -213,23 +236,27 @@ async fn raw_run(server: &RedisServer, run_for: Duration) -> Result<Record, BoxE
                     tokio::time::sleep(POLL).await;
                 }
                 let got = Instant::now();
-                note_acquired(&record, worker, asked, got)?;
+                note_acquired(&record, worker, asked, got, None)?;
                 hold();
-                note_release(&record)?;
-                let _: i64 = release
+                note_release(&record, worker)?;
+                let released: i64 = release
                     .key("raw-contended")
                     .arg(&token)
                     .invoke_async(&mut conn)
                     .await?;
+                if released != 1 {
+                    return Err(violation(
+                        &record,
+                        format!("worker {worker}'s release found its lock gone"),
+                    ));
+                }
             }
             Ok::<_, BoxError>(())
         }));
     }
     tokio::time::sleep(run_for).await;
     stop.store(true, Ordering::Relaxed);
-    for task in tasks {
-        task.await??;
-    }
+    join_workers(tasks, &record).await?;
     Arc::try_unwrap(record)
         .map_err(|_| "workers still running")?
         .into_inner()
@@ -256,13 +283,36 @@ fn hold() {
 
 static SPIN: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
 
+/// Records an acquisition by `worker`, and fails when another worker still
+/// believes it holds the key (mutual exclusion) or when `token` does not
+/// rise over the previous acquisition's. A holder is noted free before its
+/// release is sent, so with a working lock no one can acquire in between.
 fn note_acquired(
     record: &Mutex<Record>,
     worker: usize,
     asked: Instant,
     got: Instant,
+    token: Option<u64>,
 ) -> Result<(), BoxError> {
     let mut r = record.lock().map_err(|_| "poisoned")?;
+    if let Some(other) = r.holder {
+        return Err(violated(
+            &mut r,
+            format!(
+                "two holders at once: worker {worker} acquired while worker {other} held the key"
+            ),
+        ));
+    }
+    r.holder = Some(worker);
+    if let Some(token) = token {
+        if let Some(last) = r.last_token.filter(|last| token <= *last) {
+            return Err(violated(
+                &mut r,
+                format!("worker {worker} got fencing token {token} after {last}"),
+            ));
+        }
+        r.last_token = Some(token);
+    }
     r.waits.push(got - asked);
     if let Some(released) = r.released_at.take() {
         r.gaps.push(got.saturating_duration_since(released));
@@ -271,8 +321,51 @@ fn note_acquired(
     Ok(())
 }
 
-fn note_release(record: &Mutex<Record>) -> Result<(), BoxError> {
-    record.lock().map_err(|_| "poisoned")?.released_at = Some(Instant::now());
+/// Notes a broken guarantee in `record` (keeping the first one) and returns
+/// it as the error that stops the worker.
+fn violated(record: &mut Record, what: String) -> BoxError {
+    let first = record.violation.get_or_insert(what);
+    format!("correctness violation: {first}").into()
+}
+
+/// [`violated`], locking `record` first.
+fn violation(record: &Mutex<Record>, what: String) -> BoxError {
+    match record.lock() {
+        Ok(mut r) => violated(&mut r, what),
+        Err(_) => "poisoned".into(),
+    }
+}
+
+/// Joins the workers; the first broken guarantee, if any, is the error,
+/// whichever worker ran into it.
+async fn join_workers(
+    tasks: Vec<tokio::task::JoinHandle<Result<(), BoxError>>>,
+    record: &Mutex<Record>,
+) -> Result<(), BoxError> {
+    let mut first_error = None;
+    for task in tasks {
+        if let Err(error) = task.await.map_err(BoxError::from).and_then(|r| r) {
+            first_error.get_or_insert(error);
+        }
+    }
+    if let Some(what) = &record.lock().map_err(|_| "poisoned")?.violation {
+        return Err(format!("correctness violation: {what}").into());
+    }
+    first_error.map_or(Ok(()), Err)
+}
+
+/// Records that `worker` is about to release; it must be the holder.
+fn note_release(record: &Mutex<Record>, worker: usize) -> Result<(), BoxError> {
+    let mut r = record.lock().map_err(|_| "poisoned")?;
+    if r.holder != Some(worker) {
+        let holder = r.holder;
+        return Err(violated(
+            &mut r,
+            format!("worker {worker} released while the record names {holder:?} as holder"),
+        ));
+    }
+    r.holder = None;
+    r.released_at = Some(Instant::now());
     Ok(())
 }
 

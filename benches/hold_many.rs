@@ -15,6 +15,10 @@
 //! tracking on (a lease overwritten behind its holder is noticed at once);
 //! `*_untracked` turns tracking off, which is the same work the hand-written
 //! loop does.
+//!
+//! A lease lost during the hold — its token fired, or the server no longer
+//! holds it when the hold ends — fails the run (non-zero exit), in the quick
+//! configuration too; the figures never do.
 
 mod common;
 
@@ -24,7 +28,7 @@ use std::time::{Duration, Instant};
 
 use common::{Json, env_number, quick};
 use futures_util::future::join_all;
-use leasehold::redis::RedisBackend;
+use leasehold::redis::{KeyLayout, RedisBackend};
 use leasehold::{
     AcquireOutcome, AcquireRequest, BackendError, ChangeWatch, HolderId, Lease, LeaseBackend,
     LeaseInfo, LeaseKey, LeaseManager, LeaseOptions, ReleaseOutcome, RenewOutcome, RenewRequest,
@@ -250,6 +254,9 @@ struct Held {
     hold_secs: f64,
     /// The slowest renewal round trip during the hold, in milliseconds.
     slowest_renewal_ms: f64,
+    /// Leases the server no longer held at the end of the hold, by its own
+    /// `EXISTS`.
+    missing: u64,
 }
 
 fn main() -> BenchResult {
@@ -334,7 +341,33 @@ fn main() -> BenchResult {
     runtime.shutdown_background();
     drop(leases);
     drop(server);
+    // Speed is a figure; a lease lost during the hold is a failure.
+    if held.lost > 0 || held.missing > 0 {
+        return Err(format!(
+            "hold_many {}: correctness violation: {} of {} leases reported lost during the hold, \
+             {} missing from the server at its end",
+            scenario.name, held.lost, scenario.leases, held.missing
+        )
+        .into());
+    }
     Ok(())
+}
+
+/// How many of `keys` the server does not hold, asked in pipelines of
+/// `EXISTS` on a connection of its own.
+async fn missing_on_server(server: &RedisServer, keys: &[String]) -> BenchResult<u64> {
+    let mut conn = redis::Client::open(server.url())?
+        .get_multiplexed_async_connection()
+        .await?;
+    let mut missing = 0;
+    for chunk in keys.chunks(RAW_PIPELINE) {
+        let held: u64 = redis::cmd("EXISTS")
+            .arg(chunk)
+            .query_async(&mut conn)
+            .await?;
+        missing += chunk.len() as u64 - held;
+    }
+    Ok(missing)
 }
 
 fn cpu_now(server: &RedisServer) -> BenchResult<(f64, f64)> {
@@ -432,7 +465,10 @@ async fn hold_with_leasehold(
     }
     let hold_secs = hold_started.elapsed().as_secs_f64();
     let (client1, server1) = cpu_now(server)?;
-    let lost = leases.iter().filter(|l| l.loss_reason().is_some()).count() as u64;
+    let lost = leases
+        .iter()
+        .filter(|l| l.loss_reason().is_some() || l.token().is_cancelled())
+        .count() as u64;
     let mut reasons: Vec<String> = leases
         .iter()
         .filter_map(|l| l.loss_reason())
@@ -453,6 +489,15 @@ async fn hold_with_leasehold(
         peak_rss_delta: peak_delta(baseline),
         hold_secs,
         slowest_renewal_ms: backend.slowest_us.load(Ordering::Relaxed) as f64 / 1000.0,
+        missing: 0,
+    };
+    // After the figures: the hold outlasts the ttl, so a lease the server
+    // still holds was renewed there.
+    let layout = KeyLayout::default();
+    let stored: Vec<String> = leases.iter().map(|l| layout.lease(l.key())).collect();
+    let held = Held {
+        missing: missing_on_server(server, &stored).await?,
+        ..held
     };
     Ok((held, leases))
 }
@@ -575,7 +620,10 @@ async fn hold_by_hand(
     }
     let hold_secs = hold_started.elapsed().as_secs_f64();
     let (client1, server1) = cpu_now(server)?;
+    let stored: Vec<String> = leases.iter().map(|(key, _)| key.clone()).collect();
+    let missing = missing_on_server(server, &stored).await?;
     Ok(Held {
+        missing,
         acquire_secs,
         lost: lost.iter().filter(|l| **l).count() as u64,
         renewals,

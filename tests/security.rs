@@ -18,6 +18,15 @@ use leasehold_testkit::{RedisServer, free_port};
 
 type TestResult = Result<(), Box<dyn std::error::Error>>;
 
+/// `future`'s output, or a failure naming `what` when it has not come
+/// within `limit`, so that a broken mechanism fails the test instead of
+/// hanging it.
+async fn within<T>(limit: Duration, what: &str, future: impl std::future::Future<Output = T>) -> T {
+    tokio::time::timeout(limit, future)
+        .await
+        .unwrap_or_else(|_| panic!("{what}: nothing within {limit:?}"))
+}
+
 const ADMIN_PASSWORD: &str = "admin-pw-5f2a9c";
 const USER_PASSWORD: &str = "leaser-pw-77e1b4";
 
@@ -110,8 +119,14 @@ async fn an_acl_user_with_only_the_needed_commands_runs_every_operation() -> Tes
     let (url, backend) = connect_as_leaser(&server).await?;
     let manager = LeaseManager::new(backend.clone())?;
     let lease = manager.acquire("acl-job", &options()).await?;
+    // Two renewals take 400 ms; the deadline only bounds a watchdog that stopped.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
     while lease.renewals() < 2 {
         assert_eq!(lease.loss_reason(), None);
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the lease was not renewed twice within 5 s"
+        );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     let info = backend
@@ -322,8 +337,14 @@ async fn tls_with_a_private_ca_works_and_an_untrusted_certificate_is_refused() -
     assert!(!shown.contains(ADMIN_PASSWORD), "{shown}");
     let manager = LeaseManager::new(backend)?;
     let lease = manager.acquire("tls-job", &options()).await?;
+    // Two renewals take 400 ms; the deadline only bounds a watchdog that stopped.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
     while lease.renewals() < 2 {
         assert_eq!(lease.loss_reason(), None);
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the lease was not renewed twice within 5 s"
+        );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     // The lease is on this server, and its TLS port speaks nothing but
@@ -383,7 +404,15 @@ async fn no_secret_appears_in_logs_debug_or_errors() -> TestResult {
     // A renewal or two, then the lease is taken away: a loss is logged.
     tokio::time::sleep(Duration::from_millis(450)).await;
     server.cli(&["DEL", "leasehold:{secret-job}"])?;
-    assert_eq!(lease.lost().await, LossReason::Lost);
+    assert_eq!(
+        within(
+            Duration::from_secs(5),
+            "the deleted lease's token",
+            lease.lost()
+        )
+        .await,
+        LossReason::Lost
+    );
     shown.push(format!("{:?}", lease.release().await));
     // Errors: a held lease, a wrong password, a bad URL.
     let other = RedisBackend::connect(&url).await?;

@@ -16,6 +16,15 @@ mod notice;
 
 type TestResult = Result<(), Box<dyn std::error::Error>>;
 
+/// `future`'s output, or a failure naming `what` when it has not come
+/// within `limit`, so that a broken mechanism fails the test instead of
+/// hanging it.
+async fn within<T>(limit: Duration, what: &str, future: impl std::future::Future<Output = T>) -> T {
+    tokio::time::timeout(limit, future)
+        .await
+        .unwrap_or_else(|_| panic!("{what}: nothing within {limit:?}"))
+}
+
 async fn redlock(masters: &[RedisServer]) -> Result<RedlockBackend, RedisError> {
     RedlockBackend::builder(masters.iter().map(RedisServer::url))
         .node_timeout(Duration::from_millis(100))
@@ -193,7 +202,10 @@ async fn sixteen_contenders_never_hold_the_lease_at_once() -> TestResult {
         }));
     }
     for task in tasks {
-        assert_eq!(task.await??, ReleaseOutcome::Released);
+        assert_eq!(
+            within(Duration::from_secs(30), "a contender", task).await??,
+            ReleaseOutcome::Released
+        );
     }
     assert_eq!(
         most.load(Ordering::SeqCst),

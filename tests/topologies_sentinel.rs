@@ -2,15 +2,50 @@
 
 use std::time::Duration;
 
+use leasehold::redis::redis::aio::MultiplexedConnection;
 use leasehold::redis::{KeyLayout, RedisBackend, Topology};
 use leasehold::{LeaseBackend, LeaseKey, LeaseManager, LeaseOptions, LossReason, Ttl};
-use leasehold_testkit::SentinelSet;
+use leasehold_testkit::{RedisServer, SentinelSet};
 
 #[path = "common/notice.rs"]
 mod notice;
 
 type TestResult = Result<(), Box<dyn std::error::Error>>;
 
+/// A lease as a data node holds it, read by the test on its own
+/// connection: the stored value (holder id, fencing token, label) and its
+/// PTTL in milliseconds (-2 when the key is gone).
+async fn held_on(
+    conn: &mut MultiplexedConnection,
+    stored: &str,
+) -> Result<(Option<String>, i64), Box<dyn std::error::Error>> {
+    let (value, pttl): (Option<String>, i64) = leasehold::redis::redis::pipe()
+        .cmd("GET")
+        .arg(stored)
+        .cmd("PTTL")
+        .arg(stored)
+        .query_async(conn)
+        .await?;
+    Ok((value, pttl))
+}
+
+async fn side_connection(
+    node: &RedisServer,
+) -> Result<MultiplexedConnection, Box<dyn std::error::Error>> {
+    let client = leasehold::redis::redis::Client::open(node.url())?;
+    Ok(client.get_multiplexed_async_connection().await?)
+}
+
+/// The fencing token in a stored lease value `<holder>:<token>:<label>`.
+fn stored_token(value: &str) -> Option<u64> {
+    value.split(':').nth(1)?.parse().ok()
+}
+
+/// Replication is asynchronous and leasehold waits for no replica unless
+/// asked (`wait_for_replicas`), so what a Sentinel failover keeps is what
+/// the replica had received: those leases are on the promoted master with
+/// their holders' values, are renewed there, and no holder is told of a
+/// loss; the leases it never received are reported `Lost`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn killing_the_master_keeps_replicated_leases_and_reports_the_rest_lost() -> TestResult {
     let mut set = SentinelSet::start()?;
@@ -26,18 +61,37 @@ async fn killing_the_master_keeps_replicated_leases_and_reports_the_rest_lost() 
     assert_eq!(backend.topology(), Topology::Sentinel);
     let manager = LeaseManager::new(backend)?;
     // A ttl that outlasts the failover (2–3 s), renewed often.
+    let renew_interval = Duration::from_millis(300);
     let options = LeaseOptions::builder()
         .ttl(Ttl::parse("10s")?)
-        .renew_interval(Duration::from_millis(300))
+        .renew_interval(renew_interval)
         .build()?;
     let mut replicated = Vec::new();
     for i in 0..10 {
         replicated.push(manager.acquire(format!("kept-{i}"), &options).await?);
     }
     let layout = KeyLayout::default();
-    let last = layout.lease(&LeaseKey::new("kept-9")?);
-    // Wait until the replica has them all (by polling it, not by sleeping).
-    while set.replica().cli(&["EXISTS", &last])? != "1" {
+    let stored: Vec<String> = replicated.iter().map(|l| layout.lease(l.key())).collect();
+    // What each holder wrote, as the master holds it.
+    let mut old_master = side_connection(set.master()).await?;
+    let mut written = Vec::new();
+    for key in &stored {
+        written.push(
+            held_on(&mut old_master, key)
+                .await?
+                .0
+                .ok_or("a lease is missing")?,
+        );
+    }
+    // Wait until the replica has them all (by polling it: replication
+    // sends no signal). It applies the stream in order, so the last
+    // acquired is the last to arrive.
+    let until = tokio::time::Instant::now() + Duration::from_secs(10);
+    while set.replica().cli(&["EXISTS", &stored[9]])? != "1" {
+        assert!(
+            tokio::time::Instant::now() < until,
+            "the replica did not receive the leases within 10 s"
+        );
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
 
@@ -53,53 +107,75 @@ async fn killing_the_master_keeps_replicated_leases_and_reports_the_rest_lost() 
     let killed_at = tokio::time::Instant::now();
     let took = tokio::task::block_in_place(|| set.wait_for_failover())?;
     println!("sentinels promoted the replica {took:?} after the master was killed");
+    let mut new_master = side_connection(set.master()).await?;
 
     for (i, lease) in unreplicated.iter().enumerate() {
         let reason = tokio::time::timeout(Duration::from_secs(5), lease.lost())
             .await
             .map_err(|_| format!("lost-{i} was not reported within 5 s of the failover"))?;
         assert_eq!(reason, LossReason::Lost, "lost-{i}");
+        assert_eq!(
+            held_on(&mut new_master, &layout.lease(lease.key()))
+                .await?
+                .0,
+            None,
+            "lost-{i} was reported lost, yet the new master holds it"
+        );
     }
     println!(
         "unreplicated leases reported Lost {:?} after the kill",
         killed_at.elapsed()
     );
 
-    // Every replicated lease renews on the new master (or is reported).
-    let counts: Vec<u32> = replicated.iter().map(leasehold::Lease::renewals).collect();
-    let until = tokio::time::Instant::now() + Duration::from_secs(3);
-    while tokio::time::Instant::now() < until
-        && replicated
-            .iter()
-            .zip(&counts)
-            .any(|(l, n)| l.loss_reason().is_none() && l.renewals() < n + 1)
-    {
+    // Judged by the new master: every replicated lease is there with its
+    // holder's value, and its PTTL rises again within a few renew
+    // intervals — only a renewal reaching the new master can raise it.
+    let mut last: Vec<Option<i64>> = vec![None; replicated.len()];
+    let mut renewed = vec![false; replicated.len()];
+    let until = tokio::time::Instant::now() + 10 * renew_interval;
+    loop {
+        for (i, key) in stored.iter().enumerate() {
+            let (value, pttl) = held_on(&mut new_master, key).await?;
+            assert_eq!(
+                value.as_deref(),
+                Some(written[i].as_str()),
+                "kept-{i}: the new master does not hold the holder's lease"
+            );
+            assert_eq!(
+                value.as_deref().and_then(stored_token),
+                Some(replicated[i].fencing_token().get()),
+                "kept-{i}"
+            );
+            renewed[i] |= last[i].is_some_and(|before| pttl > before);
+            last[i] = Some(pttl);
+        }
+        if !renewed.contains(&false) {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < until,
+            "not renewed on the new master within ten renew intervals: {:?}",
+            renewed
+                .iter()
+                .enumerate()
+                .filter(|(_, r)| !**r)
+                .map(|(i, _)| format!("kept-{i}"))
+                .collect::<Vec<_>>()
+        );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    let mut kept = 0;
     for (i, lease) in replicated.iter().enumerate() {
-        match lease.loss_reason() {
-            Some(reason) => println!("kept-{i} reported {reason:?}"),
-            None => {
-                assert!(
-                    lease.renewals() > counts[i],
-                    "kept-{i} stopped renewing without a signal"
-                );
-                let info = manager
-                    .backend()
-                    .inspect(lease.key())
-                    .await?
-                    .ok_or_else(|| {
-                        format!("kept-{i} is gone from the new master, yet its token did not fire")
-                    })?;
-                assert_eq!(info.fencing_token, Some(lease.fencing_token()), "kept-{i}");
-                kept += 1;
-            }
-        }
+        assert_eq!(
+            lease.loss_reason(),
+            None,
+            "kept-{i}: a replicated lease was reported lost"
+        );
+        assert!(!lease.token().is_cancelled(), "kept-{i}: its token fired");
     }
     println!(
-        "{kept} of {} replicated leases kept renewing on the new master",
-        replicated.len()
+        "all {} replicated leases held and renewed on the new master {:?} after the kill",
+        replicated.len(),
+        killed_at.elapsed()
     );
 
     // The new master takes new leases, with tokens above the old ones.
@@ -109,6 +185,100 @@ async fn killing_the_master_keeps_replicated_leases_and_reports_the_rest_lost() 
         set.master()
             .cli(&["EXISTS", &layout.lease(&LeaseKey::new("lost-0")?)])?,
         "1"
+    );
+    Ok(())
+}
+
+/// With `wait_for_replicas(1, …)` an acquisition succeeds only once the
+/// replica has the lease: the master may be killed at once (the test does
+/// not wait to see the replica catch up) and the promoted replica holds
+/// every lease that was granted, with its holder's value; while the
+/// replica is cut off, acquisitions are refused and given back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_replica_acks_every_granted_lease_survives_a_killed_master() -> TestResult {
+    use leasehold::{AcquireOutcome, AcquireRequest, BackendError, HolderId};
+    let mut set = SentinelSet::start()?;
+    let backend = RedisBackend::builder(set.url())
+        .op_timeout(Duration::from_secs(3))
+        .connect_timeout(Duration::from_millis(500))
+        .wait_for_replicas(1, Duration::from_millis(1500))
+        .connect()
+        .await?;
+    let ttl = Ttl::parse("30s")?;
+    let layout = KeyLayout::default();
+    // Every lease whose acquisition succeeded, with its token.
+    let mut granted = Vec::new();
+    for i in 0..10 {
+        let key = LeaseKey::new(format!("acked-{i}"))?;
+        let request = AcquireRequest::new(key.clone(), HolderId::generate()?, ttl);
+        match backend.try_acquire(&request).await? {
+            AcquireOutcome::Acquired(grant) => granted.push((key, grant.fencing_token)),
+            AcquireOutcome::Held(info) => return Err(format!("{key} is held: {info:?}").into()),
+        }
+    }
+    let mut old_master = side_connection(set.master()).await?;
+    let mut written = Vec::new();
+    for (key, _) in &granted {
+        let value = held_on(&mut old_master, &layout.lease(key)).await?.0;
+        written.push(value.ok_or_else(|| format!("{key} is not on the master"))?);
+    }
+
+    // The replica cut off: no acknowledgement can come, so nothing may be
+    // granted. A grant is judged after the failover like the others.
+    set.replica_mut().pause()?;
+    set.master().cli(&["CLIENT", "KILL", "TYPE", "replica"])?;
+    let mut granted_unacked = Vec::new();
+    for i in 0..3 {
+        let key = LeaseKey::new(format!("unacked-{i}"))?;
+        let request = AcquireRequest::new(key.clone(), HolderId::generate()?, ttl);
+        match backend.try_acquire(&request).await {
+            Ok(AcquireOutcome::Acquired(grant)) => {
+                let value = held_on(&mut old_master, &layout.lease(&key)).await?.0;
+                written.push(value.unwrap_or_default());
+                granted.push((key.clone(), grant.fencing_token));
+                granted_unacked.push(key);
+            }
+            Ok(AcquireOutcome::Held(info)) => {
+                return Err(format!("{key} is held: {info:?}").into());
+            }
+            Err(err) => {
+                assert!(
+                    matches!(err, BackendError::Server { .. }) && err.is_transient(),
+                    "{key}: {err:?}"
+                );
+                assert_eq!(
+                    held_on(&mut old_master, &layout.lease(&key)).await?.0,
+                    None,
+                    "{key}: the unacknowledged lease was not given back"
+                );
+            }
+        }
+    }
+    set.kill_master()?;
+    set.replica_mut().resume()?;
+    let took = tokio::task::block_in_place(|| set.wait_for_failover())?;
+    println!("sentinels promoted the replica {took:?} after the master was killed");
+
+    // Judged by the new master: every granted lease is there, as written.
+    let mut new_master = side_connection(set.master()).await?;
+    for ((key, token), value) in granted.iter().zip(&written) {
+        let (held, pttl) = held_on(&mut new_master, &layout.lease(key)).await?;
+        assert_eq!(
+            held.as_deref(),
+            Some(value.as_str()),
+            "{key}: granted, yet the promoted replica does not hold it"
+        );
+        assert_eq!(
+            held.as_deref().and_then(stored_token),
+            Some(token.get()),
+            "{key}"
+        );
+        assert!(pttl > 0, "{key}: no expiry on the new master ({pttl})");
+    }
+    println!("all {} granted leases are on the new master", granted.len());
+    assert!(
+        granted_unacked.is_empty(),
+        "granted with no replica to acknowledge them: {granted_unacked:?}"
     );
     Ok(())
 }

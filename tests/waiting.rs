@@ -19,6 +19,15 @@ mod notice;
 
 type TestResult = Result<(), Box<dyn std::error::Error + Send + Sync>>;
 
+/// `future`'s output, or a failure naming `what` when it has not come
+/// within `limit`, so that a broken mechanism fails the test instead of
+/// hanging it.
+async fn within<T>(limit: Duration, what: &str, future: impl std::future::Future<Output = T>) -> T {
+    tokio::time::timeout(limit, future)
+        .await
+        .unwrap_or_else(|_| panic!("{what}: nothing within {limit:?}"))
+}
+
 async fn manager(
     server: &RedisServer,
 ) -> Result<LeaseManager<RedisBackend>, Box<dyn std::error::Error + Send + Sync>> {
@@ -63,7 +72,7 @@ async fn each_release_wakes_the_next_waiter_without_a_poll() -> TestResult {
         }));
     }
     for task in tasks {
-        task.await??;
+        within(Duration::from_secs(60), "a waiter", task).await??;
     }
     let mut events = events.lock().map_err(|_| "poisoned")?.clone();
     events.sort();
@@ -130,7 +139,7 @@ async fn no_waiter_starves_across_a_thousand_handoffs() -> TestResult {
     }
     let mut counts = Vec::new();
     for task in tasks {
-        counts.push(task.await??);
+        counts.push(within(Duration::from_secs(120), "a worker", task).await??);
     }
     let total: usize = counts.iter().sum();
     let (fewest, most) = (
@@ -209,7 +218,9 @@ async fn an_election_has_one_leader_at_a_time_and_moves_on_loss_and_shutdown() -
     // The leader's lease is deleted behind its back: someone leads again.
     let before = terms.lock().map_err(|_| "poisoned")?.len();
     let mut current = None;
+    let deadline = Instant::now() + Duration::from_secs(10);
     while current.is_none() {
+        assert!(Instant::now() < deadline, "no leader to observe");
         current = leader_label().await?;
     }
     server.cli(&["DEL", "leasehold:{singleton}"])?;
@@ -224,7 +235,9 @@ async fn an_election_has_one_leader_at_a_time_and_moves_on_loss_and_shutdown() -
 
     // The leader's manager shuts down: another replica takes over.
     let mut leader = None;
+    let deadline = Instant::now() + Duration::from_secs(10);
     while leader.is_none() {
+        assert!(Instant::now() < deadline, "no leader to observe");
         leader = leader_label().await?;
     }
     let leader = leader.ok_or("no leader")?;
@@ -247,7 +260,7 @@ async fn an_election_has_one_leader_at_a_time_and_moves_on_loss_and_shutdown() -
     stop.cancel();
     for run in runs {
         // The shut-down replica's run ends with ManagerStopped; the others cleanly.
-        let _ = run.await?;
+        let _ = within(Duration::from_secs(10), "a stopped replica's run", run).await?;
     }
     Ok(())
 }

@@ -69,7 +69,11 @@ pub(crate) async fn release_wakes<E: Display>(
     }
     let released_at = Instant::now();
     lease.release().await?;
-    let (acquired_at, theirs) = waiter.await.expect("the waiter's task panicked")?;
+    // The waiter gives up after its 30 s wait; beyond that, only a hang is left.
+    let (acquired_at, theirs) = tokio::time::timeout(Duration::from_secs(60), waiter)
+        .await
+        .unwrap_or_else(|_| panic!("{what}: the waiter neither got the lease nor gave up"))
+        .expect("the waiter's task panicked")?;
     let gap = acquired_at - released_at;
     println!("{what}: the waiter acquired {gap:?} after the release");
     assert!(

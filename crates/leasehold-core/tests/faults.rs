@@ -10,6 +10,15 @@ use tokio::time::Instant;
 
 type TestResult = Result<(), Box<dyn std::error::Error>>;
 
+/// `future`'s output, or a failure naming `what` when it has not come
+/// within `limit` (tokio time: on the paused clock the runtime advances to
+/// it), so that a broken mechanism fails the test instead of hanging it.
+async fn within<T>(limit: Duration, what: &str, future: impl std::future::Future<Output = T>) -> T {
+    tokio::time::timeout(limit, future)
+        .await
+        .unwrap_or_else(|_| panic!("{what}: nothing within {limit:?}"))
+}
+
 #[tokio::test(start_paused = true)]
 async fn fail_next_fails_exactly_n_operations_of_any_kind() -> TestResult {
     let backend = MemoryBackend::new();
@@ -123,7 +132,10 @@ async fn a_hung_backend_lets_leases_expire_and_vanish_and_hand_over_replace_them
     tokio::time::sleep(Duration::from_secs(2)).await;
     backend.resume();
     // The lease expired while the backend hung.
-    assert_eq!(renewal.await??, RenewOutcome::Lost);
+    assert_eq!(
+        within(Duration::from_secs(10), "the hung renewal", renewal).await??,
+        RenewOutcome::Lost
+    );
     let theirs = backend.hand_over(&key, ttl)?;
     assert!(theirs.fencing_token > mine.fencing_token);
     assert_eq!(backend.release(&key, &me).await?, ReleaseOutcome::NotHeld);
@@ -149,13 +161,22 @@ async fn vanish_and_hand_over_are_reported_to_every_change_watch() -> TestResult
     assert!(!backend.vanish(&a));
     backend.hand_over(&b, ttl)?;
     for watch in [&mut first, &mut second] {
-        assert_eq!(watch.next().await, Some(LeaseChange::Changed(a.clone())));
-        assert_eq!(watch.next().await, Some(LeaseChange::Changed(b.clone())));
+        assert_eq!(
+            within(Duration::from_secs(10), "the report of a", watch.next()).await,
+            Some(LeaseChange::Changed(a.clone()))
+        );
+        assert_eq!(
+            within(Duration::from_secs(10), "the report of b", watch.next()).await,
+            Some(LeaseChange::Changed(b.clone()))
+        );
         assert_eq!(watch.try_next(), None);
     }
     // A dropped watch is forgotten; the others still hear.
     drop(second);
     backend.hand_over(&a, ttl)?;
-    assert_eq!(first.next().await, Some(LeaseChange::Changed(a)));
+    assert_eq!(
+        within(Duration::from_secs(10), "the report of a", first.next()).await,
+        Some(LeaseChange::Changed(a))
+    );
     Ok(())
 }

@@ -5,10 +5,20 @@ mod common;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
 
 use common::{TestResult, acquire, connect, holder, key, ttl};
 use leasehold_core::{AcquireRequest, LeaseBackend, RenewOutcome, RenewRequest};
 use leasehold_testkit::RedisServer;
+
+/// `future`'s output, or a failure naming `what` when it has not come
+/// within `limit`, so that a broken mechanism fails the test instead of
+/// hanging it.
+async fn within<T>(limit: Duration, what: &str, future: impl std::future::Future<Output = T>) -> T {
+    tokio::time::timeout(limit, future)
+        .await
+        .unwrap_or_else(|_| panic!("{what}: nothing within {limit:?}"))
+}
 
 /// The last command of the connection named `name`, from `CLIENT LIST`.
 fn last_command(server: &RedisServer, name: &str) -> Result<String, Box<dyn std::error::Error>> {
@@ -69,9 +79,16 @@ async fn a_flood_of_acquisitions_does_not_delay_a_renewal() -> TestResult {
         }));
     }
     // Wait until the flood is on the wire.
-    while done.load(Ordering::Relaxed) == 0 {
-        tokio::task::yield_now().await;
-    }
+    within(
+        Duration::from_secs(30),
+        "the flood's first acquisition",
+        async {
+            while done.load(Ordering::Relaxed) == 0 {
+                tokio::task::yield_now().await;
+            }
+        },
+    )
+    .await;
     let renewed = backend
         .renew(&RenewRequest::new(k.clone(), a, ttl("30s")))
         .await?;
@@ -84,7 +101,7 @@ async fn a_flood_of_acquisitions_does_not_delay_a_renewal() -> TestResult {
         "the renewal waited for {finished_before} of {FLOOD} acquisitions"
     );
     for task in flood {
-        task.await?;
+        within(Duration::from_secs(60), "a flooding acquisition", task).await?;
     }
     assert_eq!(done.load(Ordering::Relaxed), FLOOD);
     Ok(())

@@ -26,6 +26,7 @@ async fn an_unacknowledged_acquisition_is_given_back_and_an_unacknowledged_renew
         .start()?;
     // Linked on both sides: the replica says so at once, but the master
     // counts it for WAIT only after its first acknowledgement.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
     while !replica
         .cli(&["INFO", "replication"])?
         .contains("master_link_status:up")
@@ -33,6 +34,10 @@ async fn an_unacknowledged_acquisition_is_given_back_and_an_unacknowledged_renew
             .cli(&["INFO", "replication"])?
             .contains("state=online")
     {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the replica did not link within 20 s"
+        );
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
     // A replica that has just synced may acknowledge only at its

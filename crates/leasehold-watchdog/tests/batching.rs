@@ -17,6 +17,15 @@ use tokio::time::{Instant, sleep_until};
 
 type TestResult = Result<(), Box<dyn std::error::Error>>;
 
+/// `future`'s output, or a failure naming `what` when it has not come
+/// within `limit` (tokio time: on the paused clock the runtime advances to
+/// it), so that a broken mechanism fails the test instead of hanging it.
+async fn within<T>(limit: Duration, what: &str, future: impl std::future::Future<Output = T>) -> T {
+    tokio::time::timeout(limit, future)
+        .await
+        .unwrap_or_else(|_| panic!("{what}: nothing within {limit:?}"))
+}
+
 const MS: Duration = Duration::from_millis(1);
 
 fn options(ttl: &str) -> LeaseOptions {
@@ -182,7 +191,10 @@ async fn a_hung_batch_delays_neither_the_deadline_nor_the_renewals_of_another() 
     backend.hang_key("a");
 
     // a's first renewal hangs; its token fires on its own deadline.
-    assert_eq!(a.lost().await, LossReason::Deadline);
+    assert_eq!(
+        within(Duration::from_secs(10), "a's token", a.lost()).await,
+        LossReason::Deadline
+    );
     assert_eq!(Instant::now(), a.valid_until() - options.safety_margin());
     assert_eq!(a.renewals(), 0);
 

@@ -16,7 +16,19 @@ use tokio::time::{Instant, sleep};
 
 type TestResult = Result<(), Box<dyn std::error::Error>>;
 
+/// `future`'s output, or a failure naming `what` when it has not come
+/// within `limit` (tokio time: on the paused clock the runtime advances to
+/// it), so that a broken mechanism fails the test instead of hanging it.
+async fn within<T>(limit: Duration, what: &str, future: impl std::future::Future<Output = T>) -> T {
+    tokio::time::timeout(limit, future)
+        .await
+        .unwrap_or_else(|_| panic!("{what}: nothing within {limit:?}"))
+}
+
 const OP: Duration = Duration::from_millis(10);
+
+/// Beyond a waiter's 60 s wait: only a hang reaches it.
+const WAITER_LIMIT: Duration = Duration::from_secs(90);
 
 #[derive(Default)]
 struct Counts {
@@ -160,7 +172,7 @@ async fn a_release_hands_the_lease_to_the_local_waiter_in_one_operation() -> Tes
 
     let released_at = Instant::now();
     assert_eq!(holder.release().await?, ReleaseOutcome::Released);
-    let (got_at, lease) = next.await??;
+    let (got_at, lease) = within(WAITER_LIMIT, "the next waiter", next).await??;
     // One operation: release and grant in one. Release, notice and a new
     // attempt would take two.
     assert_eq!(got_at - released_at, OP);
@@ -196,10 +208,11 @@ async fn a_waiter_in_another_manager_is_not_overtaken() -> TestResult {
     let (first, second) = tokio::select! {
         got = &mut theirs => (got??, ours),
         got = &mut ours => (got??, theirs),
+        () = sleep(WAITER_LIMIT) => panic!("neither waiter got the lease within {WAITER_LIMIT:?}"),
     };
     assert_eq!(first.0 - released_at, 2 * OP, "release, then an attempt");
     drop(first.1);
-    let _ = second.await??;
+    let _ = within(WAITER_LIMIT, "the second waiter", second).await??;
     Ok(())
 }
 
@@ -218,7 +231,8 @@ async fn a_release_heard_elsewhere_is_not_taken_straight_back() -> TestResult {
         let lease = here.acquire("job", &patient()).await?;
         Ok::<_, leasehold_watchdog::LeaseError>((Instant::now(), lease))
     });
-    let (their_at, their_lease) = theirs.await??;
+    let (their_at, their_lease) =
+        within(WAITER_LIMIT, "the other manager's waiter", theirs).await??;
     assert!(
         !ours.is_finished(),
         "the releasing manager took the lease back first"
@@ -226,7 +240,8 @@ async fn a_release_heard_elsewhere_is_not_taken_straight_back() -> TestResult {
     assert_eq!(backend.counts.handed_over.load(Ordering::SeqCst), 0);
     let their_token = their_lease.fencing_token();
     their_lease.release().await?;
-    let (our_at, our_lease) = ours.await??;
+    let (our_at, our_lease) =
+        within(WAITER_LIMIT, "the releasing manager's waiter", ours).await??;
     assert!(our_at > their_at);
     assert!(our_lease.fencing_token() > their_token);
     our_lease.release().await?;
@@ -260,8 +275,15 @@ async fn a_waiter_gone_during_the_handover_leaves_no_lease_behind() -> TestResul
     // Halfway through the handover, the waiter leaves.
     sleep(OP / 2).await;
     next.abort();
-    assert!(next.await.is_err_and(|e| e.is_cancelled()));
-    assert_eq!(release.await??, ReleaseOutcome::Released);
+    assert!(
+        within(WAITER_LIMIT, "the aborted waiter", next)
+            .await
+            .is_err_and(|e| e.is_cancelled())
+    );
+    assert_eq!(
+        within(WAITER_LIMIT, "the release", release).await??,
+        ReleaseOutcome::Released
+    );
     until(|| backend.counts.release.load(Ordering::SeqCst) >= 1).await;
     sleep(OP + Duration::from_millis(1)).await;
     assert_eq!(backend.counts.handed_over.load(Ordering::SeqCst), 1);
@@ -282,7 +304,7 @@ async fn after_a_handover_the_next_head_waits_without_asking_the_backend() -> Te
     assert_eq!(backend.acquires(), 3);
 
     holder.release().await?;
-    let (_, first_lease) = first.await??;
+    let (_, first_lease) = within(WAITER_LIMIT, "the first waiter", first).await??;
     // The second is the head now, holding the first's watch: it offers
     // without an attempt or a subscription of its own.
     sleep(10 * OP).await;
@@ -291,7 +313,7 @@ async fn after_a_handover_the_next_head_waits_without_asking_the_backend() -> Te
 
     let released_at = Instant::now();
     first_lease.release().await?;
-    let (got_at, lease) = second.await??;
+    let (got_at, lease) = within(WAITER_LIMIT, "the second waiter", second).await??;
     assert_eq!(got_at - released_at, OP);
     assert_eq!(backend.counts.handed_over.load(Ordering::SeqCst), 2);
     assert_eq!(backend.acquires(), 3);
@@ -314,7 +336,7 @@ async fn after_an_acquisition_of_its_own_the_next_head_offers_without_asking() -
     // with an attempt of its own.
     holder.release().await?;
     until(|| backend.acquires() >= 4).await;
-    let (_, first_lease) = first.await??;
+    let (_, first_lease) = within(WAITER_LIMIT, "the first waiter", first).await??;
     // The second is the head now. The lease is held in its manager, so it
     // offers at once and subscribes anew (moving this process to the end
     // of the subscriber order), without an attempt.
@@ -324,7 +346,7 @@ async fn after_an_acquisition_of_its_own_the_next_head_offers_without_asking() -
 
     let released_at = Instant::now();
     first_lease.release().await?;
-    let (got_at, lease) = second.await??;
+    let (got_at, lease) = within(WAITER_LIMIT, "the second waiter", second).await??;
     assert_eq!(got_at - released_at, OP);
     assert_eq!(backend.counts.handed_over.load(Ordering::SeqCst), 1);
     assert_eq!(backend.acquires(), 4);
@@ -347,7 +369,7 @@ async fn a_handover_after_an_attempt_of_unknown_outcome_is_kept() -> TestResult 
     assert_eq!(backend.acquires(), 3);
 
     holder.release().await?;
-    let (_, lease) = next.await??;
+    let (_, lease) = within(WAITER_LIMIT, "the next waiter", next).await??;
     assert_eq!(backend.counts.handed_over.load(Ordering::SeqCst), 1);
     // Nothing releases the handed-over lease behind its holder's back.
     sleep(10 * OP).await;

@@ -20,6 +20,15 @@ use metrics_util::debugging::{DebugValue, DebuggingRecorder, Snapshotter};
 use tokio::time::sleep;
 
 type TestResult = Result<(), Box<dyn std::error::Error>>;
+
+/// `future`'s output, or a failure naming `what` when it has not come
+/// within `limit` (tokio time: on the paused clock the runtime advances to
+/// it), so that a broken mechanism fails the test instead of hanging it.
+async fn within<T>(limit: Duration, what: &str, future: impl std::future::Future<Output = T>) -> T {
+    tokio::time::timeout(limit, future)
+        .await
+        .unwrap_or_else(|_| panic!("{what}: nothing within {limit:?}"))
+}
 /// A metric's key, unit and value summed over every snapshot.
 type Entry = (metrics_util::CompositeKey, Option<Unit>, Value);
 
@@ -189,7 +198,10 @@ async fn a_lost_lease_counts_one_loss_and_one_hold_time() -> TestResult {
     let name = "m-lost";
     let lease = manager.acquire("metrics:lost", &options(name)).await?;
     assert!(backend.vanish(&LeaseKey::new("metrics:lost")?));
-    assert_eq!(lease.lost().await, LossReason::Lost);
+    assert_eq!(
+        within(Duration::from_secs(10), "the token", lease.lost()).await,
+        LossReason::Lost
+    );
     settle().await;
     let snap = snapshot();
     assert_eq!(
@@ -232,7 +244,10 @@ async fn renewal_limit_dropped_and_shutdown_are_told_apart() -> TestResult {
     settle().await;
     assert_eq!(gauge(&snapshot(), name), Some(3.0));
 
-    assert_eq!(limited.lost().await, LossReason::RenewalLimit);
+    assert_eq!(
+        within(Duration::from_secs(10), "the capped token", limited.lost()).await,
+        LossReason::RenewalLimit
+    );
     drop(dropped);
     settle().await;
     manager.shutdown().await;
@@ -305,7 +320,10 @@ async fn a_hanging_backend_ends_the_lease_by_deadline() -> TestResult {
     let options = options(name);
     let lease = manager.acquire("metrics:deadline", &options).await?;
     backend.hang();
-    assert_eq!(lease.lost().await, LossReason::Deadline);
+    assert_eq!(
+        within(Duration::from_secs(10), "the token", lease.lost()).await,
+        LossReason::Deadline
+    );
     settle().await;
     let snap = snapshot();
     assert_eq!(

@@ -7,6 +7,15 @@ use leasehold_watchdog::{LeaseError, LeaseManager, LeaseOptions, LossReason};
 
 type TestResult = Result<(), Box<dyn std::error::Error>>;
 
+/// `future`'s output, or a failure naming `what` when it has not come
+/// within `limit` (tokio time: on the paused clock the runtime advances to
+/// it), so that a broken mechanism fails the test instead of hanging it.
+async fn within<T>(limit: Duration, what: &str, future: impl std::future::Future<Output = T>) -> T {
+    tokio::time::timeout(limit, future)
+        .await
+        .unwrap_or_else(|_| panic!("{what}: nothing within {limit:?}"))
+}
+
 fn key() -> LeaseKey {
     LeaseKey::new("scoped").expect("valid key")
 }
@@ -58,7 +67,7 @@ async fn a_panic_releases_and_is_resumed() -> TestResult {
             })
             .await
     });
-    let joined = task.await;
+    let joined = within(Duration::from_secs(10), "the panicking scope", task).await;
     assert!(joined.is_err_and(|e| e.is_panic()));
     settle().await;
     assert_eq!(backend.inspect(&key()).await?, None);
@@ -70,13 +79,14 @@ async fn a_lost_lease_stops_the_work_and_says_why() -> TestResult {
     let backend = MemoryBackend::new();
     let manager = LeaseManager::new(backend.clone())?;
     let saboteur = backend.clone();
-    let result = manager
-        .with_lease("scoped", &LeaseOptions::default(), |token| async move {
-            saboteur.vanish(&key());
-            token.cancelled().await;
-            "stopped"
-        })
-        .await;
+    let options = LeaseOptions::default();
+    let scoped = manager.with_lease("scoped", &options, |token| async move {
+        saboteur.vanish(&key());
+        token.cancelled().await;
+        "stopped"
+    });
+    // The default ttl is 30 s: the loss comes well within it.
+    let result = within(Duration::from_secs(60), "the lost lease's token", scoped).await;
     match result {
         Err(LeaseError::LeaseEnded { reason, .. }) => assert_eq!(reason, LossReason::Lost),
         other => return Err(format!("expected LeaseEnded, got {other:?}").into()),

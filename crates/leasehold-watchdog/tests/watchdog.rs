@@ -8,6 +8,15 @@ use tokio::time::{Instant, advance, sleep, sleep_until};
 
 type TestResult = Result<(), Box<dyn std::error::Error>>;
 
+/// `future`'s output, or a failure naming `what` when it has not come
+/// within `limit` (tokio time: on the paused clock the runtime advances to
+/// it), so that a broken mechanism fails the test instead of hanging it.
+async fn within<T>(limit: Duration, what: &str, future: impl std::future::Future<Output = T>) -> T {
+    tokio::time::timeout(limit, future)
+        .await
+        .unwrap_or_else(|_| panic!("{what}: nothing within {limit:?}"))
+}
+
 const MS: Duration = Duration::from_millis(1);
 
 fn options(ttl: &str) -> LeaseOptions {
@@ -60,7 +69,10 @@ async fn renewal_cap_fires_before_the_last_validity_ends() -> TestResult {
         .build()?;
     let start = Instant::now();
     let lease = manager.acquire("capped", &options).await?;
-    assert_eq!(lease.lost().await, LossReason::RenewalLimit);
+    assert_eq!(
+        within(Duration::from_secs(10), "the capped token", lease.lost()).await,
+        LossReason::RenewalLimit
+    );
     let fired = Instant::now();
     assert_eq!(lease.renewals(), 2);
     // The second renewal was sent at 2 s; the token fires a safety margin
@@ -82,7 +94,10 @@ async fn hanging_backend_fires_the_deadline_before_validity_ends() -> TestResult
     let lease = manager.acquire("hang", &options).await?;
     let valid_until = lease.valid_until();
     backend.hang();
-    assert_eq!(lease.lost().await, LossReason::Deadline);
+    assert_eq!(
+        within(Duration::from_secs(10), "the token", lease.lost()).await,
+        LossReason::Deadline
+    );
     let fired = Instant::now();
     assert!(
         fired < valid_until,
@@ -107,7 +122,10 @@ async fn lease_taken_over_is_lost_at_once() -> TestResult {
     sleep(Duration::from_millis(100)).await;
     let other = backend.hand_over(&key("stolen"), Ttl::parse("3s")?)?;
     assert!(other.fencing_token > lease.fencing_token());
-    assert_eq!(lease.lost().await, LossReason::Lost);
+    assert_eq!(
+        within(Duration::from_secs(10), "the token", lease.lost()).await,
+        LossReason::Lost
+    );
     // The backend reported the change: the holder renewed at once rather
     // than at its next renewal (due at 1 s).
     assert_eq!(Instant::now(), start + Duration::from_millis(100));
@@ -123,7 +141,10 @@ async fn vanished_lease_is_lost_at_the_next_renewal() -> TestResult {
     let manager = LeaseManager::new(backend.clone())?;
     let lease = manager.acquire("vanish", &options("600ms")).await?;
     assert!(backend.vanish(&key("vanish")));
-    assert_eq!(lease.lost().await, LossReason::Lost);
+    assert_eq!(
+        within(Duration::from_secs(10), "the token", lease.lost()).await,
+        LossReason::Lost
+    );
     Ok(())
 }
 
@@ -246,7 +267,12 @@ async fn waiting_acquire_gets_the_lease_when_it_is_freed() -> TestResult {
     let released_at = Instant::now();
     let first_token = first.fencing_token();
     first.release().await?;
-    let (acquired_at, second) = waiter.await??;
+    let (acquired_at, second) = within(
+        Duration::from_secs(90),
+        "the other manager's waiter",
+        waiter,
+    )
+    .await??;
     assert_eq!(
         acquired_at, released_at,
         "the waiter polled instead of waking on the notice"
@@ -265,7 +291,12 @@ async fn waiting_acquire_gets_the_lease_when_it_is_freed() -> TestResult {
     sleep(Duration::from_secs(1)).await;
     let released_at = Instant::now();
     second.release().await?;
-    let (acquired_at, _third) = local.await??;
+    let (acquired_at, _third) = within(
+        Duration::from_secs(90),
+        "the holder's manager's waiter",
+        local,
+    )
+    .await??;
     assert_eq!(acquired_at, released_at);
     Ok(())
 }
@@ -293,7 +324,8 @@ async fn without_notices_a_waiter_polls_on_its_backoff() -> TestResult {
     });
     sleep(Duration::from_millis(1000)).await;
     first.release().await?;
-    let (acquired_at, _lease) = task.await??;
+    let (acquired_at, _lease) =
+        within(Duration::from_secs(90), "the polling waiter", task).await??;
     // Polls at 0, 400, 800, 1200 ms: the release at 1000 ms is seen at 1200.
     assert_eq!(acquired_at - start, Duration::from_millis(1200));
     Ok(())
@@ -342,10 +374,16 @@ async fn local_waiters_are_served_in_order_bounded_and_may_leave() -> TestResult
     });
     settle().await;
     head.release().await?;
+    // Each waits up to 600 s; beyond that, only a hang is left.
+    let limit = Duration::from_secs(700);
     for w in waiters {
-        w.await?.map_err(|e| e.to_string())?;
+        within(limit, "a queued waiter", w)
+            .await?
+            .map_err(|e| e.to_string())?;
     }
-    fourth.await?.map_err(|e| e.to_string())?;
+    within(limit, "the fourth waiter", fourth)
+        .await?
+        .map_err(|e| e.to_string())?;
     assert_eq!(*order.lock().map_err(|_| "poisoned")?, vec![0, 2, 3]);
     Ok(())
 }
