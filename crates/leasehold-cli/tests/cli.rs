@@ -196,11 +196,21 @@ fn a_held_key_is_not_acquired_in_time() -> TestResult {
 }
 
 #[test]
-fn a_deleted_lease_stops_the_command_with_sigterm() -> TestResult {
+fn a_deleted_lease_stops_the_command_with_sigterm_given_a_lost_grace() -> TestResult {
     let f = Fixture::new()?;
     let script = "trap 'echo terminated > term; exit 0' TERM; touch started; while true; do sleep 0.01; done";
     let mut run = f.spawn(&[
-        "run", "--key", "doomed", "--ttl", "600ms", "--", "sh", "-c", script,
+        "run",
+        "--key",
+        "doomed",
+        "--ttl",
+        "600ms",
+        "--lost-grace",
+        "5s",
+        "--",
+        "sh",
+        "-c",
+        script,
     ])?;
     wait_for_file(&f.path("started"))?;
     assert_eq!(f.server.cli(&["DEL", "leasehold:{doomed}"])?, "1");
@@ -213,11 +223,21 @@ fn a_deleted_lease_stops_the_command_with_sigterm() -> TestResult {
 }
 
 #[test]
-fn a_command_that_ignores_sigterm_is_killed_after_the_grace() -> TestResult {
+fn a_command_that_ignores_sigterm_is_killed_after_the_lost_grace() -> TestResult {
     let f = Fixture::new()?;
     let script = "trap '' TERM; touch started; while true; do sleep 0.01; done";
     let mut run = f.spawn(&[
-        "run", "--key", "stubborn", "--ttl", "600ms", "--grace", "200ms", "--", "sh", "-c", script,
+        "run",
+        "--key",
+        "stubborn",
+        "--ttl",
+        "600ms",
+        "--lost-grace",
+        "200ms",
+        "--",
+        "sh",
+        "-c",
+        script,
     ])?;
     wait_for_file(&f.path("started"))?;
     let deleted = Instant::now();
@@ -226,7 +246,7 @@ fn a_command_that_ignores_sigterm_is_killed_after_the_grace() -> TestResult {
     let stderr = stderr_of(&mut run);
     assert_eq!(status.code(), Some(76), "{stderr}");
     assert!(stderr.contains("killing it"), "{stderr}");
-    // Found lost at the next renewal (200 ms), then 200 ms of grace.
+    // SIGKILL only after the grace.
     assert!(deleted.elapsed() >= Duration::from_millis(200));
     Ok(())
 }
