@@ -3,13 +3,14 @@
 //! Children coordinate with the tests through files in a temporary
 //! directory: a test waits until a file appears instead of sleeping.
 
-use std::io::{BufRead, BufReader};
+use std::io::{BufRead, BufReader, Write};
+use std::net::TcpStream;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Output, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
-use leasehold_testkit::RedisServer;
+use leasehold_testkit::{Proxy, ProxyMode, RedisServer};
 use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
 
@@ -39,8 +40,14 @@ impl Fixture {
     /// `leasehold ARGS` against the test server, with no leasehold
     /// variables inherited from the environment running the tests.
     fn cmd(&self, args: &[&str]) -> Command {
+        self.cmd_at(&self.server.url(), args)
+    }
+
+    /// `leasehold ARGS` against the server at `url` (a proxy in front of
+    /// the test server).
+    fn cmd_at(&self, url: &str, args: &[&str]) -> Command {
         let mut cmd = Command::new(BIN);
-        cmd.arg("--url").arg(self.server.url()).args(args);
+        cmd.arg("--url").arg(url).args(args);
         for (var, _) in std::env::vars_os() {
             if var.to_string_lossy().starts_with("LEASEHOLD_") || var == "REDIS_URL" {
                 cmd.env_remove(var);
@@ -475,5 +482,339 @@ fn interrupted_while_waiting_exits_130_without_running_the_command() -> TestResu
     assert!(!f.path("ran").exists());
     std::fs::write(f.path("stop"), "")?;
     assert_eq!(wait_for_exit(&mut holder)?.code(), Some(0));
+    Ok(())
+}
+
+/// A connection of the test's own to the server, beside leasehold's: the
+/// witness of when the lease is gone.
+struct Side {
+    reader: BufReader<TcpStream>,
+    writer: TcpStream,
+}
+
+impl Side {
+    fn connect(server: &RedisServer) -> Result<Self, std::io::Error> {
+        let writer = TcpStream::connect(server.addr())?;
+        writer.set_read_timeout(Some(PATIENCE))?;
+        Ok(Self {
+            reader: BufReader::new(writer.try_clone()?),
+            writer,
+        })
+    }
+
+    /// Sends one command and returns its reply line (integer, status or
+    /// error; bulk replies are not needed here).
+    fn call(&mut self, args: &[&str]) -> Result<String, Box<dyn std::error::Error>> {
+        let mut request = format!("*{}\r\n", args.len());
+        for arg in args {
+            request.push_str(&format!("${}\r\n{arg}\r\n", arg.len()));
+        }
+        self.writer.write_all(request.as_bytes())?;
+        let mut line = String::new();
+        self.reader.read_line(&mut line)?;
+        Ok(line.trim_end().to_owned())
+    }
+
+    /// The key's remaining ttl in milliseconds; -2 once it is gone.
+    fn pttl(&mut self, key: &str) -> Result<i64, Box<dyn std::error::Error>> {
+        let reply = self.call(&["PTTL", key])?;
+        Ok(reply
+            .strip_prefix(':')
+            .ok_or_else(|| format!("PTTL replied {reply:?}"))?
+            .parse()?)
+    }
+}
+
+/// A process of the job, known by its pid and start time (so that a
+/// reused pid is not taken for it).
+struct Process {
+    pid: i32,
+    started: String,
+}
+
+impl Process {
+    /// Reads the pid a job process wrote to `path`.
+    fn from_file(path: &Path) -> Result<Self, Box<dyn std::error::Error>> {
+        wait_for_file(path)?;
+        let deadline = Instant::now() + PATIENCE;
+        // The file may be created before its content is written.
+        let pid: i32 = loop {
+            if let Ok(pid) = std::fs::read_to_string(path)?.trim().parse() {
+                break pid;
+            }
+            if Instant::now() > deadline {
+                return Err(format!("no pid in {}", path.display()).into());
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        };
+        let (_, started) = Self::stat(pid).ok_or(format!("process {pid} is not running"))?;
+        Ok(Self { pid, started })
+    }
+
+    /// The process's state letter and start time, from /proc.
+    fn stat(pid: i32) -> Option<(char, String)> {
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+        // After the command name in parentheses: state is field 3 and
+        // starttime field 22.
+        let fields: Vec<&str> = stat.rsplit_once(')')?.1.split_whitespace().collect();
+        Some((
+            fields.first()?.chars().next()?,
+            (*fields.get(19)?).to_owned(),
+        ))
+    }
+
+    /// Running or able to run: not gone, not a zombie (a dead process whose
+    /// parent, after reparenting perhaps init, has not reaped it yet).
+    fn alive(&self) -> bool {
+        match Self::stat(self.pid) {
+            Some((state, started)) => started == self.started && !matches!(state, 'Z' | 'X'),
+            None => false,
+        }
+    }
+}
+
+/// Polls the server and the job's processes until every process is dead,
+/// and checks that they died before the server could expire (or had
+/// deleted) `key`. Returns how long before the earliest possible expiry
+/// the last process was seen dead.
+///
+/// Each round checks the processes, then asks the server for the key's
+/// PTTL: a reply sent at `s` with `p` ms left means the key cannot expire
+/// before `s + p`. The job passes when it is seen all dead at a moment
+/// before that bound from the latest reply that still had the key, and
+/// fails if the server ever reports the key gone while a process lives.
+fn dead_before_expiry(
+    side: &mut Side,
+    key: &str,
+    job: &[&Process],
+    within: Duration,
+) -> Result<Duration, Box<dyn std::error::Error>> {
+    let deadline = Instant::now() + within;
+    let mut expiry_bound = None;
+    loop {
+        let checked = Instant::now();
+        let living: Vec<i32> = job.iter().filter(|p| p.alive()).map(|p| p.pid).collect();
+        let sent = Instant::now();
+        let pttl = side.pttl(key)?;
+        if pttl >= 0 {
+            expiry_bound = Some(sent + Duration::from_millis(pttl.unsigned_abs()));
+        }
+        let bound = expiry_bound.ok_or(format!("{key} was not on the server to begin with"))?;
+        if living.is_empty() {
+            return bound
+                .checked_duration_since(checked)
+                .ok_or_else(|| format!("the job was dead only after {key} could expire").into());
+        }
+        if pttl == -2 {
+            return Err(format!("{key} is gone from the server while {living:?} still run").into());
+        }
+        if Instant::now() > deadline {
+            return Err(format!("{living:?} still run after {within:?}").into());
+        }
+        std::thread::sleep(Duration::from_millis(2));
+    }
+}
+
+/// A job that ignores SIGTERM, as do the sleep it starts in the background
+/// (it inherits the ignored signal) and the sleeps of its loop: only
+/// SIGKILL, sent to the whole group, ends all of it. Writes its own pid to
+/// `child` and the background sleep's to `grandchild`, then `started`.
+const STUBBORN_JOB: &str = "trap '' TERM; sleep 300 & echo $! > grandchild; echo $$ > child; touch started; while :; do sleep 0.05; done";
+
+fn job_of(f: &Fixture) -> Result<(Process, Process), Box<dyn std::error::Error>> {
+    wait_for_file(&f.path("started"))?;
+    Ok((
+        Process::from_file(&f.path("child"))?,
+        Process::from_file(&f.path("grandchild"))?,
+    ))
+}
+
+/// The reported case: the default 10 s grace with a 3 s lease and one
+/// renewal. The grace is cut to fit, and the job, children included, is
+/// dead before the lease can expire on the server.
+#[test]
+fn at_the_renewal_cap_the_job_is_dead_before_the_lease_can_expire() -> TestResult {
+    let f = Fixture::new()?;
+    let mut side = Side::connect(&f.server)?;
+    let mut run = f.spawn(&[
+        "run",
+        "--key",
+        "capped",
+        "--ttl",
+        "3s",
+        "--max-renewals",
+        "1",
+        "--",
+        "sh",
+        "-c",
+        STUBBORN_JOB,
+    ])?;
+    let (child, grandchild) = job_of(&f)?;
+    // Acquired, renewed once after a third of the ttl, then the cap.
+    let early = dead_before_expiry(
+        &mut side,
+        "leasehold:{capped}",
+        &[&child, &grandchild],
+        PATIENCE,
+    )?;
+    eprintln!("renewal cap: the job was dead {early:?} before the lease could expire");
+    let status = wait_for_exit(&mut run)?;
+    let stderr = stderr_of(&mut run);
+    assert_eq!(status.code(), Some(76), "{stderr}");
+    assert!(stderr.contains("--grace 10s is cut to"), "{stderr}");
+    Ok(())
+}
+
+/// Renewals that hang (Redis cut off by a blackholing proxy) end the lease
+/// at its deadline; the job is dead before the server expires the lease.
+#[test]
+fn at_the_deadline_the_job_is_dead_before_the_lease_can_expire() -> TestResult {
+    let f = Fixture::new()?;
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()?;
+    let proxy = runtime.block_on(Proxy::start(f.server.addr()))?;
+    let mut side = Side::connect(&f.server)?;
+    let mut run = f
+        .cmd_at(
+            &proxy.url(),
+            &[
+                "run",
+                "--key",
+                "cut-off",
+                "--ttl",
+                "3s",
+                "--grace",
+                "1s",
+                "--",
+                "sh",
+                "-c",
+                STUBBORN_JOB,
+            ],
+        )
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()?;
+    let (child, grandchild) = job_of(&f)?;
+    proxy.set_mode(ProxyMode::Blackhole);
+    let early = dead_before_expiry(
+        &mut side,
+        "leasehold:{cut-off}",
+        &[&child, &grandchild],
+        PATIENCE,
+    )?;
+    eprintln!("deadline: the job was dead {early:?} before the lease could expire");
+    // Let the release fail fast instead of hanging on the partition.
+    proxy.set_mode(ProxyMode::Reset);
+    let status = wait_for_exit(&mut run)?;
+    let stderr = stderr_of(&mut run);
+    assert_eq!(status.code(), Some(76), "{stderr}");
+    assert!(stderr.contains("renewals"), "{stderr}");
+    Ok(())
+}
+
+/// A lease taken over on the server may already be someone else's: the
+/// job is killed at once, whatever the grace. There is no expiry to race
+/// here, so the bound is on the delay: once the lease was renewed (from
+/// then on the server reports changes to it), leasehold hears of the
+/// takeover within a round trip and sends SIGKILL at once. 1 s leaves room
+/// for a loaded machine, and is well below both the 5 s grace a SIGTERM
+/// would start and the 2.3 s until the next regular renewal.
+#[test]
+fn a_lost_lease_kills_the_whole_job_at_once() -> TestResult {
+    let f = Fixture::new()?;
+    let mut side = Side::connect(&f.server)?;
+    let key = "leasehold:{taken}";
+    let mut run = f.spawn(&[
+        "run",
+        "--key",
+        "taken",
+        "--ttl",
+        "10s",
+        "--grace",
+        "5s",
+        "--",
+        "sh",
+        "-c",
+        STUBBORN_JOB,
+    ])?;
+    let (child, grandchild) = job_of(&f)?;
+    // The first renewal, seen on the server as a ttl that went up.
+    let deadline = Instant::now() + PATIENCE;
+    let mut last = side.pttl(key)?;
+    loop {
+        let pttl = side.pttl(key)?;
+        if pttl > last {
+            break;
+        }
+        last = pttl;
+        assert!(Instant::now() < deadline, "the lease was never renewed");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let taken = Instant::now();
+    assert_eq!(
+        side.call(&["SET", key, "another-holder", "PX", "30000"])?,
+        "+OK"
+    );
+    let deadline = taken + PATIENCE;
+    while child.alive() || grandchild.alive() {
+        assert!(Instant::now() < deadline, "the job outlived its lost lease");
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    let delay = taken.elapsed();
+    eprintln!("lost: the job was dead {delay:?} after the lease was taken over");
+    assert!(delay < Duration::from_secs(1), "{delay:?}");
+    let status = wait_for_exit(&mut run)?;
+    let stderr = stderr_of(&mut run);
+    assert_eq!(status.code(), Some(76), "{stderr}");
+    assert!(stderr.contains("SIGKILL) at once"), "{stderr}");
+    Ok(())
+}
+
+/// SIGTERM sent to leasehold reaches the processes the command started,
+/// and the lease is released only once they are dead.
+#[test]
+fn sigterm_to_leasehold_reaches_the_whole_job() -> TestResult {
+    let f = Fixture::new()?;
+    let mut side = Side::connect(&f.server)?;
+    let script = "sleep 300 & echo $! > grandchild; echo $$ > child; touch started; wait";
+    let mut run = f.spawn(&["run", "--key", "term-all", "--", "sh", "-c", script])?;
+    let (child, grandchild) = job_of(&f)?;
+    kill(Pid::from_raw(i32::try_from(run.id())?), Signal::SIGTERM)?;
+    dead_before_expiry(
+        &mut side,
+        "leasehold:{term-all}",
+        &[&child, &grandchild],
+        PATIENCE,
+    )?;
+    let status = wait_for_exit(&mut run)?;
+    // The shell was ended by the forwarded SIGTERM.
+    assert_eq!(status.code(), Some(128 + 15), "{}", stderr_of(&mut run));
+    assert_eq!(side.pttl("leasehold:{term-all}")?, -2);
+    Ok(())
+}
+
+/// Processes the command leaves behind are stopped before the lease is
+/// released, and the command's own exit code is kept.
+#[test]
+fn processes_left_behind_are_stopped_before_the_release() -> TestResult {
+    let f = Fixture::new()?;
+    let mut side = Side::connect(&f.server)?;
+    // The sleep ignores SIGTERM too: it lives until SIGKILL, after the grace.
+    let script = "trap '' TERM; sleep 300 & echo $! > grandchild; exit 3";
+    let mut run = f.spawn(&[
+        "run", "--key", "leftover", "--grace", "1s", "--", "sh", "-c", script,
+    ])?;
+    let grandchild = Process::from_file(&f.path("grandchild"))?;
+    dead_before_expiry(&mut side, "leasehold:{leftover}", &[&grandchild], PATIENCE)?;
+    let status = wait_for_exit(&mut run)?;
+    let stderr = stderr_of(&mut run);
+    assert_eq!(status.code(), Some(3), "{stderr}");
+    assert!(
+        stderr.contains("still running") && stderr.contains("killing it"),
+        "{stderr}"
+    );
+    assert_eq!(side.pttl("leasehold:{leftover}")?, -2);
     Ok(())
 }
