@@ -29,6 +29,8 @@ use nix::sys::wait::{WaitPidFlag, WaitStatus, waitpid};
 use nix::unistd::{Pid, getpgrp, tcgetpgrp, tcsetpgrp};
 use tokio::signal::unix::{SignalKind, signal};
 
+use crate::exit::note;
+
 /// A running command and the processes it started.
 pub(crate) struct Job {
     /// The command's pid, which is also the group's id.
@@ -133,7 +135,7 @@ impl Job {
             }
         }
         if suspended && !self.gone {
-            eprintln!(
+            note!(
                 "leasehold: a command under a lease cannot be suspended (the lease would \
                  be renewed while it does nothing); resuming it"
             );
@@ -144,6 +146,11 @@ impl Job {
 
 impl Drop for Job {
     fn drop(&mut self) {
+        // Only on a path that did not wait for the job (an error, a panic):
+        // the job must not outlive leasehold, which alone renews the lease.
+        if !self.is_gone() {
+            self.signal(Signal::SIGKILL);
+        }
         if let Some(terminal) = self.terminal.take() {
             // Back to leasehold's group, which the shell waits on.
             let _ = tcsetpgrp(&terminal, getpgrp());

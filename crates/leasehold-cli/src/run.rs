@@ -14,7 +14,7 @@ use tokio::signal::unix::{SignalKind, signal};
 use tokio::time::Instant;
 
 use crate::args::RunArgs;
-use crate::exit::{self, Failure};
+use crate::exit::{self, Failure, note};
 use crate::job::Job;
 use crate::stopping::{Fit, KILL_ALLOWANCE, whole_ms};
 
@@ -83,7 +83,7 @@ pub(crate) async fn run(
     let code = supervise(&args, &fit, &lease, &mut signals).await;
     let key = lease.key().clone();
     if let Err(error) = lease.release().await {
-        eprintln!(
+        note!(
             "leasehold: could not release lease {:?} ({}); it expires by itself",
             key.as_str(),
             exit::chain(&error)
@@ -123,7 +123,7 @@ fn options(args: &RunArgs) -> Result<(LeaseOptions, Fit), Failure> {
     let fit = Fit::new(config.ttl, config.safety_margin, args.grace)
         .map_err(|reason| Failure::new(exit::CONFIG, reason))?;
     if let Some(message) = fit.cut_message(config.ttl) {
-        eprintln!("leasehold: {message}");
+        note!("leasehold: {message}");
     }
     let mut builder = LeaseOptions::builder()
         .ttl(config.ttl)
@@ -300,13 +300,13 @@ impl Stop {
     }
 
     fn grace_over(&mut self, job: &Job) {
-        eprintln!("leasehold: the command did not exit within the grace; killing it (SIGKILL)");
+        note!("leasehold: the command did not exit within the grace; killing it (SIGKILL)");
         self.kill(job);
     }
 
     fn still_alive(&mut self) {
         self.dead_by = None;
-        eprintln!(
+        note!(
             "leasehold: the command is still alive {} after SIGKILL (a process in \
              uninterruptible sleep, such as on a hung disk or network file system?); \
              waiting for it",
@@ -318,7 +318,7 @@ impl Stop {
     /// they are stopped too before the lease is released.
     fn leftovers(&mut self, job: &Job, lease: &Lease, grace: Duration) {
         self.leftovers_told = Some(Instant::now());
-        eprintln!(
+        note!(
             "leasehold: the command exited but processes it started are still running; \
              stopping them before releasing lease {:?} (SIGTERM, SIGKILL after {})",
             lease.key().as_str(),
@@ -354,11 +354,11 @@ impl Stop {
             _ => lost_grace,
         };
         if grace.is_zero() {
-            eprintln!(
+            note!(
                 "leasehold: lease {key:?} ended: {reason}; killing the command (SIGKILL) at once"
             );
         } else {
-            eprintln!(
+            note!(
                 "leasehold: lease {key:?} ended: {reason}; stopping the command (SIGTERM, \
                  SIGKILL after {})",
                 humantime::format_duration(grace),

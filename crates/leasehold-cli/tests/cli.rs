@@ -61,12 +61,42 @@ impl Fixture {
         self.cmd(args).output()
     }
 
-    fn spawn(&self, args: &[&str]) -> Result<Child, std::io::Error> {
-        self.cmd(args)
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
+    fn spawn(&self, args: &[&str]) -> Result<Running, std::io::Error> {
+        spawn(&mut self.cmd(args))
     }
+}
+
+/// A leasehold started by a test, killed if the test ends (fails) before
+/// it exited.
+struct Running(Child);
+
+impl std::ops::Deref for Running {
+    type Target = Child;
+    fn deref(&self) -> &Child {
+        &self.0
+    }
+}
+
+impl std::ops::DerefMut for Running {
+    fn deref_mut(&mut self) -> &mut Child {
+        &mut self.0
+    }
+}
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        if let Ok(None) = self.0.try_wait() {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+}
+
+fn spawn(cmd: &mut Command) -> Result<Running, std::io::Error> {
+    cmd.stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .map(Running)
 }
 
 fn wait_for_file(path: &Path) -> Result<(), String> {
@@ -266,7 +296,7 @@ fn two_runs_on_one_key_never_overlap() -> TestResult {
     let args = [
         "run", "--key", "serial", "--ttl", "1s", "--wait", "10s", "--", "sh", "-c", script,
     ];
-    let runs: Vec<Child> = (0..3).map(|_| f.spawn(&args)).collect::<Result<_, _>>()?;
+    let runs: Vec<Running> = (0..3).map(|_| f.spawn(&args)).collect::<Result<_, _>>()?;
     for mut run in runs {
         assert_eq!(
             wait_for_exit(&mut run)?.code(),
@@ -573,6 +603,15 @@ impl Process {
     }
 }
 
+/// A test that fails leaves no process of its job behind.
+impl Drop for Process {
+    fn drop(&mut self) {
+        if self.alive() {
+            let _ = kill(Pid::from_raw(self.pid), Signal::SIGKILL);
+        }
+    }
+}
+
 /// Polls the server and the job's processes until every process is dead,
 /// and checks that they died before the server could expire (or had
 /// deleted) `key`. Returns how long before the earliest possible expiry
@@ -580,38 +619,71 @@ impl Process {
 ///
 /// Each round checks the processes, then asks the server for the key's
 /// PTTL: a reply sent at `s` with `p` ms left means the key cannot expire
-/// before `s + p`. The job passes when it is seen all dead at a moment
-/// before that bound from the latest reply that still had the key, and
-/// fails if the server ever reports the key gone while a process lives.
+/// before `s + p` (renewals only move that later). The job passes when it
+/// is seen all dead before that bound, taken from the latest reply that
+/// still had the key, and fails if the server ever reports the key gone
+/// while a process lives. The first reply is taken at once, so the key
+/// must be on the server when this is called.
 fn dead_before_expiry(
     side: &mut Side,
     key: &str,
     job: &[&Process],
     within: Duration,
 ) -> Result<Duration, Box<dyn std::error::Error>> {
-    let deadline = Instant::now() + within;
-    let mut expiry_bound = None;
-    loop {
-        let checked = Instant::now();
-        let living: Vec<i32> = job.iter().filter(|p| p.alive()).map(|p| p.pid).collect();
+    let mut witness = Witness::start(side, key)?;
+    witness.until_dead(job, within)
+}
+
+/// The server's bound on when a key can expire, kept up to date.
+struct Witness<'a> {
+    side: &'a mut Side,
+    key: &'a str,
+    /// The key cannot expire before this.
+    bound: Instant,
+}
+
+impl<'a> Witness<'a> {
+    fn start(side: &'a mut Side, key: &'a str) -> Result<Self, Box<dyn std::error::Error>> {
         let sent = Instant::now();
         let pttl = side.pttl(key)?;
-        if pttl >= 0 {
-            expiry_bound = Some(sent + Duration::from_millis(pttl.unsigned_abs()));
+        let left = u64::try_from(pttl).map_err(|_| format!("{key} is not on the server"))?;
+        Ok(Self {
+            side,
+            key,
+            bound: sent + Duration::from_millis(left),
+        })
+    }
+
+    fn until_dead(
+        &mut self,
+        job: &[&Process],
+        within: Duration,
+    ) -> Result<Duration, Box<dyn std::error::Error>> {
+        let key = self.key;
+        let deadline = Instant::now() + within;
+        loop {
+            let checked = Instant::now();
+            let living: Vec<i32> = job.iter().filter(|p| p.alive()).map(|p| p.pid).collect();
+            let sent = Instant::now();
+            let pttl = self.side.pttl(key)?;
+            if let Ok(left) = u64::try_from(pttl) {
+                self.bound = sent + Duration::from_millis(left);
+            }
+            if living.is_empty() {
+                return self.bound.checked_duration_since(checked).ok_or_else(|| {
+                    format!("the job was dead only after {key} could expire").into()
+                });
+            }
+            if pttl == -2 {
+                return Err(
+                    format!("{key} is gone from the server while {living:?} still run").into(),
+                );
+            }
+            if Instant::now() > deadline {
+                return Err(format!("{living:?} still run after {within:?}").into());
+            }
+            std::thread::sleep(Duration::from_millis(2));
         }
-        let bound = expiry_bound.ok_or(format!("{key} was not on the server to begin with"))?;
-        if living.is_empty() {
-            return bound
-                .checked_duration_since(checked)
-                .ok_or_else(|| format!("the job was dead only after {key} could expire").into());
-        }
-        if pttl == -2 {
-            return Err(format!("{key} is gone from the server while {living:?} still run").into());
-        }
-        if Instant::now() > deadline {
-            return Err(format!("{living:?} still run after {within:?}").into());
-        }
-        std::thread::sleep(Duration::from_millis(2));
     }
 }
 
@@ -676,26 +748,22 @@ fn at_the_deadline_the_job_is_dead_before_the_lease_can_expire() -> TestResult {
         .build()?;
     let proxy = runtime.block_on(Proxy::start(f.server.addr()))?;
     let mut side = Side::connect(&f.server)?;
-    let mut run = f
-        .cmd_at(
-            &proxy.url(),
-            &[
-                "run",
-                "--key",
-                "cut-off",
-                "--ttl",
-                "3s",
-                "--grace",
-                "1s",
-                "--",
-                "sh",
-                "-c",
-                STUBBORN_JOB,
-            ],
-        )
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()?;
+    let mut run = spawn(&mut f.cmd_at(
+        &proxy.url(),
+        &[
+            "run",
+            "--key",
+            "cut-off",
+            "--ttl",
+            "3s",
+            "--grace",
+            "1s",
+            "--",
+            "sh",
+            "-c",
+            STUBBORN_JOB,
+        ],
+    ))?;
     let (child, grandchild) = job_of(&f)?;
     proxy.set_mode(ProxyMode::Blackhole);
     let early = dead_before_expiry(
@@ -816,5 +884,38 @@ fn processes_left_behind_are_stopped_before_the_release() -> TestResult {
         "{stderr}"
     );
     assert_eq!(side.pttl("leasehold:{leftover}")?, -2);
+    Ok(())
+}
+
+/// A leasehold whose stderr reader went away (a closed pipe) still stops
+/// its job in time: its messages fail, and it goes on.
+#[test]
+fn a_closed_stderr_does_not_keep_leasehold_from_stopping_the_job() -> TestResult {
+    let f = Fixture::new()?;
+    let mut side = Side::connect(&f.server)?;
+    let mut run = f.spawn(&[
+        "run",
+        "--key",
+        "deaf",
+        "--ttl",
+        "3s",
+        "--max-renewals",
+        "1",
+        "--grace",
+        "500ms",
+        "--",
+        "sh",
+        "-c",
+        STUBBORN_JOB,
+    ])?;
+    drop(run.stderr.take());
+    let (child, grandchild) = job_of(&f)?;
+    dead_before_expiry(
+        &mut side,
+        "leasehold:{deaf}",
+        &[&child, &grandchild],
+        PATIENCE,
+    )?;
+    assert_eq!(wait_for_exit(&mut run)?.code(), Some(76));
     Ok(())
 }
