@@ -869,13 +869,16 @@ fn sigterm_to_leasehold_reaches_the_whole_job() -> TestResult {
 fn processes_left_behind_are_stopped_before_the_release() -> TestResult {
     let f = Fixture::new()?;
     let mut side = Side::connect(&f.server)?;
-    // The sleep ignores SIGTERM too: it lives until SIGKILL, after the grace.
-    let script = "trap '' TERM; sleep 300 & echo $! > grandchild; exit 3";
+    // The sleep ignores SIGTERM too: it lives until SIGKILL, after the
+    // grace. The command exits once the test watches the key.
+    let script = "trap '' TERM; sleep 300 & echo $! > grandchild; while [ ! -e go ]; do sleep 0.01; done; exit 3";
     let mut run = f.spawn(&[
         "run", "--key", "leftover", "--grace", "1s", "--", "sh", "-c", script,
     ])?;
     let grandchild = Process::from_file(&f.path("grandchild"))?;
-    dead_before_expiry(&mut side, "leasehold:{leftover}", &[&grandchild], PATIENCE)?;
+    let mut witness = Witness::start(&mut side, "leasehold:{leftover}")?;
+    std::fs::write(f.path("go"), "")?;
+    witness.until_dead(&[&grandchild], PATIENCE)?;
     let status = wait_for_exit(&mut run)?;
     let stderr = stderr_of(&mut run);
     assert_eq!(status.code(), Some(3), "{stderr}");
