@@ -922,3 +922,36 @@ fn a_closed_stderr_does_not_keep_leasehold_from_stopping_the_job() -> TestResult
     assert_eq!(wait_for_exit(&mut run)?.code(), Some(76));
     Ok(())
 }
+
+/// On a terminal (the pseudo-terminal of util-linux `script`), the job is
+/// the terminal's foreground group while it runs: it can read the
+/// terminal, where a background group would be stopped (SIGTTIN), and
+/// leasehold takes the terminal back when it is done.
+#[test]
+fn the_job_may_read_the_terminal() -> TestResult {
+    let f = Fixture::new()?;
+    let line = format!(
+        "{BIN} --url {} run --key tty -- sh -c 'read l; echo got:$l'; echo after:$?; read m; echo then:$m",
+        f.server.url()
+    );
+    let mut script = spawn(
+        Command::new("script")
+            .args(["--quiet", "--return", "--command", &line, "/dev/null"])
+            .current_dir(f.dir.path())
+            .stdin(Stdio::piped()),
+    )?;
+    script
+        .stdin
+        .take()
+        .ok_or("no stdin")?
+        .write_all(b"hello\nworld\n")?;
+    let status = wait_for_exit(&mut script)?;
+    let mut shown = String::new();
+    std::io::Read::read_to_string(script.stdout.as_mut().ok_or("no stdout")?, &mut shown)?;
+    assert_eq!(status.code(), Some(0), "{shown}");
+    assert!(shown.contains("got:hello"), "{shown}");
+    assert!(shown.contains("after:0"), "{shown}");
+    // The shell that ran leasehold reads the terminal again.
+    assert!(shown.contains("then:world"), "{shown}");
+    Ok(())
+}
