@@ -41,9 +41,10 @@ pub(crate) enum Command {
     /// once no process of the job is left: processes CMD leaves behind get
     /// SIGTERM, then SIGKILL after the grace. A process that leaves the group
     /// (setsid, setpgid, as daemons do) is not part of the job and is neither
-    /// stopped nor waited for. When stdin is a terminal, the job is its
-    /// foreground group while it runs, so CMD may read it and Ctrl-C reaches
-    /// CMD directly; suspending the job (Ctrl-Z) does not stop the lease.
+    /// stopped nor waited for. When leasehold runs in the foreground of a
+    /// terminal, the job is the terminal's foreground group while it runs, so
+    /// CMD may read it and Ctrl-C reaches CMD directly; a job suspended with
+    /// Ctrl-Z is resumed at once.
     ///
     /// If the lease ends while the job runs, the job is stopped and
     /// leasehold exits with 76. At the renewal cap or when renewals kept
@@ -101,16 +102,18 @@ pub(crate) struct RunArgs {
     /// The lease key.
     #[arg(long, value_parser = parse_key)]
     pub(crate) key: LeaseKey,
-    /// How long Redis keeps the lease unless renewed (100ms to 24h); it is
-    /// renewed every third of it [default: 30s]
+    /// How long Redis keeps the lease unless renewed (100ms to 24h; run needs
+    /// about 400ms to stop the job in time); it is renewed every third of it,
+    /// or more often when a long grace leaves less room [default: 30s]
     #[arg(long, value_parser = parse_ttl)]
     pub(crate) ttl: Option<Ttl>,
     /// How long to wait while another holder has the lease [default: try once]
     #[arg(long, value_parser = parse_duration, value_name = "DURATION")]
     pub(crate) wait: Option<Duration>,
-    /// Stop renewing after N renewals: the command then gets SIGTERM when
-    /// what is left of the last renewal's validity is the grace plus 250ms,
-    /// and is dead before the lease can expire [default: no limit]
+    /// Stop renewing after N renewals. The job is stopped early rather than
+    /// renewed through the grace: it gets SIGTERM when the grace plus 250ms
+    /// is left of the last renewal's validity, and is dead before the lease
+    /// can expire [default: no limit]
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
     pub(crate) max_renewals: Option<u32>,
     /// How long the job has to exit after SIGTERM before SIGKILL, when the
