@@ -53,8 +53,8 @@ pub(crate) enum Command {
     /// and is dead before the lease can expire on the server. If the server
     /// lost the lease (it expired, was deleted or taken over), another holder
     /// may already run: the job is killed at once (SIGKILL), or gets
-    /// --lost-grace after SIGTERM. SIGINT and SIGTERM sent to leasehold are
-    /// passed to the job. A leasehold killed with SIGKILL cannot stop its
+    /// --lost-grace after SIGTERM. SIGINT, SIGTERM and SIGHUP sent to
+    /// leasehold are passed to the job. A leasehold killed with SIGKILL cannot stop its
     /// job.
     ///
     /// Unset options are read from LEASEHOLD_TTL, LEASEHOLD_WAIT,

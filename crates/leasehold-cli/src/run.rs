@@ -18,10 +18,14 @@ use crate::exit::{self, Failure, note};
 use crate::job::Job;
 use crate::stopping::{Fit, KILL_ALLOWANCE, whole_ms};
 
-/// The signals `run` passes on to the command.
+/// The signals `run` passes on to the command. Each would otherwise end
+/// leasehold and leave the job running with no one to renew its lease or
+/// stop it in time: SIGHUP comes when the terminal closes, to leasehold's
+/// group while the job's has the terminal.
 struct Signals {
     interrupt: tokio::signal::unix::Signal,
     terminate: tokio::signal::unix::Signal,
+    hangup: tokio::signal::unix::Signal,
 }
 
 impl Signals {
@@ -32,14 +36,16 @@ impl Signals {
         Ok(Self {
             interrupt: install(SignalKind::interrupt())?,
             terminate: install(SignalKind::terminate())?,
+            hangup: install(SignalKind::hangup())?,
         })
     }
 
-    /// The next SIGINT or SIGTERM.
+    /// The next SIGINT, SIGTERM or SIGHUP.
     async fn next(&mut self) -> Signal {
         tokio::select! {
             _ = self.interrupt.recv() => Signal::SIGINT,
             _ = self.terminate.recv() => Signal::SIGTERM,
+            _ = self.hangup.recv() => Signal::SIGHUP,
         }
     }
 }
@@ -221,6 +227,8 @@ async fn supervise(
     // a process of the job whose parent is not leasehold dies without a
     // SIGCHLD to leasehold.
     let mut recheck = tokio::time::interval(RECHECK);
+    // Ticks missed while no stop was under way are not made up in a burst.
+    recheck.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
     while !job.is_gone() {
         if job.exit_code().is_some() && !stop.is_stopping() {
             stop.leftovers(&job, lease, fit.grace);

@@ -80,8 +80,15 @@ impl Fit {
         };
         let safety_margin = margin.unwrap_or(ttl_d / 10).max(grace + KILL_ALLOWANCE);
         // At least two renewals before the deadline, so that one failed
-        // renewal is retried before the command is stopped.
-        let renew_interval = (ttl_d / 3).min(usable.saturating_sub(safety_margin) / 2);
+        // renewal is retried before the command is stopped. A configured
+        // margin that leaves no validity keeps the usual interval, so that
+        // the options' own check names the margin.
+        let before_deadline = usable.saturating_sub(safety_margin);
+        let renew_interval = if before_deadline.is_zero() {
+            ttl_d / 3
+        } else {
+            (ttl_d / 3).min(before_deadline / 2)
+        };
         Ok(Self {
             safety_margin,
             renew_interval,

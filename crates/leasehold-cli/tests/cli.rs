@@ -125,12 +125,25 @@ fn wait_for_exit(child: &mut Child) -> Result<ExitStatus, String> {
     }
 }
 
+/// What leasehold wrote to stderr. Read on a thread with a timeout: a
+/// process of the job that outlived leasehold (the failure some tests look
+/// for) holds the pipe open, and reading to its end would never return.
 fn stderr_of(child: &mut Child) -> String {
-    let mut text = String::new();
-    if let Some(stderr) = child.stderr.as_mut() {
-        let _ = std::io::Read::read_to_string(stderr, &mut text);
+    match child.stderr.take() {
+        Some(stderr) => read_all(stderr),
+        None => String::new(),
     }
-    text
+}
+
+fn read_all(mut pipe: impl std::io::Read + Send + 'static) -> String {
+    let (done, text) = mpsc::channel();
+    std::thread::spawn(move || {
+        let mut text = String::new();
+        let _ = pipe.read_to_string(&mut text);
+        let _ = done.send(text);
+    });
+    text.recv_timeout(PATIENCE)
+        .unwrap_or_else(|_| "(the pipe is still open: a process outlived leasehold)".to_owned())
 }
 
 fn text(bytes: &[u8]) -> String {
@@ -946,12 +959,31 @@ fn the_job_may_read_the_terminal() -> TestResult {
         .ok_or("no stdin")?
         .write_all(b"hello\nworld\n")?;
     let status = wait_for_exit(&mut script)?;
-    let mut shown = String::new();
-    std::io::Read::read_to_string(script.stdout.as_mut().ok_or("no stdout")?, &mut shown)?;
+    let shown = read_all(script.stdout.take().ok_or("no stdout")?);
     assert_eq!(status.code(), Some(0), "{shown}");
     assert!(shown.contains("got:hello"), "{shown}");
     assert!(shown.contains("after:0"), "{shown}");
     // The shell that ran leasehold reads the terminal again.
     assert!(shown.contains("then:world"), "{shown}");
+    Ok(())
+}
+
+/// SIGHUP (the terminal closed) is passed to the job rather than ending
+/// leasehold, which would leave the job running under a lease no one
+/// renews.
+#[test]
+fn sighup_reaches_the_command_and_leasehold_stays() -> TestResult {
+    let f = Fixture::new()?;
+    let script = "trap 'exit 5' HUP; touch started; while true; do sleep 0.01; done";
+    let mut run = f.spawn(&["run", "--key", "hangup", "--", "sh", "-c", script])?;
+    wait_for_file(&f.path("started"))?;
+    kill(Pid::from_raw(i32::try_from(run.id())?), Signal::SIGHUP)?;
+    assert_eq!(
+        wait_for_exit(&mut run)?.code(),
+        Some(5),
+        "{}",
+        stderr_of(&mut run)
+    );
+    assert_eq!(f.server.cli(&["EXISTS", "leasehold:{hangup}"])?, "0");
     Ok(())
 }
