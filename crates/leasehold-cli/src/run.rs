@@ -273,15 +273,15 @@ struct Stop {
     kill_at: Option<Instant>,
     /// When the job should be seen dead after SIGKILL.
     dead_by: Option<Instant>,
-    /// When the processes the command left behind were told to stop.
-    leftovers_told: Option<Instant>,
+    /// The processes the command left behind were told to stop.
+    leftovers_told: bool,
     /// SIGKILL was sent.
     killed: bool,
 }
 
 impl Stop {
     fn is_stopping(&self) -> bool {
-        self.kill_at.is_some() || self.killed || self.leftovers_told.is_some()
+        self.kill_at.is_some() || self.killed || self.leftovers_told
     }
 
     /// SIGTERM now and SIGKILL after `grace`, unless SIGKILL is due sooner.
@@ -325,7 +325,7 @@ impl Stop {
     /// The command exited but processes it started are still in its group:
     /// they are stopped too before the lease is released.
     fn leftovers(&mut self, job: &Job, lease: &Lease, grace: Duration) {
-        self.leftovers_told = Some(Instant::now());
+        self.leftovers_told = true;
         note!(
             "leasehold: the command exited but processes it started are still running; \
              stopping them before releasing lease {:?} (SIGTERM, SIGKILL after {})",
