@@ -659,7 +659,8 @@ impl<'a> Witness<'a> {
     fn start(side: &'a mut Side, key: &'a str) -> Result<Self, Box<dyn std::error::Error>> {
         let sent = Instant::now();
         let pttl = side.pttl(key)?;
-        let left = u64::try_from(pttl).map_err(|_| format!("{key} is not on the server"))?;
+        let left =
+            u64::try_from(pttl).map_err(|_| format!("{key} is not on the server (PTTL {pttl})"))?;
         Ok(Self {
             side,
             key,
@@ -862,13 +863,11 @@ fn sigterm_to_leasehold_reaches_the_whole_job() -> TestResult {
     let script = "sleep 300 & echo $! > grandchild; echo $$ > child; touch started; wait";
     let mut run = f.spawn(&["run", "--key", "term-all", "--", "sh", "-c", script])?;
     let (child, grandchild) = job_of(&f)?;
+    // Taken before the signal: the job dies at once, and the lease is
+    // released right after.
+    let mut witness = Witness::start(&mut side, "leasehold:{term-all}")?;
     kill(Pid::from_raw(i32::try_from(run.id())?), Signal::SIGTERM)?;
-    dead_before_expiry(
-        &mut side,
-        "leasehold:{term-all}",
-        &[&child, &grandchild],
-        PATIENCE,
-    )?;
+    witness.until_dead(&[&child, &grandchild], PATIENCE)?;
     let status = wait_for_exit(&mut run)?;
     // The shell was ended by the forwarded SIGTERM.
     assert_eq!(status.code(), Some(128 + 15), "{}", stderr_of(&mut run));
