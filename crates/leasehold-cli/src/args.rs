@@ -34,9 +34,29 @@ pub(crate) enum Command {
     /// Waits for the lease, runs CMD with LEASEHOLD_KEY and
     /// LEASEHOLD_FENCING_TOKEN in its environment, renews the lease while CMD
     /// runs, and releases it when CMD exits; CMD's exit code is passed
-    /// through (128+N when a signal N ended it). If the lease is lost, CMD
-    /// gets SIGTERM, then SIGKILL after the grace period, and leasehold exits
-    /// with 76. SIGINT and SIGTERM sent to leasehold are passed to CMD.
+    /// through (128+N when a signal N ended it).
+    ///
+    /// CMD runs as a job: a process group of its own, with every process it
+    /// starts. Signals go to the whole job, and the lease is released only
+    /// once no process of the job is left: processes CMD leaves behind get
+    /// SIGTERM, then SIGKILL after the grace. A process that leaves the group
+    /// (setsid, setpgid, as daemons do) is not part of the job and is neither
+    /// stopped nor waited for. When leasehold runs in the foreground of a
+    /// terminal, the job is the terminal's foreground group while it runs, so
+    /// CMD may read it and Ctrl-C reaches CMD directly; a job suspended with
+    /// Ctrl-Z is resumed at once.
+    ///
+    /// If the lease ends while the job runs, the job is stopped and
+    /// leasehold exits with 76. At the renewal cap or when renewals kept
+    /// failing, the lease's safety margin is made at least the grace plus
+    /// 250ms to kill: the job gets SIGTERM, then SIGKILL after the grace,
+    /// and is dead before the lease can expire on the server. If the server
+    /// lost the lease (it expired, was deleted or taken over), another holder
+    /// may already run: the job is killed at once (SIGKILL), or gets
+    /// --lost-grace after SIGTERM. SIGINT, SIGTERM and SIGHUP sent to
+    /// leasehold are passed to the job. A leasehold killed with SIGKILL cannot stop its
+    /// job.
+    ///
     /// Unset options are read from LEASEHOLD_TTL, LEASEHOLD_WAIT,
     /// LEASEHOLD_MAX_RENEWALS, LEASEHOLD_SAFETY_MARGIN, LEASEHOLD_NAME and
     /// LEASEHOLD_LABEL.
@@ -82,21 +102,32 @@ pub(crate) struct RunArgs {
     /// The lease key.
     #[arg(long, value_parser = parse_key)]
     pub(crate) key: LeaseKey,
-    /// How long Redis keeps the lease unless renewed (100ms to 24h); it is
-    /// renewed every third of it [default: 30s]
+    /// How long Redis keeps the lease unless renewed (100ms to 24h; run needs
+    /// about 400ms to stop the job in time); it is renewed every third of it,
+    /// or more often when a long grace leaves less room [default: 30s]
     #[arg(long, value_parser = parse_ttl)]
     pub(crate) ttl: Option<Ttl>,
     /// How long to wait while another holder has the lease [default: try once]
     #[arg(long, value_parser = parse_duration, value_name = "DURATION")]
     pub(crate) wait: Option<Duration>,
-    /// Stop renewing after N renewals: the command is then stopped before the
-    /// lease can expire [default: no limit]
+    /// Stop renewing after N renewals. The job is stopped early rather than
+    /// renewed through the grace: it gets SIGTERM when the grace plus 250ms
+    /// is left of the last renewal's validity, and is dead before the lease
+    /// can expire [default: no limit]
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
     pub(crate) max_renewals: Option<u32>,
-    /// How long the command has to exit after SIGTERM before SIGKILL, once
-    /// the lease is lost
+    /// How long the job has to exit after SIGTERM before SIGKILL, when the
+    /// renewal cap is reached, renewals keep failing or CMD left processes
+    /// behind. It must fit before the lease can expire: stopping the job
+    /// (the grace and 250ms to kill it) may take at most two thirds of the
+    /// ttl, and a longer grace is cut to that, with a message
     #[arg(long, value_parser = parse_duration, default_value = "10s", value_name = "DURATION")]
     pub(crate) grace: Duration,
+    /// How long the job has to exit after SIGTERM before SIGKILL when the
+    /// server lost the lease. Another holder may already run meanwhile, so
+    /// by default the job is killed at once
+    #[arg(long, value_parser = parse_duration, default_value = "0s", value_name = "DURATION")]
+    pub(crate) lost_grace: Duration,
     /// The lease name in logs (a bounded set, not a key) [default: default]
     #[arg(long)]
     pub(crate) name: Option<String>,

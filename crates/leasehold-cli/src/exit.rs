@@ -21,6 +21,17 @@ pub(crate) const CANNOT_EXECUTE: u8 = 126;
 /// The command was not found (as in shells).
 pub(crate) const NOT_FOUND: u8 = 127;
 
+/// Writes a line to stderr, ignoring a failure: a closed stderr (the reader
+/// of a pipe went away) must not make leasehold panic while a command runs
+/// under its lease, as `eprintln!` would.
+macro_rules! note {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        let _ = writeln!(std::io::stderr(), $($arg)*);
+    }};
+}
+pub(crate) use note;
+
 /// Why leasehold stops before or instead of the command's own exit.
 #[derive(Debug)]
 pub(crate) struct Failure {

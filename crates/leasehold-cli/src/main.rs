@@ -13,7 +13,9 @@
 mod admin;
 mod args;
 mod exit;
+mod job;
 mod run;
+mod stopping;
 
 use std::process::ExitCode;
 

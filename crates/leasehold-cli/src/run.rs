@@ -1,26 +1,31 @@
 //! `leasehold run`: a command under a lease.
 
 use std::io::IsTerminal;
-use std::os::unix::process::ExitStatusExt;
-use std::process::{ExitStatus, Stdio};
+use std::process::Command;
 use std::time::Duration;
 
 use leasehold_core::{LeaseBackend, LeaseKey};
 use leasehold_redis::RedisBackend;
-use leasehold_watchdog::{Lease, LeaseConfig, LeaseError, LeaseManager, LeaseOptions, LossReason};
-use nix::sys::signal::{Signal, kill};
-use nix::unistd::Pid;
-use tokio::process::{Child, Command};
+use leasehold_watchdog::{
+    Backoff, Lease, LeaseConfig, LeaseError, LeaseManager, LeaseOptions, LossReason,
+};
+use nix::sys::signal::Signal;
 use tokio::signal::unix::{SignalKind, signal};
 use tokio::time::Instant;
 
 use crate::args::RunArgs;
-use crate::exit::{self, Failure};
+use crate::exit::{self, Failure, note};
+use crate::job::Job;
+use crate::stopping::{Fit, KILL_ALLOWANCE, whole_ms};
 
-/// The signals `run` passes on to the command.
+/// The signals `run` passes on to the command. Each would otherwise end
+/// leasehold and leave the job running with no one to renew its lease or
+/// stop it in time: SIGHUP comes when the terminal closes, to leasehold's
+/// group while the job's has the terminal.
 struct Signals {
     interrupt: tokio::signal::unix::Signal,
     terminate: tokio::signal::unix::Signal,
+    hangup: tokio::signal::unix::Signal,
 }
 
 impl Signals {
@@ -31,14 +36,16 @@ impl Signals {
         Ok(Self {
             interrupt: install(SignalKind::interrupt())?,
             terminate: install(SignalKind::terminate())?,
+            hangup: install(SignalKind::hangup())?,
         })
     }
 
-    /// The next SIGINT or SIGTERM.
+    /// The next SIGINT, SIGTERM or SIGHUP.
     async fn next(&mut self) -> Signal {
         tokio::select! {
             _ = self.interrupt.recv() => Signal::SIGINT,
             _ = self.terminate.recv() => Signal::SIGTERM,
+            _ = self.hangup.recv() => Signal::SIGHUP,
         }
     }
 }
@@ -51,7 +58,7 @@ pub(crate) async fn run(
     // Installed first: a signal while waiting must not kill leasehold before
     // it can give up its place cleanly.
     let mut signals = Signals::install()?;
-    let options = options(&args)?;
+    let (options, fit) = options(&args)?;
     let backend = exit::connect(url, namespace).await?;
     let manager =
         LeaseManager::new(backend.clone()).map_err(|e| Failure::internal(e.to_string()))?;
@@ -79,10 +86,10 @@ pub(crate) async fn run(
             return Err(Failure::new(code, exit::chain(&error)));
         }
     };
-    let code = supervise(&args, &lease, &mut signals).await;
+    let code = supervise(&args, &fit, &lease, &mut signals).await;
     let key = lease.key().clone();
     if let Err(error) = lease.release().await {
-        eprintln!(
+        note!(
             "leasehold: could not release lease {:?} ({}); it expires by itself",
             key.as_str(),
             exit::chain(&error)
@@ -92,8 +99,10 @@ pub(crate) async fn run(
     code
 }
 
-/// The lease options: LEASEHOLD_* variables, overridden by the flags.
-fn options(args: &RunArgs) -> Result<LeaseOptions, Failure> {
+/// The lease options: LEASEHOLD_* variables, overridden by the flags, with
+/// a safety margin that leaves room to stop the command (see
+/// [`crate::stopping`]).
+fn options(args: &RunArgs) -> Result<(LeaseOptions, Fit), Failure> {
     let mut config = LeaseConfig::from_env("LEASEHOLD_")
         .map_err(|e| Failure::new(exit::CONFIG, e.to_string()))?;
     if let Some(ttl) = args.ttl {
@@ -117,9 +126,30 @@ fn options(args: &RunArgs) -> Result<LeaseOptions, Failure> {
             .ok()
             .and_then(|h| h.into_string().ok());
     }
-    config
-        .lease_options()
-        .map_err(|e| Failure::new(exit::CONFIG, e.to_string()))
+    let fit = Fit::new(config.ttl, config.safety_margin, args.grace)
+        .map_err(|reason| Failure::new(exit::CONFIG, reason))?;
+    if let Some(message) = fit.cut_message(config.ttl) {
+        note!("leasehold: {message}");
+    }
+    let mut builder = LeaseOptions::builder()
+        .ttl(config.ttl)
+        .safety_margin(fit.safety_margin)
+        .renew_interval(fit.renew_interval)
+        .backoff(Backoff::new(config.backoff_initial, config.backoff_max))
+        .name(config.name);
+    if let Some(max) = config.max_renewals {
+        builder = builder.max_renewals(max);
+    }
+    if let Some(wait) = config.wait {
+        builder = builder.wait(wait);
+    }
+    if let Some(label) = config.label {
+        builder = builder.label(label);
+    }
+    let options = builder
+        .build()
+        .map_err(|e| Failure::new(exit::CONFIG, exit::chain(&e)))?;
+    Ok((options, fit))
 }
 
 /// Acquires the lease, showing on a terminal that it is waiting.
@@ -167,77 +197,181 @@ async fn acquire(
 }
 
 /// Runs the command while the lease is held; returns leasehold's exit code.
-async fn supervise(args: &RunArgs, lease: &Lease, signals: &mut Signals) -> Result<u8, Failure> {
+async fn supervise(
+    args: &RunArgs,
+    fit: &Fit,
+    lease: &Lease,
+    signals: &mut Signals,
+) -> Result<u8, Failure> {
     let Some((program, rest)) = args.command.split_first() else {
         return Err(Failure::new(exit::USAGE, "no command to run"));
     };
-    let mut child = Command::new(program)
+    let mut command = Command::new(program);
+    command
         .args(rest)
         .env("LEASEHOLD_KEY", lease.key().as_str())
-        .env("LEASEHOLD_FENCING_TOKEN", lease.fencing_token().to_string())
-        .stdin(Stdio::inherit())
-        .spawn()
-        .map_err(|e| {
-            let code = match e.kind() {
-                std::io::ErrorKind::NotFound => exit::NOT_FOUND,
-                _ => exit::CANNOT_EXECUTE,
-            };
-            Failure::new(
-                code,
-                format!("could not run {:?}: {e}", program.to_string_lossy()),
-            )
-        })?;
-    loop {
+        .env("LEASEHOLD_FENCING_TOKEN", lease.fencing_token().to_string());
+    let mut job = Job::spawn(&mut command).map_err(|e| {
+        let code = match e.kind() {
+            std::io::ErrorKind::NotFound => exit::NOT_FOUND,
+            _ => exit::CANNOT_EXECUTE,
+        };
+        Failure::new(
+            code,
+            format!("could not run {:?}: {e}", program.to_string_lossy()),
+        )
+    })?;
+    let mut stop = Stop::default();
+    let mut ended = None;
+    // While the job is being stopped, the group is also checked on a timer:
+    // a process of the job whose parent is not leasehold dies without a
+    // SIGCHLD to leasehold.
+    let mut recheck = tokio::time::interval(RECHECK);
+    // Ticks missed while no stop was under way are not made up in a burst.
+    recheck.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
+    while !job.is_gone() {
+        if job.exit_code().is_some() && !stop.is_stopping() {
+            stop.leftovers(&job, lease, fit.grace);
+        }
         tokio::select! {
-            status = child.wait() => return status_code(status),
-            reason = lease.lost() => return stop(&mut child, lease, reason, args.grace).await,
-            signal = signals.next() => send(&child, signal),
+            biased;
+            reason = lease.lost(), if ended.is_none() => {
+                ended = Some(reason);
+                stop.lease_ended(&job, lease, reason, fit, args.lost_grace);
+            }
+            () = sleep_until(stop.kill_at), if stop.kill_at.is_some() => stop.grace_over(&job),
+            () = sleep_until(stop.dead_by), if stop.dead_by.is_some() => stop.still_alive(),
+            () = job.changed() => {}
+            _ = recheck.tick(), if stop.is_stopping() => {}
+            signal = signals.next() => job.signal(signal),
         }
     }
+    match (ended, job.exit_code()) {
+        // The lease ended while the job ran: it was stopped.
+        (Some(_), _) => Ok(exit::LOST),
+        (None, Some(code)) => Ok(code),
+        (None, None) => Err(Failure::internal("the command's exit status was lost")),
+    }
 }
 
-/// Stops the command after the lease was lost: SIGTERM, then SIGKILL after
-/// the grace period.
-async fn stop(
-    child: &mut Child,
-    lease: &Lease,
-    reason: LossReason,
-    grace: Duration,
-) -> Result<u8, Failure> {
-    eprintln!(
-        "leasehold: lease {:?} ended: {reason}; stopping the command (SIGTERM, SIGKILL after {})",
-        lease.key().as_str(),
-        humantime::format_duration(grace),
-    );
-    send(child, Signal::SIGTERM);
-    if tokio::time::timeout(grace, child.wait()).await.is_err() {
-        eprintln!(
-            "leasehold: the command did not exit within {}; killing it",
-            humantime::format_duration(grace)
+/// How often a job being stopped is checked for processes left.
+const RECHECK: Duration = Duration::from_millis(20);
+
+/// Sleeps until `at`; forever when there is nothing to wait for (the
+/// `select!` branch is disabled then anyway).
+async fn sleep_until(at: Option<Instant>) {
+    match at {
+        Some(at) => tokio::time::sleep_until(at).await,
+        None => std::future::pending().await,
+    }
+}
+
+/// Where stopping the job stands.
+#[derive(Default)]
+struct Stop {
+    /// When SIGKILL is due.
+    kill_at: Option<Instant>,
+    /// When the job should be seen dead after SIGKILL.
+    dead_by: Option<Instant>,
+    /// The processes the command left behind were told to stop.
+    leftovers_told: bool,
+    /// SIGKILL was sent.
+    killed: bool,
+}
+
+impl Stop {
+    fn is_stopping(&self) -> bool {
+        self.kill_at.is_some() || self.killed || self.leftovers_told
+    }
+
+    /// SIGTERM now and SIGKILL after `grace`, unless SIGKILL is due sooner.
+    fn terminate(&mut self, job: &Job, grace: Duration) {
+        if self.killed {
+            return;
+        }
+        if grace.is_zero() {
+            self.kill(job);
+            return;
+        }
+        job.signal(Signal::SIGTERM);
+        let at = Instant::now() + grace;
+        self.kill_at = Some(self.kill_at.map_or(at, |k| k.min(at)));
+    }
+
+    fn kill(&mut self, job: &Job) {
+        job.signal(Signal::SIGKILL);
+        self.kill_at = None;
+        if !self.killed {
+            self.killed = true;
+            self.dead_by = Some(Instant::now() + KILL_ALLOWANCE);
+        }
+    }
+
+    fn grace_over(&mut self, job: &Job) {
+        note!("leasehold: the command did not exit within the grace; killing it (SIGKILL)");
+        self.kill(job);
+    }
+
+    fn still_alive(&mut self) {
+        self.dead_by = None;
+        note!(
+            "leasehold: the command is still alive {} after SIGKILL (a process in \
+             uninterruptible sleep, such as on a hung disk or network file system?); \
+             waiting for it",
+            humantime::format_duration(KILL_ALLOWANCE),
         );
-        child
-            .kill()
-            .await
-            .map_err(|e| Failure::internal(format!("could not kill the command: {e}")))?;
     }
-    Ok(exit::LOST)
-}
 
-fn send(child: &Child, signal: Signal) {
-    // No id: the command has exited and been reaped, so there is no one to tell.
-    if let Some(pid) = child.id().and_then(|id| i32::try_from(id).ok()) {
-        let _ = kill(Pid::from_raw(pid), signal);
+    /// The command exited but processes it started are still in its group:
+    /// they are stopped too before the lease is released.
+    fn leftovers(&mut self, job: &Job, lease: &Lease, grace: Duration) {
+        self.leftovers_told = true;
+        note!(
+            "leasehold: the command exited but processes it started are still running; \
+             stopping them before releasing lease {:?} (SIGTERM, SIGKILL after {})",
+            lease.key().as_str(),
+            humantime::format_duration(grace),
+        );
+        self.terminate(job, grace);
     }
-}
 
-fn status_code(status: std::io::Result<ExitStatus>) -> Result<u8, Failure> {
-    let status =
-        status.map_err(|e| Failure::internal(format!("could not wait for the command: {e}")))?;
-    if let Some(code) = status.code() {
-        // Exit codes are 0..=255 on Unix.
-        return Ok(u8::try_from(code).unwrap_or(u8::MAX));
+    /// The lease ended while the job runs.
+    ///
+    /// At the renewal cap or the deadline the lease is still ours for the
+    /// safety margin, which makes room for the grace and the kill; the grace
+    /// is also bounded by what is left of the certain validity, in case
+    /// leasehold heard of the end late. A lost lease may already be someone
+    /// else's: the job is killed at once unless `--lost-grace` says otherwise.
+    fn lease_ended(
+        &mut self,
+        job: &Job,
+        lease: &Lease,
+        reason: LossReason,
+        fit: &Fit,
+        lost_grace: Duration,
+    ) {
+        let key = lease.key().as_str();
+        let grace = match reason {
+            LossReason::RenewalLimit | LossReason::Deadline => {
+                let left = lease
+                    .valid_until()
+                    .saturating_duration_since(Instant::now())
+                    .saturating_sub(KILL_ALLOWANCE);
+                whole_ms(fit.grace.min(left))
+            }
+            _ => lost_grace,
+        };
+        if grace.is_zero() {
+            note!(
+                "leasehold: lease {key:?} ended: {reason}; killing the command (SIGKILL) at once"
+            );
+        } else {
+            note!(
+                "leasehold: lease {key:?} ended: {reason}; stopping the command (SIGTERM, \
+                 SIGKILL after {})",
+                humantime::format_duration(grace),
+            );
+        }
+        self.terminate(job, grace);
     }
-    // Ended by a signal: report it the way shells do.
-    let signal = status.signal().unwrap_or(0);
-    Ok(u8::try_from(128 + signal).unwrap_or(u8::MAX))
 }

@@ -3,13 +3,14 @@
 //! Children coordinate with the tests through files in a temporary
 //! directory: a test waits until a file appears instead of sleeping.
 
-use std::io::{BufRead, BufReader};
+use std::io::{BufRead, BufReader, Write};
+use std::net::TcpStream;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Output, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
-use leasehold_testkit::RedisServer;
+use leasehold_testkit::{Proxy, ProxyMode, RedisServer};
 use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
 
@@ -39,8 +40,14 @@ impl Fixture {
     /// `leasehold ARGS` against the test server, with no leasehold
     /// variables inherited from the environment running the tests.
     fn cmd(&self, args: &[&str]) -> Command {
+        self.cmd_at(&self.server.url(), args)
+    }
+
+    /// `leasehold ARGS` against the server at `url` (a proxy in front of
+    /// the test server).
+    fn cmd_at(&self, url: &str, args: &[&str]) -> Command {
         let mut cmd = Command::new(BIN);
-        cmd.arg("--url").arg(self.server.url()).args(args);
+        cmd.arg("--url").arg(url).args(args);
         for (var, _) in std::env::vars_os() {
             if var.to_string_lossy().starts_with("LEASEHOLD_") || var == "REDIS_URL" {
                 cmd.env_remove(var);
@@ -54,12 +61,42 @@ impl Fixture {
         self.cmd(args).output()
     }
 
-    fn spawn(&self, args: &[&str]) -> Result<Child, std::io::Error> {
-        self.cmd(args)
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
+    fn spawn(&self, args: &[&str]) -> Result<Running, std::io::Error> {
+        spawn(&mut self.cmd(args))
     }
+}
+
+/// A leasehold started by a test, killed if the test ends (fails) before
+/// it exited.
+struct Running(Child);
+
+impl std::ops::Deref for Running {
+    type Target = Child;
+    fn deref(&self) -> &Child {
+        &self.0
+    }
+}
+
+impl std::ops::DerefMut for Running {
+    fn deref_mut(&mut self) -> &mut Child {
+        &mut self.0
+    }
+}
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        if let Ok(None) = self.0.try_wait() {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+}
+
+fn spawn(cmd: &mut Command) -> Result<Running, std::io::Error> {
+    cmd.stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .map(Running)
 }
 
 fn wait_for_file(path: &Path) -> Result<(), String> {
@@ -88,12 +125,25 @@ fn wait_for_exit(child: &mut Child) -> Result<ExitStatus, String> {
     }
 }
 
+/// What leasehold wrote to stderr. Read on a thread with a timeout: a
+/// process of the job that outlived leasehold (the failure some tests look
+/// for) holds the pipe open, and reading to its end would never return.
 fn stderr_of(child: &mut Child) -> String {
-    let mut text = String::new();
-    if let Some(stderr) = child.stderr.as_mut() {
-        let _ = std::io::Read::read_to_string(stderr, &mut text);
+    match child.stderr.take() {
+        Some(stderr) => read_all(stderr),
+        None => String::new(),
     }
-    text
+}
+
+fn read_all(mut pipe: impl std::io::Read + Send + 'static) -> String {
+    let (done, text) = mpsc::channel();
+    std::thread::spawn(move || {
+        let mut text = String::new();
+        let _ = pipe.read_to_string(&mut text);
+        let _ = done.send(text);
+    });
+    text.recv_timeout(PATIENCE)
+        .unwrap_or_else(|_| "(the pipe is still open: a process outlived leasehold)".to_owned())
 }
 
 fn text(bytes: &[u8]) -> String {
@@ -196,11 +246,21 @@ fn a_held_key_is_not_acquired_in_time() -> TestResult {
 }
 
 #[test]
-fn a_deleted_lease_stops_the_command_with_sigterm() -> TestResult {
+fn a_deleted_lease_stops_the_command_with_sigterm_given_a_lost_grace() -> TestResult {
     let f = Fixture::new()?;
     let script = "trap 'echo terminated > term; exit 0' TERM; touch started; while true; do sleep 0.01; done";
     let mut run = f.spawn(&[
-        "run", "--key", "doomed", "--ttl", "600ms", "--", "sh", "-c", script,
+        "run",
+        "--key",
+        "doomed",
+        "--ttl",
+        "600ms",
+        "--lost-grace",
+        "5s",
+        "--",
+        "sh",
+        "-c",
+        script,
     ])?;
     wait_for_file(&f.path("started"))?;
     assert_eq!(f.server.cli(&["DEL", "leasehold:{doomed}"])?, "1");
@@ -213,11 +273,21 @@ fn a_deleted_lease_stops_the_command_with_sigterm() -> TestResult {
 }
 
 #[test]
-fn a_command_that_ignores_sigterm_is_killed_after_the_grace() -> TestResult {
+fn a_command_that_ignores_sigterm_is_killed_after_the_lost_grace() -> TestResult {
     let f = Fixture::new()?;
     let script = "trap '' TERM; touch started; while true; do sleep 0.01; done";
     let mut run = f.spawn(&[
-        "run", "--key", "stubborn", "--ttl", "600ms", "--grace", "200ms", "--", "sh", "-c", script,
+        "run",
+        "--key",
+        "stubborn",
+        "--ttl",
+        "600ms",
+        "--lost-grace",
+        "200ms",
+        "--",
+        "sh",
+        "-c",
+        script,
     ])?;
     wait_for_file(&f.path("started"))?;
     let deleted = Instant::now();
@@ -226,7 +296,7 @@ fn a_command_that_ignores_sigterm_is_killed_after_the_grace() -> TestResult {
     let stderr = stderr_of(&mut run);
     assert_eq!(status.code(), Some(76), "{stderr}");
     assert!(stderr.contains("killing it"), "{stderr}");
-    // Found lost at the next renewal (200 ms), then 200 ms of grace.
+    // SIGKILL only after the grace.
     assert!(deleted.elapsed() >= Duration::from_millis(200));
     Ok(())
 }
@@ -239,7 +309,7 @@ fn two_runs_on_one_key_never_overlap() -> TestResult {
     let args = [
         "run", "--key", "serial", "--ttl", "1s", "--wait", "10s", "--", "sh", "-c", script,
     ];
-    let runs: Vec<Child> = (0..3).map(|_| f.spawn(&args)).collect::<Result<_, _>>()?;
+    let runs: Vec<Running> = (0..3).map(|_| f.spawn(&args)).collect::<Result<_, _>>()?;
     for mut run in runs {
         assert_eq!(
             wait_for_exit(&mut run)?.code(),
@@ -455,5 +525,464 @@ fn interrupted_while_waiting_exits_130_without_running_the_command() -> TestResu
     assert!(!f.path("ran").exists());
     std::fs::write(f.path("stop"), "")?;
     assert_eq!(wait_for_exit(&mut holder)?.code(), Some(0));
+    Ok(())
+}
+
+/// A connection of the test's own to the server, beside leasehold's: the
+/// witness of when the lease is gone.
+struct Side {
+    reader: BufReader<TcpStream>,
+    writer: TcpStream,
+}
+
+impl Side {
+    fn connect(server: &RedisServer) -> Result<Self, std::io::Error> {
+        let writer = TcpStream::connect(server.addr())?;
+        writer.set_read_timeout(Some(PATIENCE))?;
+        Ok(Self {
+            reader: BufReader::new(writer.try_clone()?),
+            writer,
+        })
+    }
+
+    /// Sends one command and returns its reply line (integer, status or
+    /// error; bulk replies are not needed here).
+    fn call(&mut self, args: &[&str]) -> Result<String, Box<dyn std::error::Error>> {
+        let mut request = format!("*{}\r\n", args.len());
+        for arg in args {
+            request.push_str(&format!("${}\r\n{arg}\r\n", arg.len()));
+        }
+        self.writer.write_all(request.as_bytes())?;
+        let mut line = String::new();
+        self.reader.read_line(&mut line)?;
+        Ok(line.trim_end().to_owned())
+    }
+
+    /// The key's remaining ttl in milliseconds; -2 once it is gone.
+    fn pttl(&mut self, key: &str) -> Result<i64, Box<dyn std::error::Error>> {
+        let reply = self.call(&["PTTL", key])?;
+        Ok(reply
+            .strip_prefix(':')
+            .ok_or_else(|| format!("PTTL replied {reply:?}"))?
+            .parse()?)
+    }
+}
+
+/// A process of the job, known by its pid and start time (so that a
+/// reused pid is not taken for it).
+struct Process {
+    pid: i32,
+    started: String,
+}
+
+impl Process {
+    /// Reads the pid a job process wrote to `path`.
+    fn from_file(path: &Path) -> Result<Self, Box<dyn std::error::Error>> {
+        wait_for_file(path)?;
+        let deadline = Instant::now() + PATIENCE;
+        // The file may be created before its content is written.
+        let pid: i32 = loop {
+            if let Ok(pid) = std::fs::read_to_string(path)?.trim().parse() {
+                break pid;
+            }
+            if Instant::now() > deadline {
+                return Err(format!("no pid in {}", path.display()).into());
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        };
+        let (_, started) = Self::stat(pid).ok_or(format!("process {pid} is not running"))?;
+        Ok(Self { pid, started })
+    }
+
+    /// The process's state letter and start time, from /proc.
+    fn stat(pid: i32) -> Option<(char, String)> {
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+        // After the command name in parentheses: state is field 3 and
+        // starttime field 22.
+        let fields: Vec<&str> = stat.rsplit_once(')')?.1.split_whitespace().collect();
+        Some((
+            fields.first()?.chars().next()?,
+            (*fields.get(19)?).to_owned(),
+        ))
+    }
+
+    /// Running or able to run: not gone, not a zombie (a dead process whose
+    /// parent, after reparenting perhaps init, has not reaped it yet).
+    fn alive(&self) -> bool {
+        match Self::stat(self.pid) {
+            Some((state, started)) => started == self.started && !matches!(state, 'Z' | 'X'),
+            None => false,
+        }
+    }
+}
+
+/// A test that fails leaves no process of its job behind.
+impl Drop for Process {
+    fn drop(&mut self) {
+        if self.alive() {
+            let _ = kill(Pid::from_raw(self.pid), Signal::SIGKILL);
+        }
+    }
+}
+
+/// Polls the server and the job's processes until every process is dead,
+/// and checks that they died before the server could expire (or had
+/// deleted) `key`. Returns how long before the earliest possible expiry
+/// the last process was seen dead.
+///
+/// Each round checks the processes, then asks the server for the key's
+/// PTTL: a reply sent at `s` with `p` ms left means the key cannot expire
+/// before `s + p` (renewals only move that later). The job passes when it
+/// is seen all dead before that bound, taken from the latest reply that
+/// still had the key, and fails if the server ever reports the key gone
+/// while a process lives. The first reply is taken at once, so the key
+/// must be on the server when this is called.
+fn dead_before_expiry(
+    side: &mut Side,
+    key: &str,
+    job: &[&Process],
+    within: Duration,
+) -> Result<Duration, Box<dyn std::error::Error>> {
+    let mut witness = Witness::start(side, key)?;
+    witness.until_dead(job, within)
+}
+
+/// The server's bound on when a key can expire, kept up to date.
+struct Witness<'a> {
+    side: &'a mut Side,
+    key: &'a str,
+    /// The key cannot expire before this.
+    bound: Instant,
+}
+
+impl<'a> Witness<'a> {
+    fn start(side: &'a mut Side, key: &'a str) -> Result<Self, Box<dyn std::error::Error>> {
+        let sent = Instant::now();
+        let pttl = side.pttl(key)?;
+        let left =
+            u64::try_from(pttl).map_err(|_| format!("{key} is not on the server (PTTL {pttl})"))?;
+        Ok(Self {
+            side,
+            key,
+            bound: sent + Duration::from_millis(left),
+        })
+    }
+
+    fn until_dead(
+        &mut self,
+        job: &[&Process],
+        within: Duration,
+    ) -> Result<Duration, Box<dyn std::error::Error>> {
+        let key = self.key;
+        let deadline = Instant::now() + within;
+        loop {
+            let checked = Instant::now();
+            let living: Vec<i32> = job.iter().filter(|p| p.alive()).map(|p| p.pid).collect();
+            let sent = Instant::now();
+            let pttl = self.side.pttl(key)?;
+            if let Ok(left) = u64::try_from(pttl) {
+                self.bound = sent + Duration::from_millis(left);
+            }
+            if living.is_empty() {
+                return self.bound.checked_duration_since(checked).ok_or_else(|| {
+                    format!("the job was dead only after {key} could expire").into()
+                });
+            }
+            if pttl == -2 {
+                return Err(
+                    format!("{key} is gone from the server while {living:?} still run").into(),
+                );
+            }
+            if Instant::now() > deadline {
+                return Err(format!("{living:?} still run after {within:?}").into());
+            }
+            std::thread::sleep(Duration::from_millis(2));
+        }
+    }
+}
+
+/// A job that ignores SIGTERM, as do the sleep it starts in the background
+/// (it inherits the ignored signal) and the sleeps of its loop: only
+/// SIGKILL, sent to the whole group, ends all of it. Writes its own pid to
+/// `child` and the background sleep's to `grandchild`, then `started`.
+const STUBBORN_JOB: &str = "trap '' TERM; sleep 300 & echo $! > grandchild; echo $$ > child; touch started; while :; do sleep 0.05; done";
+
+fn job_of(f: &Fixture) -> Result<(Process, Process), Box<dyn std::error::Error>> {
+    wait_for_file(&f.path("started"))?;
+    Ok((
+        Process::from_file(&f.path("child"))?,
+        Process::from_file(&f.path("grandchild"))?,
+    ))
+}
+
+/// The reported case: the default 10 s grace with a 3 s lease and one
+/// renewal. The grace is cut to fit, and the job, children included, is
+/// dead before the lease can expire on the server.
+#[test]
+fn at_the_renewal_cap_the_job_is_dead_before_the_lease_can_expire() -> TestResult {
+    let f = Fixture::new()?;
+    let mut side = Side::connect(&f.server)?;
+    let mut run = f.spawn(&[
+        "run",
+        "--key",
+        "capped",
+        "--ttl",
+        "3s",
+        "--max-renewals",
+        "1",
+        "--",
+        "sh",
+        "-c",
+        STUBBORN_JOB,
+    ])?;
+    let (child, grandchild) = job_of(&f)?;
+    // Acquired, renewed once after a third of the ttl, then the cap.
+    let early = dead_before_expiry(
+        &mut side,
+        "leasehold:{capped}",
+        &[&child, &grandchild],
+        PATIENCE,
+    )?;
+    eprintln!("renewal cap: the job was dead {early:?} before the lease could expire");
+    let status = wait_for_exit(&mut run)?;
+    let stderr = stderr_of(&mut run);
+    assert_eq!(status.code(), Some(76), "{stderr}");
+    assert!(stderr.contains("--grace 10s is cut to"), "{stderr}");
+    Ok(())
+}
+
+/// Renewals that hang (Redis cut off by a blackholing proxy) end the lease
+/// at its deadline; the job is dead before the server expires the lease.
+#[test]
+fn at_the_deadline_the_job_is_dead_before_the_lease_can_expire() -> TestResult {
+    let f = Fixture::new()?;
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()?;
+    let proxy = runtime.block_on(Proxy::start(f.server.addr()))?;
+    let mut side = Side::connect(&f.server)?;
+    let mut run = spawn(&mut f.cmd_at(
+        &proxy.url(),
+        &[
+            "run",
+            "--key",
+            "cut-off",
+            "--ttl",
+            "3s",
+            "--grace",
+            "1s",
+            "--",
+            "sh",
+            "-c",
+            STUBBORN_JOB,
+        ],
+    ))?;
+    let (child, grandchild) = job_of(&f)?;
+    proxy.set_mode(ProxyMode::Blackhole);
+    let early = dead_before_expiry(
+        &mut side,
+        "leasehold:{cut-off}",
+        &[&child, &grandchild],
+        PATIENCE,
+    )?;
+    eprintln!("deadline: the job was dead {early:?} before the lease could expire");
+    // Let the release fail fast instead of hanging on the partition.
+    proxy.set_mode(ProxyMode::Reset);
+    let status = wait_for_exit(&mut run)?;
+    let stderr = stderr_of(&mut run);
+    assert_eq!(status.code(), Some(76), "{stderr}");
+    assert!(stderr.contains("renewals"), "{stderr}");
+    Ok(())
+}
+
+/// A lease taken over on the server may already be someone else's: the
+/// job is killed at once, whatever the grace. There is no expiry to race
+/// here, so the bound is on the delay: once the lease was renewed (from
+/// then on the server reports changes to it), leasehold hears of the
+/// takeover within a round trip and sends SIGKILL at once. 1 s leaves room
+/// for a loaded machine, and is well below both the 5 s grace a SIGTERM
+/// would start and the 2.3 s until the next regular renewal.
+#[test]
+fn a_lost_lease_kills_the_whole_job_at_once() -> TestResult {
+    let f = Fixture::new()?;
+    let mut side = Side::connect(&f.server)?;
+    let key = "leasehold:{taken}";
+    let mut run = f.spawn(&[
+        "run",
+        "--key",
+        "taken",
+        "--ttl",
+        "10s",
+        "--grace",
+        "5s",
+        "--",
+        "sh",
+        "-c",
+        STUBBORN_JOB,
+    ])?;
+    let (child, grandchild) = job_of(&f)?;
+    // The first renewal, seen on the server as a ttl that went up.
+    let deadline = Instant::now() + PATIENCE;
+    let mut last = side.pttl(key)?;
+    loop {
+        let pttl = side.pttl(key)?;
+        if pttl > last {
+            break;
+        }
+        last = pttl;
+        assert!(Instant::now() < deadline, "the lease was never renewed");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let taken = Instant::now();
+    assert_eq!(
+        side.call(&["SET", key, "another-holder", "PX", "30000"])?,
+        "+OK"
+    );
+    let deadline = taken + PATIENCE;
+    while child.alive() || grandchild.alive() {
+        assert!(Instant::now() < deadline, "the job outlived its lost lease");
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    let delay = taken.elapsed();
+    eprintln!("lost: the job was dead {delay:?} after the lease was taken over");
+    assert!(delay < Duration::from_secs(1), "{delay:?}");
+    let status = wait_for_exit(&mut run)?;
+    let stderr = stderr_of(&mut run);
+    assert_eq!(status.code(), Some(76), "{stderr}");
+    assert!(stderr.contains("SIGKILL) at once"), "{stderr}");
+    Ok(())
+}
+
+/// SIGTERM sent to leasehold reaches the processes the command started,
+/// and the lease is released only once they are dead.
+#[test]
+fn sigterm_to_leasehold_reaches_the_whole_job() -> TestResult {
+    let f = Fixture::new()?;
+    let mut side = Side::connect(&f.server)?;
+    let script = "sleep 300 & echo $! > grandchild; echo $$ > child; touch started; wait";
+    let mut run = f.spawn(&["run", "--key", "term-all", "--", "sh", "-c", script])?;
+    let (child, grandchild) = job_of(&f)?;
+    // Taken before the signal: the job dies at once, and the lease is
+    // released right after.
+    let mut witness = Witness::start(&mut side, "leasehold:{term-all}")?;
+    kill(Pid::from_raw(i32::try_from(run.id())?), Signal::SIGTERM)?;
+    witness.until_dead(&[&child, &grandchild], PATIENCE)?;
+    let status = wait_for_exit(&mut run)?;
+    // The shell was ended by the forwarded SIGTERM.
+    assert_eq!(status.code(), Some(128 + 15), "{}", stderr_of(&mut run));
+    assert_eq!(side.pttl("leasehold:{term-all}")?, -2);
+    Ok(())
+}
+
+/// Processes the command leaves behind are stopped before the lease is
+/// released, and the command's own exit code is kept.
+#[test]
+fn processes_left_behind_are_stopped_before_the_release() -> TestResult {
+    let f = Fixture::new()?;
+    let mut side = Side::connect(&f.server)?;
+    // The sleep ignores SIGTERM too: it lives until SIGKILL, after the
+    // grace. The command exits once the test watches the key.
+    let script = "trap '' TERM; sleep 300 & echo $! > grandchild; while [ ! -e go ]; do sleep 0.01; done; exit 3";
+    let mut run = f.spawn(&[
+        "run", "--key", "leftover", "--grace", "1s", "--", "sh", "-c", script,
+    ])?;
+    let grandchild = Process::from_file(&f.path("grandchild"))?;
+    let mut witness = Witness::start(&mut side, "leasehold:{leftover}")?;
+    std::fs::write(f.path("go"), "")?;
+    witness.until_dead(&[&grandchild], PATIENCE)?;
+    let status = wait_for_exit(&mut run)?;
+    let stderr = stderr_of(&mut run);
+    assert_eq!(status.code(), Some(3), "{stderr}");
+    assert!(
+        stderr.contains("still running") && stderr.contains("killing it"),
+        "{stderr}"
+    );
+    assert_eq!(side.pttl("leasehold:{leftover}")?, -2);
+    Ok(())
+}
+
+/// A leasehold whose stderr reader went away (a closed pipe) still stops
+/// its job in time: its messages fail, and it goes on.
+#[test]
+fn a_closed_stderr_does_not_keep_leasehold_from_stopping_the_job() -> TestResult {
+    let f = Fixture::new()?;
+    let mut side = Side::connect(&f.server)?;
+    let mut run = f.spawn(&[
+        "run",
+        "--key",
+        "deaf",
+        "--ttl",
+        "3s",
+        "--max-renewals",
+        "1",
+        "--grace",
+        "500ms",
+        "--",
+        "sh",
+        "-c",
+        STUBBORN_JOB,
+    ])?;
+    drop(run.stderr.take());
+    let (child, grandchild) = job_of(&f)?;
+    dead_before_expiry(
+        &mut side,
+        "leasehold:{deaf}",
+        &[&child, &grandchild],
+        PATIENCE,
+    )?;
+    assert_eq!(wait_for_exit(&mut run)?.code(), Some(76));
+    Ok(())
+}
+
+/// On a terminal (the pseudo-terminal of util-linux `script`), the job is
+/// the terminal's foreground group while it runs: it can read the
+/// terminal, where a background group would be stopped (SIGTTIN), and
+/// leasehold takes the terminal back when it is done.
+#[test]
+fn the_job_may_read_the_terminal() -> TestResult {
+    let f = Fixture::new()?;
+    let line = format!(
+        "{BIN} --url {} run --key tty -- sh -c 'read l; echo got:$l'; echo after:$?; read m; echo then:$m",
+        f.server.url()
+    );
+    let mut script = spawn(
+        Command::new("script")
+            .args(["--quiet", "--return", "--command", &line, "/dev/null"])
+            .current_dir(f.dir.path())
+            .stdin(Stdio::piped()),
+    )?;
+    script
+        .stdin
+        .take()
+        .ok_or("no stdin")?
+        .write_all(b"hello\nworld\n")?;
+    let status = wait_for_exit(&mut script)?;
+    let shown = read_all(script.stdout.take().ok_or("no stdout")?);
+    assert_eq!(status.code(), Some(0), "{shown}");
+    assert!(shown.contains("got:hello"), "{shown}");
+    assert!(shown.contains("after:0"), "{shown}");
+    // The shell that ran leasehold reads the terminal again.
+    assert!(shown.contains("then:world"), "{shown}");
+    Ok(())
+}
+
+/// SIGHUP (the terminal closed) is passed to the job rather than ending
+/// leasehold, which would leave the job running under a lease no one
+/// renews.
+#[test]
+fn sighup_reaches_the_command_and_leasehold_stays() -> TestResult {
+    let f = Fixture::new()?;
+    let script = "trap 'exit 5' HUP; touch started; while true; do sleep 0.01; done";
+    let mut run = f.spawn(&["run", "--key", "hangup", "--", "sh", "-c", script])?;
+    wait_for_file(&f.path("started"))?;
+    kill(Pid::from_raw(i32::try_from(run.id())?), Signal::SIGHUP)?;
+    assert_eq!(
+        wait_for_exit(&mut run)?.code(),
+        Some(5),
+        "{}",
+        stderr_of(&mut run)
+    );
+    assert_eq!(f.server.cli(&["EXISTS", "leasehold:{hangup}"])?, "0");
     Ok(())
 }
