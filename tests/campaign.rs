@@ -116,14 +116,19 @@ async fn run(seed: u64) -> Result<String, BoxError> {
     let mut skipped = Vec::new();
     for scheduled in &plan.faults {
         let lasts = fault_length(&scheduled.fault);
-        let due = (started + scheduled.at).max(Instant::now());
-        if due + lasts + TTL > started + run_for {
+        tokio::time::sleep_until(started + scheduled.at).await;
+        // A fault that meets no lease tests nothing: wait, up to a ttl,
+        // until some client believes it holds one.
+        let waiting = Instant::now();
+        while !history.holds().iter().any(|h| h.ended.is_none()) && waiting.elapsed() < TTL {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        if Instant::now() + lasts + TTL > started + run_for {
             // The faults before ran late: this one would not heal in time.
             println!("  skipped (the run fell behind): {}", scheduled.fault);
             skipped.push(scheduled.fault);
             continue;
         }
-        tokio::time::sleep_until(due).await;
         let began = Instant::now();
         let evidence = apply(&scheduled.fault, &mut server, &proxies, &mut witness, seed).await?;
         applied.push(Applied {
