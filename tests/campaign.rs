@@ -37,7 +37,7 @@ use tokio::time::{Instant, timeout};
 mod common;
 
 use common::campaign_client::{
-    Applied, BoxError, Clients, Probe, Resource, Settings, Tally, TestResult, Witness,
+    Applied, BoxError, Clients, Probe, Resource, Settings, Side, Tally, TestResult, Witness,
     assert_sound, read_stores, seeds, server_margins,
 };
 
@@ -56,20 +56,27 @@ const SCHEDULING_ALLOWANCE: Duration = Duration::from_millis(50);
 /// The seeds every run tries (with one fresh seed): together their plans
 /// apply every kind of fault, and each has a restart that loses data.
 const FIXED_SEEDS: [u64; 2] = [16, 22];
-/// The length of one seed's run, in seconds: three short runs cost what
-/// one long run did.
-const RUN_SECS: u64 = 12;
+/// The length of one seed's run, in seconds. The seeds run side by side,
+/// each on servers and proxies of its own: the clients mostly wait, so
+/// three runs cost about the time of one.
+const RUN_SECS: u64 = 28;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn campaign() -> TestResult {
     let seeds = seeds(&FIXED_SEEDS)?;
-    println!("campaign: seeds {seeds:?}");
+    println!("campaign: seeds {seeds:?}, side by side");
+    let runs: Vec<_> = seeds.iter().map(|&seed| tokio::spawn(run(seed))).collect();
     let mut rows = Vec::new();
-    for &seed in &seeds {
-        println!("campaign: seed {seed} starts");
-        let row = run(seed)
+    for (seed, handle) in seeds.iter().zip(runs) {
+        let limit = Duration::from_secs(RUN_SECS) * 3 + Duration::from_secs(60);
+        let joined = timeout(limit, handle)
             .await
-            .map_err(|e| format!("campaign seed {seed}: {e}"))?;
+            .map_err(|_| format!("campaign seed {seed}: the run did not end"))?;
+        let row = match joined {
+            Ok(row) => row.map_err(|e| format!("campaign seed {seed}: {e}"))?,
+            Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
+            Err(e) => return Err(format!("campaign seed {seed}: {e}").into()),
+        };
         rows.push(row);
     }
     println!("{}", table(&rows));
@@ -84,9 +91,11 @@ async fn run(seed: u64) -> Result<String, BoxError> {
     let renew_interval = settings.renew_interval();
     let plan = settings.plan(FaultPlan::draw);
     println!(
-        "campaign: seed {seed}, {clients} clients x {keys} keys for {run_for:?}, {} faults planned",
+        "campaign: seed {seed} starts: {clients} clients x {keys} keys for {run_for:?}, {} faults planned",
         plan.faults.len()
     );
+    // Printed as one block at the end: the seeds run side by side.
+    let mut log = format!("campaign: seed {seed}\n");
 
     let mut server = RedisServer::builder().appendonly(true).start()?;
     let resource = RedisServer::start()?;
@@ -104,10 +113,7 @@ async fn run(seed: u64) -> Result<String, BoxError> {
         proxies.push(proxy);
     }
     // Looks at a lease right after its token fired, past every proxy.
-    let side = RedisBackend::builder(server.url())
-        .op_timeout(OP_TIMEOUT)
-        .connect()
-        .await?;
+    let side = Side::direct(&server).await?;
 
     let running = Clients::start(&settings, &managers, &resource, &history, side).await?;
     let started = running.started;
@@ -125,7 +131,7 @@ async fn run(seed: u64) -> Result<String, BoxError> {
         }
         if Instant::now() + lasts + TTL > started + run_for {
             // The faults before ran late: this one would not heal in time.
-            println!("  skipped (the run fell behind): {}", scheduled.fault);
+            let _ = writeln!(log, "  skipped (the run fell behind): {}", scheduled.fault);
             skipped.push(scheduled.fault);
             continue;
         }
@@ -136,7 +142,8 @@ async fn run(seed: u64) -> Result<String, BoxError> {
             began,
             healed: Instant::now(),
         });
-        println!(
+        let _ = writeln!(
+            log,
             "  {:>6.2}s {} ({evidence})",
             (began - started).as_secs_f64(),
             scheduled.fault
@@ -150,7 +157,7 @@ async fn run(seed: u64) -> Result<String, BoxError> {
     let effects = effects(&history, &applied);
     let margins = Margins::judge(&history, &tally, &applied);
     println!(
-        "{}",
+        "{log}{}",
         summary(
             &report, &applied, &skipped, &tally, &verdict, &effects, &margins
         )
@@ -379,6 +386,10 @@ struct Margins {
     /// Server expiry minus firing, in µs, for every deadline not caused by
     /// a restart that lost the lease; `None` when the witness saw no grant.
     server: Vec<(String, Option<i64>)>,
+    /// Where a side connection saw the server keep a lease later than the
+    /// MONITOR witness says it could (by more than a millisecond): the
+    /// witness missed a renewal. Lease, side's bound, witness's margin, µs.
+    disagree: Vec<(String, i64, i64)>,
     /// Deadlines excused by a restart that lost data.
     excused: usize,
     /// Probes on a side connection right after a deadline fired while the
@@ -396,9 +407,19 @@ impl Margins {
                 .any(|a| a.fault.loses_data() && acquired_at < a.healed && at > a.began)
         };
         let judged = server_margins(history, tally, |f| !lost_with_data(f.at, f.acquired_at));
-        let server = judged
+        let server = judged.iter().map(|(f, m)| (f.lease(), *m)).collect();
+        let disagree = judged
             .iter()
-            .map(|(f, m)| (format!("{} token {}", f.key, f.token), *m))
+            .filter_map(|(f, m)| {
+                let kept = tally
+                    .seen_kept
+                    .get(&(f.key.clone(), f.token))
+                    .copied()
+                    .flatten()?;
+                let kept = i64::try_from(kept.as_micros()).unwrap_or(i64::MAX);
+                let m = (*m)?;
+                (kept > m + 1_000).then(|| (f.lease(), kept, m))
+            })
             .collect();
         let excused = tally.deadlines().count() - judged.len();
         let mut proxy_probes = Vec::new();
@@ -419,11 +440,12 @@ impl Margins {
                     Fault::Blackhole(..) | Fault::Delay(..) | Fault::Reset(..)
                 ) && f.at <= a.healed + TTL
             }) {
-                proxy_probes.push((format!("{} token {}", f.key, f.token), f.probe));
+                proxy_probes.push((f.lease(), f.probe));
             }
         }
         Self {
             server,
+            disagree,
             excused,
             proxy_probes,
             probes,
@@ -443,6 +465,11 @@ impl Margins {
         assert!(
             late.is_empty(),
             "seed {seed}: tokens fired by deadline at or after the server's expiry of their lease (last grant or renewal the server applied + ttl), in µs: {late:?}"
+        );
+        assert!(
+            self.disagree.is_empty(),
+            "seed {seed}: a side connection saw the server keep a lease later than the MONITOR witness allows (lease, side's bound, witness's margin, in µs): {:?}",
+            self.disagree
         );
         let gone: Vec<_> = self
             .proxy_probes
@@ -487,6 +514,23 @@ fn summary(
         margins.probes.2,
         margins.probes.3,
         margins.proxy_probes.len()
+    );
+    let kept: Vec<Duration> = tally
+        .deadlines()
+        .filter_map(|f| {
+            tally
+                .seen_kept
+                .get(&(f.key.clone(), f.token))
+                .copied()
+                .flatten()
+        })
+        .collect();
+    let _ = writeln!(
+        out,
+        "side connection polling each lease after its deadline until gone: {} seen kept after the firing (smallest lower bound {:?}); {} disagreements with the MONITOR witness",
+        kept.len(),
+        kept.iter().min(),
+        margins.disagree.len()
     );
     for e in effects {
         let _ = writeln!(

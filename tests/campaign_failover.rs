@@ -27,7 +27,7 @@ use std::fmt::Write as _;
 use std::time::Duration;
 
 use common::campaign_client::{
-    Applied, Clients, Probe, Settings, Tally, TestResult, assert_sound, seeds,
+    Applied, Clients, Probe, Settings, Side, Tally, TestResult, assert_sound, seeds,
 };
 use leasehold::redis::{KeyLayout, RedisBackend};
 use leasehold::{LeaseKey, LeaseManager};
@@ -126,7 +126,14 @@ async fn campaign(
         .connect()
         .await?;
     let history = History::new();
-    let running = Clients::start(&settings, &managers, &resource, &history, side).await?;
+    let running = Clients::start(
+        &settings,
+        &managers,
+        &resource,
+        &history,
+        Side::Backend(side),
+    )
+    .await?;
     let started = running.started;
 
     let mut rng = fastrand::Rng::with_seed(seed);

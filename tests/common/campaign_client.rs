@@ -42,8 +42,68 @@ pub(crate) type TestResult = Result<(), BoxError>;
 /// The longest a client task, a manager's shutdown or a release may take
 /// at the end of a run: far above the ttls, so only a hang reaches it.
 const END_TIMEOUT: Duration = Duration::from_secs(30);
-/// How long a probe of the lease on a side connection may take.
+/// How long one look at a lease on a side connection may take.
 const PROBE_TIMEOUT: Duration = Duration::from_millis(250);
+/// How often a side connection looks at a lease after its token fired,
+/// until the lease is gone.
+const PROBE_EVERY: Duration = Duration::from_millis(5);
+
+/// A connection to the lease server that no fault of a client touches:
+/// what it reads is the server's state, whatever the client believes.
+#[derive(Clone)]
+pub(crate) enum Side {
+    /// Straight to a standalone server: `GET` and `PTTL` of the lease's
+    /// key, in one transaction; reconnects after a restart.
+    Direct(redis::aio::ConnectionManager),
+    /// A backend of its own, straight to a Cluster or Sentinel deployment,
+    /// read with `inspect` (the same `GET` and `PTTL`, routed).
+    Backend(RedisBackend),
+}
+
+impl Side {
+    /// A side connection straight to a standalone server.
+    pub(crate) async fn direct(server: &RedisServer) -> Result<Self, BoxError> {
+        let client = redis::Client::open(server.url())?;
+        let config = redis::aio::ConnectionManagerConfig::new()
+            .set_response_timeout(Some(PROBE_TIMEOUT))
+            .set_connection_timeout(Some(PROBE_TIMEOUT));
+        Ok(Self::Direct(
+            redis::aio::ConnectionManager::new_with_config(client, config).await?,
+        ))
+    }
+
+    /// The fencing token and remaining ttl of `key`'s lease on the server,
+    /// or `None` when there is none.
+    async fn look(&mut self, key: &str) -> Result<Option<(Option<u64>, Duration)>, BoxError> {
+        match self {
+            Self::Direct(conn) => {
+                let stored = format!("leasehold:{{{key}}}");
+                let (value, pttl): (Option<String>, i64) = redis::pipe()
+                    .atomic()
+                    .cmd("GET")
+                    .arg(&stored)
+                    .cmd("PTTL")
+                    .arg(&stored)
+                    .query_async(conn)
+                    .await?;
+                Ok(value.map(|v| {
+                    let token = v.split(':').nth(1).and_then(|t| t.parse().ok());
+                    let left = Duration::from_millis(u64::try_from(pttl).unwrap_or(0));
+                    (token, left)
+                }))
+            }
+            Self::Backend(backend) => {
+                let info = backend.inspect(&LeaseKey::new(key)?).await?;
+                Ok(info.map(|i| {
+                    (
+                        i.fencing_token.map(|t| t.get()),
+                        i.ttl_left.unwrap_or_default(),
+                    )
+                }))
+            }
+        }
+    }
+}
 
 fn env_u64(name: &str) -> Result<Option<u64>, BoxError> {
     match std::env::var(name) {
@@ -279,7 +339,11 @@ pub(crate) struct Clients {
     tally: Arc<Mutex<Tally>>,
     stop: CancellationToken,
     tasks: Vec<JoinHandle<TestResult>>,
+    probes: Probes,
 }
+
+/// The side connections' looks still running after their client moved on.
+type Probes = Arc<Mutex<Vec<JoinHandle<()>>>>;
 
 impl Clients {
     /// Starts one client per manager, writing to `resource`, recording into
@@ -290,10 +354,11 @@ impl Clients {
         managers: &[LeaseManager<RedisBackend>],
         resource: &RedisServer,
         history: &History,
-        side: RedisBackend,
+        side: Side,
     ) -> Result<Self, BoxError> {
         let tally = Arc::new(Mutex::new(Tally::default()));
         let stop = CancellationToken::new();
+        let probes = Probes::default();
         let mut tasks = Vec::new();
         let mut stores = Vec::new();
         for _ in managers {
@@ -310,6 +375,7 @@ impl Clients {
                 tally: Arc::clone(&tally),
                 resource: store,
                 side: side.clone(),
+                probes: Arc::clone(&probes),
                 stop: stop.clone(),
                 rng: fastrand::Rng::with_seed(settings.seed.wrapping_add(i as u64 + 1)),
             })));
@@ -320,6 +386,7 @@ impl Clients {
             tally,
             stop,
             tasks,
+            probes,
         })
     }
 
@@ -343,6 +410,12 @@ impl Clients {
             timeout(END_TIMEOUT, manager.shutdown())
                 .await
                 .map_err(|_| "a manager did not shut down within 30 s")?;
+        }
+        let probes = std::mem::take(&mut *self.probes.lock().map_err(|_| "probes poisoned")?);
+        for probe in probes {
+            timeout(END_TIMEOUT, probe)
+                .await
+                .map_err(|_| "a side connection's probe did not end")??;
         }
         if let Some(witness) = witness {
             tokio::task::block_in_place(|| witness.finish())?;
@@ -493,6 +566,13 @@ pub(crate) struct Fired {
     pub(crate) probe: Probe,
 }
 
+impl Fired {
+    /// Names the lease in reports.
+    pub(crate) fn lease(&self) -> String {
+        format!("{} token {}", self.key, self.token)
+    }
+}
+
 /// A look at a lease on a side connection right after its token fired.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Probe {
@@ -511,6 +591,11 @@ pub(crate) enum Probe {
 pub(crate) struct Tally {
     pub(crate) fired: Vec<Fired>,
     pub(crate) losses: BTreeMap<&'static str, usize>,
+    /// For each lease whose token fired (by key and token): the latest
+    /// moment the server was seen to keep it, after the firing (a side
+    /// connection's sending plus the PTTL the server answered, the largest
+    /// over its looks until the lease was gone); `None` if never seen.
+    pub(crate) seen_kept: BTreeMap<(String, u64), Option<Duration>>,
 }
 
 impl Tally {
@@ -554,7 +639,8 @@ struct Client {
     history: History,
     tally: Arc<Mutex<Tally>>,
     resource: Resource,
-    side: RedisBackend,
+    side: Side,
+    probes: Probes,
     stop: CancellationToken,
     rng: fastrand::Rng,
 }
@@ -588,13 +674,16 @@ async fn client(mut c: Client) -> TestResult {
 
         // Notes the moment the token fires and looks at the lease on a side
         // connection at once, on its own task so that a write in flight
-        // does not delay either. Bounded: a hold never outlives the wait.
+        // does not delay either; then keeps looking, on a task of its own,
+        // until the lease is gone. Bounded: a hold never outlives the wait.
         let fired = lease.token();
         let done = CancellationToken::new();
         let watcher = tokio::spawn({
             let done = done.clone();
-            let side = c.side.clone();
-            let lease_key = LeaseKey::new(&key)?;
+            let mut side = c.side.clone();
+            let key = key.clone();
+            let tally = Arc::clone(&c.tally);
+            let probes = Arc::clone(&c.probes);
             async move {
                 let at = tokio::select! {
                     biased;
@@ -603,13 +692,34 @@ async fn client(mut c: Client) -> TestResult {
                     () = tokio::time::sleep(END_TIMEOUT) => return None,
                 };
                 let sent = Instant::now();
-                let probe = match timeout(PROBE_TIMEOUT, side.inspect(&lease_key)).await {
-                    Ok(Ok(Some(info))) if info.fencing_token.map(|t| t.get()) == Some(token) => {
-                        Probe::Present(sent + info.ttl_left.unwrap_or_default() - at.0)
+                let probe = match timeout(PROBE_TIMEOUT, side.look(&key)).await {
+                    Ok(Ok(Some((Some(t), left)))) if t == token => {
+                        Probe::Present(sent + left - at.0)
                     }
                     Ok(Ok(_)) => Probe::Gone(Instant::now() - at.0),
                     Ok(Err(_)) | Err(_) => Probe::Unanswered,
                 };
+                let until_gone = tokio::spawn(async move {
+                    let mut kept = None::<Duration>;
+                    while at.0.elapsed() < ttl * 2 {
+                        let sent = Instant::now();
+                        match timeout(PROBE_TIMEOUT, side.look(&key)).await {
+                            Ok(Ok(Some((Some(t), left)))) if t == token => {
+                                let until = sent + left - at.0;
+                                kept = Some(kept.map_or(until, |k| k.max(until)));
+                            }
+                            Ok(Ok(_)) => break,
+                            Ok(Err(_)) | Err(_) => {}
+                        }
+                        tokio::time::sleep(PROBE_EVERY).await;
+                    }
+                    if let Ok(mut tally) = tally.lock() {
+                        tally.seen_kept.insert((key, token), kept);
+                    }
+                });
+                if let Ok(mut probes) = probes.lock() {
+                    probes.push(until_gone);
+                }
                 Some((at, probe))
             }
         });
