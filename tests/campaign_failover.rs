@@ -227,21 +227,31 @@ async fn fail_over(
     let Fault::SentinelFailover(lag) = fault else {
         return Err(format!("the Sentinel campaign cannot apply {fault}").into());
     };
-    // Frozen and its link cut, as for the Cluster kill.
+    // Frozen and its link cut, as for the Cluster kill. A mark written
+    // meanwhile shows that the lag's writes were really lost.
+    let mark = format!("campaign:lag:{}", fastrand::u64(..));
     tokio::task::block_in_place(|| {
         set.replica_mut().pause()?;
-        set.master().cli(&["CLIENT", "KILL", "TYPE", "replica"])
+        set.master().cli(&["CLIENT", "KILL", "TYPE", "replica"])?;
+        set.master().cli(&["SET", &mark, "1"])
     })?;
     tokio::time::sleep(*lag).await;
-    let (promoted, rejoined) = tokio::task::block_in_place(|| {
+    let (promoted, kept, rejoined) = tokio::task::block_in_place(|| {
         set.kill_master()?;
         set.replica_mut().resume()?;
         let promoted = set.wait_for_failover()?;
+        let kept = set.master().cli(&["EXISTS", &mark])?;
         set.restart_old_master()
-            .map(|rejoined| (promoted, rejoined))
+            .map(|rejoined| (promoted, kept, rejoined))
     })?;
+    if kept != "0" {
+        return Err(format!(
+            "{fault}: the promoted replica has the lag's write {mark}: nothing was lost"
+        )
+        .into());
+    }
     Ok(format!(
-        "promoted after {:.2}s, old master linked {:.2}s later",
+        "promoted after {:.2}s without the lag's writes, old master linked {:.2}s later",
         promoted.as_secs_f64(),
         rejoined.as_secs_f64()
     ))
@@ -262,9 +272,20 @@ async fn apply(
         let master = cluster.master_of_slot(cluster.keyslot(&stored)?)?;
         cluster.replica_of(master).map(|replica| (master, replica))
     })?;
+    // A mark in the key's slot, written on its master just before the
+    // fault: the promoted replica must have it after a manual failover,
+    // and must lack it after a kill after a lag.
+    let mark = format!("{{{key}}}:lag:{}", rng.u64(..));
     match fault {
         Fault::ClusterFailover => {
-            tokio::task::block_in_place(|| cluster.failover(replica))?;
+            let kept = tokio::task::block_in_place(|| {
+                cluster.nodes()[master].cli(&["SET", &mark, "1"])?;
+                cluster.failover(replica)?;
+                cluster.nodes()[replica].cli(&["EXISTS", &mark])
+            })?;
+            if kept != "1" {
+                return Err(format!("{fault}: the promoted replica lacks {mark}").into());
+            }
         }
         Fault::ClusterKill(lag) => {
             // Frozen, and its link cut (else the kernel would buffer the
@@ -272,7 +293,8 @@ async fn apply(
             // on resume): the master's writes of the lag never reach it.
             tokio::task::block_in_place(|| {
                 cluster.node_mut(replica).pause()?;
-                cluster.nodes()[master].cli(&["CLIENT", "KILL", "TYPE", "replica"])
+                cluster.nodes()[master].cli(&["CLIENT", "KILL", "TYPE", "replica"])?;
+                cluster.nodes()[master].cli(&["SET", &mark, "1"])
             })?;
             tokio::time::sleep(*lag).await;
             tokio::task::block_in_place(|| {
@@ -281,6 +303,14 @@ async fn apply(
             })?;
             // Promoted, and serving every slot again.
             tokio::task::block_in_place(|| cluster.wait_until_healthy(HEAL_TIMEOUT))?;
+            let kept =
+                tokio::task::block_in_place(|| cluster.nodes()[replica].cli(&["EXISTS", &mark]))?;
+            if kept != "0" {
+                return Err(format!(
+                    "{fault}: the promoted replica has the lag's write {mark}: nothing was lost"
+                )
+                .into());
+            }
             // The old master rejoins as a replica of the promoted one; its
             // data is replaced by a full sync.
             tokio::task::block_in_place(|| {
@@ -291,7 +321,12 @@ async fn apply(
         other => return Err(format!("the cluster campaign cannot apply {other}").into()),
     }
     Ok(format!(
-        "{key} on master node {master}, replica node {replica}"
+        "{key} on master node {master}, replica node {replica}; the lag's mark {} the promotion",
+        if fault.loses_data() {
+            "lost in"
+        } else {
+            "kept through"
+        }
     ))
 }
 

@@ -691,13 +691,24 @@ async fn client(mut c: Client) -> TestResult {
                     () = done.cancelled() => return None,
                     () = tokio::time::sleep(END_TIMEOUT) => return None,
                 };
-                let sent = Instant::now();
-                let probe = match timeout(PROBE_TIMEOUT, side.look(&key)).await {
-                    Ok(Ok(Some((Some(t), left)))) if t == token => {
+                // A connection dropped by a restart fails its first request
+                // and reconnects: look again until answered, within the timeout.
+                let first = timeout(PROBE_TIMEOUT, async {
+                    loop {
+                        let sent = Instant::now();
+                        match side.look(&key).await {
+                            Ok(seen) => break (sent, seen),
+                            Err(_) => tokio::time::sleep(PROBE_EVERY).await,
+                        }
+                    }
+                })
+                .await;
+                let probe = match first {
+                    Ok((sent, Some((Some(t), left)))) if t == token => {
                         Probe::Present(sent + left - at.0)
                     }
-                    Ok(Ok(_)) => Probe::Gone(Instant::now() - at.0),
-                    Ok(Err(_)) | Err(_) => Probe::Unanswered,
+                    Ok(_) => Probe::Gone(Instant::now() - at.0),
+                    Err(_) => Probe::Unanswered,
                 };
                 let until_gone = tokio::spawn(async move {
                     let mut kept = None::<Duration>;
