@@ -150,9 +150,10 @@ async fn campaign(
         tokio::time::sleep_until(started + scheduled.at).await;
         let began = Instant::now();
         let detail = match &mut target {
-            Target::Cluster(cluster) => apply(&scheduled.fault, cluster, keys, &mut rng).await?,
-            Target::Sentinel(set) => fail_over(&scheduled.fault, set).await?,
-        };
+            Target::Cluster(cluster) => apply(&scheduled.fault, cluster, keys, &mut rng).await,
+            Target::Sentinel(set) => fail_over(&scheduled.fault, set).await,
+        }
+        .map_err(|e| format!("seed {seed}: {e}"))?;
         let healed = Instant::now();
         println!(
             "  {:>6.2}s {} ({detail}; healed after {:.2}s)",
