@@ -1,20 +1,36 @@
 //! What both campaigns (tests/campaign.rs and tests/campaign_failover.rs)
-//! share: their settings, the lease client they run (acquire a random key,
-//! make fenced writes while the token is live, release, and record it all
-//! in the history), and the end of a run with the checks every campaign
-//! makes. Each campaign keeps its own faults and its own verdict on overlaps.
+//! share: their seeds and settings, the lease client they run (acquire a
+//! random key, write while the token is live, release, and record it all
+//! in the history), the witnesses of the servers, and the end of a run
+//! with the checks every campaign makes. Each campaign keeps its own
+//! faults and its own verdict on overlaps.
+//!
+//! Every write a client attempts goes, in one transaction on a healthy
+//! resource server, to an unfenced store (a plain list) and to a fenced one
+//! (`FENCED_WRITE_SCRIPT`), with the resource server's `TIME`. The verdict
+//! on stale writes comes from those attempts, the lease server's grants (as
+//! its MONITOR feed shows them) and the unfenced store's order: none of them
+//! is shaped by the fenced store.
+
+#![allow(
+    dead_code,
+    reason = "each campaign uses a part: the failover one has no MONITOR witness"
+)]
 
 use std::collections::BTreeMap;
-use std::sync::{Arc, Mutex};
+use std::io::{BufRead as _, BufReader, Read as _, Write as _};
+use std::net::{Shutdown, SocketAddr, TcpStream};
+use std::sync::{Arc, Mutex, mpsc};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use leasehold::redis::RedisBackend;
-use leasehold::{LeaseManager, LeaseOptions, LossReason, Ttl, clock_drift};
+use leasehold::{LeaseBackend, LeaseKey, LeaseManager, LeaseOptions, LossReason, Ttl};
 use leasehold_testkit::{
     FENCED_WRITE_SCRIPT, Fault, FaultPlan, History, HoldEnd, PlanShape, RedisServer, Report,
+    WriteAttempt,
 };
 use tokio::task::JoinHandle;
-use tokio::time::Instant;
+use tokio::time::{Instant, timeout};
 use tokio_util::sync::CancellationToken;
 
 /// The campaigns' error type: clients run on their own tasks.
@@ -23,16 +39,110 @@ pub(crate) type BoxError = Box<dyn std::error::Error + Send + Sync>;
 /// The campaigns' result type.
 pub(crate) type TestResult = Result<(), BoxError>;
 
-fn env_u64(name: &str, default: u64) -> u64 {
-    std::env::var(name)
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(default)
+/// The longest a client task, a manager's shutdown or a release may take
+/// at the end of a run: far above the ttls, so only a hang reaches it.
+const END_TIMEOUT: Duration = Duration::from_secs(30);
+/// How long one look at a lease on a side connection may take.
+const PROBE_TIMEOUT: Duration = Duration::from_millis(250);
+/// How often a side connection looks at a lease after its token fired,
+/// until the lease is gone.
+const PROBE_EVERY: Duration = Duration::from_millis(5);
+
+/// A connection to the lease server that no fault of a client touches:
+/// what it reads is the server's state, whatever the client believes.
+#[derive(Clone)]
+pub(crate) enum Side {
+    /// Straight to a standalone server: `GET` and `PTTL` of the lease's
+    /// key, in one transaction; reconnects after a restart.
+    Direct(redis::aio::ConnectionManager),
+    /// A backend of its own, straight to a Cluster or Sentinel deployment,
+    /// read with `inspect` (the same `GET` and `PTTL`, routed).
+    Backend(RedisBackend),
 }
 
-/// A campaign's size and lease settings: `LEASEHOLD_CAMPAIGN_SECS`,
-/// `_SEED` (default: the clock), `_CLIENTS` (default 4) and `_KEYS`, or the
-/// campaign's own defaults.
+impl Side {
+    /// A side connection straight to a standalone server.
+    pub(crate) async fn direct(server: &RedisServer) -> Result<Self, BoxError> {
+        let client = redis::Client::open(server.url())?;
+        let config = redis::aio::ConnectionManagerConfig::new()
+            .set_response_timeout(Some(PROBE_TIMEOUT))
+            .set_connection_timeout(Some(PROBE_TIMEOUT));
+        Ok(Self::Direct(
+            redis::aio::ConnectionManager::new_with_config(client, config).await?,
+        ))
+    }
+
+    /// The fencing token and remaining ttl of `key`'s lease on the server,
+    /// or `None` when there is none.
+    async fn look(&mut self, key: &str) -> Result<Option<(Option<u64>, Duration)>, BoxError> {
+        match self {
+            Self::Direct(conn) => {
+                let stored = format!("leasehold:{{{key}}}");
+                let (value, pttl): (Option<String>, i64) = redis::pipe()
+                    .atomic()
+                    .cmd("GET")
+                    .arg(&stored)
+                    .cmd("PTTL")
+                    .arg(&stored)
+                    .query_async(conn)
+                    .await?;
+                Ok(value.map(|v| {
+                    let token = v.split(':').nth(1).and_then(|t| t.parse().ok());
+                    let left = Duration::from_millis(u64::try_from(pttl).unwrap_or(0));
+                    (token, left)
+                }))
+            }
+            Self::Backend(backend) => {
+                let info = backend.inspect(&LeaseKey::new(key)?).await?;
+                Ok(info.map(|i| {
+                    (
+                        i.fencing_token.map(|t| t.get()),
+                        i.ttl_left.unwrap_or_default(),
+                    )
+                }))
+            }
+        }
+    }
+}
+
+fn env_u64(name: &str) -> Result<Option<u64>, BoxError> {
+    match std::env::var(name) {
+        Ok(v) => {
+            Ok(Some(v.trim().parse().map_err(|e| {
+                format!("{name}={v:?} is not a number: {e}")
+            })?))
+        }
+        Err(_) => Ok(None),
+    }
+}
+
+/// The seeds to run: `LEASEHOLD_CAMPAIGN_SEEDS` (comma-separated) or
+/// `LEASEHOLD_CAMPAIGN_SEED` (one), else `fixed` and one fresh seed from
+/// the clock, so that every run also tries something new.
+pub(crate) fn seeds(fixed: &[u64]) -> Result<Vec<u64>, BoxError> {
+    if let Ok(list) = std::env::var("LEASEHOLD_CAMPAIGN_SEEDS") {
+        return list
+            .split(',')
+            .map(|s| {
+                s.trim()
+                    .parse()
+                    .map_err(|e| format!("LEASEHOLD_CAMPAIGN_SEEDS={list:?}: {e}").into())
+            })
+            .collect();
+    }
+    if let Some(seed) = env_u64("LEASEHOLD_CAMPAIGN_SEED")? {
+        return Ok(vec![seed]);
+    }
+    let fresh = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(1, |d| d.as_secs());
+    let mut all = fixed.to_vec();
+    all.push(fresh);
+    Ok(all)
+}
+
+/// A campaign run's size and lease settings: `LEASEHOLD_CAMPAIGN_SECS`,
+/// `_CLIENTS` (default 4) and `_KEYS`, or the campaign's own defaults.
 pub(crate) struct Settings {
     pub(crate) run_for: Duration,
     pub(crate) seed: u64,
@@ -43,18 +153,17 @@ pub(crate) struct Settings {
 }
 
 impl Settings {
-    pub(crate) fn from_env(ttl: Duration, secs: u64, keys: u64) -> Result<Self, BoxError> {
-        let seed = env_u64(
-            "LEASEHOLD_CAMPAIGN_SEED",
-            SystemTime::now()
-                .duration_since(UNIX_EPOCH)
-                .map_or(1, |d| d.as_secs()),
-        );
+    pub(crate) fn from_env(
+        seed: u64,
+        ttl: Duration,
+        secs: u64,
+        keys: u64,
+    ) -> Result<Self, BoxError> {
         Ok(Self {
-            run_for: Duration::from_secs(env_u64("LEASEHOLD_CAMPAIGN_SECS", secs)),
+            run_for: Duration::from_secs(env_u64("LEASEHOLD_CAMPAIGN_SECS")?.unwrap_or(secs)),
             seed,
-            clients: usize::try_from(env_u64("LEASEHOLD_CAMPAIGN_CLIENTS", 4))?.max(1),
-            keys: usize::try_from(env_u64("LEASEHOLD_CAMPAIGN_KEYS", keys))?.max(1),
+            clients: usize::try_from(env_u64("LEASEHOLD_CAMPAIGN_CLIENTS")?.unwrap_or(4))?.max(1),
+            keys: usize::try_from(env_u64("LEASEHOLD_CAMPAIGN_KEYS")?.unwrap_or(keys))?.max(1),
             ttl,
             options: LeaseOptions::builder()
                 .ttl(Ttl::new(ttl)?)
@@ -90,6 +199,139 @@ pub(crate) struct Applied {
     pub(crate) healed: Instant,
 }
 
+/// Microseconds since the Unix epoch on this host's clock: the clock the
+/// servers' `TIME` and MONITOR timestamps read.
+pub(crate) fn wall_us() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_micros()).unwrap_or(u64::MAX))
+}
+
+/// A witness of a standalone lease server: its MONITOR feed, read on a
+/// connection no fault touches (no proxy), records every grant and
+/// renewal the server applied, with the server's own timestamps, into the
+/// history. A restart ends the feed; [`Witness::attach`] again before any
+/// client can reach the new server.
+pub(crate) struct Witness {
+    history: History,
+    addr: SocketAddr,
+    session: Option<(TcpStream, mpsc::Receiver<()>)>,
+}
+
+/// What marks the end of a MONITOR session, sent by [`Witness::finish`].
+const WITNESS_END: &str = "leasehold-witness-end";
+
+impl Witness {
+    /// Starts watching the server at `addr`.
+    pub(crate) fn start(addr: SocketAddr, history: &History) -> Result<Self, BoxError> {
+        let mut witness = Self {
+            history: history.clone(),
+            addr,
+            session: None,
+        };
+        witness.attach()?;
+        Ok(witness)
+    }
+
+    /// (Re)opens the MONITOR feed, once the server answers; returns when the
+    /// server has confirmed it, so that every later command is seen.
+    pub(crate) fn attach(&mut self) -> TestResult {
+        if let Some((old, _)) = self.session.take() {
+            let _ = old.shutdown(Shutdown::Both);
+        }
+        let stream = TcpStream::connect_timeout(&self.addr, Duration::from_secs(5))?;
+        stream.set_read_timeout(Some(Duration::from_secs(5)))?;
+        (&stream).write_all(b"MONITOR\r\n")?;
+        let mut reader = BufReader::new(stream.try_clone()?);
+        let mut ok = String::new();
+        reader.read_line(&mut ok)?;
+        if ok.trim_end() != "+OK" {
+            return Err(format!("MONITOR answered {ok:?}").into());
+        }
+        stream.set_read_timeout(None)?;
+        let history = self.history.clone();
+        let (ended, on_end) = mpsc::channel();
+        std::thread::spawn(move || {
+            let mut script_at = 0;
+            for line in reader.lines() {
+                let Ok(line) = line else { break };
+                if line.contains(WITNESS_END) {
+                    let _ = ended.send(());
+                    break;
+                }
+                record_monitor_line(&line, &mut script_at, &history);
+            }
+        });
+        self.session = Some((stream, on_end));
+        Ok(())
+    }
+
+    /// Sends the end marker on a connection of its own and waits until the
+    /// feed has shown it: every command before it has been recorded.
+    pub(crate) fn finish(mut self) -> TestResult {
+        let Some((stream, on_end)) = self.session.take() else {
+            return Ok(());
+        };
+        let mut side = TcpStream::connect_timeout(&self.addr, Duration::from_secs(5))?;
+        side.set_read_timeout(Some(Duration::from_secs(5)))?;
+        side.write_all(format!("ECHO {WITNESS_END}\r\n").as_bytes())?;
+        let mut reply = [0u8; 64];
+        let _ = side.read(&mut reply)?;
+        let seen = on_end.recv_timeout(Duration::from_secs(10));
+        let _ = stream.shutdown(Shutdown::Both);
+        seen.map_err(|_| "the MONITOR feed never showed its end marker".into())
+    }
+}
+
+/// Records a grant (`SET <lease> <holder>:<token>:<label> PX <ttl>`) or a
+/// renewal (`PEXPIRE <lease> <ttl>`) run by a leasehold script, at the time
+/// its script started: the earliest moment the write could count from.
+fn record_monitor_line(line: &str, script_at: &mut u64, history: &History) {
+    let Some(line) = line.strip_prefix('+') else {
+        return;
+    };
+    let Some((ts, rest)) = line.split_once(' ') else {
+        return;
+    };
+    let Some((secs, frac)) = ts.split_once('.') else {
+        return;
+    };
+    let (Ok(secs), Ok(frac)) = (secs.parse::<u64>(), frac.parse::<u64>()) else {
+        return;
+    };
+    let at_us = secs * 1_000_000 + frac;
+    let Some((who, args)) = rest.split_once("] ") else {
+        return;
+    };
+    if !who.ends_with(" lua") {
+        *script_at = at_us;
+        return;
+    }
+    let args: Vec<&str> = args.split(' ').map(|a| a.trim_matches('"')).collect();
+    let key = |a: &str| {
+        a.strip_prefix("leasehold:{")
+            .and_then(|k| k.strip_suffix('}'))
+            .map(str::to_owned)
+    };
+    let ms = |a: &str| a.parse().ok().map(Duration::from_millis);
+    match args.as_slice() {
+        [cmd, lease, value, px, ttl]
+            if cmd.eq_ignore_ascii_case("SET") && px.eq_ignore_ascii_case("PX") =>
+        {
+            let token = value.split(':').nth(1).and_then(|t| t.parse().ok());
+            if let (Some(key), Some(token), Some(ttl)) = (key(lease), token, ms(ttl)) {
+                history.granted(key, token, *script_at, ttl);
+            }
+        }
+        [cmd, lease, ttl] if cmd.eq_ignore_ascii_case("PEXPIRE") => {
+            if let (Some(key), Some(ttl)) = (key(lease), ms(ttl)) {
+                history.extended(key, *script_at, ttl);
+            }
+        }
+        _ => {}
+    }
+}
+
 /// A campaign's clients, running.
 pub(crate) struct Clients {
     pub(crate) started: Instant,
@@ -97,24 +339,33 @@ pub(crate) struct Clients {
     tally: Arc<Mutex<Tally>>,
     stop: CancellationToken,
     tasks: Vec<JoinHandle<TestResult>>,
+    probes: Probes,
 }
 
+/// The side connections' looks still running after their client moved on.
+type Probes = Arc<Mutex<Vec<JoinHandle<()>>>>;
+
 impl Clients {
-    /// Starts one client per manager, writing to `resource`.
+    /// Starts one client per manager, writing to `resource`, recording into
+    /// `history`; `side` reads the lease server on connections of its own
+    /// (no proxy, no fault of one client) when a token fires.
     pub(crate) async fn start(
         settings: &Settings,
         managers: &[LeaseManager<RedisBackend>],
         resource: &RedisServer,
+        history: &History,
+        side: Side,
     ) -> Result<Self, BoxError> {
-        let history = History::new();
         let tally = Arc::new(Mutex::new(Tally::default()));
         let stop = CancellationToken::new();
-        let started = Instant::now();
+        let probes = Probes::default();
         let mut tasks = Vec::new();
-        for (i, manager) in managers.iter().enumerate() {
-            let conn = redis::Client::open(resource.url())?
-                .get_multiplexed_async_connection()
-                .await?;
+        let mut stores = Vec::new();
+        for _ in managers {
+            stores.push(Resource::connect(resource).await?);
+        }
+        let started = Instant::now();
+        for (i, (manager, store)) in managers.iter().zip(stores).enumerate() {
             tasks.push(tokio::spawn(client(Client {
                 name: format!("c{i}"),
                 manager: manager.clone(),
@@ -122,86 +373,261 @@ impl Clients {
                 keys: settings.keys,
                 history: history.clone(),
                 tally: Arc::clone(&tally),
-                resource: conn,
+                resource: store,
+                side: side.clone(),
+                probes: Arc::clone(&probes),
                 stop: stop.clone(),
                 rng: fastrand::Rng::with_seed(settings.seed.wrapping_add(i as u64 + 1)),
             })));
         }
         Ok(Self {
             started,
-            history,
+            history: history.clone(),
             tally,
             stop,
             tasks,
+            probes,
         })
     }
 
-    /// Stops the clients and shuts the managers down, adds the resource's
-    /// own order of accepted writes to the history, and checks it.
+    /// Stops the clients and shuts the managers down, waits until the
+    /// witness (if any) has recorded everything the server did, adds what
+    /// the two stores hold to the history, and checks it.
     pub(crate) async fn finish(
         self,
         managers: &[LeaseManager<RedisBackend>],
         resource: &RedisServer,
         keys: usize,
+        witness: Option<Witness>,
     ) -> Result<(Report, Tally), BoxError> {
         self.stop.cancel();
         for task in self.tasks {
-            task.await??;
+            timeout(END_TIMEOUT, task)
+                .await
+                .map_err(|_| "a client did not stop within 30 s")???;
         }
         for manager in managers {
-            manager.shutdown().await;
+            timeout(END_TIMEOUT, manager.shutdown())
+                .await
+                .map_err(|_| "a manager did not shut down within 30 s")?;
         }
-        let mut conn = redis::Client::open(resource.url())?
-            .get_multiplexed_async_connection()
-            .await?;
-        for k in 0..keys {
-            let log: Vec<String> = redis::cmd("LRANGE")
-                .arg(format!("res:{k}:log"))
-                .arg(0)
-                .arg(-1)
-                .query_async(&mut conn)
-                .await?;
-            for entry in log {
-                let (token, holder) = entry.split_once(':').ok_or("malformed log entry")?;
-                self.history
-                    .resource_accepted(format!("key{k}"), holder, token.parse()?);
-            }
+        let probes = std::mem::take(&mut *self.probes.lock().map_err(|_| "probes poisoned")?);
+        for probe in probes {
+            timeout(END_TIMEOUT, probe)
+                .await
+                .map_err(|_| "a side connection's probe did not end")??;
         }
+        if let Some(witness) = witness {
+            tokio::task::block_in_place(|| witness.finish())?;
+        }
+        read_stores(&self.history, resource, keys).await?;
         let report = self.history.check();
         let tally = std::mem::take(&mut *self.tally.lock().map_err(|_| "tally poisoned")?);
         Ok((report, tally))
     }
 }
 
+/// Adds what both stores of every key hold to the history.
+pub(crate) async fn read_stores(
+    history: &History,
+    resource: &RedisServer,
+    keys: usize,
+) -> TestResult {
+    let mut conn = redis::Client::open(resource.url())?
+        .get_multiplexed_async_connection()
+        .await?;
+    for k in 0..keys {
+        let unfenced: Vec<String> = redis::cmd("LRANGE")
+            .arg(format!("res:{k}:unfenced"))
+            .arg(0)
+            .arg(-1)
+            .query_async(&mut conn)
+            .await?;
+        let log: Vec<String> = redis::cmd("LRANGE")
+            .arg(format!("res:{k}:log"))
+            .arg(0)
+            .arg(-1)
+            .query_async(&mut conn)
+            .await?;
+        let fenced = log
+            .iter()
+            .map(|e| e.split_once(':').map(|(_, id)| id.to_owned()))
+            .collect::<Option<Vec<_>>>()
+            .ok_or("malformed fenced store entry")?;
+        history.stores(format!("key{k}"), unfenced, fenced);
+    }
+    Ok(())
+}
+
+/// The two stores on the resource server, written in one transaction.
+#[derive(Clone)]
+pub(crate) struct Resource {
+    pub(crate) conn: redis::aio::MultiplexedConnection,
+    /// The SHA1 of `FENCED_WRITE_SCRIPT`, loaded on the resource server.
+    pub(crate) sha: String,
+}
+
+impl Resource {
+    /// Connects to the resource server and loads the fenced script.
+    pub(crate) async fn connect(server: &RedisServer) -> Result<Self, BoxError> {
+        let mut conn = redis::Client::open(server.url())?
+            .get_multiplexed_async_connection()
+            .await?;
+        let sha = redis::cmd("SCRIPT")
+            .arg("LOAD")
+            .arg(FENCED_WRITE_SCRIPT)
+            .query_async(&mut conn)
+            .await?;
+        Ok(Self { conn, sha })
+    }
+
+    /// Writes `id` for key `k` with `token` to both stores and records the
+    /// attempt; `after_fire` says whether the writer's token had fired.
+    /// Returns whether the fenced store accepted it.
+    pub(crate) async fn write(
+        &mut self,
+        history: &History,
+        k: usize,
+        holder: &str,
+        id: String,
+        token: u64,
+        after_fire: bool,
+    ) -> Result<bool, BoxError> {
+        let ((secs, micros), _len, accepted): ((u64, u64), i64, i64) = redis::pipe()
+            .atomic()
+            .cmd("TIME")
+            .cmd("RPUSH")
+            .arg(format!("res:{k}:unfenced"))
+            .arg(&id)
+            .cmd("EVALSHA")
+            .arg(&self.sha)
+            .arg(2)
+            .arg(format!("res:{k}"))
+            .arg(format!("res:{k}:log"))
+            .arg(token)
+            .arg(&id)
+            .query_async(&mut self.conn)
+            .await?;
+        history.attempted(WriteAttempt {
+            id,
+            key: format!("key{k}"),
+            holder: holder.to_owned(),
+            token,
+            at_us: secs * 1_000_000 + micros,
+            after_fire,
+        });
+        Ok(accepted == 1)
+    }
+}
+
 /// What every campaign asserts, whatever its faults: enough leases to
-/// judge, no stale write accepted, tokens in order, and no token fired by
-/// deadline at or after its lease's earliest expiry.
-pub(crate) fn assert_sound(report: &Report, tally: &Tally) {
+/// judge, every write in the unfenced store, no stale write accepted by
+/// the fenced store once it had seen a higher token, no write after its
+/// writer's token fired, and tokens in order.
+pub(crate) fn assert_sound(report: &Report, seed: u64) {
     assert!(
         report.holds >= 10,
-        "too few leases to judge anything: {report}"
+        "seed {seed}: too few leases to judge anything: {report}"
+    );
+    let writes = &report.writes;
+    assert!(
+        writes.unrecorded.is_empty(),
+        "seed {seed}: writes missing from the unfenced store: {:?}",
+        writes.unrecorded
     );
     assert!(
-        report.stale_writes.is_empty(),
-        "the fenced resource accepted stale writes: {:?}",
-        report.stale_writes
+        writes.stale_fenced().is_empty(),
+        "seed {seed}: stale writes accepted by the fenced store must be 0: {:#?}",
+        writes.stale_fenced()
+    );
+    assert!(
+        writes.after_fire.is_empty(),
+        "seed {seed}: writes made after the writer's own token fired must be 0: {:#?}",
+        writes.after_fire
     );
     assert!(
         report.token_violations.is_empty(),
-        "fencing tokens did not increase: {:?}",
+        "seed {seed}: fencing tokens did not increase: {:?}",
         report.token_violations
     );
-    assert!(
-        tally.deadline_margins.iter().all(|m| !m.is_zero()),
-        "a token fired by deadline at or after the lease's earliest expiry"
-    );
+}
+
+/// A lease whose token fired, as its holder saw it.
+#[derive(Debug, Clone)]
+pub(crate) struct Fired {
+    pub(crate) key: String,
+    pub(crate) token: u64,
+    pub(crate) reason: LossReason,
+    pub(crate) acquired_at: Instant,
+    pub(crate) at: Instant,
+    /// The same moment on the host's wall clock, in µs since the epoch.
+    pub(crate) at_us: u64,
+    /// What a side connection saw of the lease right after.
+    pub(crate) probe: Probe,
+}
+
+impl Fired {
+    /// Names the lease in reports.
+    pub(crate) fn lease(&self) -> String {
+        format!("{} token {}", self.key, self.token)
+    }
+}
+
+/// A look at a lease on a side connection right after its token fired.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Probe {
+    /// Still there with the holder's token: the server keeps it at least
+    /// this long after the token fired (the probe's sending plus the PTTL
+    /// the server answered).
+    Present(Duration),
+    /// Gone (or someone else's), answered this long after the token fired.
+    Gone(Duration),
+    /// No answer within the probe's timeout.
+    Unanswered,
 }
 
 /// What the clients count beside the history.
 #[derive(Debug, Default)]
 pub(crate) struct Tally {
-    pub(crate) deadline_margins: Vec<Duration>,
+    pub(crate) fired: Vec<Fired>,
     pub(crate) losses: BTreeMap<&'static str, usize>,
+    /// For each lease whose token fired (by key and token): the latest
+    /// moment the server was seen to keep it, after the firing (a side
+    /// connection's sending plus the PTTL the server answered, the largest
+    /// over its looks until the lease was gone); `None` if never seen.
+    pub(crate) seen_kept: BTreeMap<(String, u64), Option<Duration>>,
+}
+
+impl Tally {
+    /// The tokens fired by deadline.
+    pub(crate) fn deadlines(&self) -> impl Iterator<Item = &Fired> {
+        self.fired
+            .iter()
+            .filter(|f| f.reason == LossReason::Deadline)
+    }
+}
+
+/// The server-judged margins of the tokens fired by deadline that `judged`
+/// selects: the server's expiry of the lease (its last grant or renewal,
+/// as the MONITOR feed showed it, plus the ttl) minus the moment the token
+/// fired, in µs; negative when the token fired too late. A lease with no
+/// recorded grant is returned as `None`.
+pub(crate) fn server_margins<'a>(
+    history: &History,
+    tally: &'a Tally,
+    judged: impl Fn(&Fired) -> bool,
+) -> Vec<(&'a Fired, Option<i64>)> {
+    tally
+        .deadlines()
+        .filter(|f| judged(f))
+        .map(|f| {
+            let margin = history.server_expiry(&f.key, f.token).map(|expiry| {
+                i64::try_from(expiry).unwrap_or(i64::MAX)
+                    - i64::try_from(f.at_us).unwrap_or(i64::MAX)
+            });
+            (f, margin)
+        })
+        .collect()
 }
 
 /// One client's part in a campaign.
@@ -212,16 +638,18 @@ struct Client {
     keys: usize,
     history: History,
     tally: Arc<Mutex<Tally>>,
-    resource: redis::aio::MultiplexedConnection,
+    resource: Resource,
+    side: Side,
+    probes: Probes,
     stop: CancellationToken,
     rng: fastrand::Rng,
 }
 
-/// Acquire → fenced writes while the token is live → release, until stopped.
+/// Acquire → writes while the token is live → release, until stopped.
 async fn client(mut c: Client) -> TestResult {
-    let script = redis::Script::new(FENCED_WRITE_SCRIPT);
     let ttl = c.options.ttl().get();
     let renew = c.options.renew_interval();
+    let mut writes = 0u64;
     while !c.stop.is_cancelled() {
         let k = c.rng.usize(..c.keys);
         let key = format!("key{k}");
@@ -236,42 +664,87 @@ async fn client(mut c: Client) -> TestResult {
             continue;
         };
         let acquired_at = Instant::now();
-        // Before any renewal, valid_until is counted from the acquisition's sending.
-        let requested_at = lease.valid_until() - (ttl - clock_drift(ttl));
+        // Before any renewal, valid_until is counted from the acquisition's
+        // sending: only used to order holds, never to judge a margin.
+        let requested_at = lease.valid_until() - (ttl - leasehold::clock_drift(ttl));
         let token = lease.fencing_token().get();
         let hold = c
             .history
             .acquired(&key, &c.name, token, requested_at, acquired_at);
 
-        // Notes the moment the token fires, on its own task so that a
-        // write in flight does not delay the note.
+        // Notes the moment the token fires and looks at the lease on a side
+        // connection at once, on its own task so that a write in flight
+        // does not delay either; then keeps looking, on a task of its own,
+        // until the lease is gone. Bounded: a hold never outlives the wait.
         let fired = lease.token();
         let done = CancellationToken::new();
         let watcher = tokio::spawn({
             let done = done.clone();
+            let mut side = c.side.clone();
+            let key = key.clone();
+            let tally = Arc::clone(&c.tally);
+            let probes = Arc::clone(&c.probes);
             async move {
-                tokio::select! {
+                let at = tokio::select! {
                     biased;
-                    () = fired.cancelled() => Some(Instant::now()),
-                    () = done.cancelled() => None,
+                    () = fired.cancelled() => (Instant::now(), wall_us()),
+                    () = done.cancelled() => return None,
+                    () = tokio::time::sleep(END_TIMEOUT) => return None,
+                };
+                // A connection dropped by a restart fails its first request
+                // and reconnects: look again until answered, within the timeout.
+                let first = timeout(PROBE_TIMEOUT, async {
+                    loop {
+                        let sent = Instant::now();
+                        match side.look(&key).await {
+                            Ok(seen) => break (sent, seen),
+                            Err(_) => tokio::time::sleep(PROBE_EVERY).await,
+                        }
+                    }
+                })
+                .await;
+                let probe = match first {
+                    Ok((sent, Some((Some(t), left)))) if t == token => {
+                        Probe::Present(sent + left - at.0)
+                    }
+                    Ok(_) => Probe::Gone(Instant::now() - at.0),
+                    Err(_) => Probe::Unanswered,
+                };
+                let until_gone = tokio::spawn(async move {
+                    let mut kept = None::<Duration>;
+                    while at.0.elapsed() < ttl * 2 {
+                        let sent = Instant::now();
+                        match timeout(PROBE_TIMEOUT, side.look(&key)).await {
+                            Ok(Ok(Some((Some(t), left)))) if t == token => {
+                                let until = sent + left - at.0;
+                                kept = Some(kept.map_or(until, |k| k.max(until)));
+                            }
+                            Ok(Ok(_)) => break,
+                            Ok(Err(_)) | Err(_) => {}
+                        }
+                        tokio::time::sleep(PROBE_EVERY).await;
+                    }
+                    if let Ok(mut tally) = tally.lock() {
+                        tally.seen_kept.insert((key, token), kept);
+                    }
+                });
+                if let Ok(mut probes) = probes.lock() {
+                    probes.push(until_gone);
                 }
+                Some((at, probe))
             }
         });
 
         for _ in 0..c.rng.u32(2..=6) {
-            if lease.token().is_cancelled() {
+            let after_fire = lease.token().is_cancelled();
+            if after_fire {
                 break;
             }
-            let accepted: i64 = script
-                .key(format!("res:{k}"))
-                .key(format!("res:{k}:log"))
-                .arg(token)
-                .arg(&c.name)
-                .invoke_async(&mut c.resource)
+            writes += 1;
+            let id = format!("{}/{writes}", c.name);
+            c.resource
+                .write(&c.history, k, &c.name, id, token, after_fire)
                 .await?;
-            if accepted == 0 {
-                c.history.resource_refused();
-            }
             let pause = Duration::from_millis(c.rng.u64(0..=millis(renew * 2)));
             let live = lease.token();
             tokio::select! {
@@ -281,8 +754,11 @@ async fn client(mut c: Client) -> TestResult {
         }
         let releasing_at = Instant::now();
         done.cancel();
-        match watcher.await? {
-            Some(fired_at) => {
+        match timeout(END_TIMEOUT, watcher)
+            .await
+            .map_err(|_| "the watcher of a token did not end")??
+        {
+            Some(((fired_at, fired_us), probe)) => {
                 let reason = lease.loss_reason().unwrap_or(LossReason::Lost);
                 c.history.ended(
                     hold,
@@ -291,19 +767,20 @@ async fn client(mut c: Client) -> TestResult {
                 );
                 let mut tally = c.tally.lock().map_err(|_| "tally poisoned")?;
                 *tally.losses.entry(reason.as_str()).or_default() += 1;
-                if reason == LossReason::Deadline {
-                    // The server keeps the lease at least ttl after the last
-                    // successful request was sent: valid_until + drift.
-                    let expiry = lease.valid_until() + clock_drift(ttl);
-                    tally
-                        .deadline_margins
-                        .push(expiry.saturating_duration_since(fired_at));
-                }
+                tally.fired.push(Fired {
+                    key: key.clone(),
+                    token,
+                    reason,
+                    acquired_at,
+                    at: fired_at,
+                    at_us: fired_us,
+                    probe,
+                });
             }
             None => c.history.ended(hold, HoldEnd::Released, releasing_at),
         }
         // Failures are fine: the lease then expires on its own.
-        let _ = lease.release().await;
+        let _ = timeout(END_TIMEOUT, lease.release()).await;
     }
     Ok(())
 }

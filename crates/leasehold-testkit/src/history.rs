@@ -1,22 +1,34 @@
-//! Recording what lease holders believed, and judging it.
+//! Recording what lease holders believed and wrote, what the server
+//! granted, and judging it.
 //!
 //! Clients of a test record, on the test process's one monotonic clock,
 //! every hold (when they asked for a lease, when they got it, when they
-//! stopped believing they had it) and every write they sent to a *fenced
-//! resource*: a Redis key guarded by [`FENCED_WRITE_SCRIPT`], which accepts a
-//! write only if its fencing token is at least the highest it has seen.
-//! [`History::check`] then reports, in the manner of a Jepsen checker:
+//! stopped believing they had it) and every write they *attempted* (with
+//! the resource server's clock at the write, and whether the writer's own
+//! token had fired). Every attempt goes to two stores on a healthy server,
+//! in one transaction: an **unfenced** one, a plain list that keeps every
+//! write in the order it arrived, and a **fenced** one, guarded by
+//! [`FENCED_WRITE_SCRIPT`], which accepts a write only if its fencing token
+//! is at least the highest it has accepted. A witness of the lease server
+//! (its MONITOR feed) records the grants and renewals it applied, with its
+//! own timestamps. [`History::check`] then reports, in the manner of a
+//! Jepsen checker:
 //!
 //! - **overlaps**: two holds of one key that both holders believed in at
 //!   the same moment, with how long both did;
 //! - **token violations**: an acquisition that began after another one of
 //!   the same key had completed, yet got a fencing token that is not
 //!   greater (or two holds that got the same token);
-//! - **stale writes**: writes the fenced resource accepted, in the order it
-//!   accepted them, with a token lower than one it had already accepted.
+//! - **stale writes**: attempts whose token was lower than one the lease
+//!   server had already granted when the write reached the resource (or
+//!   than one that had reached the resource before it), and which of the
+//!   two stores accepted each; the verdict comes from the attempts, the
+//!   server's grants and the unfenced store's order, none of which the
+//!   fenced store shapes;
+//! - **writes after the writer's token fired**.
 //!
 //! ```
-//! use leasehold_testkit::{HoldEnd, History};
+//! use leasehold_testkit::{HoldEnd, History, WriteAttempt};
 //! use tokio::time::{Duration, Instant};
 //!
 //! let history = History::new();
@@ -25,12 +37,18 @@
 //! history.ended(a, HoldEnd::Released, t0 + Duration::from_secs(1));
 //! let b = history.acquired("job", "b", 11, t0 + Duration::from_secs(2), t0 + Duration::from_secs(2));
 //! history.ended(b, HoldEnd::Released, t0 + Duration::from_secs(3));
-//! history.resource_accepted("job", "a", 10);
-//! history.resource_accepted("job", "b", 11);
+//! history.granted("job", 10, 1_000, Duration::from_secs(1));
+//! history.granted("job", 11, 3_000, Duration::from_secs(1));
+//! for (id, holder, token, at_us) in [("a1", "a", 10, 2_000), ("b1", "b", 11, 4_000)] {
+//!     history.attempted(WriteAttempt {
+//!         id: id.into(), key: "job".into(), holder: holder.into(), token, at_us, after_fire: false,
+//!     });
+//! }
+//! history.stores("job", vec!["a1".into(), "b1".into()], vec!["a1".into(), "b1".into()]);
 //! assert!(history.check().is_clean());
 //! ```
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::fmt;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
@@ -41,10 +59,10 @@ use tokio::time::Instant;
 /// fencing token is at least the highest the resource has accepted.
 ///
 /// - `KEYS[1]`: the highest token accepted so far (a decimal string);
-/// - `KEYS[2]`: a list the script appends `"<token>:<holder>"` to for every
-///   accepted write, in the order they were accepted (the resource's own
-///   history, for [`History::resource_accepted`]);
-/// - `ARGV[1]`: the writer's fencing token; `ARGV[2]`: a name for the writer.
+/// - `KEYS[2]`: a list the script appends `"<token>:<write>"` to for every
+///   accepted write, in the order they were accepted: the store's data,
+///   read back for [`History::stores`];
+/// - `ARGV[1]`: the writer's fencing token; `ARGV[2]`: a name for the write.
 ///
 /// Returns 1 when the write is accepted, 0 when it is refused as stale.
 /// Tokens are compared as numbers; leasehold's tokens stay below 2^53, so
@@ -126,17 +144,110 @@ pub struct TokenViolation {
     pub after: Hold,
 }
 
-/// A write the fenced resource accepted from a stale holder.
+/// One write a holder attempted, as its writer recorded it, whatever
+/// either store made of it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct WriteAttempt {
+    /// A name unique in the run, which both stores record.
+    pub id: String,
+    /// The lease key that guards the write.
+    pub key: String,
+    /// The writer.
+    pub holder: String,
+    /// The writer's fencing token.
+    pub token: u64,
+    /// When the write reached the resource, on the resource server's clock
+    /// (its `TIME`, read in the write's own transaction), in µs since the
+    /// Unix epoch: the same clock as the lease server's on one host.
+    pub at_us: u64,
+    /// Whether the writer's own token had fired when it made the attempt.
+    pub after_fire: bool,
+}
+
+/// An attempt whose token was already stale when it reached the resource.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct StaleWrite {
-    /// The lease key.
-    pub key: String,
-    /// The stale writer.
-    pub holder: String,
-    /// Its token.
-    pub token: u64,
-    /// The higher token the resource had already accepted.
-    pub highest_before: u64,
+    /// The attempt.
+    pub attempt: WriteAttempt,
+    /// The highest token the lease server had granted before the write
+    /// reached the resource, when higher than the write's.
+    pub granted_before: Option<u64>,
+    /// The highest token among the writes that reached the resource before
+    /// it (the unfenced store's order), when higher than the write's.
+    pub stored_before: Option<u64>,
+    /// Whether the unfenced store holds the write.
+    pub unfenced_accepted: bool,
+    /// Whether the fenced store holds the write.
+    pub fenced_accepted: bool,
+}
+
+impl StaleWrite {
+    /// The fenced store accepted the write although a higher token had
+    /// reached it first: fencing failed. (A write that reaches it between
+    /// the server's grant of a higher token and the new holder's first
+    /// write is one no store can refuse: it has not seen that token yet.)
+    #[must_use]
+    pub fn fencing_failed(&self) -> bool {
+        self.fenced_accepted && self.stored_before.is_some()
+    }
+}
+
+/// The verdict on the writes: judged from the attempts, the lease server's
+/// grants and the unfenced store's order.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Writes {
+    /// How many writes were attempted.
+    pub attempted: usize,
+    /// How many attempts the fenced store does not hold.
+    pub fenced_refused: usize,
+    /// Attempts with a token lower than one already granted (or stored).
+    pub stale: Vec<StaleWrite>,
+    /// Attempts made after the writer's own token had fired.
+    pub after_fire: Vec<WriteAttempt>,
+    /// Attempts the unfenced store does not hold: each should reach it.
+    pub unrecorded: Vec<String>,
+}
+
+impl Writes {
+    /// How many stale writes the unfenced store accepted.
+    #[must_use]
+    pub fn stale_unfenced(&self) -> usize {
+        self.stale.iter().filter(|w| w.unfenced_accepted).count()
+    }
+
+    /// The stale writes the fenced store accepted after it had seen a
+    /// higher token: each one a failure of fencing.
+    #[must_use]
+    pub fn stale_fenced(&self) -> Vec<&StaleWrite> {
+        self.stale.iter().filter(|w| w.fencing_failed()).collect()
+    }
+
+    /// How many stale writes the fenced store accepted before any higher
+    /// token had reached it (the new holder had not written yet).
+    #[must_use]
+    pub fn stale_fenced_unseen(&self) -> usize {
+        self.stale
+            .iter()
+            .filter(|w| w.fenced_accepted && w.stored_before.is_none())
+            .count()
+    }
+}
+
+impl fmt::Display for Writes {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "{} writes attempted ({} refused by fencing); {} stale attempted, {} accepted by the unfenced store, {} by the fenced store after it had seen a higher token ({} before it had); {} after the writer's token fired; {} missing from the unfenced store",
+            self.attempted,
+            self.fenced_refused,
+            self.stale.len(),
+            self.stale_unfenced(),
+            self.stale_fenced().len(),
+            self.stale_fenced_unseen(),
+            self.after_fire.len(),
+            self.unrecorded.len(),
+        )
+    }
 }
 
 /// The verdict on a [`History`].
@@ -144,23 +255,25 @@ pub struct StaleWrite {
 pub struct Report {
     /// How many holds were recorded.
     pub holds: usize,
-    /// How many writes the fenced resource accepted.
-    pub accepted_writes: usize,
-    /// How many writes the fenced resource refused.
-    pub refused_writes: usize,
     /// Overlapping holds, in the order the later hold began.
     pub overlaps: Vec<Overlap>,
     /// Fencing tokens that did not increase.
     pub token_violations: Vec<TokenViolation>,
-    /// Stale writes the resource accepted.
-    pub stale_writes: Vec<StaleWrite>,
+    /// The writes attempted, and what the two stores made of them.
+    pub writes: Writes,
 }
 
 impl Report {
-    /// No overlap, no token violation, no stale write.
+    /// No overlap, no token violation, no stale write accepted by fencing,
+    /// no write after its writer's token fired, no write missing from the
+    /// unfenced store.
     #[must_use]
     pub fn is_clean(&self) -> bool {
-        self.overlaps.is_empty() && self.token_violations.is_empty() && self.stale_writes.is_empty()
+        self.overlaps.is_empty()
+            && self.token_violations.is_empty()
+            && self.writes.stale_fenced().is_empty()
+            && self.writes.after_fire.is_empty()
+            && self.writes.unrecorded.is_empty()
     }
 
     /// The longest overlap, if any.
@@ -174,19 +287,18 @@ impl fmt::Display for Report {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(
             f,
-            "{} holds, {} writes accepted, {} refused as stale; {} overlaps (worst {:?}), {} token violations, {} stale writes accepted",
+            "{} holds; {} overlaps (worst {:?}), {} token violations; {}",
             self.holds,
-            self.accepted_writes,
-            self.refused_writes,
             self.overlaps.len(),
             self.worst_overlap().unwrap_or_default(),
             self.token_violations.len(),
-            self.stale_writes.len(),
+            self.writes,
         )
     }
 }
 
-/// A shared, thread-safe record of holds and fenced writes; clones share it.
+/// A shared, thread-safe record of holds, write attempts, the stores'
+/// contents and the lease server's grants; clones share it.
 #[derive(Debug, Clone, Default)]
 pub struct History {
     inner: Arc<Mutex<Record>>,
@@ -195,9 +307,22 @@ pub struct History {
 #[derive(Debug, Default)]
 struct Record {
     holds: Vec<Hold>,
-    refused: usize,
-    /// Accepted writes per key, in the resource's order.
-    accepted: BTreeMap<String, Vec<(u64, String)>>,
+    attempts: Vec<WriteAttempt>,
+    /// The lease server's writes of each lease, in its order.
+    server: BTreeMap<String, Vec<ServerWrite>>,
+    /// Per key, the ids of the writes the unfenced store holds, in order.
+    unfenced: BTreeMap<String, Vec<String>>,
+    /// Per key, the ids of the writes the fenced store holds.
+    fenced: BTreeMap<String, Vec<String>>,
+}
+
+/// A write of a lease the lease server applied: a grant (or a same-holder
+/// refresh) with its token, or an extension of the lease granted last.
+#[derive(Debug, Clone, Copy)]
+struct ServerWrite {
+    token: Option<u64>,
+    at_us: u64,
+    ttl: Duration,
 }
 
 impl History {
@@ -245,20 +370,67 @@ impl History {
         }
     }
 
-    /// Records a write the fenced resource refused.
-    pub fn resource_refused(&self) {
-        self.record().refused += 1;
+    /// Records a write attempt.
+    pub fn attempted(&self, attempt: WriteAttempt) {
+        self.record().attempts.push(attempt);
     }
 
-    /// Records a write the fenced resource accepted, in the order the
-    /// resource accepted them (read back from its log, or recorded under a
-    /// lock that spans the write).
-    pub fn resource_accepted(&self, key: impl Into<String>, holder: impl Into<String>, token: u64) {
+    /// Records that the lease server stored `key`'s lease with `token` for
+    /// `ttl` at `at_us` (its clock, µs since the Unix epoch): a grant, or
+    /// a refresh by the same holder. Record them in the server's order.
+    pub fn granted(&self, key: impl Into<String>, token: u64, at_us: u64, ttl: Duration) {
         self.record()
-            .accepted
+            .server
             .entry(key.into())
             .or_default()
-            .push((token, holder.into()));
+            .push(ServerWrite {
+                token: Some(token),
+                at_us,
+                ttl,
+            });
+    }
+
+    /// Records that the lease server extended `key`'s lease (the one it
+    /// stored last) by `ttl` at `at_us`.
+    pub fn extended(&self, key: impl Into<String>, at_us: u64, ttl: Duration) {
+        self.record()
+            .server
+            .entry(key.into())
+            .or_default()
+            .push(ServerWrite {
+                token: None,
+                at_us,
+                ttl,
+            });
+    }
+
+    /// The earliest moment (server clock, µs since the Unix epoch) the
+    /// lease server could expire `key`'s lease with `token`: its last
+    /// recorded grant or extension plus that write's ttl. `None` when no
+    /// grant of that token was recorded.
+    #[must_use]
+    pub fn server_expiry(&self, key: &str, token: u64) -> Option<u64> {
+        let record = self.record();
+        let mut current = None;
+        let mut expiry = None;
+        for w in record.server.get(key)? {
+            if w.token.is_some() {
+                current = w.token;
+            }
+            if current == Some(token) {
+                expiry = Some(w.at_us + micros(w.ttl));
+            }
+        }
+        expiry
+    }
+
+    /// Records what the two stores hold for `key`: the ids of the writes
+    /// in the unfenced store, in its order, and those in the fenced store.
+    pub fn stores(&self, key: impl Into<String>, unfenced: Vec<String>, fenced: Vec<String>) {
+        let key = key.into();
+        let mut record = self.record();
+        record.unfenced.insert(key.clone(), unfenced);
+        record.fenced.insert(key, fenced);
     }
 
     /// Every hold recorded so far.
@@ -284,8 +456,7 @@ impl History {
         }
         let mut report = Report {
             holds: record.holds.len(),
-            accepted_writes: record.accepted.values().map(Vec::len).sum(),
-            refused_writes: record.refused,
+            writes: writes(&record),
             ..Report::default()
         };
         for (key, mut holds) in by_key {
@@ -294,22 +465,82 @@ impl History {
             token_order(key, &holds, &mut report.token_violations);
         }
         report.overlaps.sort_by_key(|o| o.later.acquired_at);
-        for (key, writes) in &record.accepted {
-            let mut highest: Option<u64> = None;
-            for (token, holder) in writes {
-                if let Some(high) = highest.filter(|high| token < high) {
-                    report.stale_writes.push(StaleWrite {
-                        key: key.clone(),
-                        holder: holder.clone(),
-                        token: *token,
-                        highest_before: high,
-                    });
-                }
-                highest = highest.max(Some(*token));
-            }
-        }
         report
     }
+}
+
+/// Judges every attempt by the grants before it and the writes that
+/// reached the resource before it, then looks it up in both stores.
+fn writes(record: &Record) -> Writes {
+    let fenced: HashSet<&str> = record
+        .fenced
+        .values()
+        .flatten()
+        .map(String::as_str)
+        .collect();
+    let by_id: HashMap<&str, &WriteAttempt> =
+        record.attempts.iter().map(|a| (a.id.as_str(), a)).collect();
+    // The highest token stored before each write, in the unfenced store's
+    // order (which is the fenced store's: both are written in one
+    // transaction).
+    let mut stored_before: HashMap<&str, u64> = HashMap::new();
+    for ids in record.unfenced.values() {
+        let mut highest = None::<u64>;
+        for id in ids {
+            let Some(a) = by_id.get(id.as_str()) else {
+                continue;
+            };
+            if let Some(high) = highest.filter(|h| *h > a.token) {
+                stored_before.insert(id, high);
+            }
+            highest = highest.max(Some(a.token));
+        }
+    }
+    let unfenced: HashSet<&str> = record
+        .unfenced
+        .values()
+        .flatten()
+        .map(String::as_str)
+        .collect();
+    let mut out = Writes {
+        attempted: record.attempts.len(),
+        ..Writes::default()
+    };
+    for a in &record.attempts {
+        let granted_before = record
+            .server
+            .get(&a.key)
+            .into_iter()
+            .flatten()
+            .filter(|w| w.at_us < a.at_us)
+            .filter_map(|w| w.token)
+            .filter(|t| *t > a.token)
+            .max();
+        let stored = stored_before.get(a.id.as_str()).copied();
+        if granted_before.is_some() || stored.is_some() {
+            out.stale.push(StaleWrite {
+                attempt: a.clone(),
+                granted_before,
+                stored_before: stored,
+                unfenced_accepted: unfenced.contains(a.id.as_str()),
+                fenced_accepted: fenced.contains(a.id.as_str()),
+            });
+        }
+        if a.after_fire {
+            out.after_fire.push(a.clone());
+        }
+        if !fenced.contains(a.id.as_str()) {
+            out.fenced_refused += 1;
+        }
+        if !unfenced.contains(a.id.as_str()) {
+            out.unrecorded.push(a.id.clone());
+        }
+    }
+    out
+}
+
+fn micros(d: Duration) -> u64 {
+    u64::try_from(d.as_micros()).unwrap_or(u64::MAX)
 }
 
 /// Pairs of holds (sorted by acquisition) believed in at the same time.

@@ -57,7 +57,7 @@ pub use cluster::RedisCluster;
 pub use error::TestkitError;
 pub use history::{
     FENCED_WRITE_SCRIPT, History, Hold, HoldEnd, HoldId, Overlap, Report, StaleWrite,
-    TokenViolation,
+    TokenViolation, WriteAttempt, Writes,
 };
 pub use masters::independent_masters;
 pub use proxy::{Proxy, ProxyMode};

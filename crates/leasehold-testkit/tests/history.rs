@@ -4,11 +4,28 @@
 use std::error::Error;
 use std::time::Duration;
 
-use leasehold_testkit::{FENCED_WRITE_SCRIPT, History, HoldEnd, RedisServer};
+use leasehold_testkit::{FENCED_WRITE_SCRIPT, History, HoldEnd, RedisServer, WriteAttempt};
 use tokio::time::Instant;
 
 fn ms(n: u64) -> Duration {
     Duration::from_millis(n)
+}
+
+/// Records an attempt `id` on `key` by `holder` with `token`, reaching the
+/// resource at `at_us`.
+fn attempt(h: &History, id: &str, key: &str, holder: &str, token: u64, at_us: u64) {
+    h.attempted(WriteAttempt {
+        id: id.into(),
+        key: key.into(),
+        holder: holder.into(),
+        token,
+        at_us,
+        after_fire: false,
+    });
+}
+
+fn ids(list: &[&str]) -> Vec<String> {
+    list.iter().map(|s| (*s).to_owned()).collect()
 }
 
 /// A hold of `key` by `holder` with `token`, requested and acquired at
@@ -26,15 +43,18 @@ fn a_sequential_history_is_clean() {
     hold(&h, t0, "k", "a", 1, 0, Some(100));
     hold(&h, t0, "k", "b", 2, 100, Some(200)); // starts exactly when a ended
     hold(&h, t0, "other", "c", 1, 50, Some(150)); // another key may overlap
-    h.resource_accepted("k", "a", 1);
-    h.resource_accepted("k", "a", 1); // equal tokens are accepted
-    h.resource_accepted("k", "b", 2);
-    h.resource_refused();
+    h.granted("k", 1, 0, ms(1000));
+    h.granted("k", 2, 100_000, ms(1000));
+    attempt(&h, "a1", "k", "a", 1, 10_000);
+    attempt(&h, "a2", "k", "a", 1, 20_000); // equal tokens are not stale
+    attempt(&h, "b1", "k", "b", 2, 110_000);
+    h.stores("k", ids(&["a1", "a2", "b1"]), ids(&["a1", "a2", "b1"]));
     let report = h.check();
     assert!(report.is_clean(), "{report}");
     assert_eq!(report.holds, 3);
-    assert_eq!(report.accepted_writes, 3);
-    assert_eq!(report.refused_writes, 1);
+    assert_eq!(report.writes.attempted, 3);
+    assert_eq!(report.writes.fenced_refused, 0);
+    assert!(report.writes.stale.is_empty());
     assert_eq!(report.worst_overlap(), None);
 }
 
@@ -121,23 +141,88 @@ fn the_first_end_of_a_hold_counts() {
 }
 
 #[test]
-fn a_resource_accepting_a_lower_token_after_a_higher_one_is_flagged() {
+fn a_write_with_a_token_lower_than_one_granted_is_stale_in_both_stores() {
     let h = History::new();
-    h.resource_accepted("k", "a", 10);
-    h.resource_accepted("k", "b", 12);
-    h.resource_accepted("k", "a", 10); // stale
-    h.resource_accepted("j", "c", 1); // another key has its own order
-    let report = h.check();
-    assert_eq!(report.stale_writes.len(), 1);
-    let stale = &report.stale_writes[0];
-    assert_eq!(
-        (stale.holder.as_str(), stale.token, stale.highest_before),
-        ("a", 10, 12)
+    h.granted("k", 10, 0, ms(1000));
+    h.granted("k", 12, 500_000, ms(1000)); // the server lost 10's lease and granted 12
+    attempt(&h, "a1", "k", "a", 10, 100_000); // fine: 12 was not granted yet
+    attempt(&h, "a2", "k", "a", 10, 510_000); // stale, before 12 reached the store
+    attempt(&h, "b1", "k", "b", 12, 520_000);
+    attempt(&h, "a3", "k", "a", 10, 530_000); // stale, after 12 reached the store
+    attempt(&h, "c1", "j", "c", 1, 530_000); // another key has its own grants
+    h.stores(
+        "k",
+        ids(&["a1", "a2", "b1", "a3"]),
+        ids(&["a1", "a2", "b1"]),
     );
+    h.stores("j", ids(&["c1"]), ids(&["c1"]));
+    let w = h.check().writes;
+    let stale: Vec<(&str, Option<u64>, Option<u64>)> = w
+        .stale
+        .iter()
+        .map(|s| (s.attempt.id.as_str(), s.granted_before, s.stored_before))
+        .collect();
+    assert_eq!(
+        stale,
+        vec![("a2", Some(12), None), ("a3", Some(12), Some(12))]
+    );
+    assert_eq!(w.stale_unfenced(), 2);
+    assert!(w.stale_fenced().is_empty(), "{w}");
+    assert_eq!(w.stale_fenced_unseen(), 1);
+    assert_eq!(w.fenced_refused, 1);
+    assert!(h.check().is_clean());
+}
+
+#[test]
+fn a_fenced_store_that_takes_a_write_after_a_higher_token_is_flagged() {
+    let h = History::new();
+    attempt(&h, "b1", "k", "b", 12, 100);
+    attempt(&h, "a1", "k", "a", 10, 200);
+    // No grant recorded at all: the store's own order still shows a1 stale.
+    h.stores("k", ids(&["b1", "a1"]), ids(&["b1", "a1"]));
+    let report = h.check();
+    let failed = report.writes.stale_fenced();
+    assert_eq!(failed.len(), 1, "{report}");
+    assert_eq!(failed[0].attempt.id, "a1");
+    assert!(!report.is_clean());
     assert!(
-        report.to_string().contains("1 stale writes accepted"),
+        report
+            .to_string()
+            .contains("1 by the fenced store after it had seen a higher token"),
         "{report}"
     );
+}
+
+#[test]
+fn writes_after_the_token_fired_and_writes_missing_from_the_unfenced_store_are_flagged() {
+    let h = History::new();
+    h.attempted(WriteAttempt {
+        id: "a1".into(),
+        key: "k".into(),
+        holder: "a".into(),
+        token: 1,
+        at_us: 100,
+        after_fire: true,
+    });
+    attempt(&h, "a2", "k", "a", 1, 200);
+    h.stores("k", ids(&["a1"]), ids(&["a1"]));
+    let w = h.check().writes;
+    assert_eq!(w.after_fire.len(), 1);
+    assert_eq!(w.after_fire[0].id, "a1");
+    assert_eq!(w.unrecorded, ids(&["a2"]));
+}
+
+#[test]
+fn the_server_expiry_is_the_last_write_of_that_lease_plus_its_ttl() {
+    let h = History::new();
+    h.granted("k", 5, 1_000, ms(1000));
+    h.extended("k", 300_000, ms(1000));
+    h.granted("k", 6, 2_000_000, ms(2000)); // a later holder
+    h.extended("k", 2_500_000, ms(2000));
+    assert_eq!(h.server_expiry("k", 5), Some(1_300_000));
+    assert_eq!(h.server_expiry("k", 6), Some(4_500_000));
+    assert_eq!(h.server_expiry("k", 7), None);
+    assert_eq!(h.server_expiry("other", 5), None);
 }
 
 #[test]
