@@ -206,6 +206,11 @@ fn report(name: &str, what: &str, mut figures: Vec<f64>, worst_is_max: bool) {
         "{name}: {what}: samples {}, median {median:.1} ms, worst {worst:.1} ms, all {figures:.1?}",
         figures.len()
     );
+    // The row of docs/reliability.md's table (scripts/reliability.sh collects these).
+    println!(
+        "| {name} | {what} | {} | {median:.1} ms | {worst:.1} ms |",
+        figures.len()
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

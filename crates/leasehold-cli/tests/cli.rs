@@ -743,7 +743,9 @@ fn at_the_renewal_cap_the_job_is_dead_before_the_lease_can_expire() -> TestResul
         &[&child, &grandchild],
         PATIENCE,
     )?;
-    eprintln!("renewal cap: the job was dead {early:?} before the lease could expire");
+    println!(
+        "| renewal cap (ttl 3s, --grace 10s cut to fit) | the job and its child dead before the server expired the lease by | {early:.1?} |"
+    );
     let status = wait_for_exit(&mut run)?;
     let stderr = stderr_of(&mut run);
     assert_eq!(status.code(), Some(76), "{stderr}");
@@ -786,7 +788,9 @@ fn at_the_deadline_the_job_is_dead_before_the_lease_can_expire() -> TestResult {
         &[&child, &grandchild],
         PATIENCE,
     )?;
-    eprintln!("deadline: the job was dead {early:?} before the lease could expire");
+    println!(
+        "| deadline (Redis blackholed) | the job and its child dead before the server expired the lease by | {early:.1?} |"
+    );
     // Let the release fail fast instead of hanging on the partition.
     proxy.set_mode(ProxyMode::Reset);
     let status = wait_for_exit(&mut run)?;
@@ -845,7 +849,9 @@ fn a_lost_lease_kills_the_whole_job_at_once() -> TestResult {
         std::thread::sleep(Duration::from_millis(1));
     }
     let delay = taken.elapsed();
-    eprintln!("lost: the job was dead {delay:?} after the lease was taken over");
+    println!(
+        "| lost (lease overwritten) | the job and its child dead after the overwrite by | {delay:.1?} |"
+    );
     assert!(delay < Duration::from_secs(1), "{delay:?}");
     let status = wait_for_exit(&mut run)?;
     let stderr = stderr_of(&mut run);
