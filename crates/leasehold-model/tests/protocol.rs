@@ -646,7 +646,8 @@ fn the_protocol_keeps_its_guarantees() {
     keeps_its_guarantees(CI);
 }
 
-/// The same at every tick: about four and a half minutes on two cores.
+/// The same at every tick: 20 million states, three to five minutes on two
+/// cores.
 #[test]
 #[ignore = "takes minutes: run with --ignored"]
 fn the_protocol_keeps_its_guarantees_at_every_tick() {

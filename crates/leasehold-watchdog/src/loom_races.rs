@@ -294,7 +294,11 @@ fn check(how: Handle, events: &'static [Event], with_reader: bool) {
     if builder.preemption_bound.is_none() {
         builder.preemption_bound = Some(3);
     }
+    // The interleavings explored, counted outside loom's world.
+    let runs = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let counter = std::sync::Arc::clone(&runs);
     builder.check(move || {
+        counter.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let world = Arc::new(World::new());
         let watchdog = {
             let world = Arc::clone(&world);
@@ -352,6 +356,8 @@ fn check(how: Handle, events: &'static [Event], with_reader: bool) {
         );
         assert!(gone, "the watchdog still keeps the lease");
     });
+    let runs = runs.load(std::sync::atomic::Ordering::Relaxed);
+    println!("{how:?} against {events:?}: {runs} interleavings");
 }
 
 const HANDLES: [Handle; 3] = [Handle::Release, Handle::Drop, Handle::ReleaseAbandoned];
