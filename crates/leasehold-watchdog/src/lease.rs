@@ -2,7 +2,6 @@
 
 use std::fmt;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU8, AtomicU32, AtomicU64, Ordering};
 use std::time::Duration;
 
 use leasehold_core::{FencingToken, Grant, HolderId, LeaseKey, ReleaseOutcome, Ttl};
@@ -13,6 +12,7 @@ use tracing::{Instrument, debug, debug_span};
 
 use crate::LeaseError;
 use crate::home::{Home, OrphanGuard};
+use crate::record::Record;
 use crate::renewal::{Command, Timing};
 
 /// Why a lease's token was cancelled.
@@ -66,12 +66,8 @@ impl fmt::Display for LossReason {
 #[repr(C)]
 pub(crate) struct Shared {
     pub(crate) timing: Timing,
-    /// The end of the validity known from the last successful renewal (or
-    /// the acquisition), in nanoseconds after `acquired_at`.
-    valid_for_ns: AtomicU64,
-    renewals: AtomicU32,
-    /// Why the lease ended: 0 while it has not, else a [`LossReason`] code.
-    loss: AtomicU8,
+    /// Validity, renewals and ending; the validity counts from `acquired_at`.
+    record: Record,
     pub(crate) name: std::borrow::Cow<'static, str>,
     /// When the acquisition was sent: the start of the hold-time metric,
     /// and what `valid_for_ns` counts from.
@@ -83,33 +79,6 @@ pub(crate) struct Shared {
     pub(crate) token: CancellationToken,
 }
 
-impl LossReason {
-    /// The reason's code in [`Shared::loss`]; never 0.
-    fn code(self) -> u8 {
-        match self {
-            Self::Lost => 1,
-            Self::RenewalLimit => 2,
-            Self::Deadline => 3,
-            Self::Shutdown => 4,
-        }
-    }
-
-    /// `None` for 0 (not ended) and for [`RELEASED`].
-    fn from_code(code: u8) -> Option<Self> {
-        match code {
-            1 => Some(Self::Lost),
-            2 => Some(Self::RenewalLimit),
-            3 => Some(Self::Deadline),
-            4 => Some(Self::Shutdown),
-            _ => None,
-        }
-    }
-}
-
-/// [`Shared::loss`] once the handle has taken the release on itself: the
-/// lease ended, but not by a loss, and the watchdog reports none after it.
-const RELEASED: u8 = u8::MAX;
-
 /// Nanoseconds from `from` to `to` (0 if `to` is earlier), saturating.
 fn nanos_between(from: Instant, to: Instant) -> u64 {
     u64::try_from(to.saturating_duration_since(from).as_nanos()).unwrap_or(u64::MAX)
@@ -119,9 +88,7 @@ impl Shared {
     pub(crate) fn new(grant: &Grant, name: std::borrow::Cow<'static, str>, timing: Timing) -> Self {
         Self {
             timing,
-            valid_for_ns: AtomicU64::new(nanos_between(grant.sent_at, grant.valid_until)),
-            renewals: AtomicU32::new(0),
-            loss: AtomicU8::new(0),
+            record: Record::new(nanos_between(grant.sent_at, grant.valid_until)),
             name,
             acquired_at: grant.sent_at,
             key: grant.key.clone(),
@@ -131,28 +98,16 @@ impl Shared {
         }
     }
 
-    /// Records a successful renewal. Only the watchdog writes, so plain
-    /// stores suffice; a reader may see the new validity a moment before
-    /// the new count, never a validity that was not earned.
+    /// Records a successful renewal (see [`Record::renewed`]).
     pub(crate) fn renewed(&self, valid_until: Instant) {
-        self.valid_for_ns.store(
-            nanos_between(self.acquired_at, valid_until),
-            Ordering::Release,
-        );
-        // The only writer: a load and a store, not a locked read-modify-write.
-        let renewals = self.renewals.load(Ordering::Relaxed);
-        self.renewals
-            .store(renewals.saturating_add(1), Ordering::Release);
+        self.record
+            .renewed(nanos_between(self.acquired_at, valid_until));
     }
 
     /// Records the reason first, so that whoever wakes on the token sees it.
     /// The first reason wins.
     pub(crate) fn end(&self, reason: LossReason) -> bool {
-        if self
-            .loss
-            .compare_exchange(0, reason.code(), Ordering::AcqRel, Ordering::Acquire)
-            .is_err()
-        {
+        if !self.record.end(reason) {
             return false;
         }
         self.token.cancel();
@@ -163,21 +118,19 @@ impl Shared {
     /// then on the watchdog's [`end`](Self::end) does nothing: the token is
     /// not cancelled and no loss is counted for a lease being released.
     pub(crate) fn claim_release(&self) -> bool {
-        self.loss
-            .compare_exchange(0, RELEASED, Ordering::AcqRel, Ordering::Acquire)
-            .is_ok()
+        self.record.claim_release()
     }
 
     pub(crate) fn loss(&self) -> Option<LossReason> {
-        LossReason::from_code(self.loss.load(Ordering::Acquire))
+        self.record.loss()
     }
 
     pub(crate) fn valid_until(&self) -> Instant {
-        self.acquired_at + Duration::from_nanos(self.valid_for_ns.load(Ordering::Acquire))
+        self.acquired_at + Duration::from_nanos(self.record.valid_for_ns())
     }
 
     pub(crate) fn renewals(&self) -> u32 {
-        self.renewals.load(Ordering::Acquire)
+        self.record.renewals()
     }
 }
 

@@ -38,10 +38,13 @@ mod error;
 mod handoff;
 mod home;
 mod lease;
+#[cfg(all(test, loom))]
+mod loom_races;
 mod manager;
 pub mod metrics;
 mod options;
 mod queue;
+mod record;
 mod renewal;
 mod scope;
 
