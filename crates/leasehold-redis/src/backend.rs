@@ -49,10 +49,14 @@ pub struct RedisBackend {
 }
 
 struct Shared {
-    /// Acquire, release, inspect and force_release.
+    /// Release, inspect and force_release; acquisitions and handovers too
+    /// while client tracking is off.
     conn: Conn,
-    /// Renewals only, so that no flood of acquisitions (or the application's
-    /// own traffic) queues ahead of them. The same connection on Sentinel.
+    /// Renewals, so that no flood of releases (or the application's own
+    /// traffic) queues ahead of them; and, while client tracking is on,
+    /// acquisitions and handovers, so that the script that grants a lease
+    /// leaves it tracked (see [`crate::tracking`]). The same connection on
+    /// Sentinel.
     renew_conn: Conn,
     /// Release notices: plain channels on a standalone server and on the
     /// master the sentinels name, sharded ones on a cluster.
@@ -64,6 +68,8 @@ struct Shared {
     wait: Option<Wait>,
     /// Client tracking on the renewal connection; standalone and Sentinel.
     tracking: Option<Arc<Tracking>>,
+    /// [`GRANTS_IN_FLIGHT`] places for grants on the renewal connection.
+    grant_places: tokio::sync::Semaphore,
 }
 
 impl RedisBackend {
@@ -86,6 +92,7 @@ impl RedisBackend {
                 server,
                 wait,
                 tracking: None,
+                grant_places: tokio::sync::Semaphore::new(GRANTS_IN_FLIGHT),
             }),
         }
     }
@@ -207,10 +214,52 @@ impl RedisBackend {
             .map(|reply| reply.value)
     }
 
-    /// Runs a write script and, if configured, `WAIT`s for its replicas.
-    async fn eval_acked(&self, call: &Call) -> Result<Reply, Failure> {
-        self.bounded(self.shared.conn.eval(call, self.shared.wait))
-            .await
+    /// Runs a script that may grant a lease (and, if configured, `WAIT`s
+    /// for its replicas) over the connection [`grants`](Self::grants)
+    /// picked; its place is given back with the reply.
+    async fn eval_grant(&self, call: &Call, grants: Grants<'_>) -> Result<Reply, Failure> {
+        let conn = match grants {
+            Grants::Tracked { .. } => &self.shared.renew_conn,
+            Grants::Untracked => &self.shared.conn,
+        };
+        self.bounded(conn.eval(call, self.shared.wait)).await
+    }
+
+    /// Where a script that may grant `lease` goes.
+    ///
+    /// While client tracking is on: over the tracked renewal connection, so
+    /// that the server tracks the lease from the script that grants it on (a
+    /// grant over the other connection would leave the lease unwatched until
+    /// its first renewal, a third of its ttl later). No round trip is added:
+    /// tracking is already on for that connection except on the first call
+    /// after a reconnection, which turns it on as a renewal would. At most
+    /// [`GRANTS_IN_FLIGHT`] grants are on that connection at a time, so that
+    /// a flood of acquisitions puts no more than that many scripts ahead of
+    /// a renewal; the others wait here, within the op timeout.
+    ///
+    /// Otherwise over the other connection; the write would then be reported
+    /// back to a tracking backend, so it is noted for the overflow guard.
+    ///
+    /// # Errors
+    ///
+    /// [`Failure::Timeout`] when no place came free within the op timeout.
+    async fn grants(&self, lease: impl FnOnce() -> String) -> Result<Grants<'_>, Failure> {
+        let Some(tracking) = &self.shared.tracking else {
+            return Ok(Grants::Untracked);
+        };
+        if tracking.is_on() {
+            self.track_renewals(tracking).await;
+            if tracking.is_on() {
+                let limit = self.shared.op_timeout;
+                return match tokio::time::timeout(limit, self.shared.grant_places.acquire()).await {
+                    Ok(Ok(place)) => Ok(Grants::Tracked { _place: place }),
+                    // The semaphore is never closed; a timeout sent nothing.
+                    Ok(Err(_)) | Err(_) => Err(Failure::Timeout(limit)),
+                };
+            }
+        }
+        tracking.own_write(lease());
+        Ok(Grants::Untracked)
     }
 
     /// [`eval_acked`](Self::eval_acked) over the renewal connection.
@@ -293,12 +342,13 @@ impl LeaseBackend for RedisBackend {
             Box::pin(notices.restore()).await;
         }
         let call = scripts::acquire(&self.shared.layout, request);
-        if let Some(tracking) = &self.shared.tracking {
-            tracking.own_write(self.shared.layout.lease(&request.key));
-        }
+        let grants = self
+            .grants(|| self.shared.layout.lease(&request.key))
+            .await
+            .map_err(|f| f.for_key(OP, &request.key))?;
         let sent_at = Instant::now();
         let reply = self
-            .eval_acked(&call)
+            .eval_grant(&call, grants)
             .await
             .map_err(|f| f.for_key(OP, &request.key))?;
         let outcome = reply::acquired(request, sent_at, &reply.value)
@@ -430,12 +480,17 @@ impl LeaseBackend for RedisBackend {
             notices.sharded(),
             next,
         );
-        if let Some(tracking) = &self.shared.tracking {
-            // As for a release: the script writes the lease.
-            tracking.own_write(self.shared.layout.lease(key));
-        }
+        // A grant, as for an acquisition; a handover without one is a release.
+        let grants = self
+            .grants(|| self.shared.layout.lease(key))
+            .await
+            .map_err(|f| f.for_key(OP, key))?;
         let sent_at = Instant::now();
-        let reply = self.eval(&call).await.map_err(|f| f.for_key(OP, key))?;
+        let reply = self
+            .eval_grant(&call, grants)
+            .await
+            .map(|reply| reply.value)
+            .map_err(|f| f.for_key(OP, key))?;
         reply::handed_over(next, sent_at, &reply).map_err(|f| f.for_key(OP, key))
     }
 
@@ -476,6 +531,23 @@ impl LeaseBackend for RedisBackend {
             .await
             .map_err(|f| f.for_key("watch_releases", key))
     }
+}
+
+/// The most acquisitions and handovers in flight at once on the tracked
+/// renewal connection: a renewal sent behind a flood of them waits for at
+/// most this many scripts (about 15 µs of server time each), and as many
+/// in flight keep one connection's pipeline full.
+pub(crate) const GRANTS_IN_FLIGHT: usize = 64;
+
+/// The connection a script that may grant a lease goes over.
+enum Grants<'a> {
+    /// The renewal connection, with client tracking on, and the place taken
+    /// among the [`GRANTS_IN_FLIGHT`] until the reply is in.
+    Tracked {
+        _place: tokio::sync::SemaphorePermit<'a>,
+    },
+    /// The operations connection.
+    Untracked,
 }
 
 /// The indices of `requests` grouped by the cluster slot of their lease,
