@@ -129,6 +129,7 @@ async fn a_lease_is_tracked_from_its_grant_and_its_counter_is_not() -> TestResul
     // holder's lease is tracked too.
     let (k, first, next) = (key("handed"), holder(), holder());
     acquire(&backend, &k, first, ttl("30s")).await?;
+    let before = tracked_keys(&server)?;
     let _listening = backend.watch_releases(&k).await?;
     let outcome = backend
         .release_to(
@@ -141,6 +142,9 @@ async fn a_lease_is_tracked_from_its_grant_and_its_counter_is_not() -> TestResul
         matches!(outcome, HandoverOutcome::HandedOver(ref g) if g.holder == next),
         "{outcome:?}"
     );
+    // The handover's writes dropped the lease's tracking, its read after
+    // them tracked it again: as many keys are tracked as before.
+    assert_eq!(tracked_keys(&server)?, before, "the handed-over lease");
     assert_eq!(
         server.cli(&["SET", &storage_key(&k), "someone-else"])?,
         "OK"
