@@ -248,7 +248,11 @@ impl RedisBackend {
             return Ok(Grants::Untracked);
         };
         if tracking.is_on() {
-            self.track_renewals(tracking).await;
+            if tracking.needs_prelude() {
+                // Only after a reconnection. Boxed, so that every
+                // acquisition future does not carry the prelude's.
+                Box::pin(self.track_renewals(tracking)).await;
+            }
             if tracking.is_on() {
                 let limit = self.shared.op_timeout;
                 return match tokio::time::timeout(limit, self.shared.grant_places.acquire()).await {
