@@ -49,14 +49,13 @@ pub struct RedisBackend {
 }
 
 struct Shared {
-    /// Release, inspect and force_release; acquisitions and handovers too
-    /// while client tracking is off.
+    /// Inspect and force_release; acquisitions, handovers and releases
+    /// too while client tracking is off.
     conn: Conn,
-    /// Renewals, so that no flood of releases (or the application's own
-    /// traffic) queues ahead of them; and, while client tracking is on,
-    /// acquisitions and handovers, so that the script that grants a lease
-    /// leaves it tracked (see [`crate::tracking`]). The same connection on
-    /// Sentinel.
+    /// Renewals, so that no flood of other operations (or the application's
+    /// own traffic) queues ahead of them; and, while client tracking is on,
+    /// the lease writes (see [`lease_writes`](RedisBackend::lease_writes)).
+    /// The same connection on Sentinel.
     renew_conn: Conn,
     /// Release notices: plain channels on a standalone server and on the
     /// master the sentinels name, sharded ones on a cluster.
@@ -68,8 +67,8 @@ struct Shared {
     wait: Option<Wait>,
     /// Client tracking on the renewal connection; standalone and Sentinel.
     tracking: Option<Arc<Tracking>>,
-    /// [`GRANTS_IN_FLIGHT`] places for grants on the renewal connection.
-    grant_places: tokio::sync::Semaphore,
+    /// [`WRITES_IN_FLIGHT`] places for lease writes on the renewal connection.
+    write_places: tokio::sync::Semaphore,
 }
 
 impl RedisBackend {
@@ -92,7 +91,7 @@ impl RedisBackend {
                 server,
                 wait,
                 tracking: None,
-                grant_places: tokio::sync::Semaphore::new(GRANTS_IN_FLIGHT),
+                write_places: tokio::sync::Semaphore::new(WRITES_IN_FLIGHT),
             }),
         }
     }
@@ -214,38 +213,50 @@ impl RedisBackend {
             .map(|reply| reply.value)
     }
 
-    /// Runs a script that may grant a lease (and, if configured, `WAIT`s
-    /// for its replicas) over the connection [`grants`](Self::grants)
-    /// picked; its place is given back with the reply.
-    async fn eval_grant(&self, call: &Call, grants: Grants<'_>) -> Result<Reply, Failure> {
-        let conn = match grants {
-            Grants::Tracked { .. } => &self.shared.renew_conn,
-            Grants::Untracked => &self.shared.conn,
+    /// Runs a lease write (and, with `wait`, `WAIT`s for its replicas) over
+    /// the connection [`lease_writes`](Self::lease_writes) picked; its place
+    /// is given back with the reply.
+    async fn eval_write(
+        &self,
+        call: &Call,
+        route: WriteRoute<'_>,
+        wait: Option<Wait>,
+    ) -> Result<Reply, Failure> {
+        let conn = match route {
+            WriteRoute::Tracked { .. } => &self.shared.renew_conn,
+            WriteRoute::Untracked => &self.shared.conn,
         };
-        self.bounded(conn.eval(call, self.shared.wait)).await
+        self.bounded(conn.eval(call, wait)).await
     }
 
-    /// Where a script that may grant `lease` goes.
+    /// Where a script that writes `lease` (an acquisition, a handover, a
+    /// release) goes.
     ///
-    /// While client tracking is on: over the tracked renewal connection, so
-    /// that the server tracks the lease from the script that grants it on (a
-    /// grant over the other connection would leave the lease unwatched until
-    /// its first renewal, a third of its ttl later). No round trip is added:
-    /// tracking is already on for that connection except on the first call
-    /// after a reconnection, which turns it on as a renewal would. At most
-    /// [`GRANTS_IN_FLIGHT`] grants are on that connection at a time, so that
-    /// a flood of acquisitions puts no more than that many scripts ahead of
-    /// a renewal; the others wait here, within the op timeout.
+    /// While client tracking is on: over the tracked renewal connection. A
+    /// grant there leaves the lease tracked from the script that grants it
+    /// on (over the other connection it would be unwatched until its first
+    /// renewal, a third of its ttl later), and NOLOOP keeps the backend's
+    /// own writes from being reported back to it (a release over the other
+    /// connection would cost the server a push to the renewal connection).
+    /// No round trip is added: tracking is already on for that connection
+    /// except on the first call after a reconnection, which turns it on as
+    /// a renewal would. At most [`WRITES_IN_FLIGHT`] writes are on that
+    /// connection at a time, so that a flood of acquisitions or releases
+    /// puts no more than that many scripts ahead of a renewal; the others
+    /// wait here, within the op timeout.
     ///
-    /// Otherwise over the other connection; the write would then be reported
-    /// back to a tracking backend, so it is noted for the overflow guard.
+    /// Otherwise over the other connection; the write is noted for the
+    /// overflow guard, in case it is reported back.
     ///
     /// # Errors
     ///
     /// [`Failure::Timeout`] when no place came free within the op timeout.
-    async fn grants(&self, lease: impl FnOnce() -> String) -> Result<Grants<'_>, Failure> {
+    async fn lease_writes(
+        &self,
+        lease: impl FnOnce() -> String,
+    ) -> Result<WriteRoute<'_>, Failure> {
         let Some(tracking) = &self.shared.tracking else {
-            return Ok(Grants::Untracked);
+            return Ok(WriteRoute::Untracked);
         };
         if tracking.is_on() {
             if tracking.needs_prelude() {
@@ -255,15 +266,15 @@ impl RedisBackend {
             }
             if tracking.is_on() {
                 let limit = self.shared.op_timeout;
-                return match tokio::time::timeout(limit, self.shared.grant_places.acquire()).await {
-                    Ok(Ok(place)) => Ok(Grants::Tracked { _place: place }),
+                return match tokio::time::timeout(limit, self.shared.write_places.acquire()).await {
+                    Ok(Ok(place)) => Ok(WriteRoute::Tracked { _place: place }),
                     // The semaphore is never closed; a timeout sent nothing.
                     Ok(Err(_)) | Err(_) => Err(Failure::Timeout(limit)),
                 };
             }
         }
         tracking.own_write(lease());
-        Ok(Grants::Untracked)
+        Ok(WriteRoute::Untracked)
     }
 
     /// [`eval_acked`](Self::eval_acked) over the renewal connection.
@@ -346,13 +357,13 @@ impl LeaseBackend for RedisBackend {
             Box::pin(notices.restore()).await;
         }
         let call = scripts::acquire(&self.shared.layout, request);
-        let grants = self
-            .grants(|| self.shared.layout.lease(&request.key))
+        let route = self
+            .lease_writes(|| self.shared.layout.lease(&request.key))
             .await
             .map_err(|f| f.for_key(OP, &request.key))?;
         let sent_at = Instant::now();
         let reply = self
-            .eval_grant(&call, grants)
+            .eval_write(&call, route, self.shared.wait)
             .await
             .map_err(|f| f.for_key(OP, &request.key))?;
         let outcome = reply::acquired(request, sent_at, &reply.value)
@@ -445,10 +456,15 @@ impl LeaseBackend for RedisBackend {
             notices.is_some_and(Notices::sharded),
             notices.map_or(0, |n| n.own_subscription(&self.shared.layout.released(key))),
         );
-        if let Some(tracking) = &self.shared.tracking {
-            tracking.own_write(self.shared.layout.lease(key));
-        }
-        let reply = self.eval(&call).await.map_err(|f| f.for_key(OP, key))?;
+        let route = self
+            .lease_writes(|| self.shared.layout.lease(key))
+            .await
+            .map_err(|f| f.for_key(OP, key))?;
+        let reply = self
+            .eval_write(&call, route, None)
+            .await
+            .map(|reply| reply.value)
+            .map_err(|f| f.for_key(OP, key))?;
         reply::released_heard(&reply).map_err(|f| f.for_key(OP, key))
     }
 
@@ -484,14 +500,13 @@ impl LeaseBackend for RedisBackend {
             notices.sharded(),
             next,
         );
-        // A grant, as for an acquisition; a handover without one is a release.
-        let grants = self
-            .grants(|| self.shared.layout.lease(key))
+        let route = self
+            .lease_writes(|| self.shared.layout.lease(key))
             .await
             .map_err(|f| f.for_key(OP, key))?;
         let sent_at = Instant::now();
         let reply = self
-            .eval_grant(&call, grants)
+            .eval_write(&call, route, None)
             .await
             .map(|reply| reply.value)
             .map_err(|f| f.for_key(OP, key))?;
@@ -537,16 +552,16 @@ impl LeaseBackend for RedisBackend {
     }
 }
 
-/// The most acquisitions and handovers in flight at once on the tracked
-/// renewal connection: a renewal sent behind a flood of them waits for at
-/// most this many scripts (about 15 µs of server time each), and as many
-/// in flight keep one connection's pipeline full.
-pub(crate) const GRANTS_IN_FLIGHT: usize = 64;
+/// The most lease writes (acquisitions, handovers, releases) in flight at
+/// once on the tracked renewal connection: a renewal sent behind a flood of
+/// them waits for at most this many scripts (about 15 µs of server time
+/// each), and as many in flight keep one connection's pipeline full.
+pub(crate) const WRITES_IN_FLIGHT: usize = 64;
 
-/// The connection a script that may grant a lease goes over.
-enum Grants<'a> {
+/// The connection a lease write goes over.
+enum WriteRoute<'a> {
     /// The renewal connection, with client tracking on, and the place taken
-    /// among the [`GRANTS_IN_FLIGHT`] until the reply is in.
+    /// among the [`WRITES_IN_FLIGHT`] until the reply is in.
     Tracked {
         _place: tokio::sync::SemaphorePermit<'a>,
     },

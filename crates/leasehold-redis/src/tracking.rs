@@ -9,10 +9,11 @@
 //! NOLOOP or not). The scripts are written around both rules:
 //!
 //! - A lease is tracked from the script that grants it. While tracking is
-//!   on, acquisitions and handovers travel over the renewal connection (the
-//!   backend's `grants`), at most `GRANTS_IN_FLIGHT` (64) at a
-//!   time so that a flood of them puts no more than that many scripts ahead
-//!   of a renewal. `grant.lua` reads the lease (`PTTL`) after writing it,
+//!   on, every lease write (acquisition, handover, release) travels over
+//!   the renewal connection (the backend's `lease_writes`), at most
+//!   `WRITES_IN_FLIGHT` (64) at a time so that a flood of them puts no more
+//!   than that many scripts ahead of a renewal; NOLOOP keeps them from
+//!   being reported back. `grant.lua` reads the lease (`PTTL`) after writing it,
 //!   and writes the fencing counter last: the lease stays tracked, the
 //!   counter (which never expires) does not. A holder's re-acquisition reads
 //!   its lease again after its `SET`. No round trip is added: the read is in
@@ -24,7 +25,7 @@
 //!
 //! The server then pushes an `invalidate` message when a tracked key changes
 //! (a `SET`, a `DEL`, an expiry, an eviction), once per tracking of the key;
-//! NOLOOP leaves out the connection's own writes (grants, renewals). Each
+//! NOLOOP leaves out the connection's own writes. Each
 //! push of a lease key becomes [`LeaseChange::Changed`]; a push of any other
 //! key (a fencing counter, tracked when an acquisition found the lease
 //! held, or a lease held by someone else, which a refused acquisition
@@ -39,8 +40,8 @@
 //! flight is tracked from its first renewal: the replacement reports
 //! [`LeaseChange::All`], which renews every lease the watchdog holds by
 //! then. A server that refuses `CLIENT TRACKING` (an ACL without the right,
-//! an old server) leaves renewals working without it, and grants go over
-//! the other connection.
+//! an old server) leaves renewals working without it, and lease writes go
+//! over the other connection.
 //!
 //! Overflow: past `tracking-table-max-keys` the server evicts tracked keys
 //! and reports each as changed; the renewal each report causes tracks the
@@ -48,8 +49,9 @@
 //! [`STORM_MIN_REPORTS`] held leases are reported changed, and more than a
 //! quarter as many as were renewed, is taken for such a storm: tracking is
 //! turned off for the backend, with a warning. Changes the backend made
-//! itself over its other connection (releases, which NOLOOP does not cover,
-//! and grants while tracking is off) are not counted.
+//! itself over its other connection, which NOLOOP does not cover, are not
+//! counted (none while tracking is on: its lease writes go over the
+//! tracked one).
 
 use std::collections::HashSet;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};

@@ -73,7 +73,7 @@ async fn a_flood_of_acquisitions_does_not_delay_a_renewal() -> TestResult {
 
     // Tens of thousands of acquisitions at once: served one after another,
     // they take the server a while. (With client tracking on they travel
-    // with the renewals, at most `GRANTS_IN_FLIGHT` at a time.)
+    // with the renewals, at most `WRITES_IN_FLIGHT` at a time.)
     let done = Arc::new(AtomicUsize::new(0));
     let mut flood = Vec::with_capacity(FLOOD);
     for i in 0..FLOOD {
