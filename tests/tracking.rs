@@ -11,6 +11,11 @@ use tokio::time::Instant;
 
 type TestResult = Result<(), Box<dyn std::error::Error>>;
 
+/// One test of this file at a time: the storm of the full tracking table
+/// keeps both cores busy, and the other tests time how soon a holder hears
+/// of a theft.
+static ONE_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
 /// Whether the server's renewal connection has tracking on (`t` among
 /// its `CLIENT LIST` flags).
 fn renewals_tracked(server: &RedisServer) -> Result<bool, Box<dyn std::error::Error>> {
@@ -33,6 +38,7 @@ fn renewals_tracked(server: &RedisServer) -> Result<bool, Box<dyn std::error::Er
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_full_tracking_table_turns_tracking_off_and_every_lease_is_kept() -> TestResult {
     const LEASES: usize = 3000;
+    let _alone = ONE_AT_A_TIME.lock().await;
     let server = RedisServer::builder()
         .arg("--tracking-table-max-keys")
         .arg("100")
@@ -198,6 +204,7 @@ fn check_noticed(topology: &str, noticed: &[(Theft, Duration)]) -> TestResult {
 /// not at its first renewal.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_lease_stolen_before_its_first_renewal_is_noticed_at_once() -> TestResult {
+    let _alone = ONE_AT_A_TIME.lock().await;
     let server = RedisServer::start()?;
     let backend = RedisBackend::connect(server.url()).await?;
     assert!(backend.tracks_lease_changes());
@@ -212,6 +219,7 @@ async fn a_lease_stolen_before_its_first_renewal_is_noticed_at_once() -> TestRes
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn behind_sentinel_a_lease_stolen_before_its_first_renewal_is_noticed_at_once() -> TestResult
 {
+    let _alone = ONE_AT_A_TIME.lock().await;
     let set = SentinelSet::start()?;
     let backend = RedisBackend::connect(set.url()).await?;
     assert_eq!(backend.topology(), Topology::Sentinel);
