@@ -163,10 +163,12 @@ impl RedisBackend {
 
     /// Deletes a lease whoever holds it: an administrator's takeover.
     ///
-    /// **Dangerous.** The holder is not told: its work goes on unguarded
-    /// until its next renewal comes back [`RenewOutcome::Lost`], which may be
-    /// up to a third of its ttl later, and meanwhile a new holder may
-    /// acquire the lease. Only stores that check fencing tokens are safe
+    /// **Dangerous.** The holder is not asked: a holder whose backend tracks
+    /// lease changes (see
+    /// [`tracks_lease_changes`](Self::tracks_lease_changes)) learns of it
+    /// within a round trip; any other works on unguarded until its next
+    /// renewal comes back [`RenewOutcome::Lost`], which may be up to a third
+    /// of its ttl later. Meanwhile a new holder may acquire the lease. Only stores that check fencing tokens are safe
     /// from the old holder's writes; the fencing counter is kept, so the new
     /// holder's token is higher. Use it for a lease whose holder is known
     /// to be dead, or after stopping it.
@@ -277,7 +279,8 @@ impl RedisBackend {
         Ok(WriteRoute::Untracked)
     }
 
-    /// [`eval_acked`](Self::eval_acked) over the renewal connection.
+    /// Runs a renewal over the renewal connection and, if configured,
+    /// `WAIT`s for its replicas.
     async fn eval_renewal(&self, call: &Call) -> Result<Reply, Failure> {
         self.bounded(self.shared.renew_conn.eval(call, self.shared.wait))
             .await
