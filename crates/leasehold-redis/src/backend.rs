@@ -109,7 +109,8 @@ impl RedisBackend {
     /// round trip; after a reconnection the first renewal does it.
     pub(crate) async fn start_tracking(self) -> Self {
         if let Some(tracking) = &self.shared.tracking {
-            self.track_renewals(tracking).await;
+            // A failure leaves it to the first renewal.
+            let _ = self.track_renewals(tracking).await;
         }
         self
     }
@@ -255,16 +256,26 @@ impl RedisBackend {
     /// [`Failure::Timeout`] when no place came free within the op timeout.
     async fn lease_writes(
         &self,
+        grants: bool,
         lease: impl FnOnce() -> String,
     ) -> Result<WriteRoute<'_>, Failure> {
         let Some(tracking) = &self.shared.tracking else {
             return Ok(WriteRoute::Untracked);
         };
         if tracking.is_on() {
-            if tracking.needs_prelude() {
+            if tracking.needs_prelude() || self.shared.renew_conn.needs_resolving() {
                 // Only after a reconnection. Boxed, so that every
                 // acquisition future does not carry the prelude's.
-                Box::pin(self.track_renewals(tracking)).await;
+                let prepared = Box::pin(self.prepare_tracked_writes(tracking)).await;
+                if let Err(failure) = prepared
+                    && grants
+                    && tracking.is_on()
+                {
+                    // A grant over a connection without tracking would
+                    // leave its lease unwatched: fail it, as the
+                    // connection does, and let the caller try again.
+                    return Err(failure);
+                }
             }
             if tracking.is_on() {
                 let limit = self.shared.op_timeout;
@@ -277,6 +288,33 @@ impl RedisBackend {
         }
         tracking.own_write(lease());
         Ok(WriteRoute::Untracked)
+    }
+
+    /// Turns tracking on for the connection the next lease write goes over.
+    /// Behind Sentinel the master is looked up first if the connection was
+    /// forgotten (a call timed out, or the master moved): otherwise the
+    /// prelude would turn tracking on for a new connection counted as the
+    /// old generation, and a grant after it could go over yet another one,
+    /// untracked. Tried twice: a prelude that failed leaves the connection
+    /// forgotten again.
+    ///
+    /// # Errors
+    ///
+    /// The prelude's last failure when tracking is still not on for the
+    /// connection.
+    async fn prepare_tracked_writes(&self, tracking: &Tracking) -> Result<(), Failure> {
+        let limit = self.shared.op_timeout;
+        let mut failure = Failure::Timeout(limit);
+        for _ in 0..2 {
+            let _ = tokio::time::timeout(limit, self.shared.renew_conn.resolve()).await;
+            if let Err(f) = self.track_renewals(tracking).await {
+                failure = f;
+            }
+            if !tracking.needs_prelude() && !self.shared.renew_conn.needs_resolving() {
+                return Ok(());
+            }
+        }
+        Err(failure)
     }
 
     /// Runs a renewal over the renewal connection and, if configured,
@@ -301,10 +339,10 @@ impl RedisBackend {
     /// Turns client tracking on (or off) on the renewal connection when it
     /// is needed: before the first renewal on each new connection. A server
     /// that refuses it leaves tracking off; a connection that fails leaves
-    /// it to the next renewal.
-    async fn track_renewals(&self, tracking: &Tracking) {
+    /// it to the next call, and its failure is returned.
+    async fn track_renewals(&self, tracking: &Tracking) -> Result<(), Failure> {
         let Some((_one_at_a_time, prelude)) = tracking.prelude().await else {
-            return;
+            return Ok(());
         };
         let mut cmd = redis::cmd("CLIENT");
         cmd.arg("TRACKING");
@@ -318,16 +356,19 @@ impl RedisBackend {
             Ok(Err(error)) if matches!(error.kind(), redis::ErrorKind::Server(_)) => {
                 tracking.refused(&error);
             }
-            // Not sent, or no answer: the next renewal tries again.
-            Ok(Err(_)) | Err(_) => {}
+            // Not sent, or no answer: the next call tries again.
+            Ok(Err(error)) => return Err(Failure::from_redis(error, limit)),
+            Err(_) => return Err(Failure::Timeout(limit)),
         }
+        Ok(())
     }
 
     /// One `renew.lua` call for at most [`scripts::RENEW_BATCH`] requests,
     /// all in one cluster slot.
     async fn renew_batch(&self, batch: &[RenewRequest]) -> Vec<Result<RenewOutcome, BackendError>> {
         if let Some(tracking) = &self.shared.tracking {
-            self.track_renewals(tracking).await;
+            // A failure is the renewal's too: it reports its own.
+            let _ = self.track_renewals(tracking).await;
             tracking.renewing(batch.len());
         }
         let call = scripts::renew(&self.shared.layout, batch);
@@ -361,7 +402,7 @@ impl LeaseBackend for RedisBackend {
         }
         let call = scripts::acquire(&self.shared.layout, request);
         let route = self
-            .lease_writes(|| self.shared.layout.lease(&request.key))
+            .lease_writes(true, || self.shared.layout.lease(&request.key))
             .await
             .map_err(|f| f.for_key(OP, &request.key))?;
         let sent_at = Instant::now();
@@ -460,7 +501,7 @@ impl LeaseBackend for RedisBackend {
             notices.map_or(0, |n| n.own_subscription(&self.shared.layout.released(key))),
         );
         let route = self
-            .lease_writes(|| self.shared.layout.lease(key))
+            .lease_writes(false, || self.shared.layout.lease(key))
             .await
             .map_err(|f| f.for_key(OP, key))?;
         let reply = self
@@ -504,7 +545,7 @@ impl LeaseBackend for RedisBackend {
             next,
         );
         let route = self
-            .lease_writes(|| self.shared.layout.lease(key))
+            .lease_writes(true, || self.shared.layout.lease(key))
             .await
             .map_err(|f| f.for_key(OP, key))?;
         let sent_at = Instant::now();

@@ -33,13 +33,16 @@
 //! nothing. A flush (`invalidate` with no keys) and a lost connection
 //! (changes may have been missed) become [`LeaseChange::All`].
 //!
-//! Tracking is turned on again before the first renewal or grant on every
-//! new connection (the connection counts its generations; a disconnection,
-//! or behind Sentinel a new resolution of the master, starts a new one). A
-//! lease granted on a connection that is replaced while the grant is in
-//! flight is tracked from its first renewal: the replacement reports
-//! [`LeaseChange::All`], which renews every lease the watchdog holds by
-//! then. A server that refuses `CLIENT TRACKING` (an ACL without the right,
+//! Tracking is turned on again before the first renewal or lease write on
+//! every new connection (the connection counts its generations; a
+//! disconnection, or behind Sentinel a new resolution of the master, starts
+//! a new one). Before a grant, behind Sentinel, the master is looked up
+//! first if the connection was forgotten, so that tracking is turned on for
+//! the connection the grant then takes; a grant whose prelude fails fails
+//! too (a transient error) rather than go out untracked. Only a connection
+//! replaced between the prelude and the grant leaves a lease tracked from
+//! its first renewal: the replacement reports [`LeaseChange::All`], which
+//! renews the leases the watchdog holds by then. A server that refuses `CLIENT TRACKING` (an ACL without the right,
 //! an old server) leaves renewals working without it, and lease writes go
 //! over the other connection.
 //!

@@ -5,7 +5,7 @@ mod common;
 
 use std::time::Duration;
 
-use common::{TestResult, acquire, connect, holder, key, storage_key, ttl};
+use common::{TestResult, acquire, connect, holder, key, retry_transient, storage_key, ttl};
 use leasehold_core::{
     AcquireRequest, ChangeWatch, HandoverOutcome, LeaseBackend, LeaseChange, LeaseKey,
     RenewOutcome, RenewRequest,
@@ -221,5 +221,37 @@ async fn tracking_can_be_turned_off() -> TestResult {
         .find(|l| l.contains("name=leasehold-renew"))
         .ok_or("no renewal connection")?;
     assert!(renew_line.contains("flags=N"), "{renew_line}");
+    Ok(())
+}
+
+/// Behind Sentinel, a call that times out makes the backend look the
+/// master up again on its next call. A grant that is that next call must
+/// still be tracked: the new connection gets tracking before the grant.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn behind_sentinel_a_grant_on_a_new_connection_is_tracked() -> TestResult {
+    let set = leasehold_testkit::SentinelSet::start()?;
+    let backend = RedisBackend::builder(set.url())
+        .op_timeout(Duration::from_millis(100))
+        .connect()
+        .await?;
+    let mut watch = backend.watch_changes().await?;
+    let first = key("before-pause");
+    acquire(&backend, &first, holder(), ttl("30s")).await?;
+    // The master holds every client for 300 ms: the inspection times out,
+    // and the backend forgets its connection.
+    set.master().cli(&["CLIENT", "PAUSE", "300", "ALL"])?;
+    let timed_out = backend.inspect(&first).await;
+    assert!(timed_out.is_err(), "{timed_out:?}");
+    // The grant goes over a connection to the master opened for it (once
+    // the pause is over: retried while it times out).
+    let (k, me) = (key("after-pause"), holder());
+    retry_transient(|| acquire(&backend, &k, me, ttl("30s"))).await?;
+    while watch.try_next().is_some() {}
+    assert_eq!(
+        set.master()
+            .cli(&["SET", &storage_key(&k), "someone-else"])?,
+        "OK"
+    );
+    only(&changes(&mut watch).await?, &k);
     Ok(())
 }
