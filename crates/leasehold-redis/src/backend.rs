@@ -49,10 +49,13 @@ pub struct RedisBackend {
 }
 
 struct Shared {
-    /// Acquire, release, inspect and force_release.
+    /// Inspect and force_release; acquisitions, handovers and releases
+    /// too while client tracking is off.
     conn: Conn,
-    /// Renewals only, so that no flood of acquisitions (or the application's
-    /// own traffic) queues ahead of them. The same connection on Sentinel.
+    /// Renewals, so that no flood of other operations (or the application's
+    /// own traffic) queues ahead of them; and, while client tracking is on,
+    /// the lease writes (see [`lease_writes`](RedisBackend::lease_writes)).
+    /// The same connection on Sentinel.
     renew_conn: Conn,
     /// Release notices: plain channels on a standalone server and on the
     /// master the sentinels name, sharded ones on a cluster.
@@ -64,6 +67,8 @@ struct Shared {
     wait: Option<Wait>,
     /// Client tracking on the renewal connection; standalone and Sentinel.
     tracking: Option<Arc<Tracking>>,
+    /// [`WRITES_IN_FLIGHT`] places for lease writes on the renewal connection.
+    write_places: tokio::sync::Semaphore,
 }
 
 impl RedisBackend {
@@ -86,6 +91,7 @@ impl RedisBackend {
                 server,
                 wait,
                 tracking: None,
+                write_places: tokio::sync::Semaphore::new(WRITES_IN_FLIGHT),
             }),
         }
     }
@@ -103,7 +109,8 @@ impl RedisBackend {
     /// round trip; after a reconnection the first renewal does it.
     pub(crate) async fn start_tracking(self) -> Self {
         if let Some(tracking) = &self.shared.tracking {
-            self.track_renewals(tracking).await;
+            // A failure leaves it to the first renewal.
+            let _ = self.track_renewals(tracking).await;
         }
         self
     }
@@ -157,10 +164,12 @@ impl RedisBackend {
 
     /// Deletes a lease whoever holds it: an administrator's takeover.
     ///
-    /// **Dangerous.** The holder is not told: its work goes on unguarded
-    /// until its next renewal comes back [`RenewOutcome::Lost`], which may be
-    /// up to a third of its ttl later, and meanwhile a new holder may
-    /// acquire the lease. Only stores that check fencing tokens are safe
+    /// **Dangerous.** The holder is not asked: a holder whose backend tracks
+    /// lease changes (see
+    /// [`tracks_lease_changes`](Self::tracks_lease_changes)) learns of it
+    /// within a round trip; any other works on unguarded until its next
+    /// renewal comes back [`RenewOutcome::Lost`], which may be up to a third
+    /// of its ttl later. Meanwhile a new holder may acquire the lease. Only stores that check fencing tokens are safe
     /// from the old holder's writes; the fencing counter is kept, so the new
     /// holder's token is higher. Use it for a lease whose holder is known
     /// to be dead, or after stopping it.
@@ -207,13 +216,109 @@ impl RedisBackend {
             .map(|reply| reply.value)
     }
 
-    /// Runs a write script and, if configured, `WAIT`s for its replicas.
-    async fn eval_acked(&self, call: &Call) -> Result<Reply, Failure> {
-        self.bounded(self.shared.conn.eval(call, self.shared.wait))
-            .await
+    /// Runs a lease write (and, with `wait`, `WAIT`s for its replicas) over
+    /// the connection [`lease_writes`](Self::lease_writes) picked; its place
+    /// is given back with the reply.
+    async fn eval_write(
+        &self,
+        call: &Call,
+        route: WriteRoute<'_>,
+        wait: Option<Wait>,
+    ) -> Result<Reply, Failure> {
+        let conn = match route {
+            WriteRoute::Tracked { .. } => &self.shared.renew_conn,
+            WriteRoute::Untracked => &self.shared.conn,
+        };
+        self.bounded(conn.eval(call, wait)).await
     }
 
-    /// [`eval_acked`](Self::eval_acked) over the renewal connection.
+    /// Where a script that writes `lease` (an acquisition, a handover, a
+    /// release) goes.
+    ///
+    /// While client tracking is on: over the tracked renewal connection. A
+    /// grant there leaves the lease tracked from the script that grants it
+    /// on (over the other connection it would be unwatched until its first
+    /// renewal, a third of its ttl later), and NOLOOP keeps the backend's
+    /// own writes from being reported back to it (a release over the other
+    /// connection would cost the server a push to the renewal connection).
+    /// No round trip is added: tracking is already on for that connection
+    /// except on the first call after a reconnection, which turns it on as
+    /// a renewal would. At most [`WRITES_IN_FLIGHT`] writes are on that
+    /// connection at a time, so that a flood of acquisitions or releases
+    /// puts no more than that many scripts ahead of a renewal; the others
+    /// wait here, within the op timeout.
+    ///
+    /// Otherwise over the other connection; the write is noted for the
+    /// overflow guard, in case it is reported back.
+    ///
+    /// # Errors
+    ///
+    /// [`Failure::Timeout`] when no place came free within the op timeout.
+    async fn lease_writes(
+        &self,
+        grants: bool,
+        lease: impl FnOnce() -> String,
+    ) -> Result<WriteRoute<'_>, Failure> {
+        let Some(tracking) = &self.shared.tracking else {
+            return Ok(WriteRoute::Untracked);
+        };
+        if tracking.is_on() {
+            if tracking.needs_prelude() || self.shared.renew_conn.needs_resolving() {
+                // Only after a reconnection. Boxed, so that every
+                // acquisition future does not carry the prelude's.
+                let prepared = Box::pin(self.prepare_tracked_writes(tracking)).await;
+                if let Err(failure) = prepared
+                    && grants
+                    && tracking.is_on()
+                {
+                    // A grant over a connection without tracking would
+                    // leave its lease unwatched: fail it, as the
+                    // connection does, and let the caller try again.
+                    return Err(failure);
+                }
+            }
+            if tracking.is_on() {
+                let limit = self.shared.op_timeout;
+                return match tokio::time::timeout(limit, self.shared.write_places.acquire()).await {
+                    Ok(Ok(place)) => Ok(WriteRoute::Tracked { _place: place }),
+                    // The semaphore is never closed; a timeout sent nothing.
+                    Ok(Err(_)) | Err(_) => Err(Failure::Timeout(limit)),
+                };
+            }
+        }
+        tracking.own_write(lease());
+        Ok(WriteRoute::Untracked)
+    }
+
+    /// Turns tracking on for the connection the next lease write goes over.
+    /// Behind Sentinel the master is looked up first if the connection was
+    /// forgotten (a call timed out, or the master moved): otherwise the
+    /// prelude would turn tracking on for a new connection counted as the
+    /// old generation, and a grant after it could go over yet another one,
+    /// untracked. Tried twice: a prelude that failed leaves the connection
+    /// forgotten again.
+    ///
+    /// # Errors
+    ///
+    /// The prelude's last failure when tracking is still not on for the
+    /// connection.
+    async fn prepare_tracked_writes(&self, tracking: &Tracking) -> Result<(), Failure> {
+        let limit = self.shared.op_timeout;
+        let mut failure = Failure::Timeout(limit);
+        for _ in 0..2 {
+            let _ = tokio::time::timeout(limit, self.shared.renew_conn.resolve()).await;
+            if let Err(f) = self.track_renewals(tracking).await {
+                failure = f;
+            }
+            if !tracking.needs_prelude() && !self.shared.renew_conn.needs_resolving() {
+                return Ok(());
+            }
+        }
+        Err(failure)
+    }
+
+    /// Runs a renewal over the renewal connection and, if configured,
+    /// `WAIT`s for its replicas.
     async fn eval_renewal(&self, call: &Call) -> Result<Reply, Failure> {
         self.bounded(self.shared.renew_conn.eval(call, self.shared.wait))
             .await
@@ -234,10 +339,10 @@ impl RedisBackend {
     /// Turns client tracking on (or off) on the renewal connection when it
     /// is needed: before the first renewal on each new connection. A server
     /// that refuses it leaves tracking off; a connection that fails leaves
-    /// it to the next renewal.
-    async fn track_renewals(&self, tracking: &Tracking) {
+    /// it to the next call, and its failure is returned.
+    async fn track_renewals(&self, tracking: &Tracking) -> Result<(), Failure> {
         let Some((_one_at_a_time, prelude)) = tracking.prelude().await else {
-            return;
+            return Ok(());
         };
         let mut cmd = redis::cmd("CLIENT");
         cmd.arg("TRACKING");
@@ -251,16 +356,19 @@ impl RedisBackend {
             Ok(Err(error)) if matches!(error.kind(), redis::ErrorKind::Server(_)) => {
                 tracking.refused(&error);
             }
-            // Not sent, or no answer: the next renewal tries again.
-            Ok(Err(_)) | Err(_) => {}
+            // Not sent, or no answer: the next call tries again.
+            Ok(Err(error)) => return Err(Failure::from_redis(error, limit)),
+            Err(_) => return Err(Failure::Timeout(limit)),
         }
+        Ok(())
     }
 
     /// One `renew.lua` call for at most [`scripts::RENEW_BATCH`] requests,
     /// all in one cluster slot.
     async fn renew_batch(&self, batch: &[RenewRequest]) -> Vec<Result<RenewOutcome, BackendError>> {
         if let Some(tracking) = &self.shared.tracking {
-            self.track_renewals(tracking).await;
+            // A failure is the renewal's too: it reports its own.
+            let _ = self.track_renewals(tracking).await;
             tracking.renewing(batch.len());
         }
         let call = scripts::renew(&self.shared.layout, batch);
@@ -293,12 +401,13 @@ impl LeaseBackend for RedisBackend {
             Box::pin(notices.restore()).await;
         }
         let call = scripts::acquire(&self.shared.layout, request);
-        if let Some(tracking) = &self.shared.tracking {
-            tracking.own_write(self.shared.layout.lease(&request.key));
-        }
+        let route = self
+            .lease_writes(true, || self.shared.layout.lease(&request.key))
+            .await
+            .map_err(|f| f.for_key(OP, &request.key))?;
         let sent_at = Instant::now();
         let reply = self
-            .eval_acked(&call)
+            .eval_write(&call, route, self.shared.wait)
             .await
             .map_err(|f| f.for_key(OP, &request.key))?;
         let outcome = reply::acquired(request, sent_at, &reply.value)
@@ -391,10 +500,15 @@ impl LeaseBackend for RedisBackend {
             notices.is_some_and(Notices::sharded),
             notices.map_or(0, |n| n.own_subscription(&self.shared.layout.released(key))),
         );
-        if let Some(tracking) = &self.shared.tracking {
-            tracking.own_write(self.shared.layout.lease(key));
-        }
-        let reply = self.eval(&call).await.map_err(|f| f.for_key(OP, key))?;
+        let route = self
+            .lease_writes(false, || self.shared.layout.lease(key))
+            .await
+            .map_err(|f| f.for_key(OP, key))?;
+        let reply = self
+            .eval_write(&call, route, None)
+            .await
+            .map(|reply| reply.value)
+            .map_err(|f| f.for_key(OP, key))?;
         reply::released_heard(&reply).map_err(|f| f.for_key(OP, key))
     }
 
@@ -430,12 +544,16 @@ impl LeaseBackend for RedisBackend {
             notices.sharded(),
             next,
         );
-        if let Some(tracking) = &self.shared.tracking {
-            // As for a release: the script writes the lease.
-            tracking.own_write(self.shared.layout.lease(key));
-        }
+        let route = self
+            .lease_writes(true, || self.shared.layout.lease(key))
+            .await
+            .map_err(|f| f.for_key(OP, key))?;
         let sent_at = Instant::now();
-        let reply = self.eval(&call).await.map_err(|f| f.for_key(OP, key))?;
+        let reply = self
+            .eval_write(&call, route, None)
+            .await
+            .map(|reply| reply.value)
+            .map_err(|f| f.for_key(OP, key))?;
         reply::handed_over(next, sent_at, &reply).map_err(|f| f.for_key(OP, key))
     }
 
@@ -476,6 +594,23 @@ impl LeaseBackend for RedisBackend {
             .await
             .map_err(|f| f.for_key("watch_releases", key))
     }
+}
+
+/// The most lease writes (acquisitions, handovers, releases) in flight at
+/// once on the tracked renewal connection: a renewal sent behind a flood of
+/// them waits for at most this many scripts (about 15 µs of server time
+/// each), and as many in flight keep one connection's pipeline full.
+pub(crate) const WRITES_IN_FLIGHT: usize = 64;
+
+/// The connection a lease write goes over.
+enum WriteRoute<'a> {
+    /// The renewal connection, with client tracking on, and the place taken
+    /// among the [`WRITES_IN_FLIGHT`] until the reply is in.
+    Tracked {
+        _place: tokio::sync::SemaphorePermit<'a>,
+    },
+    /// The operations connection.
+    Untracked,
 }
 
 /// The indices of `requests` grouped by the cluster slot of their lease,

@@ -57,6 +57,23 @@ impl Conn {
         }
     }
 
+    /// Whether the next call will look the master up first (Sentinel, after
+    /// the last connection was forgotten).
+    pub(crate) fn needs_resolving(&self) -> bool {
+        matches!(self, Self::Sentinel(sentinel) if sentinel.cached().is_none())
+    }
+
+    /// Behind Sentinel, looks the master up now if the last connection was
+    /// forgotten, so that the calls that follow go over one connection. A
+    /// failure is left to the next call, which tries again.
+    pub(crate) async fn resolve(&self) {
+        if let Self::Sentinel(sentinel) = self
+            && sentinel.cached().is_none()
+        {
+            let _ = sentinel.current().await;
+        }
+    }
+
     /// Runs one command on the server (or cluster node) that holds `key`.
     pub(crate) async fn command(&self, cmd: &Cmd, key: &str) -> RedisResult<Value> {
         match self {

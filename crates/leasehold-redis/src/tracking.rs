@@ -1,23 +1,50 @@
 //! Client tracking on the renewal connection: the server tells the holder
-//! when a lease key it renews changes, so the watchdog renews that lease at
+//! when one of its lease keys changes, so the watchdog renews that lease at
 //! once instead of at its next renewal.
 //!
 //! The renewal connection speaks RESP3 and runs `CLIENT TRACKING ON
-//! NOLOOP`. `renew.lua` reads each lease with `GETEX` (a write command, which
-//! tracking ignores) and ends with one `PTTL`: a read-only command inside a
-//! script makes Redis 7.0 track *every* key the script call names, so one
-//! read tracks the batch, where a `GET` per lease tracked the whole batch
-//! once per lease (quadratic in the batch size). The server then pushes an
-//! `invalidate` message when any of those keys changes (a `SET`, a `DEL`,
-//! an expiry, an eviction), once per tracking of the key; NOLOOP leaves out
-//! the renewals' own `PEXPIRE`s. Each push becomes
-//! [`LeaseChange::Changed`]; a flush (`invalidate` with no keys) and a lost
-//! connection (changes may have been missed) become [`LeaseChange::All`].
+//! NOLOOP`. On Redis 7.0 a read-only command inside a script makes the
+//! server track *every* key the script call names, for the calling
+//! connection, and any write to a key drops its tracking (for every client,
+//! NOLOOP or not). The scripts are written around both rules:
 //!
-//! Tracking is turned on again before the first renewal on every new
-//! connection (the connection counts its generations; a disconnection, or
-//! behind Sentinel a new resolution of the master, starts a new one). A server that refuses `CLIENT TRACKING` (an ACL
-//! without the right, an old server) leaves renewals working without it.
+//! - A lease is tracked from the script that grants it. While tracking is
+//!   on, every lease write (acquisition, handover, release) travels over
+//!   the renewal connection (the backend's `lease_writes`), at most
+//!   `WRITES_IN_FLIGHT` (64) at a time so that a flood of them puts no more
+//!   than that many scripts ahead of a renewal; NOLOOP keeps them from
+//!   being reported back. `grant.lua` reads the lease (`PTTL`) after writing it,
+//!   and writes the fencing counter last: the lease stays tracked, the
+//!   counter (which never expires) does not. A holder's re-acquisition reads
+//!   its lease again after its `SET`. No round trip is added: the read is in
+//!   the script.
+//! - `renew.lua` reads each lease with `GETEX` (a write command, which
+//!   tracking ignores) and ends with one `PTTL`, so one read tracks the
+//!   batch, where a `GET` per lease tracked the whole batch once per lease
+//!   (quadratic in the batch size).
+//!
+//! The server then pushes an `invalidate` message when a tracked key changes
+//! (a `SET`, a `DEL`, an expiry, an eviction), once per tracking of the key;
+//! NOLOOP leaves out the connection's own writes. Each
+//! push of a lease key becomes [`LeaseChange::Changed`]; a push of any other
+//! key (a fencing counter, tracked when an acquisition found the lease
+//! held, or a lease held by someone else, which a refused acquisition
+//! reads) names no lease or one the watchdog does not hold, and changes
+//! nothing. A flush (`invalidate` with no keys) and a lost connection
+//! (changes may have been missed) become [`LeaseChange::All`].
+//!
+//! Tracking is turned on again before the first renewal or lease write on
+//! every new connection (the connection counts its generations; a
+//! disconnection, or behind Sentinel a new resolution of the master, starts
+//! a new one). Before a grant, behind Sentinel, the master is looked up
+//! first if the connection was forgotten, so that tracking is turned on for
+//! the connection the grant then takes; a grant whose prelude fails fails
+//! too (a transient error) rather than go out untracked. Only a connection
+//! replaced between the prelude and the grant leaves a lease tracked from
+//! its first renewal: the replacement reports [`LeaseChange::All`], which
+//! renews the leases the watchdog holds by then. A server that refuses `CLIENT TRACKING` (an ACL without the right,
+//! an old server) leaves renewals working without it, and lease writes go
+//! over the other connection.
 //!
 //! Overflow: past `tracking-table-max-keys` the server evicts tracked keys
 //! and reports each as changed; the renewal each report causes tracks the
@@ -25,8 +52,9 @@
 //! [`STORM_MIN_REPORTS`] held leases are reported changed, and more than a
 //! quarter as many as were renewed, is taken for such a storm: tracking is
 //! turned off for the backend, with a warning. Changes the backend made
-//! itself (acquisitions and releases, sent over the other connection, which
-//! NOLOOP does not cover) are not counted.
+//! itself over its other connection, which NOLOOP does not cover, are not
+//! counted (none while tracking is on: its lease writes go over the
+//! tracked one).
 
 use std::collections::HashSet;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -85,7 +113,7 @@ struct Window {
     started: Option<Instant>,
     reported: u64,
     renewed: u64,
-    /// Lease keys this backend acquired or released in the window.
+    /// Lease keys this backend wrote over its other connection in the window.
     own: HashSet<String>,
 }
 
@@ -162,7 +190,8 @@ impl Tracking {
         Some((guard, prelude))
     }
 
-    fn needs_prelude(&self) -> bool {
+    /// Whether the next call on the renewal connection must send a prelude.
+    pub(crate) fn needs_prelude(&self) -> bool {
         self.turn_off.load(Ordering::Acquire)
             || (self.is_on()
                 && self.enabled_for.load(Ordering::Acquire)

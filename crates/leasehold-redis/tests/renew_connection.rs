@@ -1,5 +1,5 @@
-//! Renewals travel over a connection of their own, so that a flood on the
-//! operations connection cannot queue ahead of them.
+//! Renewals travel over a connection of their own, so that a flood of
+//! other operations cannot queue ahead of them.
 
 mod common;
 
@@ -43,10 +43,12 @@ async fn renewals_and_other_operations_use_distinct_named_connections() -> TestR
     assert_eq!(last_command(&server, "leasehold-ops")?, "client|setname");
     assert_eq!(last_command(&server, "leasehold-renew")?, "client|tracking");
 
+    // With client tracking on, an acquisition travels with the renewals,
+    // so that the server tracks the lease from its grant on.
     let (k, a) = (key("distinct"), holder());
     acquire(&backend, &k, a, ttl("30s")).await?;
-    assert_eq!(last_command(&server, "leasehold-ops")?, "evalsha");
-    assert_eq!(last_command(&server, "leasehold-renew")?, "client|tracking");
+    assert_eq!(last_command(&server, "leasehold-ops")?, "client|setname");
+    assert_eq!(last_command(&server, "leasehold-renew")?, "evalsha");
 
     let renewed = backend
         .renew(&RenewRequest::new(k.clone(), a, ttl("30s")))
@@ -54,7 +56,20 @@ async fn renewals_and_other_operations_use_distinct_named_connections() -> TestR
     assert_eq!(renewed, RenewOutcome::Renewed);
     assert_eq!(last_command(&server, "leasehold-renew")?, "evalsha");
     backend.inspect(&k).await?;
-    assert_eq!(last_command(&server, "leasehold-renew")?, "evalsha");
+    assert_eq!(last_command(&server, "leasehold-ops")?, "evalsha");
+    Ok(())
+}
+
+#[tokio::test]
+async fn without_tracking_acquisitions_use_the_operations_connection() -> TestResult {
+    let server = RedisServer::start()?;
+    let backend = leasehold_redis::RedisBackend::builder(server.url())
+        .track_lease_changes(false)
+        .connect()
+        .await?;
+    acquire(&backend, &key("untracked"), holder(), ttl("30s")).await?;
+    assert_eq!(last_command(&server, "leasehold-ops")?, "evalsha");
+    assert_eq!(last_command(&server, "leasehold-renew")?, "client|setname");
     Ok(())
 }
 
@@ -66,8 +81,9 @@ async fn a_flood_of_acquisitions_does_not_delay_a_renewal() -> TestResult {
     let (k, a) = (key("renewed-during-flood"), holder());
     acquire(&backend, &k, a, ttl("30s")).await?;
 
-    // Tens of thousands of acquisitions in flight on the operations
-    // connection: served one after another, they take the server a while.
+    // Tens of thousands of acquisitions at once: served one after another,
+    // they take the server a while. (With client tracking on they travel
+    // with the renewals, at most `WRITES_IN_FLIGHT` at a time.)
     let done = Arc::new(AtomicUsize::new(0));
     let mut flood = Vec::with_capacity(FLOOD);
     for i in 0..FLOOD {

@@ -5,8 +5,11 @@ mod common;
 
 use std::time::Duration;
 
-use common::{TestResult, acquire, connect, holder, key, storage_key, ttl};
-use leasehold_core::{ChangeWatch, LeaseBackend, LeaseChange, RenewOutcome, RenewRequest};
+use common::{TestResult, acquire, connect, holder, key, retry_transient, storage_key, ttl};
+use leasehold_core::{
+    AcquireRequest, ChangeWatch, HandoverOutcome, LeaseBackend, LeaseChange, LeaseKey,
+    RenewOutcome, RenewRequest,
+};
 use leasehold_redis::RedisBackend;
 use leasehold_testkit::RedisServer;
 
@@ -43,7 +46,6 @@ async fn a_set_or_del_behind_the_holder_is_reported_for_its_lease() -> TestResul
     acquire(&backend, &k, me, ttl("30s")).await?;
     acquire(&backend, &other, holder(), ttl("30s")).await?;
     let renew = RenewRequest::new(k.clone(), me, ttl("30s"));
-    // A lease is watched from its first renewal on.
     assert_eq!(backend.renew(&renew).await?, RenewOutcome::Renewed);
     assert_eq!(
         server.cli(&["SET", &storage_key(&k), "someone-else", "PX", "60000"])?,
@@ -59,8 +61,95 @@ async fn a_set_or_del_behind_the_holder_is_reported_for_its_lease() -> TestResul
     assert_eq!(server.cli(&["DEL", &storage_key(&k)])?, "1");
     let changed = changes(&mut watch).await?;
     assert!(changed.contains(&LeaseChange::Changed(k)), "{changed:?}");
-    // The other lease was never renewed here, so never tracked: nothing else.
+    // The other lease did not change: nothing else.
     assert_eq!(watch.try_next(), None);
+    Ok(())
+}
+
+/// The number of keys in the server's tracking table: the server's own
+/// count, which the backend does not shape.
+fn tracked_keys(server: &RedisServer) -> Result<u64, Box<dyn std::error::Error>> {
+    let stats = server.cli(&["INFO", "stats"])?;
+    let count = stats
+        .lines()
+        .find_map(|l| l.strip_prefix("tracking_total_keys:"))
+        .ok_or("no tracking_total_keys in INFO stats")?;
+    Ok(count.trim().parse()?)
+}
+
+/// Checks that `changed` reports `k`, and nothing but the Redis key of `k`
+/// (which also names `{k}`).
+fn only(changed: &[LeaseChange], k: &LeaseKey) {
+    assert!(
+        changed.contains(&LeaseChange::Changed(k.clone())),
+        "{k}: {changed:?}"
+    );
+    assert!(
+        changed
+            .iter()
+            .all(|c| matches!(c, LeaseChange::Changed(o) if storage_key(o) == storage_key(k))),
+        "{k}: {changed:?}"
+    );
+}
+
+/// A lease is tracked from the script that grants it (an acquisition, a
+/// re-acquisition by its holder, a handover), before any renewal: a SET or
+/// a DEL behind the holder is reported at once. Its fencing counter is not
+/// tracked: a counter never expires, and would hold its entry in the
+/// server's tracking table long after the lease is gone.
+#[tokio::test]
+async fn a_lease_is_tracked_from_its_grant_and_its_counter_is_not() -> TestResult {
+    let server = RedisServer::start()?;
+    let backend = connect(&server).await;
+    let mut watch = backend.watch_changes().await?;
+    assert_eq!(tracked_keys(&server)?, 0);
+
+    // Acquired: no renewal, yet a SET is reported. The counter is not
+    // tracked, and a change of it is not reported (pushes come in order,
+    // so a report of it would come first).
+    let k = key("granted");
+    acquire(&backend, &k, holder(), ttl("30s")).await?;
+    assert_eq!(tracked_keys(&server)?, 1, "the lease, not its counter");
+    server.cli(&["INCR", &format!("{}:fence", storage_key(&k))])?;
+    assert_eq!(
+        server.cli(&["SET", &storage_key(&k), "someone-else"])?,
+        "OK"
+    );
+    only(&changes(&mut watch).await?, &k);
+
+    // Acquired again by its holder (a retried acquisition): the refresh
+    // writes the lease, which must not leave it untracked. A DEL is reported.
+    let (k, me) = (key("refreshed"), holder());
+    acquire(&backend, &k, me, ttl("30s")).await?;
+    acquire(&backend, &k, me, ttl("30s")).await?;
+    assert_eq!(server.cli(&["DEL", &storage_key(&k)])?, "1");
+    only(&changes(&mut watch).await?, &k);
+
+    // Handed over to a local waiter (only our own watch listens): the new
+    // holder's lease is tracked too.
+    let (k, first, next) = (key("handed"), holder(), holder());
+    acquire(&backend, &k, first, ttl("30s")).await?;
+    let before = tracked_keys(&server)?;
+    let _listening = backend.watch_releases(&k).await?;
+    let outcome = backend
+        .release_to(
+            &k,
+            &first,
+            &AcquireRequest::new(k.clone(), next, ttl("30s")),
+        )
+        .await?;
+    assert!(
+        matches!(outcome, HandoverOutcome::HandedOver(ref g) if g.holder == next),
+        "{outcome:?}"
+    );
+    // The handover's writes dropped the lease's tracking, its read after
+    // them tracked it again: as many keys are tracked as before.
+    assert_eq!(tracked_keys(&server)?, before, "the handed-over lease");
+    assert_eq!(
+        server.cli(&["SET", &storage_key(&k), "someone-else"])?,
+        "OK"
+    );
+    only(&changes(&mut watch).await?, &k);
     Ok(())
 }
 
@@ -132,5 +221,37 @@ async fn tracking_can_be_turned_off() -> TestResult {
         .find(|l| l.contains("name=leasehold-renew"))
         .ok_or("no renewal connection")?;
     assert!(renew_line.contains("flags=N"), "{renew_line}");
+    Ok(())
+}
+
+/// Behind Sentinel, a call that times out makes the backend look the
+/// master up again on its next call. A grant that is that next call must
+/// still be tracked: the new connection gets tracking before the grant.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn behind_sentinel_a_grant_on_a_new_connection_is_tracked() -> TestResult {
+    let set = leasehold_testkit::SentinelSet::start()?;
+    let backend = RedisBackend::builder(set.url())
+        .op_timeout(Duration::from_millis(100))
+        .connect()
+        .await?;
+    let mut watch = backend.watch_changes().await?;
+    let first = key("before-pause");
+    acquire(&backend, &first, holder(), ttl("30s")).await?;
+    // The master holds every client for 300 ms: the inspection times out,
+    // and the backend forgets its connection.
+    set.master().cli(&["CLIENT", "PAUSE", "300", "ALL"])?;
+    let timed_out = backend.inspect(&first).await;
+    assert!(timed_out.is_err(), "{timed_out:?}");
+    // The grant goes over a connection to the master opened for it (once
+    // the pause is over: retried while it times out).
+    let (k, me) = (key("after-pause"), holder());
+    retry_transient(|| acquire(&backend, &k, me, ttl("30s"))).await?;
+    while watch.try_next().is_some() {}
+    assert_eq!(
+        set.master()
+            .cli(&["SET", &storage_key(&k), "someone-else"])?,
+        "OK"
+    );
+    only(&changes(&mut watch).await?, &k);
     Ok(())
 }

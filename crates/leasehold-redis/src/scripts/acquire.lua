@@ -26,9 +26,15 @@ if current then
     local colon = string.find(rest, ':', 1, true)
     local token = colon and string.sub(rest, 1, colon - 1) or rest
     redis.call('SET', KEYS[1], mine .. token .. ':' .. label, 'PX', ttl)
+    -- The SET dropped the lease's client tracking; read it to track it again
+    -- (see grant.lua).
+    redis.pcall('PTTL', KEYS[1])
     return {1, token}
   end
   -- 2b. Someone else's: report their public value and how long it still lives.
+  --     (On a tracking connection this tracks their lease too: the holder's
+  --     next write reports it, and the backend, holding no lease there, has
+  --     nothing to do.)
   return {0, current, redis.call('PTTL', KEYS[1])}
 end
 

@@ -7,6 +7,16 @@
 -- token (a decimal string), or nil and an error reply when the counter is
 -- not a number (then nothing is written).
 --
+-- Client tracking: on a connection that tracks (CLIENT TRACKING ON NOLOOP,
+-- see renew.lua), the grant leaves the new lease tracked and its counter
+-- not. A read-only command in a script makes Redis 7.0 track every key the
+-- script call names, and any write to a key drops its tracking, for every
+-- client and NOLOOP or not. So the lease is read (PTTL) after it is
+-- written, which tracks the lease and the counter, and the counter is
+-- written last, which drops the counter's: a counter never expires, and
+-- tracked it would keep an entry in the server's tracking table after the
+-- lease is gone.
+--
 -- Numbers go to redis.call only through string.format('%.0f', n): Redis may
 -- render a large Lua number in exponent form.
 
@@ -16,30 +26,29 @@ local function grant(lease, fence, holder, ttl, label)
   local t = redis.call('TIME')
   local floor = tonumber(t[1]) * 1000000 + tonumber(t[2])
 
-  -- 2. The token is one past the counter, lifted to the floor, and the counter
-  --    keeps it. Tokens follow the clock, so the floor is nearly always the
-  --    higher: store it and read the old counter in one step (SET ... GET; a
-  --    counter of another type fails it with WRONGTYPE and nothing is
-  --    written), and only when the counter was ahead (a clock that stepped
-  --    back, or two grants within one microsecond) store one past the counter.
+  -- 2. The token is one past the counter, lifted to the floor. A counter of
+  --    another type fails the GET with WRONGTYPE; one that is not a number
+  --    is refused, as INCR would: nothing is written either way.
   local n = floor
-  local before = redis.call('SET', fence, string.format('%.0f', floor), 'GET')
+  local before = redis.call('GET', fence)
   if before then
     local c = tonumber(before)
     if not c then
-      -- Not a number: put it back untouched and refuse, as INCR would.
-      redis.call('SET', fence, before)
       return nil, redis.error_reply('ERR the fencing counter is not an integer')
     end
     if c >= floor then
+      -- The counter is ahead: a clock that stepped back, or two grants
+      -- within one microsecond.
       n = c + 1
-      redis.call('SET', fence, string.format('%.0f', n))
     end
   end
   local token = string.format('%.0f', n)
 
-  -- 3. Store the lease with its expiry.
+  -- 3. Store the lease with its expiry, and track it (see above).
   redis.call('SET', lease, holder .. ':' .. token .. ':' .. label, 'PX', ttl)
+  redis.pcall('PTTL', lease)
+
+  -- 4. The counter keeps the token; written last, so that it is not tracked.
+  redis.call('SET', fence, token)
   return token
 end
-
