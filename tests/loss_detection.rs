@@ -31,11 +31,12 @@
 //!   `MONITOR` stamp) to the old holder's token firing; negative when the
 //!   old holder had learned of the loss before the new holder took the
 //!   lease. Asserted: at most [`RECONNECT_ALLOWANCE`].
-//! - **F3** ([`F3_LEASES`] leases): once every lease has been renewed once,
-//!   a side connection overwrites each one with a plain `SET`, at a random
-//!   moment within the next renew interval. Measured: from the `SET` as
-//!   the server ran it to the holder's token firing. Asserted: at most
-//!   [`PUSH_ALLOWANCE`].
+//! - **F3** ([`F3_LEASES`] leases): a side connection overwrites each lease
+//!   with a plain `SET` at a random moment within two renew intervals of
+//!   the acquisitions, so that some overwrites come before the lease's
+//!   first renewal (the server tracks a lease for its holder from the
+//!   script that grants it). Measured: from the `SET` as the server ran it
+//!   to the holder's token firing. Asserted: at most [`PUSH_ALLOWANCE`].
 //!
 //! Each test prints the median and worst of its figures over all samples.
 //! One round of each runs by default (the four in parallel, under 10 s in
@@ -92,11 +93,11 @@ const HOLD: Duration = Duration::from_secs(2);
 /// gives up on it: far beyond every bound asserted here.
 const FIRE_LIMIT: Duration = Duration::from_secs(10);
 
-/// The bound on F3: the server's push, one renewal round trip and the
+/// The bound on F3 (the promise of docs/reliability.md): the server's push, one renewal round trip and the
 /// scheduling of two tasks, on a loaded 2-core machine. Measured worst: a
 /// few milliseconds; a renewal at the renew cadence instead of on the push
 /// takes up to a renew interval (667 ms) after the `SET`.
-const PUSH_ALLOWANCE: Duration = Duration::from_millis(100);
+const PUSH_ALLOWANCE: Duration = Duration::from_millis(50);
 
 /// The bound on F2: the old holder's reconnection (retried from 5 ms,
 /// doubling), one renewal round trip and scheduling, after the restarted
@@ -458,6 +459,7 @@ async fn f3_an_overwritten_lease_is_noticed_at_once_at_any_phase() -> TestResult
     assert!(PUSH_ALLOWANCE < interval);
     let mut overlaps = Vec::new();
     let mut phases = Vec::new();
+    let mut first_interval = 0;
     for _ in 0..runs() {
         let server = RedisServer::start()?;
         let monitor = Monitor::start(server.addr()).await?;
@@ -466,19 +468,12 @@ async fn f3_an_overwritten_lease_is_noticed_at_once_at_any_phase() -> TestResult
         let keys: Vec<String> = (0..leases.len())
             .map(|i| redis_key(&format!("f3-{i}")))
             .collect();
-        // Overwrite only after each lease's first renewal: the server tracks
-        // a lease for its holder from the first renewal on (renew.lua's
-        // PTTL), so an overwrite in the first renew interval is noticed only
-        // at that renewal.
-        for key in &keys {
-            monitor.wait_for(2 * interval, 1, |e| e.renews(key)).await?;
-        }
         let mut side = redis::Client::open(server.url())?
             .get_multiplexed_async_connection()
             .await?;
         let watchers: Vec<_> = leases.iter().map(fired_at).collect();
         let mut at: Vec<(Duration, usize)> = (0..keys.len())
-            .map(|i| (interval.mul_f64(fastrand::f64()), i))
+            .map(|i| (interval.mul_f64(2.0 * fastrand::f64()), i))
             .collect();
         at.sort();
         let from = Instant::now();
@@ -508,6 +503,14 @@ async fn f3_an_overwritten_lease_is_noticed_at_once_at_any_phase() -> TestResult
                 .last_ttl_set(key, set)
                 .ok_or_else(|| format!("the server never gave {key} a ttl"))?;
             phases.push(ms_after(set, renewed.at));
+            let granted = seen
+                .iter()
+                .find(|e| e.sets(key))
+                .ok_or_else(|| format!("the server never granted {key}"))?
+                .at;
+            if granted == renewed.at {
+                first_interval += 1;
+            }
             let overlap = ms_after(*fired, set);
             assert!(
                 overlap <= PUSH_ALLOWANCE.as_secs_f64() * 1e3,
@@ -518,9 +521,13 @@ async fn f3_an_overwritten_lease_is_noticed_at_once_at_any_phase() -> TestResult
         drop(leases);
         shutdown(managers).await?;
     }
+    println!(
+        "F3: {first_interval} of {} overwrites came before the lease's first renewal",
+        phases.len()
+    );
     report(
         "F3",
-        "the SET came this long after the lease's last renewal",
+        "the SET came this long after the lease's grant or last renewal",
         phases,
         true,
     );
