@@ -28,3 +28,9 @@ redis-server --version
 # CI checks that they build and run without a separate release build.
 cargo test --workspace --all-targets "$@"
 cargo test --workspace --doc
+
+# The handle-versus-watchdog races under loom (every interleaving within
+# loom's default preemption bound), in a target directory of its own so
+# that the --cfg flag does not rebuild the rest.
+RUSTFLAGS="--cfg loom" CARGO_TARGET_DIR=target/loom \
+  cargo test -p leasehold-watchdog --lib loom
