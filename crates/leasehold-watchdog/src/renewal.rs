@@ -218,6 +218,15 @@ impl Hasher for IdHasher {
     }
 }
 
+/// When a lease's next renewal is wanted.
+#[derive(Debug, Clone, Copy)]
+enum When {
+    /// A regular renewal: moved back onto the grid, to share its batch.
+    OnGrid(Instant),
+    /// A retry after a failure: its delay is kept whole.
+    Exactly(Instant),
+}
+
 /// A renewal call in flight: its leases, in request order.
 struct Batch {
     members: Vec<Place>,
@@ -531,6 +540,24 @@ impl<B: LeaseBackend> Watchdog<B> {
     /// or the cap is reached). Ends the lease at once, and returns `None`,
     /// if the deadline passed. The caller puts the place in the bucket.
     fn schedule(&mut self, slot: u32, renew_at: Instant, now: Instant) -> Option<(Instant, Place)> {
+        self.schedule_at(slot, When::OnGrid(renew_at), now)
+    }
+
+    /// As [`schedule`](Self::schedule), for a retry at `retry_at` exactly.
+    /// Rounded down onto the grid, a retry delay shorter than the grid's
+    /// step (every delay, with the default options) would shrink to nothing,
+    /// and a backend that fails at once would be asked again and again
+    /// without a pause.
+    fn schedule_retry(
+        &mut self,
+        slot: u32,
+        retry_at: Instant,
+        now: Instant,
+    ) -> Option<(Instant, Place)> {
+        self.schedule_at(slot, When::Exactly(retry_at), now)
+    }
+
+    fn schedule_at(&mut self, slot: u32, at: When, now: Instant) -> Option<(Instant, Place)> {
         let entry = self.slots.get(slot as usize)?.entry.as_ref()?;
         let deadline = entry.deadline;
         if now >= deadline {
@@ -540,8 +567,13 @@ impl<B: LeaseBackend> Watchdog<B> {
         let when = if entry.capped() {
             deadline
         } else {
-            let interval = entry.shared.timing.renew_interval_ns();
-            self.on_grid(renew_at, interval).min(deadline)
+            match at {
+                When::OnGrid(renew_at) => {
+                    let interval = entry.shared.timing.renew_interval_ns();
+                    self.on_grid(renew_at, interval).min(deadline)
+                }
+                When::Exactly(retry_at) => retry_at.min(deadline),
+            }
         };
         Some((when, self.new_place(slot)))
     }
@@ -806,7 +838,7 @@ impl<B: LeaseBackend> Watchdog<B> {
                     debug!(key = %entry.key, name = %entry.shared.name, %error, "renewal failed; retrying");
                     let retry_at = now + entry.shared.timing.retry_delay(entry.failures);
                     entry.failures = entry.failures.saturating_add(1);
-                    if let Some((when, place)) = self.schedule(place.slot, retry_at, now) {
+                    if let Some((when, place)) = self.schedule_retry(place.slot, retry_at, now) {
                         self.buckets.entry(when).or_default().push(place);
                     }
                 }
