@@ -8,8 +8,9 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use leasehold_core::{
-    AcquireOutcome, AcquireRequest, BackendError, HolderId, LeaseBackend, LeaseInfo, LeaseKey,
-    MemoryBackend, ReleaseOutcome, RenewOutcome, RenewRequest, Ttl,
+    AcquireOutcome, AcquireRequest, BackendError, ChangeFeed, ChangeWatch, HolderId, LeaseBackend,
+    LeaseChange, LeaseInfo, LeaseKey, MemoryBackend, ReleaseOutcome, RenewOutcome, RenewRequest,
+    Ttl,
 };
 use leasehold_watchdog::{LeaseManager, LeaseOptions, LossReason};
 use tokio::time::{Instant, sleep_until, timeout};
@@ -25,6 +26,8 @@ type Call = (Instant, Vec<String>);
 struct Recording {
     inner: MemoryBackend,
     calls: Arc<Mutex<Vec<Call>>>,
+    /// The changes this backend reports: only those the test makes.
+    feed: Arc<Mutex<ChangeFeed>>,
 }
 
 impl Recording {
@@ -35,6 +38,23 @@ impl Recording {
             .expect("not poisoned")
             .iter()
             .map(|(at, _)| *at - start)
+            .collect()
+    }
+
+    /// Reports a change of `key`, whether or not anything changed.
+    fn report(&self, key: &str) -> TestResult {
+        let change = LeaseChange::Changed(LeaseKey::new(key)?);
+        self.feed.lock().expect("not poisoned").report(&change);
+        Ok(())
+    }
+
+    /// The keys of the calls so far, call by call.
+    fn keys(&self) -> Vec<Vec<String>> {
+        self.calls
+            .lock()
+            .expect("not poisoned")
+            .iter()
+            .map(|(_, keys)| keys.clone())
             .collect()
     }
 }
@@ -66,6 +86,10 @@ impl LeaseBackend for Recording {
 
     async fn inspect(&self, key: &LeaseKey) -> Result<Option<LeaseInfo>, BackendError> {
         self.inner.inspect(key).await
+    }
+
+    async fn watch_changes(&self) -> Result<ChangeWatch, BackendError> {
+        Ok(self.feed.lock().expect("not poisoned").subscribe())
     }
 }
 
@@ -130,5 +154,137 @@ async fn a_backend_failing_at_once_is_not_retried_in_a_tight_loop() -> TestResul
     }
     assert_eq!(calls, expected);
     assert_eq!(Instant::now(), start + ms(26_698));
+    Ok(())
+}
+
+/// Released by its handle, a lease leaves the watchdog: no renewal of it
+/// is sent afterwards, although the watchdog would learn nothing from one
+/// (the lease is gone, and a claimed release reports no loss).
+#[tokio::test(start_paused = true)]
+async fn a_lease_released_by_its_handle_is_never_renewed_again() -> TestResult {
+    let backend = Recording::default();
+    let manager = LeaseManager::new(backend.clone())?;
+    let start = Instant::now();
+    let options = LeaseOptions::with_ttl(Ttl::parse("3s")?);
+    let released = manager.acquire("released", &options).await?;
+    let kept = manager.acquire("kept", &options).await?;
+    sleep_until(start + ms(500)).await;
+    assert_eq!(released.release().await?, ReleaseOutcome::Released);
+
+    sleep_until(start + ms(3500)).await;
+    // One call a second, for the lease still held, and nothing else.
+    assert_eq!(backend.calls_since(start), [ms(1000), ms(2000), ms(3000)]);
+    assert_eq!(backend.keys(), vec![vec!["kept".to_owned()]; 3]);
+    assert_eq!(kept.renewals(), 3);
+    Ok(())
+}
+
+/// A cap of two renewals: exactly two calls reach the server, at 1 s and
+/// 2 s, and the token fires a safety margin before the second renewal's
+/// validity ends (2 s + 3 s − 32 ms drift − 300 ms), while the server still
+/// has the lease. A cap of none fires before the first renewal.
+#[tokio::test(start_paused = true)]
+async fn a_capped_lease_is_renewed_exactly_its_cap_and_ends_in_time() -> TestResult {
+    for (cap, calls, fires_at) in [
+        (2, vec![ms(1000), ms(2000)], ms(4668)),
+        (0, vec![], ms(2668)),
+    ] {
+        let backend = Recording::default();
+        let manager = LeaseManager::new(backend.clone())?;
+        let start = Instant::now();
+        let options = LeaseOptions::builder()
+            .ttl(Ttl::parse("3s")?)
+            .max_renewals(cap)
+            .build()?;
+        let lease = manager.acquire("capped", &options).await?;
+        let reason = timeout(Duration::from_secs(30), lease.lost()).await?;
+        assert_eq!(reason, LossReason::RenewalLimit, "cap {cap}");
+        assert_eq!(Instant::now() - start, fires_at, "cap {cap}");
+        assert_eq!(backend.calls_since(start), calls, "cap {cap}");
+        let left = backend
+            .inspect(&LeaseKey::new("capped")?)
+            .await?
+            .and_then(|info| info.ttl_left);
+        assert_eq!(left, Some(ms(332)), "cap {cap}");
+        // Nothing more is sent.
+        sleep_until(start + ms(10_000)).await;
+        assert_eq!(backend.calls_since(start), calls, "cap {cap}");
+    }
+    Ok(())
+}
+
+/// A renew interval shorter than the grid has steps (16 ns) has no grid:
+/// the lease is renewed as asked, on the timer's millisecond resolution,
+/// rather than the watchdog dividing by a zero step.
+#[tokio::test(start_paused = true)]
+async fn a_renew_interval_finer_than_the_grid_still_renews() -> TestResult {
+    let backend = Recording::default();
+    let manager = LeaseManager::new(backend.clone())?;
+    let start = Instant::now();
+    let options = LeaseOptions::builder()
+        .ttl(Ttl::parse("100ms")?)
+        .renew_interval(Duration::from_nanos(10))
+        .build()?;
+    let lease = manager.acquire("fine", &options).await?;
+    sleep_until(start + ms(10)).await;
+    assert!(lease.renewals() >= 1);
+    assert_eq!(lease.loss_reason(), None);
+    // Unrenewed, the server would have 90 ms left.
+    let left = backend
+        .inspect(&LeaseKey::new("fine")?)
+        .await?
+        .and_then(|info| info.ttl_left);
+    assert!(left > Some(ms(90)), "{left:?} left");
+    Ok(())
+}
+
+/// A change renews the held leases of its key at once, in one call, and
+/// leaves alone a lease that ended (it stays lost) and one past its cap
+/// (it is not renewed beyond it, and ends by its cap).
+#[tokio::test(start_paused = true)]
+async fn a_change_renews_held_leases_at_once_and_no_ended_or_capped_one() -> TestResult {
+    let backend = Recording::default();
+    let manager = LeaseManager::new(backend.clone())?;
+    let start = Instant::now();
+    let options = LeaseOptions::with_ttl(Ttl::parse("3s")?);
+    let capped = LeaseOptions::builder()
+        .ttl(Ttl::parse("3s")?)
+        .max_renewals(0)
+        .build()?;
+    let held = manager.acquire("held", &options).await?;
+    let lost = manager.acquire("lost", &options).await?;
+    let at_cap = manager.acquire("at-cap", &capped).await?;
+
+    sleep_until(start + ms(100)).await;
+    backend
+        .inner
+        .hand_over(&LeaseKey::new("lost")?, Ttl::parse("3s")?)?;
+    backend.report("lost")?;
+    let reason = timeout(Duration::from_secs(1), lost.lost()).await?;
+    assert_eq!(reason, LossReason::Lost);
+    assert_eq!(Instant::now(), start + ms(100));
+
+    sleep_until(start + ms(200)).await;
+    for key in ["held", "lost", "at-cap"] {
+        backend.report(key)?;
+    }
+    sleep_until(start + ms(300)).await;
+    assert_eq!(backend.calls_since(start), [ms(100), ms(200)]);
+    assert_eq!(
+        backend.keys(),
+        [vec!["lost".to_owned()], vec!["held".to_owned()]]
+    );
+    assert_eq!(held.renewals(), 1);
+    // The server saw the renewal at 200 ms.
+    let left = backend
+        .inspect(&LeaseKey::new("held")?)
+        .await?
+        .and_then(|info| info.ttl_left);
+    assert_eq!(left, Some(ms(2900)));
+
+    let reason = timeout(Duration::from_secs(10), at_cap.lost()).await?;
+    assert_eq!(reason, LossReason::RenewalLimit);
+    assert_eq!(Instant::now(), start + ms(2668));
+    assert_eq!(lost.loss_reason(), Some(LossReason::Lost));
     Ok(())
 }
