@@ -926,6 +926,8 @@ impl<B: LeaseBackend> Watchdog<B> {
 
 #[cfg(test)]
 mod tests {
+    use std::collections::HashSet;
+
     use super::*;
 
     /// The per-lease structures docs/performance.md accounts for: the
@@ -941,5 +943,32 @@ mod tests {
         assert!(lease <= 40, "Lease is {lease} bytes");
         // A lease's place in a bucket or a batch.
         assert_eq!(std::mem::size_of::<Place>(), 8);
+    }
+
+    /// Lease ids count up from 0: the hasher must still spread them over
+    /// a table's buckets (the low bits) and its control bytes (the high
+    /// bits), or the id map degrades into a linear search. Byte strings
+    /// (which no map here uses, but `Hasher` allows) hash apart too.
+    #[test]
+    fn id_hasher_spreads_counted_ids() {
+        let hash_id = |id: u64| {
+            let mut h = IdHasher::default();
+            h.write_u64(id);
+            h.finish()
+        };
+        let low: HashSet<u64> = (0..1024).map(|id| hash_id(id) & 1023).collect();
+        assert_eq!(low.len(), 1024, "low bits collide");
+        let high: HashSet<u64> = (0..128).map(|id| hash_id(id) >> 57).collect();
+        assert!(high.len() >= 64, "only {} control bytes", high.len());
+
+        let hash_bytes = |bytes: &[u8]| {
+            let mut h = IdHasher::default();
+            h.write(bytes);
+            h.finish()
+        };
+        let pairs: HashSet<u64> = (0..=u16::MAX)
+            .map(|n| hash_bytes(&n.to_be_bytes()))
+            .collect();
+        assert_eq!(pairs.len(), 1 << 16, "two-byte strings collide");
     }
 }
