@@ -10,22 +10,25 @@ use tokio::time::timeout;
 type TestResult = Result<(), Box<dyn std::error::Error>>;
 
 #[tokio::test(start_paused = true)]
-async fn a_lease_names_itself_in_its_debug_output() -> TestResult {
+async fn a_lease_names_itself_and_its_label_is_stored_beside_it() -> TestResult {
     let backend = MemoryBackend::new();
     let manager = LeaseManager::new(backend.clone())?;
     let options = LeaseOptions::builder()
         .ttl(Ttl::parse("3s")?)
         .name("nightly-report")
+        .label("worker-3")
         .build()?;
     let lease = manager.acquire("job-7", &options).await?;
     assert_eq!(lease.name(), "nightly-report");
     assert_eq!(lease.key().as_str(), "job-7");
-    // The server's own record of the lease, for the token.
+    // The server's own record of the lease: the token, and the label
+    // stored beside it.
     let on_server = backend
         .inspect(&LeaseKey::new("job-7")?)
         .await?
-        .and_then(|info| info.fencing_token);
-    assert_eq!(on_server, Some(lease.fencing_token()));
+        .ok_or("the lease is held")?;
+    assert_eq!(on_server.fencing_token, Some(lease.fencing_token()));
+    assert_eq!(on_server.label.as_deref(), Some("worker-3"));
 
     let debug = format!("{lease:?}");
     for part in ["job-7", "nightly-report", "renewals: 0", "loss: None", "3s"] {
