@@ -288,3 +288,34 @@ async fn a_change_renews_held_leases_at_once_and_no_ended_or_capped_one() -> Tes
     assert_eq!(lost.loss_reason(), Some(LossReason::Lost));
     Ok(())
 }
+
+/// A renewal that hangs ends the lease at its deadline, the acquisition's
+/// validity less the safety margin (3 s − 32 ms − 300 ms), however long the
+/// call stays in flight; the server still had the lease then: the hung
+/// call, let through afterwards, finds it and extends it.
+#[tokio::test(start_paused = true)]
+async fn a_hung_renewal_ends_the_lease_at_its_deadline() -> TestResult {
+    let backend = Recording::default();
+    let manager = LeaseManager::new(backend.clone())?;
+    let start = Instant::now();
+    let options = LeaseOptions::with_ttl(Ttl::parse("3s")?);
+    let lease = manager.acquire("hung", &options).await?;
+    backend.inner.hang();
+    let reason = timeout(Duration::from_secs(10), lease.lost()).await?;
+    assert_eq!(reason, LossReason::Deadline);
+    assert_eq!(Instant::now() - start, ms(2668));
+    assert_eq!(backend.calls_since(start), [ms(1000)]);
+
+    backend.inner.resume();
+    sleep_until(start + ms(2700)).await;
+    let left = backend
+        .inspect(&LeaseKey::new("hung")?)
+        .await?
+        .and_then(|info| info.ttl_left);
+    // Renewed when it went through, at 2668 ms, for 3 s.
+    assert_eq!(left, Some(ms(2668 + 3000 - 2700)));
+    // A late success does not revive the lease.
+    assert_eq!(lease.loss_reason(), Some(LossReason::Deadline));
+    assert_eq!(lease.renewals(), 0);
+    Ok(())
+}
