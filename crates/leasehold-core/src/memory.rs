@@ -580,7 +580,9 @@ mod tests {
         tokio::time::sleep(Duration::from_secs(60)).await;
         assert!(!pending.is_finished());
         backend.resume();
-        assert_eq!(pending.await??, None);
+        // Bounded: an operation that stays hung fails the test, not hangs it.
+        let finished = tokio::time::timeout(Duration::from_secs(1), pending).await?;
+        assert_eq!(finished??, None);
         Ok(())
     }
 }

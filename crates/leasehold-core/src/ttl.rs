@@ -150,4 +150,18 @@ mod tests {
             Ok("1m 30s".to_owned())
         );
     }
+
+    /// What Redis is sent, and the conversions back to a duration.
+    #[test]
+    fn converts_to_milliseconds_and_back() {
+        let ttl = Ttl::parse("1m 30s").expect("valid ttl");
+        assert_eq!(ttl.as_millis(), 90_000);
+        assert_eq!(Ttl::DEFAULT.as_millis(), 30_000);
+        assert_eq!(Duration::from(ttl), Duration::from_secs(90));
+        assert_eq!(
+            Ttl::try_from(Duration::from_millis(250)).map(Ttl::get),
+            Ok(Duration::from_millis(250))
+        );
+        assert_eq!(format!("{ttl:?}"), "Ttl(1m 30s)");
+    }
 }

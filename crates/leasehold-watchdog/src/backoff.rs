@@ -93,4 +93,17 @@ mod tests {
             Duration::from_millis(7)
         );
     }
+
+    /// `new` raises a zero start to 1 ms and a cap below the start to it.
+    #[test]
+    fn new_keeps_the_bounds_in_order() {
+        let ms = Duration::from_millis;
+        let b = Backoff::new(ms(10), ms(100));
+        assert_eq!((b.initial(), b.max()), (ms(10), ms(100)));
+        let zero = Backoff::new(Duration::ZERO, Duration::ZERO);
+        assert_eq!((zero.initial(), zero.max()), (ms(1), ms(1)));
+        let inverted = Backoff::new(ms(50), ms(20));
+        assert_eq!((inverted.initial(), inverted.max()), (ms(50), ms(50)));
+        assert_eq!(inverted.delay(3), ms(50));
+    }
 }

@@ -104,3 +104,69 @@ impl Changes {
         ids
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use tokio::sync::mpsc;
+
+    use super::*;
+
+    fn key(k: &str) -> LeaseKey {
+        LeaseKey::new(k).expect("valid key")
+    }
+
+    /// A change names the leases still watched under its key, and those of
+    /// the changes queued behind it, each once; a change of every lease
+    /// names them all. The index forgets a key with its last lease, and
+    /// everything once the backend stops reporting.
+    #[tokio::test]
+    async fn a_change_names_exactly_the_leases_of_its_keys() {
+        let (report, receiver) = mpsc::unbounded_channel();
+        let mut changes = Changes::new(ChangeWatch::new(receiver));
+        assert!(changes.is_open());
+        for (k, id) in [("a", 5), ("a", 7), ("b", 9), ("c", 3)] {
+            changes.insert(&key(k), id);
+        }
+        changes.remove(&key("a"), 5);
+        let send = |k: &str| {
+            report
+                .send(LeaseChange::Changed(key(k)))
+                .expect("the watch is open");
+        };
+
+        send("a");
+        let first = changes.next().await.expect("a change");
+        assert_eq!(changes.affected(first), vec![7]);
+
+        for k in ["b", "a", "b", "unwatched"] {
+            send(k);
+        }
+        let first = changes.next().await.expect("a change");
+        assert_eq!(changes.affected(first), vec![7, 9]);
+
+        report.send(LeaseChange::All).expect("the watch is open");
+        send("b");
+        let first = changes.next().await.expect("a change");
+        assert_eq!(changes.affected(first), vec![3, 7, 9]);
+        // The change queued behind was covered, and taken.
+        assert_eq!(changes.watch.try_next(), None);
+
+        changes.remove(&key("b"), 9);
+        assert!(!changes.by_key.contains_key(&key("b")));
+        assert_eq!(changes.by_key.len(), 2);
+
+        drop(report);
+        assert_eq!(changes.next().await, None);
+        assert!(!changes.is_open());
+        assert!(changes.by_key.is_empty());
+    }
+
+    /// Without changes, the index stays empty however many leases come.
+    #[test]
+    fn without_changes_nothing_is_indexed() {
+        let mut changes = Changes::none();
+        assert!(!changes.is_open());
+        changes.insert(&key("a"), 1);
+        assert!(changes.by_key.is_empty());
+    }
+}

@@ -344,4 +344,20 @@ mod tests {
         }
         Ok(())
     }
+
+    /// Another wait changes the wait alone.
+    #[test]
+    fn with_wait_replaces_only_the_wait() -> Result<(), Box<dyn std::error::Error>> {
+        let options = LeaseOptions::builder()
+            .ttl(Ttl::parse("10s")?)
+            .max_renewals(7)
+            .name("report")
+            .label("host-a")
+            .build()?;
+        let waiting = options.with_wait(Some(Duration::from_secs(10)));
+        assert_eq!(waiting.wait(), Some(Duration::from_secs(10)));
+        assert_eq!(waiting.with_wait(None), options);
+        assert_eq!(waiting.label(), Some("host-a"));
+        Ok(())
+    }
 }

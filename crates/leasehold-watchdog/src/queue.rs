@@ -236,4 +236,93 @@ mod tests {
         assert_eq!(*order.lock().expect("not poisoned"), vec![0, 1]);
         assert_eq!(queues.len(), 0);
     }
+
+    /// A heard release holds back this manager's next acquisition of the
+    /// key for exactly [`YIELD`], and only once.
+    #[tokio::test(start_paused = true)]
+    async fn a_heard_release_yields_for_exactly_the_yield_time() {
+        let queues = Queues::new(3);
+        assert_eq!(queues.yield_until(&key()), None, "nothing heard");
+        let heard_at = Instant::now();
+        queues.note_heard(&key());
+        tokio::time::advance(YIELD - Duration::from_millis(1)).await;
+        assert_eq!(queues.yield_until(&key()), Some(heard_at + YIELD));
+        // Taken: a second acquisition does not yield again.
+        assert_eq!(queues.yield_until(&key()), None);
+
+        queues.note_heard(&key());
+        tokio::time::advance(YIELD).await;
+        // At the very end of the yield there is nothing left to wait for.
+        assert_eq!(queues.yield_until(&key()), None);
+    }
+
+    /// Past [`HEARD_KEYS`] keys, noting a release drops the ones whose
+    /// yield is over (and only those), so the map stays bounded.
+    #[tokio::test(start_paused = true)]
+    async fn heard_releases_past_the_bound_drop_the_stale_ones() {
+        let queues = Queues::new(3);
+        let heard = |queues: &Queues| queues.heard.lock().expect("not poisoned").len();
+        let name = |i: usize| LeaseKey::new(format!("k{i}")).expect("valid key");
+        for i in 0..HEARD_KEYS - 1 {
+            queues.note_heard(&name(i));
+        }
+        tokio::time::advance(Duration::from_millis(1)).await;
+        let fresh_at = Instant::now();
+        queues.note_heard(&key());
+        assert_eq!(heard(&queues), HEARD_KEYS);
+        // The first keys' yield ends now; `q`'s has a millisecond left.
+        tokio::time::advance(YIELD - Duration::from_millis(1)).await;
+        queues.note_heard(&name(HEARD_KEYS));
+        assert_eq!(heard(&queues), 2);
+        assert_eq!(queues.yield_until(&key()), Some(fresh_at + YIELD));
+    }
+
+    /// `others_waiting` counts the tasks behind the head, not the head; the
+    /// head shares the key's handover state.
+    #[tokio::test(start_paused = true)]
+    async fn the_head_knows_whether_others_wait_behind_it() {
+        let queues = Arc::new(Queues::new(3));
+        let later = Some(Instant::now() + Duration::from_secs(60));
+        let head = queues.enter(&key(), None).await.expect("free head");
+        assert!(!head.others_waiting());
+        // The head's handover state is the key's, where a release looks.
+        let shared = queues.handoff(&key()).expect("a queue for the key");
+        assert!(std::ptr::eq(head.handoff(), &*shared));
+        let behind = tokio::spawn({
+            let queues = Arc::clone(&queues);
+            async move {
+                queues
+                    .enter(&key(), later)
+                    .await
+                    .map(|turn| turn.others_waiting())
+            }
+        });
+        tokio::task::yield_now().await;
+        assert!(head.others_waiting());
+        drop(head);
+        let next = tokio::time::timeout(Duration::from_secs(1), behind)
+            .await
+            .expect("the next head got its turn")
+            .expect("not panicked");
+        assert!(matches!(next, Ok(false)));
+    }
+
+    /// A wait that runs out reports the head as occupied, and leaves no
+    /// queue behind.
+    #[tokio::test(start_paused = true)]
+    async fn a_wait_for_the_head_gives_up_at_its_deadline() {
+        let queues = Arc::new(Queues::new(3));
+        let head = queues.enter(&key(), None).await.expect("free head");
+        let start = Instant::now();
+        let give_up_at = start + Duration::from_millis(500);
+        assert!(matches!(
+            queues.enter(&key(), Some(give_up_at)).await,
+            Err(QueueError::Occupied)
+        ));
+        assert_eq!(Instant::now(), give_up_at);
+        assert!(queues.handoff(&key()).is_some());
+        drop(head);
+        assert!(queues.handoff(&key()).is_none());
+        assert_eq!(queues.len(), 0);
+    }
 }

@@ -218,6 +218,15 @@ impl Hasher for IdHasher {
     }
 }
 
+/// When a lease's next renewal is wanted.
+#[derive(Debug, Clone, Copy)]
+enum When {
+    /// A regular renewal: moved back onto the grid, to share its batch.
+    OnGrid(Instant),
+    /// A retry after a failure: its delay is kept whole.
+    Exactly(Instant),
+}
+
 /// A renewal call in flight: its leases, in request order.
 struct Batch {
     members: Vec<Place>,
@@ -531,6 +540,24 @@ impl<B: LeaseBackend> Watchdog<B> {
     /// or the cap is reached). Ends the lease at once, and returns `None`,
     /// if the deadline passed. The caller puts the place in the bucket.
     fn schedule(&mut self, slot: u32, renew_at: Instant, now: Instant) -> Option<(Instant, Place)> {
+        self.schedule_at(slot, When::OnGrid(renew_at), now)
+    }
+
+    /// As [`schedule`](Self::schedule), for a retry at `retry_at` exactly.
+    /// Rounded down onto the grid, a retry delay shorter than the grid's
+    /// step (every delay, with the default options) would shrink to nothing,
+    /// and a backend that fails at once would be asked again and again
+    /// without a pause.
+    fn schedule_retry(
+        &mut self,
+        slot: u32,
+        retry_at: Instant,
+        now: Instant,
+    ) -> Option<(Instant, Place)> {
+        self.schedule_at(slot, When::Exactly(retry_at), now)
+    }
+
+    fn schedule_at(&mut self, slot: u32, at: When, now: Instant) -> Option<(Instant, Place)> {
         let entry = self.slots.get(slot as usize)?.entry.as_ref()?;
         let deadline = entry.deadline;
         if now >= deadline {
@@ -540,8 +567,13 @@ impl<B: LeaseBackend> Watchdog<B> {
         let when = if entry.capped() {
             deadline
         } else {
-            let interval = entry.shared.timing.renew_interval_ns();
-            self.on_grid(renew_at, interval).min(deadline)
+            match at {
+                When::OnGrid(renew_at) => {
+                    let interval = entry.shared.timing.renew_interval_ns();
+                    self.on_grid(renew_at, interval).min(deadline)
+                }
+                When::Exactly(retry_at) => retry_at.min(deadline),
+            }
         };
         Some((when, self.new_place(slot)))
     }
@@ -806,7 +838,7 @@ impl<B: LeaseBackend> Watchdog<B> {
                     debug!(key = %entry.key, name = %entry.shared.name, %error, "renewal failed; retrying");
                     let retry_at = now + entry.shared.timing.retry_delay(entry.failures);
                     entry.failures = entry.failures.saturating_add(1);
-                    if let Some((when, place)) = self.schedule(place.slot, retry_at, now) {
+                    if let Some((when, place)) = self.schedule_retry(place.slot, retry_at, now) {
                         self.buckets.entry(when).or_default().push(place);
                     }
                 }
@@ -894,6 +926,8 @@ impl<B: LeaseBackend> Watchdog<B> {
 
 #[cfg(test)]
 mod tests {
+    use std::collections::HashSet;
+
     use super::*;
 
     /// The per-lease structures docs/performance.md accounts for: the
@@ -909,5 +943,32 @@ mod tests {
         assert!(lease <= 40, "Lease is {lease} bytes");
         // A lease's place in a bucket or a batch.
         assert_eq!(std::mem::size_of::<Place>(), 8);
+    }
+
+    /// Lease ids count up from 0: the hasher must still spread them over
+    /// a table's buckets (the low bits) and its control bytes (the high
+    /// bits), or the id map degrades into a linear search. Byte strings
+    /// (which no map here uses, but `Hasher` allows) hash apart too.
+    #[test]
+    fn id_hasher_spreads_counted_ids() {
+        let hash_id = |id: u64| {
+            let mut h = IdHasher::default();
+            h.write_u64(id);
+            h.finish()
+        };
+        let low: HashSet<u64> = (0..1024).map(|id| hash_id(id) & 1023).collect();
+        assert_eq!(low.len(), 1024, "low bits collide");
+        let high: HashSet<u64> = (0..128).map(|id| hash_id(id) >> 57).collect();
+        assert!(high.len() >= 64, "only {} control bytes", high.len());
+
+        let hash_bytes = |bytes: &[u8]| {
+            let mut h = IdHasher::default();
+            h.write(bytes);
+            h.finish()
+        };
+        let pairs: HashSet<u64> = (0..=u16::MAX)
+            .map(|n| hash_bytes(&n.to_be_bytes()))
+            .collect();
+        assert_eq!(pairs.len(), 1 << 16, "two-byte strings collide");
     }
 }
