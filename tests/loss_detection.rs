@@ -48,6 +48,7 @@
 //! ```
 
 #[path = "common/server_clock.rs"]
+#[allow(dead_code)] // this file uses part of it
 mod server_clock;
 
 use std::time::{Duration, SystemTime};
