@@ -33,9 +33,9 @@ async fn a_few_failed_renewals_are_retried_and_the_lease_is_kept() -> TestResult
     backend.fail_next(2);
     tokio::time::sleep_until(start + Duration::from_millis(999)).await;
     assert_eq!(lease.renewals(), 0, "renewed before it was due");
-    // Retries follow at once (5 ms, then 20 ms later; never past the
-    // renewal grid's step): a broken connection is the commonest failure,
-    // and the client reconnects on it.
+    // Retries follow soon (5 ms, then 20 ms later, each delay kept whole;
+    // tests/renew_calls.rs pins the instants): a broken connection is the
+    // commonest failure, and the client reconnects on it.
     tokio::time::sleep_until(start + Duration::from_millis(1100)).await;
     assert_eq!(
         lease.renewals(),
