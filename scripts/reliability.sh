@@ -25,9 +25,11 @@ for part in "${parts[@]}"; do
       echo
       echo "| fault | figure | samples | median | worst |"
       echo "|---|---|---|---|---|"
-      LEASEHOLD_LOSS_RUNS=${LEASEHOLD_LOSS_RUNS:-3} \
-        cargo test --release --test loss_detection -- --nocapture --test-threads 1 2>/dev/null \
-        | grep -E '^\|' || true
+      out=$(LEASEHOLD_LOSS_RUNS=${LEASEHOLD_LOSS_RUNS:-3} \
+        cargo test --release --test loss_detection -- --nocapture --test-threads 1 2>/dev/null)
+      grep -E '^\|' <<<"$out" || true
+      echo
+      grep -E '^F3: [0-9]+ of' <<<"$out" || true
       ;;
     campaign)
       echo "### Fault campaign"
