@@ -29,7 +29,8 @@ for part in "${parts[@]}"; do
         cargo test --release --test loss_detection -- --nocapture --test-threads 1 2>/dev/null)
       grep -E '^\|' <<<"$out" || true
       echo
-      grep -E '^F3: [0-9]+ of' <<<"$out" || true
+      # The count follows its test's name on the same line.
+      grep -oE 'F3: [0-9]+ of .*' <<<"$out" || true
       ;;
     campaign)
       echo "### Fault campaign"
