@@ -41,10 +41,11 @@
 //! Each test prints the median and worst of its figures over all samples.
 //! One round of each runs by default (the four in parallel, under 10 s in
 //! all); `LEASEHOLD_LOSS_RUNS=N` repeats each round N times. The figures
-//! in docs/reliability.md come from:
+//! in docs/reliability.md come from `scripts/reliability.sh loss`, which
+//! runs:
 //!
 //! ```sh
-//! LEASEHOLD_LOSS_RUNS=3 cargo test --test loss_detection -- --nocapture --test-threads 1
+//! LEASEHOLD_LOSS_RUNS=3 cargo test --release --test loss_detection -- --nocapture --test-threads 1
 //! ```
 
 #[path = "common/server_clock.rs"]
