@@ -12,8 +12,12 @@ use leasehold::{
 };
 use leasehold_testkit::{RedisCluster, RedisServer};
 
+#[path = "common/held.rs"]
+mod held;
 #[path = "common/notice.rs"]
 mod notice;
+
+use held::{held_and_renewed, held_on};
 
 type TestResult = Result<(), Box<dyn std::error::Error>>;
 
@@ -131,28 +135,6 @@ async fn renewals_are_batched_one_script_call_per_slot_on_the_node_of_the_slot()
     Ok(())
 }
 
-/// A lease as the server holds it, read by the test on its own connection
-/// to one node: the stored value (holder id, fencing token, label) and its
-/// PTTL in milliseconds (-2 when the key is gone).
-async fn held_on(
-    conn: &mut MultiplexedConnection,
-    stored: &str,
-) -> Result<(Option<String>, i64), Box<dyn std::error::Error>> {
-    let (value, pttl): (Option<String>, i64) = leasehold::redis::redis::pipe()
-        .cmd("GET")
-        .arg(stored)
-        .cmd("PTTL")
-        .arg(stored)
-        .query_async(conn)
-        .await?;
-    Ok((value, pttl))
-}
-
-/// The fencing token in a stored lease value `<holder>:<token>:<label>`.
-fn stored_token(value: &str) -> Option<u64> {
-    value.split(':').nth(1)?.parse().ok()
-}
-
 /// Side connections to the nodes that serve `stored`'s slots now, and
 /// which connection serves each key.
 async fn connect_to_masters(
@@ -249,52 +231,16 @@ async fn a_manual_failover_during_renewals_keeps_every_lease() -> TestResult {
         moved,
         "the promoted replica serves the leases of its old master"
     );
-    let mut last: Vec<Option<i64>> = vec![None; leases.len()];
-    let mut renewed = vec![false; leases.len()];
-    let until = tokio::time::Instant::now() + 3 * renew_interval;
-    while renewed.contains(&false) {
-        for (i, (key, node)) in stored.iter().zip(&placement).enumerate() {
-            let conn = conns.get_mut(node).ok_or("no connection to the node")?;
-            let (value, pttl) = held_on(conn, key).await?;
-            assert_eq!(
-                value.as_deref(),
-                Some(written[i].as_str()),
-                "failover-{i}: the master serving it now does not hold the holder's lease"
-            );
-            assert_eq!(
-                value.as_deref().and_then(stored_token),
-                Some(leases[i].fencing_token().get()),
-                "failover-{i}"
-            );
-            renewed[i] |= last[i].is_some_and(|before| pttl > before);
-            last[i] = Some(pttl);
-        }
-        if !renewed.contains(&false) {
-            break;
-        }
-        assert!(
-            tokio::time::Instant::now() < until,
-            "not renewed on the master serving it now within three renew intervals: {:?}",
-            renewed
-                .iter()
-                .enumerate()
-                .filter(|(_, r)| !**r)
-                .map(|(i, _)| format!("failover-{i}"))
-                .collect::<Vec<_>>()
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    for (i, lease) in leases.iter().enumerate() {
-        assert_eq!(
-            lease.loss_reason(),
-            None,
-            "failover-{i}: a manual failover reported a loss"
-        );
-        assert!(
-            !lease.token().is_cancelled(),
-            "failover-{i}: its token fired"
-        );
-    }
+    held_and_renewed(
+        &mut conns,
+        &placement,
+        &stored,
+        &written,
+        &leases,
+        "failover",
+        3 * renew_interval,
+    )
+    .await?;
     println!(
         "after the failover: all {} leases held and renewed on their masters",
         leases.len()

@@ -1,5 +1,6 @@
 //! Leases on a Sentinel-monitored master, through a real failover.
 
+use std::collections::BTreeMap;
 use std::time::Duration;
 
 use leasehold::redis::redis::aio::MultiplexedConnection;
@@ -7,38 +8,20 @@ use leasehold::redis::{KeyLayout, RedisBackend, Topology};
 use leasehold::{LeaseBackend, LeaseKey, LeaseManager, LeaseOptions, LossReason, Ttl};
 use leasehold_testkit::{RedisServer, SentinelSet};
 
+#[path = "common/held.rs"]
+mod held;
 #[path = "common/notice.rs"]
 mod notice;
 
-type TestResult = Result<(), Box<dyn std::error::Error>>;
+use held::{held_and_renewed, held_on, stored_token};
 
-/// A lease as a data node holds it, read by the test on its own
-/// connection: the stored value (holder id, fencing token, label) and its
-/// PTTL in milliseconds (-2 when the key is gone).
-async fn held_on(
-    conn: &mut MultiplexedConnection,
-    stored: &str,
-) -> Result<(Option<String>, i64), Box<dyn std::error::Error>> {
-    let (value, pttl): (Option<String>, i64) = leasehold::redis::redis::pipe()
-        .cmd("GET")
-        .arg(stored)
-        .cmd("PTTL")
-        .arg(stored)
-        .query_async(conn)
-        .await?;
-    Ok((value, pttl))
-}
+type TestResult = Result<(), Box<dyn std::error::Error>>;
 
 async fn side_connection(
     node: &RedisServer,
 ) -> Result<MultiplexedConnection, Box<dyn std::error::Error>> {
     let client = leasehold::redis::redis::Client::open(node.url())?;
     Ok(client.get_multiplexed_async_connection().await?)
-}
-
-/// The fencing token in a stored lease value `<holder>:<token>:<label>`.
-fn stored_token(value: &str) -> Option<u64> {
-    value.split(':').nth(1)?.parse().ok()
 }
 
 /// Replication is asynchronous and leasehold waits for no replica unless
@@ -130,48 +113,17 @@ async fn killing_the_master_keeps_replicated_leases_and_reports_the_rest_lost() 
     // Judged by the new master: every replicated lease is there with its
     // holder's value, and its PTTL rises again within a few renew
     // intervals — only a renewal reaching the new master can raise it.
-    let mut last: Vec<Option<i64>> = vec![None; replicated.len()];
-    let mut renewed = vec![false; replicated.len()];
-    let until = tokio::time::Instant::now() + 10 * renew_interval;
-    loop {
-        for (i, key) in stored.iter().enumerate() {
-            let (value, pttl) = held_on(&mut new_master, key).await?;
-            assert_eq!(
-                value.as_deref(),
-                Some(written[i].as_str()),
-                "kept-{i}: the new master does not hold the holder's lease"
-            );
-            assert_eq!(
-                value.as_deref().and_then(stored_token),
-                Some(replicated[i].fencing_token().get()),
-                "kept-{i}"
-            );
-            renewed[i] |= last[i].is_some_and(|before| pttl > before);
-            last[i] = Some(pttl);
-        }
-        if !renewed.contains(&false) {
-            break;
-        }
-        assert!(
-            tokio::time::Instant::now() < until,
-            "not renewed on the new master within ten renew intervals: {:?}",
-            renewed
-                .iter()
-                .enumerate()
-                .filter(|(_, r)| !**r)
-                .map(|(i, _)| format!("kept-{i}"))
-                .collect::<Vec<_>>()
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    for (i, lease) in replicated.iter().enumerate() {
-        assert_eq!(
-            lease.loss_reason(),
-            None,
-            "kept-{i}: a replicated lease was reported lost"
-        );
-        assert!(!lease.token().is_cancelled(), "kept-{i}: its token fired");
-    }
+    let mut conns = BTreeMap::from([(0, new_master)]);
+    held_and_renewed(
+        &mut conns,
+        &vec![0; replicated.len()],
+        &stored,
+        &written,
+        &replicated,
+        "kept",
+        10 * renew_interval,
+    )
+    .await?;
     println!(
         "all {} replicated leases held and renewed on the new master {:?} after the kill",
         replicated.len(),
