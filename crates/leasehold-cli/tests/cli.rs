@@ -336,18 +336,28 @@ fn two_runs_on_one_key_never_overlap() -> TestResult {
     Ok(())
 }
 
+/// `signal` sent to leasehold reaches the command (which traps it and
+/// exits with `code`), leasehold passes the code on, and the lease on `key`
+/// is released.
+fn a_signal_reaches_the_command(signal: Signal, trap: &str, code: i32, key: &str) -> TestResult {
+    let f = Fixture::new()?;
+    let script =
+        format!("trap 'exit {code}' {trap}; touch started; while true; do sleep 0.01; done");
+    let mut run = f.spawn(&["run", "--key", key, "--", "sh", "-c", &script])?;
+    wait_for_file(&f.path("started"))?;
+    kill(Pid::from_raw(i32::try_from(run.id())?), signal)?;
+    let status = wait_for_exit(&mut run)?;
+    assert_eq!(status.code(), Some(code), "{}", stderr_of(&mut run));
+    assert_eq!(
+        f.server.cli(&["EXISTS", &format!("leasehold:{{{key}}}")])?,
+        "0"
+    );
+    Ok(())
+}
+
 #[test]
 fn sigterm_to_leasehold_reaches_the_command_and_the_lease_is_released() -> TestResult {
-    let f = Fixture::new()?;
-    let script = "trap 'exit 3' TERM; touch started; while true; do sleep 0.01; done";
-    let mut run = f.spawn(&["run", "--key", "forward", "--", "sh", "-c", script])?;
-    wait_for_file(&f.path("started"))?;
-    let pid = Pid::from_raw(i32::try_from(run.id())?);
-    kill(pid, Signal::SIGTERM)?;
-    let status = wait_for_exit(&mut run)?;
-    assert_eq!(status.code(), Some(3), "{}", stderr_of(&mut run));
-    assert_eq!(f.server.cli(&["EXISTS", "leasehold:{forward}"])?, "0");
-    Ok(())
+    a_signal_reaches_the_command(Signal::SIGTERM, "TERM", 3, "forward")
 }
 
 #[test]
@@ -482,19 +492,7 @@ fn waiting_is_shown_on_a_terminal() -> TestResult {
 
 #[test]
 fn sigint_reaches_the_command_too() -> TestResult {
-    let f = Fixture::new()?;
-    let script = "trap 'exit 4' INT; touch started; while true; do sleep 0.01; done";
-    let mut run = f.spawn(&["run", "--key", "interrupt", "--", "sh", "-c", script])?;
-    wait_for_file(&f.path("started"))?;
-    kill(Pid::from_raw(i32::try_from(run.id())?), Signal::SIGINT)?;
-    assert_eq!(
-        wait_for_exit(&mut run)?.code(),
-        Some(4),
-        "{}",
-        stderr_of(&mut run)
-    );
-    assert_eq!(f.server.cli(&["EXISTS", "leasehold:{interrupt}"])?, "0");
-    Ok(())
+    a_signal_reaches_the_command(Signal::SIGINT, "INT", 4, "interrupt")
 }
 
 #[test]
@@ -978,17 +976,5 @@ fn the_job_may_read_the_terminal() -> TestResult {
 /// renews.
 #[test]
 fn sighup_reaches_the_command_and_leasehold_stays() -> TestResult {
-    let f = Fixture::new()?;
-    let script = "trap 'exit 5' HUP; touch started; while true; do sleep 0.01; done";
-    let mut run = f.spawn(&["run", "--key", "hangup", "--", "sh", "-c", script])?;
-    wait_for_file(&f.path("started"))?;
-    kill(Pid::from_raw(i32::try_from(run.id())?), Signal::SIGHUP)?;
-    assert_eq!(
-        wait_for_exit(&mut run)?.code(),
-        Some(5),
-        "{}",
-        stderr_of(&mut run)
-    );
-    assert_eq!(f.server.cli(&["EXISTS", "leasehold:{hangup}"])?, "0");
-    Ok(())
+    a_signal_reaches_the_command(Signal::SIGHUP, "HUP", 5, "hangup")
 }
