@@ -3,7 +3,7 @@
 # part of this script's output, from real redis-server processes.
 #
 #   scripts/reliability.sh              # everything (about 6 minutes on 2 cores)
-#   scripts/reliability.sh loss         # one part: loss, campaign, failover, cli
+#   scripts/reliability.sh loss         # one part: loss, tracking, campaign, failover, cli
 #
 # LEASEHOLD_LOSS_RUNS (default 3) repeats each loss-detection round;
 # LEASEHOLD_CAMPAIGN_SEEDS (a comma list) replaces the campaign's seeds.
@@ -11,7 +11,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 parts=("$@")
-[ ${#parts[@]} -gt 0 ] || parts=(loss campaign failover cli)
+[ ${#parts[@]} -gt 0 ] || parts=(loss tracking campaign failover cli)
 
 # The tests' own output, less cargo's lines: tables, seeds and verdicts.
 tables() {
@@ -31,6 +31,15 @@ for part in "${parts[@]}"; do
       echo
       # The count follows its test's name on the same line.
       grep -oE 'F3: [0-9]+ of .*' <<<"$out" || true
+      ;;
+    tracking)
+      echo "### Thefts in the first renew interval"
+      echo
+      echo "| topology | theft | samples | median | worst |"
+      echo "|---|---|---|---|---|"
+      # A row may follow its test's name on the same line.
+      cargo test --release --test tracking -- --nocapture --test-threads 1 2>/dev/null \
+        | grep -oE '\| [a-z]+ \| (Overwrite|Delete) \|.*\|$' || true
       ;;
     campaign)
       echo "### Fault campaign"
@@ -52,7 +61,7 @@ for part in "${parts[@]}"; do
         | grep -oE '\| [a-z].*\|$' || true
       ;;
     *)
-      echo "unknown part: $part (loss, campaign, failover, cli)" >&2
+      echo "unknown part: $part (loss, tracking, campaign, failover, cli)" >&2
       exit 64
       ;;
   esac

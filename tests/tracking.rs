@@ -191,6 +191,13 @@ fn check_noticed(topology: &str, noticed: &[(Theft, Duration)]) -> TestResult {
             "{topology}: {kind:?} noticed after {median:?} (median), {worst:?} (worst) over {} runs",
             times.len()
         );
+        // The row of docs/reliability.md's table (scripts/reliability.sh).
+        println!(
+            "| {topology} | {kind:?} | {} | {:.1} ms | {:.1} ms |",
+            times.len(),
+            median.as_secs_f64() * 1e3,
+            worst.as_secs_f64() * 1e3
+        );
         assert!(
             worst <= NOTICE_BOUND,
             "{topology}: a {kind:?} in the first renew interval was noticed after {worst:?}, over {NOTICE_BOUND:?}: {noticed:?}"
