@@ -5,9 +5,9 @@
 //! 127.0.0.1, in its own temporary directory, without persistence, and
 //! returns once it answers `PING`. The server can then be paused (SIGSTOP),
 //! resumed, killed (SIGKILL), stopped (SIGTERM) and restarted on the same
-//! port and directory; [`RedisServer::cli`] sends single commands over a
-//! built-in RESP2 client, so `redis-cli` is not needed. Dropping the server
-//! kills it and removes its directory.
+//! port and directory; [`RedisServer::cli`] sends single commands through
+//! the `redis` crate's synchronous client, so `redis-cli` is not needed.
+//! Dropping the server kills it and removes its directory.
 //!
 //! Topologies: [`RedisCluster`] (N masters with optional replicas, made
 //! with `redis-cli --cluster create`), [`SentinelSet`] (a master, a replica

@@ -1,272 +1,203 @@
-//! A tiny blocking RESP2 client: just enough to send one command and render
-//! the reply as text.
+//! One command over a short-lived blocking connection, through the `redis`
+//! crate's synchronous client, and the reply rendered as text.
+//!
+//! The testkit talks to servers it may have paused, killed or left loading
+//! a file, so every connection carries the caller's timeout on connect, on
+//! its setup and on each read and write, and is dropped after one use: a
+//! reply that arrives late is never taken for the answer to a later request.
 
-use std::io::{self, BufRead, BufReader, Write};
-use std::net::{SocketAddr, TcpStream};
+use std::error::Error as StdError;
+use std::io;
+use std::net::SocketAddr;
+use std::sync::Arc;
 use std::time::Duration;
+
+use redis::{ConnectionAddr, ErrorKind, IntoConnectionInfo, RedisConnectionInfo, RedisError};
+
+pub(crate) use redis::Value;
 
 use crate::TestkitError;
 
-/// Bulk strings larger than this are treated as a protocol error.
-const MAX_BULK_LEN: usize = 512 * 1024 * 1024;
-/// Arrays longer than this (or nested deeper) are treated as a protocol error.
-const MAX_ARRAY_LEN: usize = 16 * 1024 * 1024;
-const MAX_DEPTH: usize = 32;
+/// What a timeout while connecting waited for.
+pub(crate) const CONNECTING: &str = "a connection to redis";
+/// What a timeout after the command was sent waited for.
+pub(crate) const REPLYING: &str = "a reply from redis";
 
-/// One RESP2 reply.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) enum Value {
-    Simple(String),
-    Error(String),
-    Integer(i64),
-    Bulk(Vec<u8>),
-    Nil,
-    Array(Vec<Value>),
-}
-
-impl Value {
-    /// Renders the reply as text, or a top-level error reply as
-    /// [`TestkitError::Reply`].
-    pub(crate) fn render(self) -> Result<String, TestkitError> {
-        match self {
-            Value::Error(message) => Err(TestkitError::Reply(message)),
-            other => {
-                let mut lines = Vec::new();
-                other.render_into(&mut lines);
-                Ok(lines.join("\n"))
-            }
-        }
-    }
-
-    fn render_into(self, lines: &mut Vec<String>) {
-        match self {
-            Value::Simple(text) => lines.push(text),
-            Value::Error(message) => lines.push(format!("(error) {message}")),
-            Value::Integer(n) => lines.push(n.to_string()),
-            Value::Bulk(bytes) => lines.push(String::from_utf8_lossy(&bytes).into_owned()),
-            Value::Nil => lines.push("(nil)".to_owned()),
-            Value::Array(items) if items.is_empty() => lines.push("(empty array)".to_owned()),
-            Value::Array(items) => items.into_iter().for_each(|item| item.render_into(lines)),
-        }
-    }
-}
-
-/// Encodes a command as a RESP2 array of bulk strings.
-pub(crate) fn encode(args: &[&str]) -> Vec<u8> {
-    let mut out = format!("*{}\r\n", args.len()).into_bytes();
-    for arg in args {
-        out.extend_from_slice(format!("${}\r\n", arg.len()).as_bytes());
-        out.extend_from_slice(arg.as_bytes());
-        out.extend_from_slice(b"\r\n");
-    }
-    out
-}
-
-/// Reads one reply.
-pub(crate) fn read_value(reader: &mut impl BufRead) -> Result<Value, TestkitError> {
-    read_nested(reader, 0)
-}
-
-fn read_nested(reader: &mut impl BufRead, depth: usize) -> Result<Value, TestkitError> {
-    if depth > MAX_DEPTH {
-        return Err(protocol("reply nested too deeply"));
-    }
-    let line = read_line(reader)?;
-    let (kind, rest) = line
-        .split_first()
-        .ok_or_else(|| protocol("empty reply line"))?;
-    let text = String::from_utf8_lossy(rest).into_owned();
-    match kind {
-        b'+' => Ok(Value::Simple(text)),
-        b'-' => Ok(Value::Error(text)),
-        b':' => Ok(Value::Integer(parse_int(&text)?)),
-        b'$' => match parse_len(&text, MAX_BULK_LEN)? {
-            None => Ok(Value::Nil),
-            Some(len) => {
-                let mut buf = vec![0; len + 2];
-                reader.read_exact(&mut buf)?;
-                if !buf.ends_with(b"\r\n") {
-                    return Err(protocol("bulk string not terminated by CRLF"));
-                }
-                buf.truncate(len);
-                Ok(Value::Bulk(buf))
-            }
-        },
-        b'*' => match parse_len(&text, MAX_ARRAY_LEN)? {
-            None => Ok(Value::Nil),
-            Some(len) => (0..len)
-                .map(|_| read_nested(reader, depth + 1))
-                .collect::<Result<Vec<_>, _>>()
-                .map(Value::Array),
-        },
-        other => Err(protocol(format!(
-            "unexpected reply type byte {:?}",
-            char::from(*other)
-        ))),
-    }
-}
-
-/// Reads one CRLF-terminated line, without the CRLF.
-fn read_line(reader: &mut impl BufRead) -> Result<Vec<u8>, TestkitError> {
-    let mut line = Vec::new();
-    let read = reader.read_until(b'\n', &mut line)?;
-    if read == 0 {
-        return Err(TestkitError::Io(io::Error::new(
-            io::ErrorKind::UnexpectedEof,
-            "connection closed before a reply",
-        )));
-    }
-    if !line.ends_with(b"\r\n") {
-        return Err(protocol("reply line not terminated by CRLF"));
-    }
-    line.truncate(line.len() - 2);
-    Ok(line)
-}
-
-fn parse_int(text: &str) -> Result<i64, TestkitError> {
-    text.parse()
-        .map_err(|_| protocol(format!("invalid integer {text:?}")))
-}
-
-/// Parses a length; `-1` means nil.
-fn parse_len(text: &str, max: usize) -> Result<Option<usize>, TestkitError> {
-    match parse_int(text)? {
-        -1 => Ok(None),
-        n => usize::try_from(n)
-            .ok()
-            .filter(|&len| len <= max)
-            .map(Some)
-            .ok_or_else(|| protocol(format!("invalid length {n}"))),
-    }
-}
-
-fn protocol(message: impl Into<String>) -> TestkitError {
-    TestkitError::Protocol(message.into())
-}
-
-/// A blocking connection with connect, read and write timeouts.
-#[derive(Debug)]
-pub(crate) struct Connection {
-    reader: BufReader<TcpStream>,
+/// Connects to `addr`, authenticating with `password` when given. `timeout`
+/// bounds the connect and its setup, then every read and write.
+///
+/// The connection sends nothing but `AUTH` before the caller's commands
+/// (no `CLIENT SETINFO`), so a server that does not know a command, such as
+/// a sentinel, answers the probe like any other.
+pub(crate) fn connect(
+    addr: SocketAddr,
+    password: Option<&str>,
     timeout: Duration,
+) -> Result<redis::Connection, RedisError> {
+    let mut settings = RedisConnectionInfo::default().set_skip_set_lib_name();
+    if let Some(password) = password {
+        settings = settings.set_password(password);
+    }
+    let info = ConnectionAddr::Tcp(addr.ip().to_string(), addr.port())
+        .into_connection_info()?
+        .set_redis_settings(settings);
+    let connection = redis::Client::open(info)?.get_connection_with_timeout(timeout)?;
+    connection.set_read_timeout(Some(timeout))?;
+    connection.set_write_timeout(Some(timeout))?;
+    Ok(connection)
 }
 
-impl Connection {
-    /// Connects to `addr`; `timeout` applies to the connect and to every
-    /// later read and write.
-    pub(crate) fn connect(addr: SocketAddr, timeout: Duration) -> Result<Self, TestkitError> {
-        let stream = TcpStream::connect_timeout(&addr, timeout)
-            .map_err(|e| timeout_or_io(e, "connect", timeout))?;
-        stream.set_read_timeout(Some(timeout))?;
-        stream.set_write_timeout(Some(timeout))?;
-        stream.set_nodelay(true)?;
-        Ok(Self {
-            reader: BufReader::new(stream),
-            timeout,
-        })
-    }
+/// Builds the command `args[0]` with the remaining arguments.
+pub(crate) fn command(args: &[&str]) -> Result<redis::Cmd, TestkitError> {
+    let (name, rest) = args
+        .split_first()
+        .ok_or_else(|| TestkitError::Protocol("no command given".to_owned()))?;
+    let mut command = redis::cmd(name);
+    command.arg(rest);
+    Ok(command)
+}
 
-    /// Sends one command and reads its reply. After an error the connection
-    /// must be dropped: a late reply could otherwise be taken for the answer
-    /// to a later request.
-    pub(crate) fn request(&mut self, args: &[&str]) -> Result<Value, TestkitError> {
-        if args.is_empty() {
-            return Err(protocol("no command given"));
-        }
-        let timeout = self.timeout;
-        self.reader
-            .get_mut()
-            .write_all(&encode(args))
-            .map_err(|e| timeout_or_io(e, "a write to redis", timeout))?;
-        read_value(&mut self.reader).map_err(|e| match e {
-            TestkitError::Io(e) => timeout_or_io(e, "a reply from redis", timeout),
-            other => other,
-        })
+/// Renders a reply as text: simple strings, integers and bulk strings as
+/// they are, a nil as `(nil)`, arrays one element per line (an empty one as
+/// `(empty array)`, error elements as `(error) CODE DETAIL`).
+pub(crate) fn render(reply: Value) -> String {
+    let mut lines = Vec::new();
+    render_into(reply, &mut lines);
+    lines.join("\n")
+}
+
+fn render_into(reply: Value, lines: &mut Vec<String>) {
+    match reply {
+        Value::Nil => lines.push("(nil)".to_owned()),
+        Value::Okay => lines.push("OK".to_owned()),
+        Value::SimpleString(text) => lines.push(text),
+        Value::Int(n) => lines.push(n.to_string()),
+        Value::BulkString(bytes) => lines.push(String::from_utf8_lossy(&bytes).into_owned()),
+        Value::Array(items) if items.is_empty() => lines.push("(empty array)".to_owned()),
+        Value::Array(items) => items.into_iter().for_each(|item| render_into(item, lines)),
+        Value::ServerError(error) => lines.push(format!(
+            "(error) {}",
+            error_text(error.code(), error.details())
+        )),
+        // RESP3 types never arrive: the connection speaks RESP2.
+        other => lines.push(format!("{other:?}")),
     }
 }
 
-fn timeout_or_io(error: io::Error, what: &'static str, after: Duration) -> TestkitError {
-    match error.kind() {
-        io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut => {
-            TestkitError::Timeout { what, after }
-        }
-        _ => TestkitError::Io(error),
+/// `CODE DETAIL`, as the server sent it.
+fn error_text(code: &str, detail: Option<&str>) -> String {
+    match detail {
+        Some(detail) => format!("{code} {detail}"),
+        None => code.to_owned(),
     }
+}
+
+/// Turns a client error into the testkit's: an error reply into
+/// [`TestkitError::Reply`] (with the server's own text), a read, write or
+/// connect that ran out of time into [`TestkitError::Timeout`] (waiting for
+/// `what`), any other socket error into [`TestkitError::Io`], and the rest
+/// (an unparsable reply) into [`TestkitError::Protocol`].
+pub(crate) fn testkit_error(
+    error: RedisError,
+    what: &'static str,
+    after: Duration,
+) -> TestkitError {
+    if let Some(code) = error.code() {
+        return TestkitError::Reply(error_text(code, error.detail()));
+    }
+    if error.kind() == ErrorKind::AuthenticationFailed {
+        return TestkitError::Reply(error.to_string());
+    }
+    if error.is_timeout() {
+        return TestkitError::Timeout { what, after };
+    }
+    match io_kind(&error) {
+        Some(kind) => TestkitError::Io(io::Error::new(kind, error.to_string())),
+        None if error.is_io_error() => TestkitError::Io(io::Error::other(error.to_string())),
+        None => TestkitError::Protocol(error.to_string()),
+    }
+}
+
+/// The kind of the socket error underneath, when there is one. The client
+/// keeps it behind a shared pointer, so both layers are looked through.
+fn io_kind(error: &RedisError) -> Option<io::ErrorKind> {
+    let source = StdError::source(error)?;
+    source
+        .downcast_ref::<io::Error>()
+        .or_else(|| {
+            source
+                .downcast_ref::<Arc<dyn StdError + Send + Sync>>()
+                .and_then(|shared| shared.downcast_ref::<io::Error>())
+        })
+        .map(io::Error::kind)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    fn parse(bytes: &[u8]) -> Result<Value, TestkitError> {
-        read_value(&mut io::Cursor::new(bytes))
-    }
-
-    fn render(bytes: &[u8]) -> Result<String, TestkitError> {
-        parse(bytes)?.render()
+    fn render_bytes(bytes: &[u8]) -> Result<String, RedisError> {
+        redis::parse_redis_value(bytes).map(render)
     }
 
     #[test]
-    fn encodes_arrays_of_bulk_strings() {
-        assert_eq!(
-            encode(&["SET", "k", "héllo"]),
-            b"*3\r\n$3\r\nSET\r\n$1\r\nk\r\n$6\r\nh\xc3\xa9llo\r\n".to_vec()
-        );
-        assert_eq!(
-            encode(&["SET", "", "v"]),
-            b"*3\r\n$3\r\nSET\r\n$0\r\n\r\n$1\r\nv\r\n".to_vec()
-        );
-    }
-
-    #[test]
-    fn renders_scalars() -> Result<(), TestkitError> {
-        assert_eq!(render(b"+OK\r\n")?, "OK");
-        assert_eq!(render(b":-42\r\n")?, "-42");
-        assert_eq!(render(b"$5\r\nhe\r\no\r\n")?, "he\r\no");
-        assert_eq!(render(b"$0\r\n\r\n")?, "");
-        assert_eq!(render(b"$-1\r\n")?, "(nil)");
-        assert_eq!(render(b"*-1\r\n")?, "(nil)");
+    fn renders_scalars() -> Result<(), RedisError> {
+        assert_eq!(render_bytes(b"+OK\r\n")?, "OK");
+        assert_eq!(render_bytes(b"+PONG\r\n")?, "PONG");
+        assert_eq!(render_bytes(b":-42\r\n")?, "-42");
+        assert_eq!(render_bytes(b"$5\r\nhe\r\no\r\n")?, "he\r\no");
+        assert_eq!(render_bytes(b"$0\r\n\r\n")?, "");
+        assert_eq!(render_bytes(b"$-1\r\n")?, "(nil)");
+        assert_eq!(render_bytes(b"*-1\r\n")?, "(nil)");
         Ok(())
     }
 
     #[test]
-    fn renders_arrays_one_element_per_line() -> Result<(), TestkitError> {
-        assert_eq!(render(b"*3\r\n$1\r\na\r\n:2\r\n$-1\r\n")?, "a\n2\n(nil)");
-        assert_eq!(render(b"*0\r\n")?, "(empty array)");
+    fn renders_arrays_one_element_per_line() -> Result<(), RedisError> {
         assert_eq!(
-            render(b"*2\r\n*2\r\n+x\r\n+y\r\n-ERR inner\r\n")?,
+            render_bytes(b"*3\r\n$1\r\na\r\n:2\r\n$-1\r\n")?,
+            "a\n2\n(nil)"
+        );
+        assert_eq!(render_bytes(b"*0\r\n")?, "(empty array)");
+        assert_eq!(
+            render_bytes(b"*2\r\n*2\r\n+x\r\n+y\r\n-ERR inner\r\n")?,
             "x\ny\n(error) ERR inner"
         );
         Ok(())
     }
 
     #[test]
-    fn error_reply_is_an_error() {
-        match render(b"-WRONGTYPE Operation against a key\r\n") {
-            Err(TestkitError::Reply(message)) => {
+    fn an_empty_command_is_refused() {
+        assert!(matches!(command(&[]), Err(TestkitError::Protocol(_))));
+    }
+
+    #[test]
+    fn an_error_reply_keeps_the_servers_text() -> Result<(), RedisError> {
+        let reply = redis::parse_redis_value(b"-WRONGTYPE Operation against a key\r\n")?;
+        let Err(error) = reply.extract_error() else {
+            panic!("an error reply was taken for a value");
+        };
+        match testkit_error(error, REPLYING, Duration::from_secs(1)) {
+            TestkitError::Reply(message) => {
                 assert_eq!(message, "WRONGTYPE Operation against a key");
             }
             other => panic!("expected a Reply error, got {other:?}"),
         }
+        Ok(())
     }
 
     #[test]
-    fn rejects_malformed_input() {
-        for bad in [
-            &b"?what\r\n"[..],
-            b"+OK\n",
-            b":nope\r\n",
-            b"$3\r\nabcd\r\n",
-            b"$-2\r\n",
-            b"\r\n",
-        ] {
-            assert!(
-                matches!(parse(bad), Err(TestkitError::Protocol(_))),
-                "{bad:?} gave {:?}",
-                parse(bad)
-            );
+    fn a_refused_connection_is_an_io_error() -> Result<(), TestkitError> {
+        // A port that was free a moment ago: nothing listens on it.
+        let port = crate::free_port()?;
+        let addr = SocketAddr::from(([127, 0, 0, 1], port));
+        let error = connect(addr, None, Duration::from_secs(1))
+            .err()
+            .ok_or_else(|| TestkitError::Protocol(format!("something listens on {addr}")))?;
+        match testkit_error(error, CONNECTING, Duration::from_secs(1)) {
+            TestkitError::Io(error) => assert_eq!(error.kind(), io::ErrorKind::ConnectionRefused),
+            other => panic!("expected an Io error, got {other:?}"),
         }
-        assert!(matches!(parse(b""), Err(TestkitError::Io(_))));
-        assert!(matches!(parse(b"$3\r\nab"), Err(TestkitError::Io(_))));
+        Ok(())
     }
 }

@@ -12,7 +12,7 @@ use nix::sys::signal::{self, Signal};
 use nix::unistd::Pid;
 use tempfile::TempDir;
 
-use crate::resp::{Connection, Value};
+use crate::resp::{self, Value};
 use crate::{TestkitError, redis_server_binary};
 
 /// How long a new server may take to answer `PING`.
@@ -391,7 +391,13 @@ impl RedisServer {
         args: &[&str],
         timeout: Duration,
     ) -> Result<String, TestkitError> {
-        self.request(args, timeout)?.render()
+        let command = resp::command(args)?;
+        let mut connection = resp::connect(self.addr(), self.password.as_deref(), timeout)
+            .map_err(|e| resp::testkit_error(e, resp::CONNECTING, timeout))?;
+        command
+            .query(&mut connection)
+            .map(resp::render)
+            .map_err(|e| resp::testkit_error(e, resp::REPLYING, timeout))
     }
 
     /// The last lines of the log file written by the current (or last)
@@ -404,15 +410,6 @@ impl RedisServer {
         let text = String::from_utf8_lossy(&bytes[start..]);
         let lines: Vec<&str> = text.lines().collect();
         lines[lines.len().saturating_sub(LOG_TAIL_LINES)..].join("\n")
-    }
-
-    /// Connects (authenticating if needed) and sends one command.
-    fn request(&self, args: &[&str], timeout: Duration) -> Result<Value, TestkitError> {
-        let mut connection = Connection::connect(self.addr(), timeout)?;
-        if let Some(password) = &self.password {
-            connection.request(&["AUTH", password])?.render()?;
-        }
-        connection.request(args)
     }
 
     /// The command line, without the binary.
@@ -526,27 +523,28 @@ impl RedisServer {
 
     /// Whether the server on our port answers `PING` with `PONG` and is the
     /// process `pid`, not another test's server that grabbed the port.
+    ///
+    /// Anything else means "not yet": a refused or timed-out connection, a
+    /// rejected `AUTH`, and error replies such as `LOADING` (a restarted
+    /// server still replaying its append-only file) are polled again.
     fn answers_as(&self, pid: u32) -> bool {
-        let Ok(mut connection) = Connection::connect(self.addr(), PROBE_TIMEOUT) else {
+        let Ok(mut connection) =
+            resp::connect(self.addr(), self.password.as_deref(), PROBE_TIMEOUT)
+        else {
             return false;
         };
-        if let Some(password) = &self.password
-            && !matches!(
-                connection.request(&["AUTH", password]),
-                Ok(Value::Simple(_))
-            )
-        {
-            return false;
-        }
-        match connection.request(&["PING"]) {
-            Ok(Value::Simple(pong)) if pong == "PONG" => {}
+        match redis::cmd("PING").query::<Value>(&mut connection) {
+            Ok(Value::SimpleString(pong)) if pong == "PONG" => {}
             // Password protection we do not know about (an ACL file, say):
             // it answers, which is all we can check.
-            Ok(Value::Error(error)) if error.starts_with("NOAUTH") => return true,
+            Err(error) if error.code() == Some("NOAUTH") => return true,
             _ => return false,
         }
-        match connection.request(&["INFO", "server"]) {
-            Ok(Value::Bulk(info)) => String::from_utf8_lossy(&info)
+        match redis::cmd("INFO")
+            .arg("server")
+            .query::<Value>(&mut connection)
+        {
+            Ok(Value::BulkString(info)) => String::from_utf8_lossy(&info)
                 .lines()
                 .any(|line| line.trim_end() == format!("process_id:{pid}")),
             _ => false,
@@ -645,6 +643,24 @@ mod tests {
         let port = free_port()?;
         assert_ne!(port, DEFAULT_REDIS_PORT);
         assert_ne!(port, 0);
+        Ok(())
+    }
+
+    #[test]
+    fn a_password_the_testkit_does_not_know_still_counts_as_ready() -> Result<(), TestkitError> {
+        // The password is in a configuration file, not in a --requirepass
+        // argument, so the readiness probe cannot authenticate: NOAUTH is
+        // its only sign of life.
+        let config_dir = tempfile::tempdir()?;
+        let config = config_dir.path().join("redis.conf");
+        fs::write(&config, "requirepass from-a-file\n")?;
+        let server = RedisServer::builder().config_file(&config).start()?;
+        match server.cli(&["PING"]) {
+            Err(TestkitError::Reply(message)) => {
+                assert!(message.starts_with("NOAUTH"), "{message}")
+            }
+            other => panic!("expected a NOAUTH reply, got {other:?}"),
+        }
         Ok(())
     }
 
