@@ -12,7 +12,7 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use redis::{ConnectionAddr, ErrorKind, IntoConnectionInfo, RedisConnectionInfo, RedisError};
+use redis::{ConnectionAddr, IntoConnectionInfo, RedisConnectionInfo, RedisError};
 
 pub(crate) use redis::Value;
 
@@ -24,26 +24,29 @@ pub(crate) const CONNECTING: &str = "a connection to redis";
 pub(crate) const REPLYING: &str = "a reply from redis";
 
 /// Connects to `addr`, authenticating with `password` when given. `timeout`
-/// bounds the connect and its setup, then every read and write.
+/// bounds the connect, then every read and write.
 ///
-/// The connection sends nothing but `AUTH` before the caller's commands
-/// (no `CLIENT SETINFO`), so a server that does not know a command, such as
-/// a sentinel, answers the probe like any other.
+/// The client sends nothing of its own (no `CLIENT SETINFO`), so a server
+/// that does not know a command, such as a sentinel, answers like any
+/// other. `AUTH` is sent here rather than by the client's handshake, which
+/// would replace the server's refusal (`WRONGPASS ...`) with a message of
+/// its own.
 pub(crate) fn connect(
     addr: SocketAddr,
     password: Option<&str>,
     timeout: Duration,
 ) -> Result<redis::Connection, RedisError> {
-    let mut settings = RedisConnectionInfo::default().set_skip_set_lib_name();
-    if let Some(password) = password {
-        settings = settings.set_password(password);
-    }
     let info = ConnectionAddr::Tcp(addr.ip().to_string(), addr.port())
         .into_connection_info()?
-        .set_redis_settings(settings);
-    let connection = redis::Client::open(info)?.get_connection_with_timeout(timeout)?;
+        .set_redis_settings(RedisConnectionInfo::default().set_skip_set_lib_name());
+    let mut connection = redis::Client::open(info)?.get_connection_with_timeout(timeout)?;
     connection.set_read_timeout(Some(timeout))?;
     connection.set_write_timeout(Some(timeout))?;
+    if let Some(password) = password {
+        redis::cmd("AUTH")
+            .arg(password)
+            .query::<()>(&mut connection)?;
+    }
     Ok(connection)
 }
 
@@ -104,9 +107,6 @@ pub(crate) fn testkit_error(
 ) -> TestkitError {
     if let Some(code) = error.code() {
         return TestkitError::Reply(error_text(code, error.detail()));
-    }
-    if error.kind() == ErrorKind::AuthenticationFailed {
-        return TestkitError::Reply(error.to_string());
     }
     if error.is_timeout() {
         return TestkitError::Timeout { what, after };
@@ -183,6 +183,31 @@ mod tests {
             }
             other => panic!("expected a Reply error, got {other:?}"),
         }
+        Ok(())
+    }
+
+    #[test]
+    fn a_wrong_password_gets_the_servers_refusal() -> Result<(), TestkitError> {
+        // The password is in a configuration file, so the testkit does not
+        // know it and the connections below are the only ones that try one.
+        let config_dir = tempfile::tempdir()?;
+        let config = config_dir.path().join("redis.conf");
+        std::fs::write(&config, "requirepass right\n")?;
+        let server = crate::RedisServer::builder().config_file(&config).start()?;
+        let timeout = Duration::from_secs(5);
+        let error = connect(server.addr(), Some("wrong"), timeout)
+            .err()
+            .ok_or_else(|| TestkitError::Protocol("AUTH with a wrong password passed".into()))?;
+        match testkit_error(error, CONNECTING, timeout) {
+            TestkitError::Reply(message) => assert!(message.starts_with("WRONGPASS"), "{message}"),
+            other => panic!("expected a WRONGPASS reply, got {other:?}"),
+        }
+        let mut connection = connect(server.addr(), Some("right"), timeout)
+            .map_err(|e| testkit_error(e, CONNECTING, timeout))?;
+        let pong: String = redis::cmd("PING")
+            .query(&mut connection)
+            .map_err(|e| testkit_error(e, REPLYING, timeout))?;
+        assert_eq!(pong, "PONG");
         Ok(())
     }
 
