@@ -389,13 +389,56 @@ fn status_release_and_watch() -> TestResult {
         "{held}"
     );
 
-    let status = f.output(&["status", "admin"])?;
-    assert_eq!(status.status.code(), Some(0));
+    // The table: a header, then a row whose ttl left is the server's PTTL
+    // in humantime, at most the 600ms ttl.
+    let status = f.output(&["status", "admin", "elsewhere"])?;
+    assert_eq!(status.status.code(), Some(1), "one of the two is not held");
     let stdout = text(&status.stdout);
-    assert!(
-        stdout.contains("\"worker-7\"") && stdout.contains(&token),
+    let rows: Vec<Vec<&str>> = stdout
+        .lines()
+        .map(|l| l.split_whitespace().collect())
+        .collect();
+    assert_eq!(
+        rows[0],
+        ["KEY", "STATE", "HOLDER", "FENCING", "TOKEN", "TTL", "LEFT"],
         "{stdout}"
     );
+    assert_eq!(
+        rows[1][..4],
+        ["admin", "held", "worker-7", &token],
+        "{stdout}"
+    );
+    let ttl_left = humantime::parse_duration(&rows[1][4..].join(" "))?;
+    assert!(
+        ttl_left > Duration::ZERO && ttl_left <= Duration::from_millis(600),
+        "{stdout}"
+    );
+    assert_eq!(rows[2], ["elsewhere", "free", "-", "-", "-"], "{stdout}");
+    assert_eq!(rows.len(), 3, "{stdout}");
+
+    // --json is one object per key, in the same form as ever.
+    let json = f.output(&["status", "--json", "admin"])?;
+    assert_eq!(json.status.code(), Some(0));
+    let json = text(&json.stdout);
+    let prefix = format!(
+        r#"{{"key":"admin","held":true,"label":"worker-7","fencing_token":{token},"ttl_left_ms":"#
+    );
+    let ttl_ms: u64 = json
+        .strip_prefix(&prefix)
+        .and_then(|rest| rest.strip_suffix("}\n"))
+        .ok_or_else(|| format!("not the stable form: {json}"))?
+        .parse()?;
+    assert!(ttl_ms > 0 && ttl_ms <= 600, "{json}");
+    let free = f.output(&["status", "--json", "elsewhere", "admin"])?;
+    assert_eq!(free.status.code(), Some(1));
+    let free = text(&free.stdout);
+    let mut lines = free.lines();
+    assert_eq!(lines.next(), Some(r#"{"key":"elsewhere","held":false}"#));
+    assert!(
+        lines.next().is_some_and(|l| l.starts_with(&prefix)),
+        "{free}"
+    );
+    assert_eq!(lines.next(), None, "{free}");
 
     let refused = f.output(&["release", "admin"])?;
     assert_eq!(refused.status.code(), Some(64));
