@@ -1,7 +1,7 @@
 //! A lease's life, recorded from one real run and drawn as an SVG timeline.
 //!
 //! Run with `cargo run --example timeline -- docs/lease-life.svg` (it needs
-//! `redis-server`; it takes about four seconds).
+//! `redis-server`; it takes about three seconds).
 //!
 //! The example starts a throwaway `redis-server` and a TCP proxy in front
 //! of it (both from `leasehold-testkit`). The holder talks to Redis through
