@@ -360,3 +360,40 @@ fn draw(story: &Story) -> String {
     svg.push_str("</svg>\n");
     svg
 }
+
+/// Run by `cargo test --all-targets`: the recorded run keeps the promise the
+/// picture illustrates, judged by the side connection's samples.
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn the_token_fires_before_the_server_lets_the_key_go()
+    -> Result<(), Box<dyn std::error::Error>> {
+        let story = timeout(2 * PATIENCE, record()).await??;
+        assert_eq!(story.reason, LossReason::Deadline);
+        assert!(
+            renewals(&story.samples).len() >= 2,
+            "renewals seen: {:?}",
+            renewals(&story.samples)
+        );
+        // The last sample that still saw the key came after the token fired.
+        let last_held = story
+            .samples
+            .iter()
+            .rev()
+            .find(|&&(_, pttl)| pttl >= 0)
+            .map(|&(at, _)| at)
+            .ok_or("the key was never seen")?;
+        assert!(
+            story.fired < last_held && last_held < story.gone,
+            "token fired at {:.1} ms, key last seen at {last_held:.1} ms, gone at {:.1} ms",
+            story.fired,
+            story.gone
+        );
+        let svg = draw(&story);
+        assert!(svg.starts_with("<svg ") && svg.ends_with("</svg>\n"));
+        assert!(svg.contains("token fires: deadline"), "{svg}");
+        Ok(())
+    }
+}
