@@ -13,25 +13,74 @@ const WATCH_INTERVAL: Duration = Duration::from_millis(100);
 pub(crate) async fn status(
     url: &Option<String>,
     namespace: Option<&str>,
-    key: &LeaseKey,
+    keys: &[LeaseKey],
     json: bool,
 ) -> Result<u8, Failure> {
     let backend = exit::connect(url, namespace).await?;
-    let info = backend.inspect(key).await.map_err(|e| exit::backend(&e))?;
+    let mut rows = Vec::with_capacity(keys.len());
+    for key in keys {
+        let info = backend.inspect(key).await.map_err(|e| exit::backend(&e))?;
+        rows.push((key, info));
+    }
     if json {
-        println!("{}", to_json(key, info.as_ref()));
+        for (key, info) in &rows {
+            println!("{}", to_json(key, info.as_ref()));
+        }
     } else {
-        match &info {
-            None => println!("lease {:?} is not held", key.as_str()),
-            Some(info) => {
-                println!("lease {:?} is held", key.as_str());
-                println!("  holder:        {}", label_text(info));
-                println!("  fencing token: {}", token_text(info));
-                println!("  ttl left:      {}", ttl_text(info));
-            }
+        print!("{}", table(&rows));
+    }
+    Ok(if rows.iter().all(|(_, info)| info.is_some()) {
+        0
+    } else {
+        1
+    })
+}
+
+/// The `status` table: a header and one row per key, columns padded to
+/// their widest cell. A lease that is not held shows `-` for what it lacks.
+fn table(rows: &[(&LeaseKey, Option<LeaseInfo>)]) -> String {
+    const HEADER: [&str; 5] = ["KEY", "STATE", "HOLDER", "FENCING TOKEN", "TTL LEFT"];
+    let mut cells: Vec<[String; 5]> = vec![HEADER.map(str::to_owned)];
+    for (key, info) in rows {
+        cells.push(match info {
+            None => [
+                key.as_str().escape_debug().to_string(),
+                "free".to_owned(),
+                "-".to_owned(),
+                "-".to_owned(),
+                "-".to_owned(),
+            ],
+            Some(info) => [
+                key.as_str().escape_debug().to_string(),
+                "held".to_owned(),
+                info.label
+                    .as_deref()
+                    .map_or_else(|| "(no label)".to_owned(), |l| l.escape_debug().to_string()),
+                token_text(info),
+                ttl_text(info),
+            ],
+        });
+    }
+    let mut widths = [0; 5];
+    for row in &cells {
+        for (width, cell) in widths.iter_mut().zip(row) {
+            *width = (*width).max(cell.chars().count());
         }
     }
-    Ok(if info.is_some() { 0 } else { 1 })
+    let mut out = String::new();
+    for row in &cells {
+        let mut line = String::new();
+        for (column, (cell, width)) in row.iter().zip(widths).enumerate() {
+            if column > 0 {
+                line.push_str("  ");
+            }
+            line.push_str(cell);
+            line.extend(std::iter::repeat_n(' ', width - cell.chars().count()));
+        }
+        out.push_str(line.trim_end());
+        out.push('\n');
+    }
+    out
 }
 
 pub(crate) async fn release(
@@ -202,6 +251,23 @@ mod tests {
     use leasehold_core::FencingToken;
 
     use super::*;
+
+    #[test]
+    fn the_table_lines_up_its_columns() -> Result<(), leasehold_core::Error> {
+        let held = LeaseKey::new("reports:nightly")?;
+        let free = LeaseKey::new("k")?;
+        let mut info = LeaseInfo::default();
+        info.label = Some("worker-7".to_owned());
+        info.fencing_token = Some(FencingToken(42));
+        info.ttl_left = Some(Duration::from_millis(29_873));
+        assert_eq!(
+            table(&[(&held, Some(info)), (&free, None)]),
+            "KEY              STATE  HOLDER    FENCING TOKEN  TTL LEFT\n\
+             reports:nightly  held   worker-7  42             29s 873ms\n\
+             k                free   -         -              -\n"
+        );
+        Ok(())
+    }
 
     #[test]
     fn json_is_escaped() -> Result<(), leasehold_core::Error> {

@@ -9,7 +9,7 @@ use leasehold_core::{LeaseKey, Ttl};
 /// Run commands under distributed leases held in Redis, and inspect leases.
 ///
 /// Exit codes: the command's own for `run`; 64 bad usage, 69 Redis
-/// unreachable, 70 internal error, 75 lease not acquired in time, 76 lease
+/// unreachable, 70 internal error, 74 output not written, 75 lease not acquired in time, 76 lease
 /// lost while the command ran, 78 bad configuration; 1 for `status` or
 /// `release` of a lease that is not held.
 #[derive(Debug, Parser)]
@@ -61,14 +61,17 @@ pub(crate) enum Command {
     /// LEASEHOLD_MAX_RENEWALS, LEASEHOLD_SAFETY_MARGIN, LEASEHOLD_NAME and
     /// LEASEHOLD_LABEL.
     Run(RunArgs),
-    /// Show who holds a lease: its label, fencing token and remaining ttl.
+    /// Show who holds leases: a table of each key's holder label, fencing
+    /// token and remaining ttl.
     ///
-    /// Exits with 0 when the lease is held and 1 when it is not.
+    /// Exits with 0 when every lease named is held and 1 when one is not.
     Status {
-        /// The lease key.
-        #[arg(value_parser = parse_key)]
-        key: LeaseKey,
-        /// Print one JSON object instead of text.
+        /// The lease keys.
+        #[arg(value_parser = parse_key, required = true, value_name = "KEY")]
+        keys: Vec<LeaseKey>,
+        /// Print one JSON object per key, one per line, instead of the table:
+        /// {"key","held"} and, when held, "label", "fencing_token" and
+        /// "ttl_left_ms".
         #[arg(long)]
         json: bool,
     },
@@ -94,6 +97,24 @@ pub(crate) enum Command {
         /// The lease key.
         #[arg(value_parser = parse_key)]
         key: LeaseKey,
+    },
+    /// Print a shell completion script to stdout.
+    ///
+    /// For example, for bash: `leasehold completions bash >
+    /// /usr/share/bash-completion/completions/leasehold`.
+    Completions {
+        /// The shell to complete for.
+        shell: clap_complete::Shell,
+    },
+    /// Print the manual page, leasehold(1), to stdout, or write it and a page
+    /// per subcommand to a directory.
+    ///
+    /// For example: `leasehold man > /usr/share/man/man1/leasehold.1`.
+    Man {
+        /// Write leasehold.1 and leasehold-SUBCOMMAND.1 into this directory
+        /// instead.
+        #[arg(long, value_name = "DIR")]
+        dir: Option<std::path::PathBuf>,
     },
 }
 

@@ -10,6 +10,8 @@ pub(crate) const USAGE: u8 = 64;
 pub(crate) const UNAVAILABLE: u8 = 69;
 /// A bug or an operating system failure (`EX_SOFTWARE`).
 pub(crate) const SOFTWARE: u8 = 70;
+/// The completions or manual pages could not be written (`EX_IOERR`).
+pub(crate) const IO: u8 = 74;
 /// The lease was not acquired within the wait (`EX_TEMPFAIL`: try again later).
 pub(crate) const NOT_ACQUIRED: u8 = 75;
 /// The lease was lost while the command ran; the command was stopped.

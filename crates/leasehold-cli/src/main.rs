@@ -6,6 +6,8 @@
 //! leasehold status reports:nightly --json
 //! leasehold watch reports:nightly
 //! leasehold release reports:nightly --force
+//! leasehold completions bash > /usr/share/bash-completion/completions/leasehold
+//! leasehold man > /usr/share/man/man1/leasehold.1
 //! ```
 //!
 //! See `leasehold --help` and docs/operations.md for the exit codes.
@@ -14,6 +16,7 @@ mod admin;
 mod args;
 mod exit;
 mod job;
+mod packaging;
 mod run;
 mod stopping;
 
@@ -47,13 +50,15 @@ fn main() -> ExitCode {
     let result = runtime.block_on(async {
         match cli.command {
             Command::Run(run) => run::run(&cli.url, cli.namespace.as_deref(), run).await,
-            Command::Status { key, json } => {
-                admin::status(&cli.url, cli.namespace.as_deref(), &key, json).await
+            Command::Status { keys, json } => {
+                admin::status(&cli.url, cli.namespace.as_deref(), &keys, json).await
             }
             Command::Release { key, force } => {
                 admin::release(&cli.url, cli.namespace.as_deref(), &key, force).await
             }
             Command::Watch { key } => admin::watch(&cli.url, cli.namespace.as_deref(), &key).await,
+            Command::Completions { shell } => packaging::completions(shell),
+            Command::Man { dir } => packaging::man(dir.as_deref()),
         }
     });
     match result {

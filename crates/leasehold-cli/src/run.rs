@@ -4,7 +4,7 @@ use std::io::IsTerminal;
 use std::process::Command;
 use std::time::Duration;
 
-use leasehold_core::{LeaseBackend, LeaseKey};
+use leasehold_core::{LeaseBackend, LeaseInfo, LeaseKey};
 use leasehold_redis::RedisBackend;
 use leasehold_watchdog::{
     Backoff, Lease, LeaseConfig, LeaseError, LeaseManager, LeaseOptions, LossReason,
@@ -174,10 +174,7 @@ async fn acquire(
             result = &mut acquire => break result,
             _ = tick.tick() => {
                 let holder = match backend.inspect(key).await {
-                    Ok(Some(info)) => match info.label {
-                        Some(label) => format!(" held by {label:?}"),
-                        None => " held by another holder".to_owned(),
-                    },
+                    Ok(Some(info)) => holder_text(&info),
                     _ => String::new(),
                 };
                 eprint!(
@@ -194,6 +191,27 @@ async fn acquire(
         eprint!("\r\x1b[K");
     }
     result
+}
+
+/// Who holds the lease the command waits for, and for how much longer
+/// unless it is renewed (the server's PTTL, to a tenth of a second).
+fn holder_text(info: &LeaseInfo) -> String {
+    let who = info
+        .label
+        .as_deref()
+        .map_or_else(|| "another holder".to_owned(), |label| format!("{label:?}"));
+    match info.ttl_left {
+        Some(left) => {
+            let tenths = Duration::from_millis(
+                u64::try_from(left.as_millis() / 100 * 100).unwrap_or(u64::MAX),
+            );
+            format!(
+                " held by {who} (expires in {} unless renewed)",
+                humantime::format_duration(tenths)
+            )
+        }
+        None => format!(" held by {who} (no expiry)"),
+    }
 }
 
 /// Runs the command while the lease is held; returns leasehold's exit code.

@@ -389,13 +389,56 @@ fn status_release_and_watch() -> TestResult {
         "{held}"
     );
 
-    let status = f.output(&["status", "admin"])?;
-    assert_eq!(status.status.code(), Some(0));
+    // The table: a header, then a row whose ttl left is the server's PTTL
+    // in humantime, at most the 600ms ttl.
+    let status = f.output(&["status", "admin", "elsewhere"])?;
+    assert_eq!(status.status.code(), Some(1), "one of the two is not held");
     let stdout = text(&status.stdout);
-    assert!(
-        stdout.contains("\"worker-7\"") && stdout.contains(&token),
+    let rows: Vec<Vec<&str>> = stdout
+        .lines()
+        .map(|l| l.split_whitespace().collect())
+        .collect();
+    assert_eq!(
+        rows[0],
+        ["KEY", "STATE", "HOLDER", "FENCING", "TOKEN", "TTL", "LEFT"],
         "{stdout}"
     );
+    assert_eq!(
+        rows[1][..4],
+        ["admin", "held", "worker-7", &token],
+        "{stdout}"
+    );
+    let ttl_left = humantime::parse_duration(&rows[1][4..].join(" "))?;
+    assert!(
+        ttl_left > Duration::ZERO && ttl_left <= Duration::from_millis(600),
+        "{stdout}"
+    );
+    assert_eq!(rows[2], ["elsewhere", "free", "-", "-", "-"], "{stdout}");
+    assert_eq!(rows.len(), 3, "{stdout}");
+
+    // --json is one object per key, in the same form as ever.
+    let json = f.output(&["status", "--json", "admin"])?;
+    assert_eq!(json.status.code(), Some(0));
+    let json = text(&json.stdout);
+    let prefix = format!(
+        r#"{{"key":"admin","held":true,"label":"worker-7","fencing_token":{token},"ttl_left_ms":"#
+    );
+    let ttl_ms: u64 = json
+        .strip_prefix(&prefix)
+        .and_then(|rest| rest.strip_suffix("}\n"))
+        .ok_or_else(|| format!("not the stable form: {json}"))?
+        .parse()?;
+    assert!(ttl_ms > 0 && ttl_ms <= 600, "{json}");
+    let free = f.output(&["status", "--json", "elsewhere", "admin"])?;
+    assert_eq!(free.status.code(), Some(1));
+    let free = text(&free.stdout);
+    let mut lines = free.lines();
+    assert_eq!(lines.next(), Some(r#"{"key":"elsewhere","held":false}"#));
+    assert!(
+        lines.next().is_some_and(|l| l.starts_with(&prefix)),
+        "{free}"
+    );
+    assert_eq!(lines.next(), None, "{free}");
 
     let refused = f.output(&["release", "admin"])?;
     assert_eq!(refused.status.code(), Some(64));
@@ -450,16 +493,14 @@ fn bad_values_get_clear_errors_and_usage_or_config_codes() -> TestResult {
     Ok(())
 }
 
-/// On a terminal (here the pseudo-terminal of util-linux `script`), `run`
-/// shows that it waits, on which key, for whom, and for how long.
-#[test]
-fn waiting_is_shown_on_a_terminal() -> TestResult {
-    let f = Fixture::new()?;
+/// Holds `key` with a 1s ttl under the label "first" until the file
+/// `stop` appears.
+fn hold(f: &Fixture, key: &str) -> Result<Running, Box<dyn std::error::Error>> {
     let holder_script = "touch started; while [ ! -e stop ]; do sleep 0.01; done";
-    let mut holder = f.spawn(&[
+    let holder = f.spawn(&[
         "run",
         "--key",
-        "queue",
+        key,
         "--ttl",
         "1s",
         "--label",
@@ -470,21 +511,64 @@ fn waiting_is_shown_on_a_terminal() -> TestResult {
         holder_script,
     ])?;
     wait_for_file(&f.path("started"))?;
+    Ok(holder)
+}
+
+/// On a terminal (here the pseudo-terminal of util-linux `script`), `run`
+/// shows that it waits, on which key, for whom, how long the holder's lease
+/// has left on the server unless renewed, and how long it has waited.
+#[test]
+fn waiting_is_shown_on_a_terminal() -> TestResult {
+    let f = Fixture::new()?;
+    let mut holder = hold(&f, "queue")?;
     let waiter = format!(
         "{BIN} --url {} run --key queue --wait 1500ms -- true",
         f.server.url()
     );
-    let out = Command::new("script")
-        .args(["--quiet", "--return", "--command", &waiter, "/dev/null"])
-        .current_dir(f.dir.path())
-        .stdin(Stdio::null())
-        .output()?;
-    let shown = text(&out.stdout);
-    assert_eq!(out.status.code(), Some(75), "{shown}");
+    let mut script = spawn(
+        Command::new("script")
+            .args(["--quiet", "--return", "--command", &waiter, "/dev/null"])
+            .current_dir(f.dir.path())
+            .stdin(Stdio::null()),
+    )?;
+    let status = wait_for_exit(&mut script)?;
+    let shown = read_all(script.stdout.take().ok_or("no stdout")?);
+    assert_eq!(status.code(), Some(75), "{shown}");
+    let (_, line) = shown
+        .split_once("waiting for lease \"queue\" held by \"first\" (expires in ")
+        .ok_or_else(|| format!("no waiting line: {shown:?}"))?;
+    let (left, waited) = line
+        .split_once(" unless renewed): ")
+        .ok_or_else(|| format!("no time left shown: {shown:?}"))?;
+    // The holder's PTTL: never more than its 1s ttl (the waiter's own ttl
+    // is 30s).
     assert!(
-        shown.contains("waiting for lease \"queue\" held by \"first\": 1s of 1s 500ms"),
-        "{shown}"
+        humantime::parse_duration(left)? <= Duration::from_secs(1),
+        "{shown:?}"
     );
+    assert!(waited.starts_with("1s of 1s 500ms"), "{shown:?}");
+    std::fs::write(f.path("stop"), "")?;
+    assert_eq!(wait_for_exit(&mut holder)?.code(), Some(0));
+    Ok(())
+}
+
+/// Off a terminal (stderr a pipe, as under cron or systemd), a waiting
+/// `run` writes nothing but the final reason it gives up.
+#[test]
+fn waiting_is_silent_off_a_terminal() -> TestResult {
+    let f = Fixture::new()?;
+    let mut holder = hold(&f, "quiet")?;
+    // Long enough for the progress line to be due (after a second).
+    let mut waiter = f.spawn(&["run", "--key", "quiet", "--wait", "1500ms", "--", "true"])?;
+    let status = wait_for_exit(&mut waiter)?;
+    let stderr = stderr_of(&mut waiter);
+    assert_eq!(status.code(), Some(75), "{stderr}");
+    assert_eq!(stderr.lines().count(), 1, "{stderr:?}");
+    assert!(
+        stderr.starts_with("leasehold: ") && !stderr.contains("waiting for lease"),
+        "{stderr:?}"
+    );
+    assert!(!stderr.contains(['\r', '\x1b']), "{stderr:?}");
     std::fs::write(f.path("stop"), "")?;
     assert_eq!(wait_for_exit(&mut holder)?.code(), Some(0));
     Ok(())
