@@ -357,3 +357,21 @@ async fn redlock_refuses_permits() -> TestResult {
     }
     Ok(())
 }
+
+/// Behind Sentinel, permits are taken on the master the sentinels name:
+/// it holds exactly the permits granted, and refuses one more.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn permits_behind_sentinel_live_on_the_master() -> TestResult {
+    let set = tokio::task::block_in_place(leasehold_testkit::SentinelSet::start)?;
+    let backend = RedisBackend::connect(set.url()).await?;
+    let jobs = key("jobs");
+    for _ in 0..2 {
+        permit(&backend, &jobs, holder(), ttl("30s"), 2).await?;
+    }
+    let request = AcquireRequest::new(jobs.clone(), holder(), ttl("30s"));
+    let refused = backend.try_acquire_permit(&request, limit(2)).await?;
+    assert!(matches!(refused, AcquireOutcome::Held(_)), "{refused:?}");
+    let mut master = side(&set.master().url()).await?;
+    assert_eq!(permit_keys(&mut master).await?, 2);
+    Ok(())
+}
