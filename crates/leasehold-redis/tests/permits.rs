@@ -13,7 +13,7 @@ use common::{TestResult, connect, holder, key, ttl};
 use futures_util::StreamExt;
 use leasehold_core::{
     AcquireOutcome, AcquireRequest, BackendError, FencingToken, Grant, HolderId, LeaseBackend,
-    LeaseKey, PermitLimit, ReleaseOutcome, Ttl,
+    LeaseChange, LeaseKey, PermitLimit, ReleaseOutcome, Ttl,
 };
 use leasehold_redis::redis::{self, AsyncCommands};
 use leasehold_redis::{RedisBackend, RedlockBackend};
@@ -373,5 +373,30 @@ async fn permits_behind_sentinel_live_on_the_master() -> TestResult {
     assert!(matches!(refused, AcquireOutcome::Held(_)), "{refused:?}");
     let mut master = side(&set.master().url()).await?;
     assert_eq!(permit_keys(&mut master).await?, 2);
+    Ok(())
+}
+
+/// A permit is tracked from the script that grants it, as any lease: a SET
+/// behind its holder's back is reported for the permit key at once. The
+/// semaphore's limit and counter name no lease, so writing them reports
+/// none.
+#[tokio::test]
+async fn a_permit_changed_behind_its_holder_is_reported() -> TestResult {
+    let server = RedisServer::start()?;
+    let mut side = side(&server.url()).await?;
+    let backend = connect(&server).await;
+    assert!(backend.tracks_lease_changes());
+    let mut watch = backend.watch_changes().await?;
+    let jobs = key("jobs");
+    let mine = permit(&backend, &jobs, holder(), ttl("30s"), 2).await?;
+    let () = side.set("leasehold:{jobs}:permits", "2").await?;
+    let () = side.set("leasehold:{jobs}:fence", "1").await?;
+    let () = side
+        .set(format!("leasehold:{}", mine.key), "someone-else")
+        .await?;
+    let first = timeout(Duration::from_secs(5), watch.next())
+        .await?
+        .expect("the watch is open");
+    assert_eq!(first, LeaseChange::Changed(mine.key.clone()));
     Ok(())
 }
