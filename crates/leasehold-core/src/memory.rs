@@ -405,7 +405,7 @@ fn permit_keys(
         .map_err(|_| BackendError::Unsupported {
             op,
             key: semaphore.as_str().to_owned(),
-            reason: "a semaphore key must leave room for its permits' keys (\"{key}:permit:999\" within 512 bytes); choose a shorter key",
+            reason: "a semaphore key must leave room for its permits' keys (\"{key}:permit:99\" within 512 bytes); choose a shorter key",
         })
 }
 

@@ -35,9 +35,10 @@ pub struct PermitLimit(u32);
 impl PermitLimit {
     /// The largest limit accepted. Taking a permit reads every permit key
     /// of the semaphore in one atomic server-side operation, which holds
-    /// the (single-threaded) Redis server for as long; 1000 keys is the
-    /// size of the watchdog's largest renewal batch.
-    pub const MAX: u32 = 1000;
+    /// the (single-threaded) Redis server for as long: about 0.1 ms for
+    /// 100 permits on Redis 7.0, and 0.9 ms for 1000, against about 0.02 ms
+    /// for an exclusive lease.
+    pub const MAX: u32 = 100;
 
     /// Validates a limit.
     ///
@@ -55,7 +56,7 @@ impl PermitLimit {
         if limit > Self::MAX {
             return Err(Error::InvalidPermitLimit {
                 limit: u64::from(limit),
-                reason: "a semaphore may have at most 1000 permits",
+                reason: "a semaphore may have at most 100 permits",
             });
         }
         Ok(Self(limit))
@@ -111,7 +112,7 @@ impl LeaseKey {
         };
         LeaseKey::new(&permit).map_err(|_| Error::InvalidKey {
             key: crate::error::excerpt(k),
-            reason: "a semaphore key must leave room for its permits' keys (\"{key}:permit:999\" within 512 bytes); choose a shorter key",
+            reason: "a semaphore key must leave room for its permits' keys (\"{key}:permit:99\" within 512 bytes); choose a shorter key",
         })
     }
 
@@ -193,7 +194,7 @@ mod tests {
             Err(Error::InvalidPermitLimit { .. })
         ));
         assert_eq!(PermitLimit::new(1).map(PermitLimit::get), Ok(1));
-        assert_eq!(PermitLimit::new(1000).map(PermitLimit::get), Ok(1000));
+        assert_eq!(PermitLimit::new(100).map(PermitLimit::get), Ok(100));
     }
 
     #[test]

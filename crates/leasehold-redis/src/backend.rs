@@ -450,7 +450,7 @@ impl LeaseBackend for RedisBackend {
                 BackendError::Unsupported {
                     op: OP,
                     key: request.key.as_str().to_owned(),
-                    reason: "a semaphore key must leave room for its permits' keys (\"{key}:permit:999\" within 512 bytes); choose a shorter key",
+                    reason: "a semaphore key must leave room for its permits' keys (\"{key}:permit:99\" within 512 bytes); choose a shorter key",
                 }
             })?;
             let route = self
