@@ -51,7 +51,7 @@ pub enum Error {
     #[error("invalid permit limit {limit}: {reason}")]
     InvalidPermitLimit {
         /// The refused limit.
-        limit: u64,
+        limit: u32,
         /// Why it was refused, with the accepted range.
         reason: &'static str,
     },

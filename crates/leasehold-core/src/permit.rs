@@ -49,13 +49,13 @@ impl PermitLimit {
     pub fn new(limit: u32) -> Result<Self, Error> {
         if limit == 0 {
             return Err(Error::InvalidPermitLimit {
-                limit: u64::from(limit),
+                limit,
                 reason: "a semaphore needs at least 1 permit; for a single holder use an exclusive lease or a limit of 1",
             });
         }
         if limit > Self::MAX {
             return Err(Error::InvalidPermitLimit {
-                limit: u64::from(limit),
+                limit,
                 reason: "a semaphore may have at most 100 permits",
             });
         }
