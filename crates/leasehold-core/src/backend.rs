@@ -4,7 +4,8 @@ use std::future::Future;
 use std::time::Duration;
 
 use crate::{
-    BackendError, ChangeWatch, Error, FencingToken, Grant, HolderId, LeaseKey, ReleaseWatch, Ttl,
+    BackendError, ChangeWatch, Error, FencingToken, Grant, HolderId, LeaseKey, PermitLimit,
+    ReleaseWatch, Ttl,
 };
 
 /// A request to acquire a lease.
@@ -153,6 +154,41 @@ pub trait LeaseBackend: Clone + Send + Sync + 'static {
         &self,
         request: &AcquireRequest,
     ) -> impl Future<Output = Result<AcquireOutcome, BackendError>> + Send;
+
+    /// Takes one of the `limit` permits of the semaphore `request.key` for
+    /// `request.holder`: the first free permit key (see
+    /// [`LeaseKey::permit`]), granted exactly as
+    /// [`try_acquire`](Self::try_acquire) grants a lease, in one atomic
+    /// operation. A holder that already has a permit of the semaphore gets
+    /// it refreshed, with the same fencing token.
+    ///
+    /// The grant's key is the permit key: renew, release and inspect it as
+    /// any lease. Its fencing token comes from the semaphore's counter, so
+    /// tokens strictly increase across all permits of the semaphore; its
+    /// release wakes the watchers of the semaphore key. A permit whose
+    /// holder vanished frees itself when its ttl runs out. When every permit
+    /// is taken, the outcome is [`AcquireOutcome::Held`] with the permit
+    /// that frees first.
+    ///
+    /// # Errors
+    ///
+    /// [`BackendError::PermitLimitMismatch`] when permits of the semaphore
+    /// are held under another limit (nothing is taken); the limit a
+    /// semaphore is held under changes only once all its permits are free.
+    /// [`BackendError::Unsupported`] from a backend that has no permits
+    /// (the default). Otherwise as [`try_acquire`](Self::try_acquire).
+    fn try_acquire_permit(
+        &self,
+        request: &AcquireRequest,
+        limit: PermitLimit,
+    ) -> impl Future<Output = Result<AcquireOutcome, BackendError>> + Send {
+        let _ = limit;
+        std::future::ready(Err(BackendError::Unsupported {
+            op: "acquire_permit",
+            key: request.key.as_str().to_owned(),
+            reason: "this backend has no counting leases (permits)",
+        }))
+    }
 
     /// Extends the lease to another `ttl` if `holder` still holds it
     /// (compare-and-pexpire).

@@ -47,6 +47,14 @@ pub enum Error {
         /// Why it was refused.
         reason: &'static str,
     },
+    /// A semaphore's permit limit was 0 or too large.
+    #[error("invalid permit limit {limit}: {reason}")]
+    InvalidPermitLimit {
+        /// The refused limit.
+        limit: u32,
+        /// Why it was refused, with the accepted range.
+        reason: &'static str,
+    },
     /// A holder id string was not 32 hexadecimal digits.
     #[error("invalid holder id: expected 32 hexadecimal digits")]
     InvalidHolderId,
@@ -118,20 +126,46 @@ pub enum BackendError {
         /// Whether the same call may succeed later (failover, loading, cluster reconfiguration).
         transient: bool,
     },
+    /// The holders of a semaphore use another permit limit than this call.
+    #[error(
+        "semaphore {key:?} is held with a limit of {held} permit(s), not {asked}; every holder of a semaphore must use the same limit (change it once every permit is released)"
+    )]
+    PermitLimitMismatch {
+        /// The semaphore key.
+        key: String,
+        /// The limit this call asked for.
+        asked: u32,
+        /// The limit the current holders use.
+        held: u32,
+    },
+    /// The backend cannot perform this operation.
+    #[error("{op} on lease {key:?} is not supported by this backend: {reason}")]
+    Unsupported {
+        /// The operation.
+        op: &'static str,
+        /// The lease key.
+        key: String,
+        /// Why, and what to use instead.
+        reason: &'static str,
+    },
 }
 
 impl BackendError {
     /// Whether retrying the same operation later may succeed.
     ///
     /// Timeouts, broken connections and server states such as `LOADING`,
-    /// `TRYAGAIN` or `CLUSTERDOWN` are transient; a key of the wrong type or a
-    /// reply the scripts never return is not.
+    /// `TRYAGAIN` or `CLUSTERDOWN` are transient; a key of the wrong type, a
+    /// reply the scripts never return, a permit limit other than the
+    /// holders' and an unsupported operation are not.
     #[must_use]
     pub fn is_transient(&self) -> bool {
         match self {
             Self::Timeout { .. } | Self::Unavailable { .. } => true,
             Self::Server { transient, .. } => *transient,
-            Self::WrongType { .. } | Self::UnexpectedReply { .. } => false,
+            Self::WrongType { .. }
+            | Self::UnexpectedReply { .. }
+            | Self::PermitLimitMismatch { .. }
+            | Self::Unsupported { .. } => false,
         }
     }
 
@@ -143,7 +177,9 @@ impl BackendError {
             | Self::Unavailable { key, .. }
             | Self::WrongType { key }
             | Self::UnexpectedReply { key, .. }
-            | Self::Server { key, .. } => key,
+            | Self::Server { key, .. }
+            | Self::PermitLimitMismatch { key, .. }
+            | Self::Unsupported { key, .. } => key,
         }
     }
 }

@@ -12,9 +12,14 @@ use crate::error::excerpt;
 /// A key is 1 to [`LeaseKey::MAX_LEN`] bytes of UTF-8 without control
 /// characters (they would corrupt logs and terminals), not starting with `}`
 /// (which would defeat the hash tag backends wrap around it), and, if it has
-/// a hash tag, not ending with `:fence` (a Redis backend stores the fencing
-/// counter of `K` at `K:fence`, so `order:{42}:fence` would name the counter
-/// of `order:{42}`). It is cheap to clone.
+/// a hash tag, not ending with `:fence` or `:permits` (a Redis backend
+/// stores the fencing counter of `K` at `K:fence` and the permit limit of a
+/// semaphore `K` at `K:permits`, so `order:{42}:fence` would name the
+/// counter of `order:{42}`). It is cheap to clone.
+///
+/// A key with a hash tag that ends with `:permit:<n>` is a permit of a
+/// semaphore (see [`LeaseKey::permit_of`]): its fencing tokens and release
+/// notices are its semaphore's.
 ///
 /// A key may carry a Redis Cluster *hash tag*, the text between the first
 /// `{` and the next `}` (`order:{42}` has the tag `42`): backends store the
@@ -41,7 +46,7 @@ impl LeaseKey {
     ///
     /// [`Error::InvalidKey`] when the key is empty, longer than
     /// [`LeaseKey::MAX_LEN`] bytes, contains a control character, starts
-    /// with `}`, or has a hash tag and ends with `:fence`.
+    /// with `}`, or has a hash tag and ends with `:fence` or `:permits`.
     pub fn new(key: impl AsRef<str>) -> Result<Self, Error> {
         let key = key.as_ref();
         let refuse = |reason| Error::InvalidKey {
@@ -72,6 +77,14 @@ impl LeaseKey {
             return Err(Error::InvalidKey {
                 key: excerpt(&key.0),
                 reason: "a lease key with a hash tag must not end with ':fence', the suffix of fencing counters; choose another ending",
+            });
+        }
+        if key.hash_tag().is_some() && key.0.ends_with(":permits") {
+            // Likewise a semaphore's permit limit is stored beside it with
+            // `:permits` appended.
+            return Err(Error::InvalidKey {
+                key: excerpt(&key.0),
+                reason: "a lease key with a hash tag must not end with ':permits', the suffix of semaphore limits; choose another ending",
             });
         }
         Ok(key)
@@ -168,8 +181,16 @@ mod tests {
             };
             assert!(reason.contains(":fence"), "{reason}");
         }
+        // Nor the limit of a semaphore.
+        for bad in ["order:{42}:permits", "{42}:permits"] {
+            let Err(Error::InvalidKey { reason, .. }) = LeaseKey::new(bad) else {
+                panic!("{bad:?} was accepted");
+            };
+            assert!(reason.contains(":permits"), "{reason}");
+        }
         // Without a hash tag the key is stored in braces, so it cannot.
         assert!(LeaseKey::new("reports:fence").is_ok());
+        assert!(LeaseKey::new("reports:permits").is_ok());
         assert!(LeaseKey::new("order:{42}:fence:x").is_ok());
     }
 }

@@ -10,6 +10,8 @@
 //! - [`Grant`]: what a successful acquisition hands back, with a local,
 //!   monotonic [`Grant::valid_until`];
 //! - [`LeaseBackend`]: one async method per atomic server-side operation;
+//! - [`PermitLimit`] and [`LeaseKey::permit`]: counting leases, where up
+//!   to N holders share a semaphore, each on a permit that is a lease;
 //! - [`MemoryBackend`]: the same semantics in process, on the tokio clock.
 //!
 //! ```
@@ -35,6 +37,7 @@ mod holder;
 mod key;
 mod memory;
 mod notice;
+mod permit;
 mod timing;
 mod ttl;
 
@@ -50,5 +53,6 @@ pub use holder::HolderId;
 pub use key::LeaseKey;
 pub use memory::MemoryBackend;
 pub use notice::ReleaseWatch;
+pub use permit::PermitLimit;
 pub use timing::{clock_drift, parse_duration};
 pub use ttl::Ttl;

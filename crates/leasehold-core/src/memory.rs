@@ -9,8 +9,8 @@ use tokio::time::Instant;
 
 use crate::{
     AcquireOutcome, AcquireRequest, BackendError, ChangeFeed, ChangeWatch, FencingToken, Grant,
-    HandoverOutcome, HolderId, LeaseBackend, LeaseChange, LeaseInfo, LeaseKey, ReleaseOutcome,
-    ReleaseWatch, RenewOutcome, RenewRequest, Ttl,
+    HandoverOutcome, HolderId, LeaseBackend, LeaseChange, LeaseInfo, LeaseKey, PermitLimit,
+    ReleaseOutcome, ReleaseWatch, RenewOutcome, RenewRequest, Ttl,
 };
 
 /// A [`LeaseBackend`] kept in this process, on the tokio clock.
@@ -107,8 +107,14 @@ impl Default for HangSwitch {
 #[derive(Default)]
 struct State {
     leases: HashMap<LeaseKey, Entry>,
+    /// Fencing counters, per [`LeaseKey::counted_as`]: a semaphore's
+    /// permits share one.
     fences: HashMap<LeaseKey, u64>,
-    /// Release notices per key, while someone watches it.
+    /// The permit limit of each semaphore, by its first permit's key; kept
+    /// after the permits are gone, as the Redis backend keeps it.
+    limits: HashMap<LeaseKey, u32>,
+    /// Release notices per [`LeaseKey::counted_as`] (a permit's release
+    /// wakes its semaphore's watchers), while someone watches it.
     notices: HashMap<LeaseKey, watch::Sender<u64>>,
     /// Changes made by `vanish` and `hand_over`, for every change watch.
     changes: ChangeFeed,
@@ -168,15 +174,23 @@ impl State {
     /// Wakes the key's watchers and says how many there are; forgets the
     /// key's notices once no one watches.
     fn announce(&mut self, key: &LeaseKey) -> usize {
-        let Some(notices) = self.notices.get(key) else {
+        let key = key.counted_as();
+        let Some(notices) = self.notices.get(&key) else {
             return 0;
         };
         notices.send_modify(|n| *n = n.wrapping_add(1));
         let listeners = notices.receiver_count();
         if listeners == 0 {
-            self.notices.remove(key);
+            self.notices.remove(&key);
         }
         listeners
+    }
+
+    /// How many watch the release notices of `key`.
+    fn listeners(&self, key: &LeaseKey) -> usize {
+        self.notices
+            .get(&key.counted_as())
+            .map_or(0, watch::Sender::receiver_count)
     }
 
     /// Reports `change` to every change watch, unless changes are cut.
@@ -187,7 +201,7 @@ impl State {
     }
 
     fn next_token(&mut self, key: &LeaseKey) -> FencingToken {
-        let counter = self.fences.entry(key.clone()).or_insert(0);
+        let counter = self.fences.entry(key.counted_as()).or_insert(0);
         *counter += 1;
         FencingToken(*counter)
     }
@@ -379,6 +393,22 @@ impl MemoryBackend {
     }
 }
 
+/// The keys of the `limit` permits of `semaphore`.
+fn permit_keys(
+    op: &'static str,
+    semaphore: &LeaseKey,
+    limit: PermitLimit,
+) -> Result<Vec<LeaseKey>, BackendError> {
+    (0..limit.get())
+        .map(|i| semaphore.permit(i))
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|_| BackendError::Unsupported {
+            op,
+            key: semaphore.as_str().to_owned(),
+            reason: "a semaphore key must leave room for its permits' keys (\"{key}:permit:99\" within 512 bytes); choose a shorter key",
+        })
+}
+
 impl std::fmt::Debug for MemoryBackend {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("MemoryBackend")
@@ -409,6 +439,78 @@ impl LeaseBackend for MemoryBackend {
             )));
         }
         Ok(AcquireOutcome::Acquired(state.grant(request, now, sent_at)))
+    }
+
+    /// Permits are kept as the Redis backend keeps them: each a lease on
+    /// its permit key, the limit beside them.
+    async fn try_acquire_permit(
+        &self,
+        request: &AcquireRequest,
+        limit: PermitLimit,
+    ) -> Result<AcquireOutcome, BackendError> {
+        const OP: &str = "acquire_permit";
+        let sent_at = Instant::now();
+        let permits = permit_keys(OP, &request.key, limit)?;
+        self.gate(OP, &request.key).await?;
+        let now = Instant::now();
+        let mut state = self.state();
+        let first = permits[0].clone();
+        if let Some(&held) = state.limits.get(&first)
+            && held != limit.get()
+        {
+            // The limit may change only while no permit is held under it.
+            let mut taken = false;
+            for i in 0..held {
+                let permit = request.key.permit(i);
+                taken |= permit.is_ok_and(|p| state.live(&p, now).is_some());
+            }
+            if taken {
+                return Err(BackendError::PermitLimitMismatch {
+                    key: request.key.as_str().to_owned(),
+                    asked: limit.get(),
+                    held,
+                });
+            }
+        }
+        state.limits.insert(first, limit.get());
+        // Ours already: refresh it, as a re-acquire of a lease does.
+        for permit in &permits {
+            if let Some(entry) = state.live(permit, now)
+                && entry.holder == request.holder
+            {
+                entry.expires_at = now + request.ttl.get();
+                entry.label.clone_from(&request.label);
+                let token = entry.token;
+                return Ok(AcquireOutcome::Acquired(Grant::new(
+                    permit.clone(),
+                    request.holder,
+                    token,
+                    request.ttl,
+                    sent_at,
+                )));
+            }
+        }
+        let mut soonest: Option<Entry> = None;
+        for permit in &permits {
+            match state.live(permit, now) {
+                None => {
+                    let mut grant = request.clone();
+                    grant.key = permit.clone();
+                    return Ok(AcquireOutcome::Acquired(state.grant(&grant, now, sent_at)));
+                }
+                Some(entry) => {
+                    if soonest
+                        .as_ref()
+                        .is_none_or(|s| entry.expires_at < s.expires_at)
+                    {
+                        soonest = Some(entry.clone());
+                    }
+                }
+            }
+        }
+        Ok(AcquireOutcome::Held(
+            soonest.map(|e| e.info(now)).unwrap_or_default(),
+        ))
     }
 
     async fn renew(&self, request: &RenewRequest) -> Result<RenewOutcome, BackendError> {
@@ -480,10 +582,7 @@ impl LeaseBackend for MemoryBackend {
             return Ok(HandoverOutcome::NotHeld);
         }
         state.leases.remove(key);
-        let listeners = state
-            .notices
-            .get(key)
-            .map_or(0, watch::Sender::receiver_count);
+        let listeners = state.listeners(key);
         if listeners > 1 || next.key != *key {
             state.announce(key);
             return Ok(HandoverOutcome::Released);
@@ -502,7 +601,7 @@ impl LeaseBackend for MemoryBackend {
         let receiver = self
             .state()
             .notices
-            .entry(key.clone())
+            .entry(key.counted_as())
             .or_insert_with(|| watch::Sender::new(0))
             .subscribe();
         Ok(ReleaseWatch::new(receiver, ()))

@@ -14,15 +14,32 @@ use crate::Error;
 /// |-----------|-------------------------------------------------------------------------|
 /// | `P`       | the lease: `<holder hex, 32 digits>:<fencing token>:<label or empty>`, with an expiry |
 /// | `P:fence` | the fencing counter, never expiring                                     |
+/// | `P:released` | (a pub/sub channel) release notices                                  |
 ///
 /// Both keys share the hash tag of `P`, so they sit in one Redis Cluster
 /// slot and one script can touch both. A lease key with its own hash tag
 /// keeps it, so a lease can live in the slot of the data it guards.
 ///
+/// A semaphore `K` with `N` permits (see [`LeaseKey::permit`]) keeps, beside
+/// `P:fence` and `P:released`:
+///
+/// | key            | holds                                                    |
+/// |----------------|----------------------------------------------------------|
+/// | `P:permit:<i>` | permit `i` (0 to N-1), a lease like `P` above            |
+/// | `P:permits`    | the limit `N` its holders agreed on, never expiring      |
+///
+/// `P:permit:<i>` is the `P` of the permit key `K:permit:<i>` (`{K}:permit:<i>`
+/// when `K` has no hash tag), so a permit is renewed, released and
+/// inspected as any lease; but its fencing counter is the semaphore's
+/// `P:fence` and its releases are announced on the semaphore's
+/// `P:released`: tokens rise across all permits, and a release wakes a
+/// waiter for any permit. All of them share the hash tag of `P`.
+///
 /// The namespace may not contain `{` or `}`: they would change the hash tag.
-/// A lease key with a hash tag may not end with `:fence` (`LeaseKey`
-/// refuses it): its `P` would be another lease's counter. `K` and `{K}`
-/// have the same `P`, and so are one lease.
+/// A lease key with a hash tag may not end with `:fence` or `:permits`
+/// (`LeaseKey` refuses it): its `P` would be another lease's counter or
+/// another semaphore's limit. `K` and `{K}` have the same `P`, and so are
+/// one lease.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct KeyLayout {
     namespace: std::sync::Arc<str>,
@@ -108,19 +125,41 @@ impl KeyLayout {
     }
 
     /// The pub/sub channel on which releases of the lease are announced
-    /// (`P:released`), in the lease's hash slot.
+    /// (`P:released`), in the lease's hash slot; for a permit, its
+    /// semaphore's.
     #[must_use]
     pub fn released(&self, key: &LeaseKey) -> String {
-        let mut p = self.prefix(key);
+        let mut p = self.prefix(&key.counted_as());
         p.push_str(":released");
         p
     }
 
-    /// The Redis key holding the lease's fencing counter (`P:fence`).
+    /// The Redis key holding the lease's fencing counter (`P:fence`); for a
+    /// permit, its semaphore's.
     #[must_use]
     pub fn fence(&self, key: &LeaseKey) -> String {
-        let mut p = self.prefix(key);
+        let mut p = self.prefix(&key.counted_as());
         p.push_str(":fence");
+        p
+    }
+
+    /// Appends the prefix `P` of the lease whose fencing counter and
+    /// release channel `key` uses (its semaphore's, for a permit) to `out`.
+    pub(crate) fn write_counted(&self, key: &LeaseKey, out: &mut Vec<u8>) {
+        if key.permit_of().is_some() {
+            self.write_lease(&key.counted_as(), out);
+        } else {
+            // `K` and `{K}` share their `P`: no need to spell it plainly.
+            self.write_lease(key, out);
+        }
+    }
+
+    /// The Redis key holding the permit limit of the semaphore `key`
+    /// (`P:permits`).
+    #[must_use]
+    pub fn permit_limit(&self, key: &LeaseKey) -> String {
+        let mut p = self.prefix(key);
+        p.push_str(":permits");
         p
     }
 }
@@ -200,6 +239,36 @@ mod tests {
                 hashed_part(&layout.fence(&key)),
                 "{key:?}"
             );
+        }
+    }
+
+    #[test]
+    fn a_semaphores_keys_share_its_slot_and_its_permits_count_with_it() {
+        let layout = KeyLayout::default();
+        for (semaphore, prefix) in [
+            ("jobs", "leasehold:{jobs}"),
+            ("{jobs}", "leasehold:{jobs}"),
+            ("order:{42}", "leasehold:order:{42}"),
+        ] {
+            let sem = k(semaphore);
+            let permit = sem.permit(7).expect("a short key");
+            assert_eq!(layout.lease(&permit), format!("{prefix}:permit:7"));
+            assert_eq!(layout.fence(&permit), format!("{prefix}:fence"));
+            assert_eq!(layout.released(&permit), format!("{prefix}:released"));
+            assert_eq!(layout.released(&permit), layout.released(&sem));
+            assert_eq!(layout.permit_limit(&sem), format!("{prefix}:permits"));
+            let mut counted = Vec::new();
+            layout.write_counted(&permit, &mut counted);
+            assert_eq!(counted, prefix.as_bytes(), "{semaphore}");
+            let tag = hashed_part(&layout.lease(&sem)).to_owned();
+            for key in [
+                layout.lease(&permit),
+                layout.fence(&permit),
+                layout.permit_limit(&sem),
+                layout.released(&permit),
+            ] {
+                assert_eq!(hashed_part(&key), tag, "{key}");
+            }
         }
     }
 

@@ -8,7 +8,8 @@ use std::time::Duration;
 use futures_util::future::join_all;
 use leasehold_core::{
     AcquireOutcome, AcquireRequest, BackendError, FencingToken, Grant, HolderId, LeaseBackend,
-    LeaseInfo, LeaseKey, ReleaseOutcome, ReleaseWatch, RenewOutcome, RenewRequest, clock_drift,
+    LeaseInfo, LeaseKey, PermitLimit, ReleaseOutcome, ReleaseWatch, RenewOutcome, RenewRequest,
+    clock_drift,
 };
 use tokio::time::Instant;
 
@@ -38,6 +39,15 @@ use crate::{Error, RedisBackend};
 /// - The **random retry delay** of Redlock is the watchdog's jittered
 ///   backoff between attempts (`LeaseOptions::backoff` in
 ///   leasehold-watchdog); this backend makes one attempt per call.
+///
+/// - **Permits** (counting leases) are refused with
+///   [`BackendError::Unsupported`]. A permit is the first free permit key
+///   *as one server sees it*; independent masters each pick their own, so
+///   a majority need not agree on any one permit key, and no majority holds
+///   a limit for the holders to agree on. Asking every master for one named
+///   permit key at a time would be safe (at most one holder per key) but
+///   turns every acquisition into a search over the permits, split votes
+///   and all. Use a Sentinel or Cluster deployment for semaphores.
 ///
 /// Redlock's safety rests on bounded clock drift between this process and
 /// the masters, and on the masters not losing a lease (persistence with
@@ -321,6 +331,20 @@ fn no_quorum(op: &'static str, key: &LeaseKey, cause: NoQuorum) -> BackendError 
 }
 
 impl LeaseBackend for RedlockBackend {
+    /// Refused: see the type's documentation.
+    async fn try_acquire_permit(
+        &self,
+        request: &AcquireRequest,
+        limit: PermitLimit,
+    ) -> Result<AcquireOutcome, BackendError> {
+        let _ = limit;
+        Err(BackendError::Unsupported {
+            op: "acquire_permit",
+            key: request.key.as_str().to_owned(),
+            reason: "Redlock has no counting leases: independent masters would each pick their own free permit, so no majority agrees on one; use a standalone, Sentinel or Cluster deployment for semaphores",
+        })
+    }
+
     async fn try_acquire(&self, request: &AcquireRequest) -> Result<AcquireOutcome, BackendError> {
         const OP: &str = "acquire";
         let total = self.shared.nodes.len();

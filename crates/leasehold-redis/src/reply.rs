@@ -234,6 +234,69 @@ pub(crate) fn acquired(
     }
 }
 
+/// What `permit.lua` answered.
+#[derive(Debug)]
+pub(crate) enum Permitted {
+    /// A permit was granted, or all are held.
+    Outcome(AcquireOutcome),
+    /// Permits are held under this other limit.
+    Mismatch(u32),
+    /// The semaphore is stored with this larger limit: ask again, sending
+    /// the keys of as many permits.
+    Check(u32),
+}
+
+/// The reply of `permit.lua` to a call that sent `sent` permit keys:
+/// `{1, token, index}`, `{0, value, pttl}`, `{-1, held}` or `{-2, held}`.
+pub(crate) fn permitted(
+    request: &AcquireRequest,
+    sent: u32,
+    sent_at: Instant,
+    reply: &Value,
+) -> Result<Permitted, Failure> {
+    const SHAPE: &str = "{1, token, index}, {0, value, pttl}, {-1, limit} or {-2, limit}";
+    let Value::Array(items) = plain(reply) else {
+        return Err(unexpected(SHAPE, reply));
+    };
+    let limit = |value: &Value| {
+        bytes(plain(value))
+            .and_then(|b| std::str::from_utf8(b).ok())
+            .and_then(|s| s.parse::<u32>().ok())
+            .filter(|&n| n >= 1)
+            .ok_or_else(|| unexpected("a permit limit in decimal", value))
+    };
+    match (items.first().map(plain).and_then(int), items.as_slice()) {
+        (Some(1), [_, token_reply, index]) => {
+            let index = int(plain(index))
+                .and_then(|i| u32::try_from(i).ok())
+                .filter(|&i| i < sent)
+                .ok_or_else(|| unexpected("the index of a permit sent", index))?;
+            let key = request
+                .key
+                .permit(index)
+                .map_err(|_| unexpected("the index of a permit sent", reply))?;
+            Ok(Permitted::Outcome(AcquireOutcome::Acquired(Grant::new(
+                key,
+                request.holder,
+                token(plain(token_reply))?,
+                request.ttl,
+                sent_at,
+            ))))
+        }
+        (Some(0), [_, value, pttl]) => {
+            let stored =
+                bytes(plain(value)).ok_or_else(|| unexpected("the holder's value", value))?;
+            Ok(Permitted::Outcome(AcquireOutcome::Held(lease_info(
+                stored,
+                ttl_left(plain(pttl))?,
+            ))))
+        }
+        (Some(-1), [_, held]) => Ok(Permitted::Mismatch(limit(held)?)),
+        (Some(-2), [_, held]) => Ok(Permitted::Check(limit(held)?)),
+        _ => Err(unexpected(SHAPE, reply)),
+    }
+}
+
 /// The reply of `renew.lua` for `count` requests: the positions (from 1,
 /// ascending) of the leases lost; every other lease was renewed.
 pub(crate) fn renewed(count: usize, reply: &Value) -> Result<Vec<RenewOutcome>, Failure> {

@@ -9,7 +9,7 @@
 
 use std::sync::LazyLock;
 
-use leasehold_core::{AcquireRequest, HolderId, LeaseKey, RenewRequest};
+use leasehold_core::{AcquireRequest, HolderId, LeaseKey, PermitLimit, RenewRequest};
 use redis::{Cmd, Script};
 
 /// A script's source and its SHA-1, computed once.
@@ -89,6 +89,16 @@ pub(crate) static ACQUIRE: LazyLock<Lua> = LazyLock::new(|| {
     ))
 });
 
+/// Takes one of a semaphore's permits or refreshes our own; see
+/// `scripts/permit.lua`, with `scripts/grant.lua` in front, as for
+/// [`ACQUIRE`].
+pub(crate) static PERMIT: LazyLock<Lua> = LazyLock::new(|| {
+    Lua::new(concat!(
+        include_str!("scripts/grant.lua"),
+        include_str!("scripts/permit.lua")
+    ))
+});
+
 /// Compare-and-pexpire for a batch of leases; see `scripts/renew.lua`.
 pub(crate) static RENEW: LazyLock<Lua> =
     LazyLock::new(|| Lua::new(include_str!("scripts/renew.lua")));
@@ -121,6 +131,9 @@ pub(crate) fn acquire(layout: &KeyLayout, request: &AcquireRequest) -> Call {
     let mut key = Vec::with_capacity(64);
     layout.write_lease(&request.key, &mut key);
     call.cmd.arg(&key[..]);
+    key.clear();
+    // A permit key's counter is its semaphore's.
+    layout.write_counted(&request.key, &mut key);
     key.extend_from_slice(b":fence");
     call.cmd
         .arg(&key[..])
@@ -190,6 +203,9 @@ pub(crate) fn release(
     layout.write_lease(key, &mut lease);
     call.cmd.arg(&lease[..]).arg(&holder.to_hex_bytes()[..]);
     if notify {
+        // A permit's release is announced to its semaphore's waiters.
+        lease.clear();
+        layout.write_counted(key, &mut lease);
         lease.extend_from_slice(b":released");
         call.cmd.arg(&lease[..]);
     } else {
@@ -220,8 +236,11 @@ pub(crate) fn handover(
     };
     let mut lease = Vec::with_capacity(64);
     layout.write_lease(key, &mut lease);
-    let stem = lease.len();
     call.cmd.arg(&lease[..]);
+    // A permit's counter and channel are its semaphore's.
+    lease.clear();
+    layout.write_counted(key, &mut lease);
+    let stem = lease.len();
     lease.extend_from_slice(b":fence");
     call.cmd.arg(&lease[..]);
     lease.truncate(stem);
@@ -236,6 +255,45 @@ pub(crate) fn handover(
         .arg(next.ttl.as_millis())
         .arg(next.label.as_deref().unwrap_or(""));
     call
+}
+
+/// `permit.lua` for one of the `limit` permits of the semaphore
+/// `request.key`, sending the keys of `max(limit, check)` permits: `check`
+/// is a larger limit the semaphore is stored with, whose permits the script
+/// must see to tell whether any is held.
+///
+/// # Errors
+///
+/// The refusal of [`LeaseKey::permit`] when the semaphore key leaves no
+/// room for its permits' keys.
+pub(crate) fn permit(
+    layout: &KeyLayout,
+    request: &AcquireRequest,
+    limit: PermitLimit,
+    check: u32,
+) -> Result<Call, leasehold_core::Error> {
+    let sent = limit.get().max(check);
+    let keys = usize::try_from(sent).map_or(usize::MAX, |n| n.saturating_add(2));
+    let mut call = Call::new(&PERMIT, keys);
+    let mut key = Vec::with_capacity(64);
+    layout.write_lease(&request.key, &mut key);
+    key.extend_from_slice(b":permits");
+    call.cmd.arg(&key[..]);
+    key.clear();
+    layout.write_counted(&request.key, &mut key);
+    key.extend_from_slice(b":fence");
+    call.cmd.arg(&key[..]);
+    for i in 0..sent {
+        key.clear();
+        layout.write_lease(&request.key.permit(i)?, &mut key);
+        call.cmd.arg(&key[..]);
+    }
+    call.cmd
+        .arg(&request.holder.to_hex_bytes()[..])
+        .arg(request.ttl.as_millis())
+        .arg(request.label.as_deref().unwrap_or(""))
+        .arg(limit.get());
+    Ok(call)
 }
 
 /// `inspect.lua` for `key`.
@@ -259,8 +317,9 @@ mod tests {
             ("release", include_str!("scripts/release.lua")),
             ("inspect", include_str!("scripts/inspect.lua")),
             ("handover", include_str!("scripts/handover.lua")),
+            ("permit", include_str!("scripts/permit.lua")),
         ] {
-            if name == "acquire" || name == "handover" {
+            if name == "acquire" || name == "handover" || name == "permit" {
                 assert!(source.contains("grant("), "{name} grants through grant.lua");
             }
             assert!(source.starts_with(&format!("-- {name}.lua:")), "{name}");
@@ -366,6 +425,44 @@ mod tests {
             args(inspect(&layout, &a).evalsha())[2..],
             ["1", "leasehold:{a}"]
         );
+        let two = PermitLimit::new(2)?;
+        let call = permit(&layout, &request, two, 0)?;
+        assert_eq!(
+            args(call.evalsha())[1..],
+            [
+                PERMIT.get_hash(),
+                "4",
+                "leasehold:{a}:permits",
+                "leasehold:{a}:fence",
+                "leasehold:{a}:permit:0",
+                "leasehold:{a}:permit:1",
+                &h1.to_hex(),
+                "3000",
+                "pod-1",
+                "2"
+            ]
+        );
+        // A larger stored limit to check: its permits are sent too.
+        assert_eq!(args(permit(&layout, &request, two, 3)?.evalsha())[2], "5");
+        // A permit's counter and channel are its semaphore's.
+        let slot = a.permit(1)?;
+        let call = acquire(&layout, &AcquireRequest::new(slot.clone(), h1, ttl));
+        assert_eq!(
+            args(call.evalsha())[3..5],
+            ["leasehold:{a}:permit:1", "leasehold:{a}:fence"]
+        );
+        let call = release(&layout, &slot, &h1, true, false, 0);
+        assert_eq!(args(call.evalsha())[5], "leasehold:{a}:released");
+        let call = handover(&layout, &slot, &h1, 0, false, &request);
+        assert_eq!(
+            args(call.evalsha())[3..7],
+            [
+                "leasehold:{a}:permit:1",
+                "leasehold:{a}:fence",
+                &h1.to_hex(),
+                "leasehold:{a}:released"
+            ]
+        );
         Ok(())
     }
 
@@ -377,6 +474,7 @@ mod tests {
             RELEASE.get_hash(),
             INSPECT.get_hash(),
             HANDOVER.get_hash(),
+            PERMIT.get_hash(),
         ];
         for (i, a) in hashes.iter().enumerate() {
             assert_eq!(a.len(), 40);
