@@ -12,8 +12,12 @@
 //!
 //! The jobs, a few seconds in all, end their leases in four ways: three workers take turns on one report (released), a billing run
 //! reaches its renewal cap, an operator deletes a cache warmer's lease
-//! (lost), a scratch lease is dropped, and a leader lease is still held
-//! while the metrics are served.
+//! (lost), a scratch lease is dropped, and a scheduler's election has a
+//! leader while the metrics are served.
+//!
+//! deploy/prometheus/leasehold-rules.yml (alert rules) and
+//! deploy/grafana/leasehold.json (a dashboard) read these metrics; see
+//! docs/operations.md, "Alerts and dashboard".
 
 mod common;
 
@@ -23,7 +27,7 @@ use std::time::Duration;
 
 use leasehold::metrics::{ACQUIRE_WAIT, HOLD_TIME, RENEWAL_LATENCY};
 use leasehold::redis::RedisBackend;
-use leasehold::{LeaseBackend, LeaseKey, LeaseManager, LeaseOptions, MemoryBackend, Ttl};
+use leasehold::{Election, LeaseBackend, LeaseKey, LeaseManager, LeaseOptions, MemoryBackend, Ttl};
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder};
 use tracing::info;
 
@@ -47,7 +51,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         )?
         .set_buckets_for_metric(
             Matcher::Full(RENEWAL_LATENCY.to_owned()),
-            &[0.0005, 0.001, 0.005, 0.01, 0.05, 0.1],
+            &[0.0005, 0.001, 0.005, 0.01, 0.05, 0.1, 0.25, 0.5, 1.0],
         )?
         .install()?;
     info!("serving metrics on http://{addr}/metrics");
@@ -86,8 +90,15 @@ where
 {
     let manager = LeaseManager::new(backend)?;
     let ttl = Ttl::parse("600ms")?;
-    let leader = LeaseOptions::builder().ttl(ttl).name("leader").build()?;
-    let leader = manager.acquire("scheduler:leader", &leader).await?;
+    // The scheduler's election, under a name of its own so that the
+    // leaderless alert can watch it; this process is its only candidate.
+    let scheduler = LeaseOptions::builder()
+        .ttl(ttl)
+        .name("scheduler")
+        .label("example-0")
+        .build()?;
+    let election = Election::new(manager.clone(), "scheduler:leader", scheduler)?;
+    let leader = election.campaign().await?;
 
     // Three workers take turns on one report: each waits for the lease,
     // works 1.2 s and releases it.
@@ -160,6 +171,7 @@ where
         _ = tokio::signal::ctrl_c() => {}
     }
     leader.release().await?;
+    drop(election);
     manager.shutdown().await;
     Ok(())
 }

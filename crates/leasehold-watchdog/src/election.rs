@@ -61,9 +61,13 @@ impl<B: LeaseBackend> Election<B> {
         key: impl AsRef<str>,
         options: LeaseOptions,
     ) -> Result<Self, LeaseError> {
+        let key = LeaseKey::new(key)?;
+        // Uncounted by Drop: a candidate counts from here on, campaigning
+        // or not, so that an election nobody wins still shows.
+        crate::metrics::candidates(options.shared_name(), 1.0);
         Ok(Self {
             manager,
-            key: LeaseKey::new(key)?,
+            key,
             pause: options.renew_interval(),
             options,
         })
@@ -180,5 +184,11 @@ impl<B: LeaseBackend> Election<B> {
                 () = tokio::time::sleep(upper_half(self.pause)) => {}
             }
         }
+    }
+}
+
+impl<B> Drop for Election<B> {
+    fn drop(&mut self) {
+        crate::metrics::candidates(self.options.shared_name(), -1.0);
     }
 }

@@ -140,7 +140,13 @@ impl<B: LeaseBackend> LeaseManager<B> {
             Err(LeaseError::Busy { .. }) => "busy",
             Err(_) => "error",
         };
-        crate::metrics::acquired(options.name(), outcome, started.elapsed());
+        crate::metrics::acquired(
+            options.name(),
+            outcome,
+            started.elapsed(),
+            options.ttl().get(),
+            options.safety_margin(),
+        );
         result
     }
 

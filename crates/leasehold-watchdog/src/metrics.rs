@@ -51,6 +51,19 @@ pub const HELD: &str = "leasehold_leases_held";
 /// ends, labelled `name` and `ended` (`released`, `dropped`, `lost`,
 /// `renewal_limit`, `deadline`, `shutdown`).
 pub const HOLD_TIME: &str = "leasehold_lease_hold_seconds";
+/// Gauge, seconds: the ttl of the leases of a name, labelled `name`; set by
+/// every `acquire` (the last call's options win when several differ). Alert
+/// rules compare durations with it.
+pub const TTL: &str = "leasehold_lease_ttl_seconds";
+/// Gauge, seconds: the safety margin of the leases of a name, labelled
+/// `name`; set like [`TTL`]. Renewal latency near it leaves a holder told at
+/// its deadline little time to stop.
+pub const SAFETY_MARGIN: &str = "leasehold_lease_safety_margin_seconds";
+/// Gauge: candidates of elections of a name alive in this process
+/// ([`Election`](crate::Election) values not yet dropped), labelled `name`.
+/// With [`HELD`], it tells whether an election has a leader: some process
+/// has candidates and none holds a lease of that name.
+pub const CANDIDATES: &str = "leasehold_election_candidates";
 
 /// Label: the lease name.
 pub const LABEL_NAME: &str = "name";
@@ -90,6 +103,17 @@ pub fn describe() {
         Unit::Seconds,
         "How long leases were held, recorded when each ends, by how it ended."
     );
+    describe_gauge!(TTL, Unit::Seconds, "The ttl of the leases of a name.");
+    describe_gauge!(
+        SAFETY_MARGIN,
+        Unit::Seconds,
+        "The safety margin of the leases of a name."
+    );
+    describe_gauge!(
+        CANDIDATES,
+        Unit::Count,
+        "Election candidates alive in this process."
+    );
 }
 
 fn label(name: &Cow<'static, str>) -> ::metrics::SharedString {
@@ -97,10 +121,22 @@ fn label(name: &Cow<'static, str>) -> ::metrics::SharedString {
     ::metrics::SharedString::from(name.clone())
 }
 
-pub(crate) fn acquired(name: &str, outcome: &'static str, waited: Duration) {
+pub(crate) fn acquired(
+    name: &str,
+    outcome: &'static str,
+    waited: Duration,
+    ttl: Duration,
+    safety_margin: Duration,
+) {
     let name = name.to_owned();
     counter!(ACQUISITIONS, LABEL_NAME => name.clone(), LABEL_OUTCOME => outcome).increment(1);
-    histogram!(ACQUIRE_WAIT, LABEL_NAME => name, LABEL_OUTCOME => outcome).record(waited);
+    histogram!(ACQUIRE_WAIT, LABEL_NAME => name.clone(), LABEL_OUTCOME => outcome).record(waited);
+    gauge!(TTL, LABEL_NAME => name.clone()).set(ttl);
+    gauge!(SAFETY_MARGIN, LABEL_NAME => name).set(safety_margin);
+}
+
+pub(crate) fn candidates(name: &Cow<'static, str>, delta: f64) {
+    gauge!(CANDIDATES, LABEL_NAME => label(name)).increment(delta);
 }
 
 pub(crate) fn held(name: &Cow<'static, str>, delta: f64) {

@@ -12,9 +12,10 @@ use std::time::Duration;
 
 use leasehold_core::{LeaseKey, MemoryBackend, Ttl};
 use leasehold_watchdog::metrics::{
-    ACQUIRE_WAIT, ACQUISITIONS, HELD, HOLD_TIME, LOSSES, RENEWAL_LATENCY, RENEWALS,
+    ACQUIRE_WAIT, ACQUISITIONS, CANDIDATES, HELD, HOLD_TIME, LOSSES, RENEWAL_LATENCY, RENEWALS,
+    SAFETY_MARGIN, TTL,
 };
-use leasehold_watchdog::{LeaseError, LeaseManager, LeaseOptions, LossReason};
+use leasehold_watchdog::{Election, LeaseError, LeaseManager, LeaseOptions, LossReason};
 use metrics::Unit;
 use metrics_util::debugging::{DebugValue, DebuggingRecorder, Snapshotter};
 use tokio::time::sleep;
@@ -113,7 +114,11 @@ fn counter(snap: &[Entry], metric: &str, labels: &[(&str, &str)]) -> u64 {
 }
 
 fn gauge(snap: &[Entry], name: &str) -> Option<f64> {
-    match value(snap, HELD, &[("name", name)]) {
+    gauge_of(snap, HELD, name)
+}
+
+fn gauge_of(snap: &[Entry], metric: &str, name: &str) -> Option<f64> {
+    match value(snap, metric, &[("name", name)]) {
         Some(Value::Gauge(g)) => Some(*g),
         _ => None,
     }
@@ -345,5 +350,57 @@ async fn a_hanging_backend_ends_the_lease_by_deadline() -> TestResult {
     );
     assert_eq!(gauge(&snap, name), Some(0.0));
     backend.resume();
+    Ok(())
+}
+
+#[tokio::test(start_paused = true)]
+async fn ttl_and_safety_margin_are_set_by_acquire() -> TestResult {
+    let _turn = turn().await;
+    let manager = LeaseManager::new(MemoryBackend::new())?;
+    let name = "m-timing";
+    let options = LeaseOptions::builder()
+        .ttl(Ttl::parse("3s")?)
+        .safety_margin(Duration::from_millis(450))
+        .name(name)
+        .build()?;
+    let lease = manager.acquire("metrics:timing", &options).await?;
+    let snap = snapshot();
+    assert_eq!(gauge_of(&snap, TTL, name), Some(3.0));
+    assert_eq!(gauge_of(&snap, SAFETY_MARGIN, name), Some(0.45));
+    let units: Vec<_> = snap
+        .iter()
+        .filter(|(ck, ..)| [TTL, SAFETY_MARGIN].contains(&ck.key().name()))
+        .map(|(_, unit, ..)| *unit)
+        .collect();
+    assert!(units.iter().all(|u| *u == Some(Unit::Seconds)), "{units:?}");
+    lease.release().await?;
+    Ok(())
+}
+
+#[tokio::test(start_paused = true)]
+async fn election_candidates_count_while_alive_won_or_not() -> TestResult {
+    let _turn = turn().await;
+    let manager = LeaseManager::new(MemoryBackend::new())?;
+    let name = "m-election";
+    let options = LeaseOptions::builder()
+        .ttl(Ttl::parse("3s")?)
+        .name(name)
+        .build()?;
+    let first = Election::new(manager.clone(), "metrics:election", options.clone())?;
+    let second = Election::new(manager.clone(), "metrics:election", options)?.pause(Duration::ZERO);
+    // Neither has campaigned: both count, and nothing is held.
+    let snap = snapshot();
+    assert_eq!(gauge_of(&snap, CANDIDATES, name), Some(2.0));
+    assert_eq!(gauge(&snap, name), None);
+
+    let leader = within(Duration::from_secs(10), "the campaign", first.campaign()).await?;
+    assert_eq!(gauge(&snapshot(), name), Some(1.0));
+    drop(second);
+    assert_eq!(gauge_of(&snapshot(), CANDIDATES, name), Some(1.0));
+    leader.release().await?;
+    drop(first);
+    let snap = snapshot();
+    assert_eq!(gauge_of(&snap, CANDIDATES, name), Some(0.0));
+    assert_eq!(gauge(&snap, name), Some(0.0));
     Ok(())
 }
