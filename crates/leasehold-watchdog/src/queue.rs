@@ -14,7 +14,7 @@ use leasehold_core::LeaseKey;
 use tokio::sync::OwnedMutexGuard;
 use tokio::time::Instant;
 
-use crate::handoff::Handoff;
+use crate::handoff::{Handoff, Waiters};
 
 /// Why a waiter did not reach the head of the queue.
 #[derive(Debug)]
@@ -178,6 +178,17 @@ impl Queues {
     #[cfg(test)]
     pub(crate) fn len(&self) -> usize {
         self.keys().len()
+    }
+}
+
+/// A release finds the key's handover state here, and notes a heard release.
+impl Waiters for Queues {
+    fn handoff(&self, key: &LeaseKey) -> Option<Arc<Handoff>> {
+        Queues::handoff(self, key)
+    }
+
+    fn note_heard(&self, key: &LeaseKey) {
+        Queues::note_heard(self, key);
     }
 }
 
