@@ -345,6 +345,28 @@ mod tests {
         assert_eq!(queues.yield_until(&key()), Some(fresh_at + YIELD));
     }
 
+    /// The last win of each key is remembered (the latest one), and past
+    /// [`WON_KEYS`] keys the map starts over instead of growing.
+    #[test]
+    fn the_last_win_per_key_is_remembered_within_a_bound() {
+        let queues = Queues::new(3);
+        let name = |i: usize| LeaseKey::new(format!("k{i}")).expect("valid key");
+        assert_eq!(queues.last_won(&key()), None);
+        queues.note_won(&key(), FencingToken(7));
+        queues.note_won(&key(), FencingToken(9));
+        assert_eq!(queues.last_won(&key()), Some(FencingToken(9)));
+        for i in 0..WON_KEYS - 1 {
+            queues.note_won(&name(i), FencingToken(1));
+        }
+        // Full: updating a key it has does not start over.
+        queues.note_won(&key(), FencingToken(10));
+        assert_eq!(queues.last_won(&name(0)), Some(FencingToken(1)));
+        queues.note_won(&name(WON_KEYS), FencingToken(2));
+        assert_eq!(queues.won.lock().expect("not poisoned").len(), 1);
+        assert_eq!(queues.last_won(&key()), None);
+        assert_eq!(queues.last_won(&name(WON_KEYS)), Some(FencingToken(2)));
+    }
+
     /// `others_waiting` counts the tasks behind the head, not the head; the
     /// head shares the key's handover state.
     #[tokio::test(start_paused = true)]
