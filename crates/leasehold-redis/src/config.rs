@@ -12,6 +12,7 @@ use redis::{Client, ConnectionAddr, IntoConnectionInfo, ProtocolVersion};
 use redis::cluster::ClusterClientBuilder;
 use redis::sentinel::{SentinelClient, SentinelNodeConnectionInfo, SentinelServerType};
 
+use crate::capabilities::{Needs, ServerInfo};
 use crate::connection::{Conn, SentinelConn, Wait};
 use crate::layout::KeyLayout;
 use crate::notices::Notices;
@@ -204,6 +205,7 @@ impl RedisBackendBuilder {
                     let notices =
                         Notices::cluster(nodes.clone(), self.connect_timeout, self.op_timeout);
                     let (conn, renew_conn) = self.connect_cluster(nodes, &shown).await?;
+                    let server_info = Box::pin(self.check_servers(&conn, &shown)).await?;
                     return Ok(RedisBackend::from_parts(
                         conn,
                         renew_conn,
@@ -212,7 +214,8 @@ impl RedisBackendBuilder {
                         self.op_timeout,
                         shown,
                         self.wait,
-                    ));
+                    )
+                    .with_server_info(server_info));
                 }
                 Kind::Sentinel {
                     sentinels,
@@ -247,6 +250,8 @@ impl RedisBackendBuilder {
                         Some(conn) => conn,
                         None => self.connect_sentinel(&target, None, &shown).await?,
                     };
+                    // The master the sentinels named.
+                    let server_info = Box::pin(self.check_servers(&conn, &shown)).await?;
                     return Ok(RedisBackend::from_parts(
                         conn.clone(),
                         conn,
@@ -257,6 +262,7 @@ impl RedisBackendBuilder {
                         self.wait,
                     )
                     .with_tracking(tracking)
+                    .with_server_info(server_info)
                     .start_tracking()
                     .await);
                 }
@@ -280,7 +286,7 @@ impl RedisBackendBuilder {
         // Two connections: renewals get one of their own, so that no flood
         // of acquisitions (or the application's own traffic on a shared
         // client) can queue ahead of them.
-        let (ops, renew) = if lazy {
+        let (ops, renew, server_info) = if lazy {
             let lazy = |client: Client| {
                 ConnectionManager::new_lazy_with_config(client, config.clone()).map_err(|source| {
                     Error::Connect {
@@ -289,11 +295,15 @@ impl RedisBackendBuilder {
                     }
                 })
             };
-            (lazy(client.clone())?, lazy(client)?)
+            // Not reached yet: nothing to check (a Redlock master that was
+            // down at connect).
+            (lazy(client.clone())?, lazy(client)?, None)
         } else {
             let ops = self
                 .connect_named(client.clone(), config.clone(), OPS_CONNECTION, &shown)
                 .await?;
+            let server_info =
+                Box::pin(self.check_servers(&Conn::Standalone(ops.clone()), &shown)).await?;
             let tracked = match &tracking {
                 Some(tracking) => {
                     self.connect_tracked(&client, config.clone(), tracking, &shown)
@@ -308,7 +318,7 @@ impl RedisBackendBuilder {
                         .await?
                 }
             };
-            (ops, renew)
+            (ops, renew, server_info)
         };
         Ok(RedisBackend::from_parts(
             Conn::Standalone(ops),
@@ -320,8 +330,43 @@ impl RedisBackendBuilder {
             self.wait,
         )
         .with_tracking(tracking)
+        .with_server_info(server_info)
         .start_tracking()
         .await)
+    }
+
+    /// Reads every server's name and version and checks that it has what
+    /// the backend will call (see `capabilities.rs`): `HELLO` and
+    /// `COMMAND INFO` go out together, one round trip, on every node of a
+    /// cluster at once. Returns the first server's name and version.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Unsupported`] for a server that lacks something;
+    /// [`Error::Connect`] when the servers did not answer within the
+    /// connect timeout.
+    async fn check_servers(&self, conn: &Conn, shown: &str) -> Result<Option<ServerInfo>, Error> {
+        let needs = Needs {
+            cluster: conn.is_cluster(),
+            wait: self.wait.is_some(),
+        };
+        let (hello, info) = needs.probes();
+        let asked =
+            async { tokio::try_join!(conn.on_every_server(&hello), conn.on_every_server(&info)) };
+        let (hellos, mut infos) = self.bounded_connect(asked, shown).await?;
+        let mut first = None;
+        for (node, hello) in hellos {
+            let info = match infos.iter().position(|(n, _)| *n == node) {
+                Some(at) => infos.swap_remove(at).1,
+                None => Err(redis::RedisError::from((
+                    redis::ErrorKind::UnexpectedReturnType,
+                    "no reply to COMMAND INFO from this server",
+                ))),
+            };
+            let judged = needs.judge(hello, info, node.as_deref().unwrap_or(shown))?;
+            first = first.or(judged);
+        }
+        Ok(first)
     }
 
     /// The renewal connection in RESP3, its pushes handed to `tracking`.
