@@ -11,6 +11,7 @@ use redis::{Client, ConnectionAddr, IntoConnectionInfo, ProtocolVersion};
 
 use redis::cluster::ClusterClientBuilder;
 use redis::sentinel::{SentinelClient, SentinelNodeConnectionInfo, SentinelServerType};
+use tracing::warn;
 
 use crate::capabilities::{Needs, ServerInfo};
 use crate::connection::{Conn, SentinelConn, Wait};
@@ -299,11 +300,13 @@ impl RedisBackendBuilder {
             // down at connect).
             (lazy(client.clone())?, lazy(client)?, None)
         } else {
-            let ops = self
-                .connect_named(client.clone(), config.clone(), OPS_CONNECTION, &shown)
-                .await?;
+            let connecting = ConnectionManager::new_with_config(client.clone(), config.clone());
+            let mut ops = self.bounded_connect(connecting, &shown).await?;
+            // Checked before it is named, so that a refused server costs no
+            // more, and the name is the last thing the connection did.
             let server_info =
                 Box::pin(self.check_servers(&Conn::Standalone(ops.clone()), &shown)).await?;
+            self.set_name(&mut ops, OPS_CONNECTION).await;
             let tracked = match &tracking {
                 Some(tracking) => {
                     self.connect_tracked(&client, config.clone(), tracking, &shown)
@@ -353,7 +356,27 @@ impl RedisBackendBuilder {
         let (hello, info) = needs.probes();
         let asked =
             async { tokio::try_join!(conn.on_every_server(&hello), conn.on_every_server(&info)) };
-        let (hellos, mut infos) = self.bounded_connect(asked, shown).await?;
+        let (hellos, mut infos) = if conn.is_cluster() {
+            // A node that cannot be asked now (a replica down, a master
+            // being failed over) must not fail the connect of a cluster
+            // that can serve: the check is skipped, with a warning.
+            match tokio::time::timeout(self.connect_timeout, asked).await {
+                Ok(Ok(replies)) => replies,
+                Ok(Err(error)) => {
+                    warn!(server = shown, %error, "could not ask every cluster node for its version and commands; they are not checked");
+                    return Ok(None);
+                }
+                Err(_) => {
+                    warn!(
+                        server = shown,
+                        "not every cluster node told its version and commands within the connect timeout; they are not checked"
+                    );
+                    return Ok(None);
+                }
+            }
+        } else {
+            self.bounded_connect(asked, shown).await?
+        };
         let mut first = None;
         for (node, hello) in hellos {
             let info = match infos.iter().position(|(n, _)| *n == node) {
@@ -421,14 +444,17 @@ impl RedisBackendBuilder {
     ) -> Result<ConnectionManager, Error> {
         let connecting = ConnectionManager::new_with_config(client, config);
         let mut conn = self.bounded_connect(connecting, shown).await?;
-        // Only for operators reading CLIENT LIST: a server or ACL that
-        // refuses it costs nothing else, so its outcome is ignored; a
-        // reconnection starts unnamed.
+        self.set_name(&mut conn, name).await;
+        Ok(conn)
+    }
+
+    /// Names a connection with `CLIENT SETNAME`. Only for operators reading
+    /// CLIENT LIST: a server or ACL that refuses it costs nothing else, so
+    /// its outcome is ignored; a reconnection starts unnamed.
+    async fn set_name(&self, conn: &mut ConnectionManager, name: &str) {
         let mut setname = redis::cmd("CLIENT");
         setname.arg("SETNAME").arg(name);
-        let _ =
-            tokio::time::timeout(self.connect_timeout, setname.query_async::<()>(&mut conn)).await;
-        Ok(conn)
+        let _ = tokio::time::timeout(self.connect_timeout, setname.query_async::<()>(conn)).await;
     }
 
     /// Waits for a connection within the connect timeout.
