@@ -1,16 +1,32 @@
 #!/usr/bin/env bash
-# Runs the whole test suite against real redis-server processes, installing
-# redis-server and redis-cli first when they are missing (Debian/Ubuntu:
-# apt-get; macOS: brew).
+# Runs the whole test suite against real server processes, installing them
+# first when they are missing (Debian/Ubuntu: apt-get; macOS: brew).
+#
+#   scripts/test.sh [--valkey] [cargo test arguments...]
+#
+# By default the suite runs on Redis (redis-server, redis-cli). With
+# --valkey it runs the same tests on Valkey (valkey-server, valkey-cli;
+# LEASEHOLD_SERVER=valkey for the testkit), installing Valkey if needed:
+# on Debian 12 it comes from bookworm-backports, whose apt source is added
+# when missing. LEASEHOLD_REDIS_SERVER / LEASEHOLD_REDIS_CLI, if set, still
+# name the binaries explicitly.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-# redis-cli builds the test clusters; Debian ships it in redis-tools.
-if ! command -v redis-server >/dev/null 2>&1 || ! command -v redis-cli >/dev/null 2>&1; then
+server=redis
+if [ "${1:-}" = "--valkey" ]; then
+  server=valkey
+  shift
+fi
+
+sudo=""
+[ "$(id -u)" -ne 0 ] && sudo="sudo"
+
+# The command-line client builds the test clusters; Debian ships
+# redis-cli in redis-tools and valkey-cli in valkey-tools.
+install_redis() {
   echo "redis-server or redis-cli is not on PATH; installing them..."
   if command -v apt-get >/dev/null 2>&1; then
-    sudo=""
-    [ "$(id -u)" -ne 0 ] && sudo="sudo"
     $sudo apt-get update -qq
     DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq redis-server redis-tools >/dev/null
   elif command -v brew >/dev/null 2>&1; then
@@ -19,8 +35,40 @@ if ! command -v redis-server >/dev/null 2>&1 || ! command -v redis-cli >/dev/nul
     echo "cannot install redis-server here: install it by hand and run again" >&2
     exit 1
   fi
+}
+
+install_valkey() {
+  echo "valkey-server or valkey-cli is not on PATH; installing them..."
+  if command -v apt-get >/dev/null 2>&1; then
+    # Debian 12 has Valkey only in bookworm-backports: add that suite,
+    # from the same mirror and keyring as the main one, unless present.
+    # Newer releases have it in their main suite.
+    local target=()
+    if grep -qs 'VERSION_CODENAME=bookworm' /etc/os-release; then
+      target=(-t bookworm-backports)
+      if ! grep -rqs 'bookworm-backports' /etc/apt/sources.list /etc/apt/sources.list.d/; then
+        printf '%s\n' 'Types: deb' 'URIs: http://deb.debian.org/debian' \
+          'Suites: bookworm-backports' 'Components: main' \
+          'Signed-By: /usr/share/keyrings/debian-archive-keyring.gpg' \
+          | $sudo tee /etc/apt/sources.list.d/bookworm-backports.sources >/dev/null
+      fi
+    fi
+    $sudo apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq "${target[@]}" \
+      valkey-server valkey-tools >/dev/null
+  elif command -v brew >/dev/null 2>&1; then
+    brew install valkey
+  else
+    echo "cannot install valkey-server here: install it by hand and run again" >&2
+    exit 1
+  fi
+}
+
+if ! command -v "$server-server" >/dev/null 2>&1 || ! command -v "$server-cli" >/dev/null 2>&1; then
+  "install_$server"
 fi
-redis-server --version
+"$server-server" --version
+export LEASEHOLD_SERVER="$server"
 
 # Prometheus's server and promtool: the alert rules' unit tests and the
 # integration test (tests/prometheus.rs) run them. Debian's package may
@@ -52,6 +100,9 @@ cargo test --workspace --doc
 
 # The handle-versus-watchdog races under loom (every interleaving within
 # loom's default preemption bound), in a target directory of its own so
-# that the --cfg flag does not rebuild the rest.
-RUSTFLAGS="--cfg loom" CARGO_TARGET_DIR=target/loom \
-  cargo test -p leasehold-watchdog --lib loom
+# that the --cfg flag does not rebuild the rest. They never talk to a
+# server: the Redis run covers them.
+if [ "$server" = redis ]; then
+  RUSTFLAGS="--cfg loom" CARGO_TARGET_DIR=target/loom \
+    cargo test -p leasehold-watchdog --lib loom
+fi

@@ -80,6 +80,49 @@ async fn a_full_tracking_table_turns_tracking_off_and_every_lease_is_kept() -> T
     Ok(())
 }
 
+/// The number of keys in the server's tracking table (`INFO stats`).
+fn tracked_keys(server: &RedisServer) -> Result<u64, Box<dyn std::error::Error>> {
+    let stats = server.cli(&["INFO", "stats"])?;
+    let value = stats
+        .lines()
+        .find_map(|l| l.strip_prefix("tracking_total_keys:"))
+        .ok_or("no tracking_total_keys in INFO stats")?;
+    Ok(value.trim().parse()?)
+}
+
+/// A renewal writes each lease (which drops its tracking) and must track
+/// the whole batch again: after every lease was renewed, the server's own
+/// tracking table holds every held lease, and nothing else (the fencing
+/// counters are not tracked). Redis 7.0 tracks every key a script call
+/// names on any read, Valkey only the keys the read names: both must end
+/// with the whole batch tracked.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_renewed_lease_stays_tracked() -> TestResult {
+    const LEASES: usize = 50;
+    let _alone = ONE_AT_A_TIME.lock().await;
+    let server = RedisServer::start()?;
+    let backend = RedisBackend::connect(server.url()).await?;
+    assert!(backend.tracks_lease_changes());
+    let manager = LeaseManager::new(backend.clone())?;
+    let options = LeaseOptions::with_ttl(Ttl::parse("3s")?);
+    let mut leases = Vec::with_capacity(LEASES);
+    for i in 0..LEASES {
+        leases.push(manager.acquire(&format!("tracked:{i}"), &options).await?);
+    }
+    assert_eq!(tracked_keys(&server)?, LEASES as u64, "after the grants");
+    // The renewal count has no signal to wait on: poll it, bounded.
+    let bound = Instant::now() + Duration::from_secs(10);
+    while leases.iter().any(|l| l.renewals() < 1) {
+        assert!(Instant::now() < bound, "not every lease renewed in 10 s");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(backend.tracks_lease_changes());
+    assert_eq!(tracked_keys(&server)?, LEASES as u64, "after the renewals");
+    assert!(leases.iter().all(|l| l.loss_reason().is_none()));
+    manager.shutdown().await;
+    Ok(())
+}
+
 /// How soon a holder must learn that its lease was overwritten or deleted,
 /// from just before the command that did it was sent.
 const NOTICE_BOUND: Duration = Duration::from_millis(50);

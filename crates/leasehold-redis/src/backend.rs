@@ -18,6 +18,7 @@ use redis::Value;
 use redis::cluster_routing::Slot;
 use tokio::time::Instant;
 
+use crate::capabilities::ServerInfo;
 use crate::connection::{Conn, Reply, Wait};
 use crate::layout::KeyLayout;
 use crate::notices::Notices;
@@ -70,6 +71,8 @@ struct Shared {
     tracking: Option<Arc<Tracking>>,
     /// [`WRITES_IN_FLIGHT`] places for lease writes on the renewal connection.
     write_places: tokio::sync::Semaphore,
+    /// The server's name and version, as read at connect.
+    server_info: Option<ServerInfo>,
 }
 
 impl RedisBackend {
@@ -93,6 +96,7 @@ impl RedisBackend {
                 wait,
                 tracking: None,
                 write_places: tokio::sync::Semaphore::new(WRITES_IN_FLIGHT),
+                server_info: None,
             }),
         }
     }
@@ -103,6 +107,23 @@ impl RedisBackend {
             shared.tracking = tracking;
         }
         self
+    }
+
+    /// The same backend, with the server's name and version read at connect.
+    pub(crate) fn with_server_info(mut self, info: Option<ServerInfo>) -> Self {
+        if let Some(shared) = Arc::get_mut(&mut self.shared) {
+            shared.server_info = info;
+        }
+        self
+    }
+
+    /// The server's name and version as it reported them at connect
+    /// (`HELLO`): on a cluster, the first node's; behind Sentinel, the
+    /// master's at the time. `None` when the server did not tell (an ACL
+    /// that refuses `HELLO`), or for a Redlock master not reached yet.
+    #[must_use]
+    pub fn server_info(&self) -> Option<&ServerInfo> {
+        self.shared.server_info.as_ref()
     }
 
     /// Turns client tracking on right after connecting, so that the first

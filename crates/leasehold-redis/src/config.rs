@@ -11,7 +11,9 @@ use redis::{Client, ConnectionAddr, IntoConnectionInfo, ProtocolVersion};
 
 use redis::cluster::ClusterClientBuilder;
 use redis::sentinel::{SentinelClient, SentinelNodeConnectionInfo, SentinelServerType};
+use tracing::warn;
 
+use crate::capabilities::{Needs, ServerInfo};
 use crate::connection::{Conn, SentinelConn, Wait};
 use crate::layout::KeyLayout;
 use crate::notices::Notices;
@@ -204,6 +206,7 @@ impl RedisBackendBuilder {
                     let notices =
                         Notices::cluster(nodes.clone(), self.connect_timeout, self.op_timeout);
                     let (conn, renew_conn) = self.connect_cluster(nodes, &shown).await?;
+                    let server_info = Box::pin(self.check_servers(&conn, &shown)).await?;
                     return Ok(RedisBackend::from_parts(
                         conn,
                         renew_conn,
@@ -212,7 +215,8 @@ impl RedisBackendBuilder {
                         self.op_timeout,
                         shown,
                         self.wait,
-                    ));
+                    )
+                    .with_server_info(server_info));
                 }
                 Kind::Sentinel {
                     sentinels,
@@ -247,6 +251,8 @@ impl RedisBackendBuilder {
                         Some(conn) => conn,
                         None => self.connect_sentinel(&target, None, &shown).await?,
                     };
+                    // The master the sentinels named.
+                    let server_info = Box::pin(self.check_servers(&conn, &shown)).await?;
                     return Ok(RedisBackend::from_parts(
                         conn.clone(),
                         conn,
@@ -257,6 +263,7 @@ impl RedisBackendBuilder {
                         self.wait,
                     )
                     .with_tracking(tracking)
+                    .with_server_info(server_info)
                     .start_tracking()
                     .await);
                 }
@@ -280,7 +287,7 @@ impl RedisBackendBuilder {
         // Two connections: renewals get one of their own, so that no flood
         // of acquisitions (or the application's own traffic on a shared
         // client) can queue ahead of them.
-        let (ops, renew) = if lazy {
+        let (ops, renew, server_info) = if lazy {
             let lazy = |client: Client| {
                 ConnectionManager::new_lazy_with_config(client, config.clone()).map_err(|source| {
                     Error::Connect {
@@ -289,11 +296,17 @@ impl RedisBackendBuilder {
                     }
                 })
             };
-            (lazy(client.clone())?, lazy(client)?)
+            // Not reached yet: nothing to check (a Redlock master that was
+            // down at connect).
+            (lazy(client.clone())?, lazy(client)?, None)
         } else {
-            let ops = self
-                .connect_named(client.clone(), config.clone(), OPS_CONNECTION, &shown)
-                .await?;
+            let connecting = ConnectionManager::new_with_config(client.clone(), config.clone());
+            let mut ops = self.bounded_connect(connecting, &shown).await?;
+            // Checked before it is named, so that a refused server costs no
+            // more, and the name is the last thing the connection did.
+            let server_info =
+                Box::pin(self.check_servers(&Conn::Standalone(ops.clone()), &shown)).await?;
+            self.set_name(&mut ops, OPS_CONNECTION).await;
             let tracked = match &tracking {
                 Some(tracking) => {
                     self.connect_tracked(&client, config.clone(), tracking, &shown)
@@ -308,7 +321,7 @@ impl RedisBackendBuilder {
                         .await?
                 }
             };
-            (ops, renew)
+            (ops, renew, server_info)
         };
         Ok(RedisBackend::from_parts(
             Conn::Standalone(ops),
@@ -320,8 +333,63 @@ impl RedisBackendBuilder {
             self.wait,
         )
         .with_tracking(tracking)
+        .with_server_info(server_info)
         .start_tracking()
         .await)
+    }
+
+    /// Reads every server's name and version and checks that it has what
+    /// the backend will call (see `capabilities.rs`): `HELLO` and
+    /// `COMMAND INFO` go out together, one round trip, on every node of a
+    /// cluster at once. Returns the first server's name and version.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Unsupported`] for a server that lacks something;
+    /// [`Error::Connect`] when the servers did not answer within the
+    /// connect timeout.
+    async fn check_servers(&self, conn: &Conn, shown: &str) -> Result<Option<ServerInfo>, Error> {
+        let needs = Needs {
+            cluster: conn.is_cluster(),
+            wait: self.wait.is_some(),
+        };
+        let (hello, info) = needs.probes();
+        let asked =
+            async { tokio::try_join!(conn.on_every_server(&hello), conn.on_every_server(&info)) };
+        let (hellos, mut infos) = if conn.is_cluster() {
+            // A node that cannot be asked now (a replica down, a master
+            // being failed over) must not fail the connect of a cluster
+            // that can serve: the check is skipped, with a warning.
+            match tokio::time::timeout(self.connect_timeout, asked).await {
+                Ok(Ok(replies)) => replies,
+                Ok(Err(error)) => {
+                    warn!(server = shown, %error, "could not ask every cluster node for its version and commands; they are not checked");
+                    return Ok(None);
+                }
+                Err(_) => {
+                    warn!(
+                        server = shown,
+                        "not every cluster node told its version and commands within the connect timeout; they are not checked"
+                    );
+                    return Ok(None);
+                }
+            }
+        } else {
+            self.bounded_connect(asked, shown).await?
+        };
+        let mut first = None;
+        for (node, hello) in hellos {
+            let info = match infos.iter().position(|(n, _)| *n == node) {
+                Some(at) => infos.swap_remove(at).1,
+                None => Err(redis::RedisError::from((
+                    redis::ErrorKind::UnexpectedReturnType,
+                    "no reply to COMMAND INFO from this server",
+                ))),
+            };
+            let judged = needs.judge(hello, info, node.as_deref().unwrap_or(shown))?;
+            first = first.or(judged);
+        }
+        Ok(first)
     }
 
     /// The renewal connection in RESP3, its pushes handed to `tracking`.
@@ -376,14 +444,17 @@ impl RedisBackendBuilder {
     ) -> Result<ConnectionManager, Error> {
         let connecting = ConnectionManager::new_with_config(client, config);
         let mut conn = self.bounded_connect(connecting, shown).await?;
-        // Only for operators reading CLIENT LIST: a server or ACL that
-        // refuses it costs nothing else, so its outcome is ignored; a
-        // reconnection starts unnamed.
+        self.set_name(&mut conn, name).await;
+        Ok(conn)
+    }
+
+    /// Names a connection with `CLIENT SETNAME`. Only for operators reading
+    /// CLIENT LIST: a server or ACL that refuses it costs nothing else, so
+    /// its outcome is ignored; a reconnection starts unnamed.
+    async fn set_name(&self, conn: &mut ConnectionManager, name: &str) {
         let mut setname = redis::cmd("CLIENT");
         setname.arg("SETNAME").arg(name);
-        let _ =
-            tokio::time::timeout(self.connect_timeout, setname.query_async::<()>(&mut conn)).await;
-        Ok(conn)
+        let _ = tokio::time::timeout(self.connect_timeout, setname.query_async::<()>(conn)).await;
     }
 
     /// Waits for a connection within the connect timeout.

@@ -7,7 +7,9 @@ use std::time::Duration;
 
 use redis::aio::{ConnectionLike, ConnectionManager, MultiplexedConnection};
 use redis::cluster_async::ClusterConnection;
-use redis::cluster_routing::{Route, RoutingInfo, SingleNodeRoutingInfo, SlotAddr};
+use redis::cluster_routing::{
+    MultipleNodeRoutingInfo, Route, RoutingInfo, SingleNodeRoutingInfo, SlotAddr,
+};
 use redis::sentinel::SentinelClient;
 use redis::{AsyncConnectionConfig, Cmd, ErrorKind, RedisResult, ServerErrorKind, Value};
 
@@ -85,6 +87,51 @@ impl Conn {
                 sentinel
                     .on_master(async |conn| cmd.query_async(conn).await)
                     .await
+            }
+        }
+    }
+}
+
+impl Conn {
+    /// Runs `cmd` on the server, or on every node of a cluster: each
+    /// server's address (`None` for the only one) and its reply, an error
+    /// reply kept apart from a failure to ask.
+    pub(crate) async fn on_every_server(
+        &self,
+        cmd: &Cmd,
+    ) -> RedisResult<Vec<(Option<String>, RedisResult<Value>)>> {
+        let one = |result: RedisResult<Value>| match result {
+            Err(err) if matches!(err.kind(), ErrorKind::Server(_)) => Ok(vec![(None, Err(err))]),
+            other => other.map(|value| vec![(None, Ok(value))]),
+        };
+        match self {
+            Self::Standalone(conn) => one(cmd.query_async(&mut conn.clone()).await),
+            Self::Sentinel(sentinel) => {
+                one(Box::pin(sentinel.on_master(async |conn| cmd.query_async(conn).await)).await)
+            }
+            Self::Cluster(conn) => {
+                let every = RoutingInfo::MultiNode((MultipleNodeRoutingInfo::AllNodes, None));
+                // Boxed for the reason given in `eval`.
+                let mut conn = conn.clone();
+                match Box::pin(conn.route_command(cmd.clone(), every)).await? {
+                    Value::Map(replies) => Ok(replies
+                        .into_iter()
+                        .map(|(node, reply)| {
+                            let node = match node {
+                                Value::BulkString(bytes) => {
+                                    String::from_utf8_lossy(&bytes).into_owned()
+                                }
+                                other => format!("{other:?}"),
+                            };
+                            (Some(node), reply.extract_error())
+                        })
+                        .collect()),
+                    other => Err(redis::RedisError::from((
+                        ErrorKind::UnexpectedReturnType,
+                        "a command sent to every cluster node did not answer per node",
+                        format!("{other:?}"),
+                    ))),
+                }
             }
         }
     }

@@ -44,6 +44,20 @@ pub enum Error {
         #[source]
         source: Box<Error>,
     },
+    /// The server lacks a command or a version the library needs (checked
+    /// once at connect, on every server of the topology).
+    #[error(
+        "{server} at {url_redacted} cannot hold leases: {missing}; leasehold needs Redis 6.0 or later (7.0 for Cluster) or Valkey, with the commands its scripts call left enabled"
+    )]
+    Unsupported {
+        /// The server (or cluster node) with its password replaced by `***`.
+        url_redacted: String,
+        /// The server's name and version as it reported them (`HELLO`),
+        /// e.g. `redis 7.0.15`.
+        server: String,
+        /// What it lacks.
+        missing: crate::Missing,
+    },
     /// A builder setting is out of range.
     #[error("invalid {field}: {reason}")]
     InvalidConfig {

@@ -112,6 +112,7 @@
 //! ```
 
 mod backend;
+mod capabilities;
 mod config;
 mod connection;
 mod error;
@@ -124,6 +125,7 @@ mod tracking;
 mod url;
 
 pub use backend::RedisBackend;
+pub use capabilities::{Missing, ServerInfo};
 pub use config::RedisBackendBuilder;
 pub use error::{Error, redact};
 pub use layout::KeyLayout;

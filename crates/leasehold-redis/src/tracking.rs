@@ -3,10 +3,12 @@
 //! once instead of at its next renewal.
 //!
 //! The renewal connection speaks RESP3 and runs `CLIENT TRACKING ON
-//! NOLOOP`. On Redis 7.0 a read-only command inside a script makes the
-//! server track *every* key the script call names, for the calling
-//! connection, and any write to a key drops its tracking (for every client,
-//! NOLOOP or not). The scripts are written around both rules:
+//! NOLOOP`. Any write to a key drops its tracking (for every client, NOLOOP
+//! or not), so a lease the renewal connection writes must be read again to
+//! stay tracked. Which keys a read inside a script tracks differs: on Redis
+//! 7.0 a read-only command makes the server track *every* key the script
+//! call names, for the calling connection; Redis 7.2 and Valkey track only
+//! the keys that command names. The scripts hold on both rules:
 //!
 //! - A lease is tracked from the script that grants it. While tracking is
 //!   on, every lease write (acquisition, handover, release) travels over
@@ -19,9 +21,11 @@
 //!   its lease again after its `SET`. No round trip is added: the read is in
 //!   the script.
 //! - `renew.lua` reads each lease with `GETEX` (a write command, which
-//!   tracking ignores) and ends with one `PTTL`, so one read tracks the
-//!   batch, where a `GET` per lease tracked the whole batch once per lease
-//!   (quadratic in the batch size).
+//!   tracking ignores) and ends with one `EXISTS` naming every lease of the
+//!   batch, so one read tracks the batch under either rule, where a `GET`
+//!   per lease tracked the whole batch once per lease on Redis 7.0
+//!   (quadratic in the batch size) and a single-key read tracked one lease
+//!   of the batch on Valkey.
 //!
 //! The server then pushes an `invalidate` message when a tracked key changes
 //! (a `SET`, a `DEL`, an expiry, an eviction), once per tracking of the key;

@@ -1,9 +1,10 @@
-//! Setting up a backend: URLs, passwords, unreachable servers.
+//! Setting up a backend: URLs, passwords, unreachable servers, servers
+//! that lack what the library needs.
 
 use std::time::Duration;
 
-use leasehold_redis::{Error, RedisBackend};
-use leasehold_testkit::{RedisServer, free_port};
+use leasehold_redis::{Error, Missing, RedisBackend, RedlockBackend, Topology};
+use leasehold_testkit::{RedisCluster, RedisServer, SentinelSet, free_port};
 use tokio::time::Instant;
 
 type TestResult = Result<(), Box<dyn std::error::Error>>;
@@ -87,5 +88,97 @@ async fn a_hand_built_client_is_accepted() -> TestResult {
         .await?;
     assert_eq!(backend.namespace(), "custom");
     assert!(format!("{backend:?}").contains(&format!("127.0.0.1:{}", server.port())));
+    Ok(())
+}
+
+/// The name and version `INFO server` shows, read on a connection of the
+/// testkit's own: Valkey adds `server_name:valkey` and `valkey_version`
+/// (its `redis_version` is the Redis version it is compatible with).
+fn info_server(server: &RedisServer) -> Result<(String, String), Box<dyn std::error::Error>> {
+    let info = server.cli(&["INFO", "server"])?;
+    let field = |name: &str| {
+        info.lines()
+            .find_map(|l| l.strip_prefix(name)?.strip_prefix(':'))
+            .map(|v| v.trim().to_owned())
+    };
+    let name = field("server_name").unwrap_or_else(|| "redis".to_owned());
+    let version = field(&format!("{name}_version")).ok_or("no version in INFO server")?;
+    Ok((name, version))
+}
+
+/// A server started from a configuration file that removes `command`.
+fn server_without(command: &str) -> Result<RedisServer, Box<dyn std::error::Error>> {
+    let dir = tempfile::tempdir()?;
+    let conf = dir.path().join("renamed.conf");
+    std::fs::write(&conf, format!("rename-command {command} \"\"\n"))?;
+    // The server reads the file once, at start.
+    Ok(RedisServer::builder().config_file(conf).start()?)
+}
+
+/// A server without `PEXPIRE` (renamed away in its configuration) would
+/// fail every renewal with a script error; it is refused at connect, and
+/// the error names the server, its version and the command.
+#[tokio::test]
+async fn a_server_without_a_command_the_scripts_call_is_refused_at_connect() -> TestResult {
+    let server = server_without("PEXPIRE")?;
+    let (name, version) = info_server(&server)?;
+    // The witness that the command is gone: the server itself refuses it.
+    assert!(server.cli(&["PEXPIRE", "k", "1000"]).is_err());
+    let err = RedisBackend::connect(server.url())
+        .await
+        .expect_err("PEXPIRE is missing");
+    match &err {
+        Error::Unsupported {
+            server: shown,
+            missing: Missing::Command(command),
+            ..
+        } => {
+            assert_eq!(command, "PEXPIRE");
+            assert_eq!(shown, &format!("{name} {version}"));
+        }
+        other => panic!("expected Unsupported, got {other:?}"),
+    }
+    let message = err.to_string();
+    for part in [name.as_str(), version.as_str(), "PEXPIRE"] {
+        assert!(message.contains(part), "{part} not in: {message}");
+    }
+    // Redlock checks every master: one without the command refuses all.
+    let good = [RedisServer::start()?, RedisServer::start()?];
+    let err = RedlockBackend::builder([good[0].url(), good[1].url(), server.url()])
+        .connect()
+        .await
+        .expect_err("one master lacks PEXPIRE");
+    assert!(
+        matches!(&err, Error::Unsupported { missing: Missing::Command(c), .. } if c == "PEXPIRE"),
+        "{err:?}"
+    );
+    Ok(())
+}
+
+/// Every topology reads the name and version of the server it connects to
+/// and accepts the servers this suite runs on (Redis 7.0, Valkey 8.0); the
+/// reading matches `INFO server` on a side connection.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_topology_reads_the_server_and_accepts_it() -> TestResult {
+    let server = RedisServer::start()?;
+    let backend = RedisBackend::connect(server.url()).await?;
+    let expected = info_server(&server)?;
+    let read = backend.server_info().ok_or("standalone: no server info")?;
+    assert_eq!((read.name(), read.version()), (&*expected.0, &*expected.1));
+
+    let set = SentinelSet::start()?;
+    let backend = RedisBackend::connect(set.url()).await?;
+    assert_eq!(backend.topology(), Topology::Sentinel);
+    let expected = info_server(set.master())?;
+    let read = backend.server_info().ok_or("sentinel: no server info")?;
+    assert_eq!((read.name(), read.version()), (&*expected.0, &*expected.1));
+    drop(set);
+
+    let cluster = RedisCluster::start(3, 0)?;
+    let backend = RedisBackend::connect(cluster.url()).await?;
+    assert_eq!(backend.topology(), Topology::Cluster);
+    let expected = info_server(&cluster.nodes()[0])?;
+    let read = backend.server_info().ok_or("cluster: no server info")?;
+    assert_eq!((read.name(), read.version()), (&*expected.0, &*expected.1));
     Ok(())
 }

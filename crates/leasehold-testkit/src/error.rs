@@ -5,7 +5,8 @@ use std::path::PathBuf;
 use std::process::ExitStatus;
 use std::time::Duration;
 
-/// Everything that can go wrong while running a throwaway `redis-server`.
+/// Everything that can go wrong while running a throwaway `redis-server`
+/// (or `valkey-server`).
 #[non_exhaustive]
 #[derive(Debug, thiserror::Error)]
 pub enum TestkitError {
@@ -23,6 +24,26 @@ pub enum TestkitError {
          (Debian/Ubuntu) or `brew install redis`, or set LEASEHOLD_REDIS_CLI"
     )]
     CliNotInstalled,
+
+    /// `LEASEHOLD_SERVER=valkey`, and `valkey-server` or `valkey-cli` is
+    /// not on `PATH` (nor named by its override variable).
+    #[error(
+        "{binary} was not found on PATH (LEASEHOLD_SERVER=valkey); install Valkey with \
+         `scripts/test.sh --valkey`, or by hand: on Debian 12 from bookworm-backports \
+         (`apt-get install -y -t bookworm-backports valkey-server valkey-tools`), \
+         `brew install valkey` on macOS; or set LEASEHOLD_REDIS_SERVER and LEASEHOLD_REDIS_CLI"
+    )]
+    ValkeyNotInstalled {
+        /// The binary that is missing: `"valkey-server"` or `"valkey-cli"`.
+        binary: &'static str,
+    },
+
+    /// `LEASEHOLD_SERVER` names no server the testkit knows.
+    #[error("LEASEHOLD_SERVER is {value:?}; set it to `redis` (the default) or `valkey`")]
+    UnknownServer {
+        /// The value found.
+        value: String,
+    },
 
     /// A topology (cluster, sentinels) did not reach the expected state in time.
     #[error("the {topology} did not become ready within {after:?}: {detail}")]

@@ -20,8 +20,11 @@
 //! lease holders believed, and of the writes a fenced resource accepted,
 //! is judged by [`History::check`]; a [`FaultPlan`] drawn from a seed
 //! schedules the faults of a campaign.
-//! The binary is found on `PATH` or through `LEASEHOLD_REDIS_SERVER`; see
-//! [`redis_server_binary`]. Unix only.
+//! The server is Redis by default; `LEASEHOLD_SERVER=valkey` runs every
+//! server, cluster and sentinel on `valkey-server` (and `valkey-cli`)
+//! instead. The binary is found on `PATH`, or named directly by
+//! `LEASEHOLD_REDIS_SERVER` (`LEASEHOLD_REDIS_CLI` for the client); see
+//! [`redis_server_binary`] and [`ServerKind`]. Unix only.
 //!
 //! ```no_run
 //! use leasehold_testkit::{RedisServer, TestkitError};
@@ -51,7 +54,9 @@ mod resp;
 mod sentinel;
 mod server;
 
-pub use binary::{REDIS_CLI_ENV, REDIS_SERVER_ENV, redis_cli_binary, redis_server_binary};
+pub use binary::{
+    REDIS_CLI_ENV, REDIS_SERVER_ENV, SERVER_ENV, ServerKind, redis_cli_binary, redis_server_binary,
+};
 pub use campaign::{Fault, FaultPlan, PlanShape, ScheduledFault, fault_length};
 pub use cluster::RedisCluster;
 pub use error::TestkitError;

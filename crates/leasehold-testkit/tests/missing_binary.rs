@@ -7,7 +7,9 @@
 use std::error::Error;
 use std::process::Command;
 
-use leasehold_testkit::{REDIS_SERVER_ENV, RedisServer, TestkitError, redis_server_binary};
+use leasehold_testkit::{
+    REDIS_SERVER_ENV, RedisServer, SERVER_ENV, TestkitError, redis_server_binary,
+};
 
 const CHILD_MARKER: &str = "LEASEHOLD_TESTKIT_MISSING_BINARY_CHILD";
 const HINT: &str = "redis-server was not found on PATH; install it with \
@@ -35,6 +37,8 @@ fn missing_binary_gives_not_installed() -> Result<(), Box<dyn Error>> {
             "--nocapture",
         ])
         .env(REDIS_SERVER_ENV, "/nonexistent")
+        // Redis's install hint, whichever server the suite runs on.
+        .env(SERVER_ENV, "redis")
         .env(CHILD_MARKER, "1")
         .output()?;
     let stdout = String::from_utf8_lossy(&output.stdout);

@@ -8,7 +8,7 @@
 use std::error::Error;
 use std::process::Command;
 
-use leasehold_testkit::{REDIS_CLI_ENV, RedisCluster, TestkitError, redis_cli_binary};
+use leasehold_testkit::{REDIS_CLI_ENV, RedisCluster, SERVER_ENV, TestkitError, redis_cli_binary};
 
 const CHILD_MARKER: &str = "LEASEHOLD_TESTKIT_MISSING_CLI_CHILD";
 
@@ -40,6 +40,8 @@ fn missing_cli_gives_cli_not_installed() -> Result<(), Box<dyn Error>> {
             "--nocapture",
         ])
         .env(REDIS_CLI_ENV, "/nonexistent")
+        // Redis's install hint, whichever server the suite runs on.
+        .env(SERVER_ENV, "redis")
         .env(CHILD_MARKER, "1")
         .output()?;
     let stdout = String::from_utf8_lossy(&output.stdout);

@@ -10,10 +10,11 @@
 -- Client tracking: on a connection that tracks (CLIENT TRACKING ON NOLOOP,
 -- see renew.lua), the grant leaves the new lease tracked and its counter
 -- not. A read-only command in a script makes Redis 7.0 track every key the
--- script call names, and any write to a key drops its tracking, for every
--- client and NOLOOP or not. So the lease is read (PTTL) after it is
--- written, which tracks the lease and the counter, and the counter is
--- written last, which drops the counter's: a counter never expires, and
+-- script call names (Redis 7.2 and Valkey: the keys the command names),
+-- and any write to a key drops its tracking, for every client and NOLOOP
+-- or not. So the lease is read (PTTL) after it is written, which tracks the
+-- lease (and on Redis 7.0 the counter), and the counter is written last,
+-- which drops the counter's: a counter never expires, and
 -- tracked it would keep an entry in the server's tracking table after the
 -- lease is gone.
 --
