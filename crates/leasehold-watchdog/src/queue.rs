@@ -1,5 +1,6 @@
 //! The local queue: waiters for one key inside one manager line up here in
-//! FIFO order, and only the one at the head talks to the backend.
+//! FIFO order, and only the one at the head talks to the backend (a
+//! waiter's whole life is in `waiting.rs`; this is its `Queued` state).
 //!
 //! The head leaves the queue as soon as it has the lease. The next head
 //! then waits for the release notice like waiters in other processes do,
@@ -61,6 +62,11 @@ impl Turn {
     /// The key's handover state.
     pub(crate) fn handoff(&self) -> &Handoff {
         &self.ticket.queue.handoff
+    }
+
+    /// The key's handover state, for a guard that outlives this borrow.
+    pub(crate) fn shared_handoff(&self) -> Arc<Handoff> {
+        Arc::clone(&self.ticket.queue.handoff)
     }
 
     /// Whether other tasks wait behind this head.
