@@ -8,10 +8,11 @@
 //! handover (see `handoff.rs`) while no waiter elsewhere listens.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::time::Duration;
 
-use leasehold_core::LeaseKey;
+use leasehold_core::{FencingToken, LeaseKey};
 use tokio::sync::OwnedMutexGuard;
 use tokio::time::Instant;
 
@@ -32,6 +33,11 @@ pub(crate) struct Queues {
     /// Keys this manager released a moment ago while a waiter elsewhere
     /// listened, and when (see [`Queues::yield_until`]).
     heard: Mutex<HashMap<LeaseKey, Instant>>,
+    /// The fencing token of this manager's latest grant of each key (see
+    /// [`Queues::last_won`]).
+    won: Mutex<HashMap<LeaseKey, FencingToken>>,
+    /// The latest acquisition attempt's round trip, in nanoseconds (0: none yet).
+    round_trip: AtomicU64,
 }
 
 /// How long a new acquisition in this manager lets a waiter elsewhere go
@@ -42,6 +48,11 @@ pub(crate) const YIELD: std::time::Duration = std::time::Duration::from_millis(2
 
 /// Past this many keys, noting a heard release first drops the stale ones.
 const HEARD_KEYS: usize = 1024;
+
+/// Past this many keys, noting a grant first forgets the others' wins:
+/// a forgotten win only means this manager's next waiter for that key
+/// does not hold back once (see [`Queues::last_won`]).
+const WON_KEYS: usize = 1024;
 
 struct KeyQueue {
     /// tokio's mutex queues its waiters in FIFO order.
@@ -89,6 +100,46 @@ impl Queues {
             bound,
             keys: Mutex::new(HashMap::new()),
             heard: Mutex::new(HashMap::new()),
+            won: Mutex::new(HashMap::new()),
+            round_trip: AtomicU64::new(0),
+        }
+    }
+
+    /// Notes that this manager was granted `key` with `token`.
+    pub(crate) fn note_won(&self, key: &LeaseKey, token: FencingToken) {
+        let mut won = self.won.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some(last) = won.get_mut(key) {
+            *last = token;
+            return;
+        }
+        if won.len() >= WON_KEYS {
+            won.clear();
+        }
+        won.insert(key.clone(), token);
+    }
+
+    /// The fencing token of this manager's latest grant of `key`, if it
+    /// remembers one: how recently this process held the key, counted in
+    /// acquisitions, is the current holder's token minus this one.
+    pub(crate) fn last_won(&self, key: &LeaseKey) -> Option<FencingToken> {
+        self.won
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .get(key)
+            .copied()
+    }
+
+    /// Notes how long an acquisition attempt took, from send to reply.
+    pub(crate) fn note_round_trip(&self, took: Duration) {
+        let nanos = u64::try_from(took.as_nanos()).unwrap_or(u64::MAX).max(1);
+        self.round_trip.store(nanos, Ordering::Relaxed);
+    }
+
+    /// The latest acquisition attempt's round trip, if one was made.
+    pub(crate) fn round_trip(&self) -> Option<Duration> {
+        match self.round_trip.load(Ordering::Relaxed) {
+            0 => None,
+            nanos => Some(Duration::from_nanos(nanos)),
         }
     }
 

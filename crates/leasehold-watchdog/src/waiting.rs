@@ -17,8 +17,26 @@
 //!  Listening  for a notice or the fallback poll; Offered when an offer
 //!    │        for a local handover stands beside it (handoff.rs)
 //!    ├── the offer answered with the lease ───────────────────────► Granted
-//!    └── notice, poll, or the offer answered "released" ─► Attempting
+//!    ├── poll ─────────────────────────────────────────► Attempting
+//!    ▼ notice, or the offer answered "released"
+//!  Deferring  when waiters elsewhere waited longer ─────► Attempting
 //! ```
+//!
+//! `Deferring` is what keeps processes taking turns. After a release every
+//! listening process retries at once, and the one the server told first
+//! would win nearly every time (and the server's order is its own: Redis
+//! 7.0 tells subscribers in subscription order, Valkey 8 in an order that
+//! does not change). So a waiter ranks its process by how recently it held
+//! the key, counted in acquisitions (the released holder's fencing token
+//! minus this process's last one), against the number of processes that
+//! listen (the server's subscriber count, carried by the watch): the
+//! process that held it longest ago has rank 0 and tries at once, the one
+//! that released it has the highest rank, and each rank holds back one
+//! measured attempt round trip more (tokio's timer rounds it up to the next
+//! millisecond). The ones that hold back would lose anyway; if the first
+//! does not want the lease any more, the next takes it a moment later. A
+//! process that waits alone, or a backend without the count (memory,
+//! cluster), never holds back.
 //!
 //! `Granted` hands the turn on (with a baton when others wait behind) and
 //! the manager registers the lease with the watchdog.
@@ -26,14 +44,16 @@
 //! Where an opt-in fair mode (waiters of every process queued on the server
 //! in arrival order) would plug in: `Queued` stays local, `Attempting`
 //! becomes "take or keep a place in the server's queue" and `Listening`
-//! waits for the server to say it is this waiter's turn; `Yielding` and the
-//! local offer are not needed there, as the server's order already decides.
+//! waits for the server to say it is this waiter's turn; `Yielding`,
+//! `Deferring` and the local offer are not needed there, as the server's
+//! order already decides.
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use leasehold_core::{
-    AcquireOutcome, AcquireRequest, Grant, LeaseBackend, LeaseInfo, LeaseKey, ReleaseWatch,
+    AcquireOutcome, AcquireRequest, FencingToken, Grant, LeaseBackend, LeaseInfo, LeaseKey,
+    ReleaseWatch,
 };
 use tokio::sync::{mpsc, oneshot};
 use tokio::time::Instant;
@@ -41,7 +61,7 @@ use tracing::debug;
 
 use crate::handoff::{Handoff, Withdrawn};
 use crate::home::OrphanGuard;
-use crate::queue::{QueueError, Queues, Turn};
+use crate::queue::{QueueError, Queues, Turn, YIELD};
 use crate::renewal::Command;
 use crate::{LeaseError, LeaseOptions};
 
@@ -95,6 +115,7 @@ pub(crate) async fn acquire<B: LeaseBackend>(
         started,
         give_up_at,
         attempt: 0,
+        holder_token: None,
     };
     let mut step = waiter.at_head().await;
     loop {
@@ -175,6 +196,10 @@ struct Waiter<'a, B> {
     started: Instant,
     give_up_at: Option<Instant>,
     attempt: u32,
+    /// The fencing token of the holder that refused us last (or of this
+    /// manager's own holder, with a baton): the one whose release a notice
+    /// announces.
+    holder_token: Option<FencingToken>,
 }
 
 impl<'a, B: LeaseBackend> Waiter<'a, B> {
@@ -192,6 +217,7 @@ impl<'a, B: LeaseBackend> Waiter<'a, B> {
             .filter(|_| self.options.release_notices());
         if let Some(baton) = baton {
             self.watch = baton.watch;
+            self.holder_token = self.manager.queues.last_won(self.key);
             return Step::Refused(Refusal {
                 failure: self.not_acquired(LeaseInfo::default()),
                 retry_after: self.options.backoff().delay(self.attempt),
@@ -221,7 +247,10 @@ impl<'a, B: LeaseBackend> Waiter<'a, B> {
     async fn attempting(&mut self) -> Result<Step<'a>, LeaseError> {
         let mut retry_after = self.options.backoff().delay(self.attempt);
         self.orphan.armed = true;
-        let failure = match self.manager.backend.try_acquire(&self.request).await {
+        let sent = Instant::now();
+        let outcome = self.manager.backend.try_acquire(&self.request).await;
+        self.manager.queues.note_round_trip(sent.elapsed());
+        let failure = match outcome {
             Ok(AcquireOutcome::Acquired(grant)) => {
                 self.orphan.armed = false;
                 if self.in_time(&grant) {
@@ -236,6 +265,7 @@ impl<'a, B: LeaseBackend> Waiter<'a, B> {
             }
             Ok(AcquireOutcome::Held(holder)) => {
                 self.orphan.armed = false;
+                self.holder_token = holder.fencing_token;
                 if let Some(left) = holder.ttl_left {
                     // No point sleeping past the holder's expiry.
                     retry_after = retry_after.min(left + Duration::from_millis(1));
@@ -296,7 +326,8 @@ impl<'a, B: LeaseBackend> Waiter<'a, B> {
 
     /// `Listening` (or `Offered`): the first of the poll, a release notice
     /// and an answer to the offer. `Granted` when a release handed the
-    /// lease over in time to use it, else `Attempting`.
+    /// lease over in time to use it; after a release, `Deferring`; else
+    /// `Attempting`.
     async fn listening(&mut self, poll_at: Instant, mut offer: OfferGuard<'a>) -> Step<'a> {
         let poll = tokio::time::sleep_until(poll_at);
         let notice = async {
@@ -311,17 +342,17 @@ impl<'a, B: LeaseBackend> Waiter<'a, B> {
                 None => std::future::pending().await,
             }
         };
-        let answered = tokio::select! {
-            () = poll => None,
+        let (answered, released) = tokio::select! {
+            () = poll => (None, false),
             () = notice => {
                 debug!("release notice");
-                None
+                (None, true)
             }
-            grant = answer => Some(grant),
+            grant = answer => (Some(grant), true),
         };
         let grant = match answered {
             // A release claimed the offer: the lease, or nothing when it
-            // was only released (then try at once).
+            // was only released (then try, as after a notice).
             Some(grant) => {
                 offer.answer = None;
                 grant
@@ -341,12 +372,43 @@ impl<'a, B: LeaseBackend> Waiter<'a, B> {
             self.orphan.armed = true;
         }
         self.attempt = self.attempt.saturating_add(1);
+        if released {
+            self.deferring(poll_at).await;
+        }
         Step::Attempting
+    }
+
+    /// `Deferring`: after a release, holds back one measured moment per
+    /// process that waited longer than this one (see the module
+    /// documentation), never past the poll.
+    async fn deferring(&self, poll_at: Instant) {
+        let Some(rank) = self.rank() else {
+            return;
+        };
+        let moment = self.manager.queues.round_trip().unwrap_or(YIELD);
+        let until = Instant::now() + moment.saturating_mul(rank);
+        debug!(rank, ?moment, "waiters elsewhere waited longer; deferring");
+        tokio::time::sleep_until(until.min(poll_at)).await;
+    }
+
+    /// How many listening processes held the key longer ago than this one
+    /// (0 for the one that held it longest ago, the count of the others for
+    /// the one that just released it); `None` when this process goes at once:
+    /// it waits alone, never held the key, or cannot tell.
+    fn rank(&self) -> Option<u32> {
+        let listeners = self.watch.as_ref()?.listeners()?;
+        let last_won = self.manager.queues.last_won(self.key)?;
+        // Acquisitions since this process's last: 0 when it just released.
+        let since = self.holder_token?.0.saturating_sub(last_won.0);
+        let others = u64::try_from(listeners.saturating_sub(1)).unwrap_or(u64::MAX);
+        let rank = others.saturating_sub(since);
+        (rank > 0).then(|| u32::try_from(rank).unwrap_or(u32::MAX))
     }
 
     /// `Granted`: the lease and the turn go to the manager, which hands the
     /// turn on and registers the lease.
     fn granted(self, grant: Grant, handed_over: bool) -> Won {
+        self.manager.queues.note_won(self.key, grant.fencing_token);
         Won {
             grant,
             turn: self.turn,
