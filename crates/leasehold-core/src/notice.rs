@@ -18,6 +18,9 @@ pub struct ReleaseWatch {
     /// for [`any`](Self::any).
     notices: Vec<watch::Receiver<u64>>,
     _subscriptions: Vec<Box<dyn Send + Sync>>,
+    /// How many processes listened for the key's notices when the watch
+    /// subscribed, this one included, if the backend can tell.
+    listeners: Option<usize>,
 }
 
 impl ReleaseWatch {
@@ -28,7 +31,25 @@ impl ReleaseWatch {
         Self {
             notices: vec![notices],
             _subscriptions: vec![Box::new(subscription)],
+            listeners: None,
         }
+    }
+
+    /// The same watch, knowing that `listeners` processes (this one
+    /// included) listened for the key's notices when it subscribed: the
+    /// server's count of the channel's subscribers.
+    #[must_use]
+    pub fn with_listeners(mut self, listeners: usize) -> Self {
+        self.listeners = Some(listeners);
+        self
+    }
+
+    /// How many processes listened for the key's notices when the watch
+    /// subscribed, this one included; `None` when the backend cannot tell.
+    /// Waiters use it to let the process that waited longest go first.
+    #[must_use]
+    pub fn listeners(&self) -> Option<usize> {
+        self.listeners
     }
 
     /// A watch that fires when any of `watches` does: the first notice
@@ -41,6 +62,7 @@ impl ReleaseWatch {
         for watch in watches {
             any.notices.extend(watch.notices);
             any._subscriptions.extend(watch._subscriptions);
+            any.listeners = any.listeners.max(watch.listeners);
         }
         any
     }
@@ -52,6 +74,7 @@ impl ReleaseWatch {
         Self {
             notices: Vec::new(),
             _subscriptions: Vec::new(),
+            listeners: None,
         }
     }
 
@@ -103,6 +126,7 @@ impl fmt::Debug for ReleaseWatch {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("ReleaseWatch")
             .field("supported", &self.is_supported())
+            .field("listeners", &self.listeners)
             .finish()
     }
 }

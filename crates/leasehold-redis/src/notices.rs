@@ -23,9 +23,13 @@
 //! Unsubscribing needs a round trip, which a `Drop` cannot make: channels no
 //! one watches any more are unsubscribed by the next subscription.
 //!
-//! Redis sends a message to a channel's subscribers in the order they
+//! Redis 7.0 sends a message to a channel's subscribers in the order they
 //! subscribed, so a process that subscribes again goes to the end of that
-//! order: waiters in different processes take turns being told first.
+//! order; Valkey 8 keeps no such order. Waiters therefore do not rely on
+//! it: each watch carries the channel's subscriber count when it
+//! subscribed (`PUBSUB NUMSUB`, one more round trip on this connection;
+//! not on a cluster), and the waiters of the process that waited longest
+//! go first (see the watchdog's `waiting.rs`).
 
 use std::collections::HashMap;
 use std::convert::Infallible;
@@ -95,6 +99,20 @@ impl Subscriber {
                 Ok(())
             }
         }
+    }
+
+    /// How many connections subscribe to `channel` on the server (processes
+    /// listening for it, each with one notices connection). `None` on a
+    /// cluster, where the count would have to be asked of the slot's node.
+    async fn listeners(&mut self, channel: &[u8]) -> redis::RedisResult<Option<usize>> {
+        let mut numsub = redis::cmd("PUBSUB");
+        numsub.arg("NUMSUB").arg(channel);
+        let reply: (Vec<u8>, usize) = match self {
+            Self::Server(conn) => numsub.query_async(conn).await?,
+            Self::Sentinel(conn) => numsub.query_async(conn).await?,
+            Self::Cluster(_) => return Ok(None),
+        };
+        Ok(Some(reply.1))
     }
 
     async fn unsubscribe(&mut self, channels: &[Vec<u8>]) -> redis::RedisResult<()> {
@@ -309,7 +327,13 @@ impl Notices {
                 channel.subscribed = true;
             }
         }
-        Ok(ReleaseWatch::new(receiver, subscription))
+        let watch = ReleaseWatch::new(receiver, subscription);
+        // Best effort: without the count, waiters race on every notice as
+        // before.
+        match self.bounded(conn.listeners(&name)).await {
+            Ok(Some(listeners)) => Ok(watch.with_listeners(listeners)),
+            _ => Ok(watch),
+        }
     }
 
     /// How many of `channel`'s subscribers on the server are this

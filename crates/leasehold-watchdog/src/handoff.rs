@@ -18,7 +18,7 @@
 //! stands. The baton is only good until the next local release of the key
 //! (counted in `releases`).
 
-use std::sync::{Mutex, MutexGuard, PoisonError};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use leasehold_core::{
     AcquireRequest, BackendError, Grant, HandoverOutcome, HolderId, LeaseBackend, LeaseKey,
@@ -27,7 +27,26 @@ use leasehold_core::{
 use tokio::sync::oneshot;
 use tracing::debug;
 
-use crate::queue::Queues;
+/// Where a release looks for a waiting head's offer: the manager's local
+/// queues (queue.rs), which keep each key's [`Handoff`] beside its queue.
+/// A trait, so that the handover knows nothing of how waiters queue.
+pub(crate) trait Waiters: Send + Sync {
+    /// The handover state of `key`, if anyone waits for it here.
+    fn handoff(&self, key: &LeaseKey) -> Option<Arc<Handoff>>;
+
+    /// Notes that this manager released `key` and a waiter elsewhere heard.
+    fn note_heard(&self, key: &LeaseKey);
+}
+
+impl<W: Waiters + ?Sized> Waiters for Arc<W> {
+    fn handoff(&self, key: &LeaseKey) -> Option<Arc<Handoff>> {
+        (**self).handoff(key)
+    }
+
+    fn note_heard(&self, key: &LeaseKey) {
+        (**self).note_heard(key);
+    }
+}
 
 /// A waiting head's request, left for a local release to grant.
 pub(crate) struct Offer {
@@ -125,9 +144,9 @@ impl Handoff {
 ///
 /// If the head left while the handover was in flight, the lease it was
 /// given is released here, so none is left behind.
-pub(crate) async fn release<B: LeaseBackend>(
+pub(crate) async fn release<B: LeaseBackend, W: Waiters + ?Sized>(
     backend: &B,
-    queues: &Queues,
+    queues: &W,
     key: &LeaseKey,
     holder: &HolderId,
 ) -> Result<ReleaseOutcome, BackendError> {

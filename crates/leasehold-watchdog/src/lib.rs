@@ -47,6 +47,7 @@ mod queue;
 mod record;
 mod renewal;
 mod scope;
+mod waiting;
 
 pub use backoff::Backoff;
 #[cfg(feature = "serde")]

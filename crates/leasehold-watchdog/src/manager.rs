@@ -2,23 +2,19 @@
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
-use std::time::Duration;
 
-use leasehold_core::{
-    AcquireOutcome, AcquireRequest, Grant, HolderId, LeaseBackend, LeaseInfo, LeaseKey,
-    ReleaseWatch,
-};
-use tokio::sync::{mpsc, oneshot};
+use leasehold_core::{AcquireRequest, Grant, HolderId, LeaseBackend, LeaseKey, ReleaseWatch};
+use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
-use tracing::{Instrument, debug, info_span};
+use tracing::{Instrument, info_span};
 
-use crate::handoff::Withdrawn;
-use crate::home::{Home, OrphanGuard};
+use crate::home::Home;
 use crate::lease::Shared;
-use crate::queue::{QueueError, Queues, Turn};
+use crate::queue::Queues;
 use crate::renewal::{Command, Timing, Watchdog};
+use crate::waiting::{self, Won};
 use crate::{Lease, LeaseError, LeaseOptions};
 
 /// Acquires leases and keeps them alive with a single watchdog task.
@@ -156,195 +152,34 @@ impl<B: LeaseBackend> LeaseManager<B> {
         if let Some(label) = options.label() {
             request = request.with_label(label)?;
         }
-        let started = Instant::now();
-        let give_up_at = options.wait().map(|wait| started + wait);
-        let not_acquired = |holder| LeaseError::NotAcquired {
-            key: key.to_string(),
-            waited: started.elapsed(),
-            holder,
-        };
-        let turn = match self.inner.queues.enter(&key, give_up_at).await {
-            Ok(turn) => turn,
-            Err(QueueError::Busy { waiters }) => {
-                return Err(LeaseError::Busy {
-                    key: key.to_string(),
-                    waiters,
-                });
-            }
-            Err(QueueError::Occupied) => return Err(not_acquired(LeaseInfo::default())),
-        };
-        // Releases in the background if this future is dropped, or gives up,
-        // after an attempt whose outcome is unknown.
-        let mut orphan = OrphanGuard {
+        let manager = waiting::Manager {
+            backend: &self.inner.backend,
+            queues: &self.inner.queues,
             commands: &self.inner.home.commands,
-            key: &key,
-            holder: request.holder,
-            armed: false,
         };
-        // A baton from the previous head: the lease is held in this manager
-        // and its release will look for our offer, so offer without asking.
-        // Only with notices on: a head that polls leaves every grant to its
-        // own attempts.
-        let baton = turn
-            .handoff()
-            .take_baton()
-            .filter(|_| options.release_notices());
-        let mut baton_releases = baton.as_ref().map(|b| b.releases);
-        let mut notices: Option<ReleaseWatch> = baton.and_then(|b| b.watch);
-        // This manager released the key a moment ago and a waiter elsewhere
-        // heard it: let that waiter take it first. Listen meanwhile, so that
-        // this one is heard of when that one releases.
-        if let (None, Some(give_up_at)) = (baton_releases, give_up_at)
-            && let Some(until) = self.inner.queues.yield_until(&key)
-        {
-            if options.release_notices() {
-                notices = Some(self.watch(&key).await);
-            }
-            tokio::time::sleep_until(until.min(give_up_at)).await;
-        }
-        let mut attempt = 0u32;
-        loop {
-            let mut retry_after = options.backoff().delay(attempt);
-            let failure = if baton_releases.is_some() {
-                not_acquired(LeaseInfo::default())
-            } else {
-                orphan.armed = true;
-                let result = self.inner.backend.try_acquire(&request).await;
-                match result {
-                    Ok(AcquireOutcome::Acquired(grant)) => {
-                        orphan.armed = false;
-                        if Instant::now() < grant.valid_until - options.safety_margin() {
-                            return self.took(turn, None, grant, options).await;
-                        }
-                        // The reply came too late to use the lease: give it back.
-                        orphan.armed = true;
-                        not_acquired(LeaseInfo::default())
-                    }
-                    Ok(AcquireOutcome::Held(holder)) => {
-                        orphan.armed = false;
-                        if let Some(left) = holder.ttl_left {
-                            // No point sleeping past the holder's expiry.
-                            retry_after = retry_after.min(left + Duration::from_millis(1));
-                        }
-                        not_acquired(holder)
-                    }
-                    Err(error) if error.is_transient() => LeaseError::Backend(error),
-                    Err(error) => return Err(error.into()),
-                }
-            };
-            let now = Instant::now();
-            let Some(give_up_at) = give_up_at.filter(|at| now < *at) else {
-                return Err(failure);
-            };
-            let mut offer = OfferGuard {
-                turn: &turn,
-                commands: &self.inner.home.commands,
-                key: &key,
-                answer: None,
-            };
-            // With a baton, offer first: the holder's release looks for it.
-            if let Some(releases) = baton_releases.take() {
-                offer.answer = turn.handoff().offer(&request, Some(releases));
-                if offer.answer.is_none() {
-                    // The baton went stale: the holder released meanwhile.
-                    continue;
-                }
-            }
-            if notices.is_none() && options.release_notices() {
-                notices = Some(self.watch(&key).await);
-                if offer.answer.is_none() {
-                    // Subscribe, then retry at once: a release between the
-                    // refused attempt and the subscription sent no notice we
-                    // saw. (With an offer standing, the holder's release
-                    // answers the offer whether it hands over or not.)
-                    continue;
-                }
-            }
-            // Offer only with a working watch: a release here hands over only
-            // while no other watch listens, which ours must be part of. (A
-            // baton's offer may stand before its watch does: until then the
-            // release counts none of ours, and hands over only if no one
-            // listens at all.)
-            if offer.answer.is_none() && notices.as_ref().is_some_and(ReleaseWatch::is_supported) {
-                offer.answer = turn.handoff().offer(&request, None);
-            }
-            baton_releases = None;
-            debug!(attempt, ?retry_after, "lease not acquired yet; waiting");
-            let poll = tokio::time::sleep_until((now + retry_after).min(give_up_at));
-            let notice = async {
-                match notices.as_mut() {
-                    Some(notices) => notices.released().await,
-                    None => std::future::pending().await,
-                }
-            };
-            let answer = async {
-                match offer.answer.as_mut() {
-                    Some(answer) => answer.await.ok(),
-                    None => std::future::pending().await,
-                }
-            };
-            let answered = tokio::select! {
-                () = poll => None,
-                () = notice => {
-                    debug!("release notice");
-                    None
-                }
-                grant = answer => Some(grant),
-            };
-            let grant = match answered {
-                // A release claimed the offer: the lease, or nothing when it
-                // was only released (then try at once).
-                Some(grant) => {
-                    offer.answer = None;
-                    grant
-                }
-                None => offer.settle().await,
-            };
-            if let Some(grant) = grant {
-                // Ours now, whatever an earlier attempt of unknown outcome did.
-                orphan.armed = false;
-                if Instant::now() < grant.valid_until - options.safety_margin() {
-                    drop(offer);
-                    return self.took(turn, notices, grant, options).await;
-                }
-                // Too late to use; the next attempt (same holder) refreshes it.
-                orphan.armed = true;
-            }
-            attempt = attempt.saturating_add(1);
-        }
-    }
-
-    /// Subscribes to `key`'s release notices; a backend without them gives
-    /// a watch that never fires, and the head polls.
-    async fn watch(&self, key: &LeaseKey) -> ReleaseWatch {
-        // Boxed: a subscription's future is large and is made once per
-        // wait, and inline it would size (and be copied with) every
-        // acquisition's future.
-        let watch = Box::pin(self.inner.backend.watch_releases(key)).await;
-        watch.unwrap_or_else(|error| {
-            debug!(%error, "no release notices; polling");
-            ReleaseWatch::unsupported()
-        })
+        let won = waiting::acquire(manager, &key, request, options).await?;
+        self.took(won, options).await
     }
 
     /// Hands the turn on and keeps the lease. With others waiting, the next
     /// head gets a baton: the lease is held here now, so it offers at once.
-    /// The baton carries the holder's watch (`baton`) if the holder got the
-    /// lease by handover. After an acquisition of its own the holder passes
-    /// no watch: the next head subscribes anew (its offer standing
-    /// meanwhile), which moves this process to the end of the server's
-    /// subscriber order, so that processes take turns hearing of releases
-    /// first. Then this task yields once, so that the next head, woken from
-    /// this task and so sitting in this worker's slot that other workers
-    /// never steal, gets to leave its offer before this holder's work
-    /// blocks the thread.
-    async fn took(
-        &self,
-        turn: Turn,
-        baton: Option<ReleaseWatch>,
-        grant: Grant,
-        options: &LeaseOptions,
-    ) -> Result<Lease, LeaseError> {
+    /// The baton carries the holder's watch if the holder got the lease by
+    /// handover. After an acquisition of its own the holder passes no watch
+    /// (and keeps its own until the lease is registered): the next head
+    /// subscribes anew (its offer standing meanwhile), which moves this
+    /// process to the end of the server's subscriber order, so that
+    /// processes take turns hearing of releases first. Then this task
+    /// yields once, so that the next head, woken from this task and so
+    /// sitting in this worker's slot that other workers never steal, gets
+    /// to leave its offer before this holder's work blocks the thread.
+    async fn took(&self, won: Won, options: &LeaseOptions) -> Result<Lease, LeaseError> {
+        let Won {
+            grant,
+            turn,
+            mut watch,
+            handed_over,
+        } = won;
+        let baton = if handed_over { watch.take() } else { None };
         let others = turn.others_waiting();
         if others && options.release_notices() {
             turn.handoff()
@@ -355,6 +190,7 @@ impl<B: LeaseBackend> LeaseManager<B> {
         if others {
             tokio::task::yield_now().await;
         }
+        drop(watch);
         lease
     }
 
@@ -406,47 +242,6 @@ impl<B: LeaseBackend> LeaseManager<B> {
             // The watchdog never panics on its own; a join error means the
             // runtime is shutting down, which ends it anyway.
             let _ = task.await;
-        }
-    }
-}
-
-/// The head's offer while it waits. Dropped with an answer on its way, it
-/// closes the channel: a grant already sent is released here, and one sent
-/// later is released by the releasing side, so no lease is left behind.
-struct OfferGuard<'a> {
-    turn: &'a Turn,
-    commands: &'a mpsc::UnboundedSender<Command>,
-    key: &'a LeaseKey,
-    answer: Option<oneshot::Receiver<Grant>>,
-}
-
-impl OfferGuard<'_> {
-    /// Takes the offer back; if a release claimed it first, waits for its
-    /// answer: the lease, or nothing when it was only released.
-    async fn settle(&mut self) -> Option<Grant> {
-        let answer = self.answer.as_mut()?;
-        let grant = match self.turn.handoff().withdraw() {
-            Withdrawn::Unclaimed => None,
-            Withdrawn::Claimed => answer.await.ok(),
-        };
-        self.answer = None;
-        grant
-    }
-}
-
-impl Drop for OfferGuard<'_> {
-    fn drop(&mut self) {
-        let Some(mut answer) = self.answer.take() else {
-            return;
-        };
-        if let Withdrawn::Claimed = self.turn.handoff().withdraw() {
-            answer.close();
-            if let Ok(grant) = answer.try_recv() {
-                let _ = self.commands.send(Command::ReleaseOrphan {
-                    key: self.key.clone(),
-                    holder: grant.holder,
-                });
-            }
         }
     }
 }

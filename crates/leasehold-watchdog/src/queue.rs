@@ -1,5 +1,6 @@
 //! The local queue: waiters for one key inside one manager line up here in
-//! FIFO order, and only the one at the head talks to the backend.
+//! FIFO order, and only the one at the head talks to the backend (a
+//! waiter's whole life is in `waiting.rs`; this is its `Queued` state).
 //!
 //! The head leaves the queue as soon as it has the lease. The next head
 //! then waits for the release notice like waiters in other processes do,
@@ -7,14 +8,15 @@
 //! handover (see `handoff.rs`) while no waiter elsewhere listens.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::time::Duration;
 
-use leasehold_core::LeaseKey;
+use leasehold_core::{FencingToken, LeaseKey};
 use tokio::sync::OwnedMutexGuard;
 use tokio::time::Instant;
 
-use crate::handoff::Handoff;
+use crate::handoff::{Handoff, Waiters};
 
 /// Why a waiter did not reach the head of the queue.
 #[derive(Debug)]
@@ -31,6 +33,11 @@ pub(crate) struct Queues {
     /// Keys this manager released a moment ago while a waiter elsewhere
     /// listened, and when (see [`Queues::yield_until`]).
     heard: Mutex<HashMap<LeaseKey, Instant>>,
+    /// The fencing token of this manager's latest grant of each key (see
+    /// [`Queues::last_won`]).
+    won: Mutex<HashMap<LeaseKey, FencingToken>>,
+    /// The latest acquisition attempt's round trip, in nanoseconds (0: none yet).
+    round_trip: AtomicU64,
 }
 
 /// How long a new acquisition in this manager lets a waiter elsewhere go
@@ -41,6 +48,11 @@ pub(crate) const YIELD: std::time::Duration = std::time::Duration::from_millis(2
 
 /// Past this many keys, noting a heard release first drops the stale ones.
 const HEARD_KEYS: usize = 1024;
+
+/// Past this many keys, noting a grant first forgets the others' wins:
+/// a forgotten win only means this manager's next waiter for that key
+/// does not hold back once (see [`Queues::last_won`]).
+const WON_KEYS: usize = 1024;
 
 struct KeyQueue {
     /// tokio's mutex queues its waiters in FIFO order.
@@ -63,6 +75,11 @@ impl Turn {
         &self.ticket.queue.handoff
     }
 
+    /// The key's handover state, for a guard that outlives this borrow.
+    pub(crate) fn shared_handoff(&self) -> Arc<Handoff> {
+        Arc::clone(&self.ticket.queue.handoff)
+    }
+
     /// Whether other tasks wait behind this head.
     pub(crate) fn others_waiting(&self) -> bool {
         self.ticket.queue.waiting.load(Ordering::Acquire) > 1
@@ -83,6 +100,46 @@ impl Queues {
             bound,
             keys: Mutex::new(HashMap::new()),
             heard: Mutex::new(HashMap::new()),
+            won: Mutex::new(HashMap::new()),
+            round_trip: AtomicU64::new(0),
+        }
+    }
+
+    /// Notes that this manager was granted `key` with `token`.
+    pub(crate) fn note_won(&self, key: &LeaseKey, token: FencingToken) {
+        let mut won = self.won.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some(last) = won.get_mut(key) {
+            *last = token;
+            return;
+        }
+        if won.len() >= WON_KEYS {
+            won.clear();
+        }
+        won.insert(key.clone(), token);
+    }
+
+    /// The fencing token of this manager's latest grant of `key`, if it
+    /// remembers one: how recently this process held the key, counted in
+    /// acquisitions, is the current holder's token minus this one.
+    pub(crate) fn last_won(&self, key: &LeaseKey) -> Option<FencingToken> {
+        self.won
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .get(key)
+            .copied()
+    }
+
+    /// Notes how long an acquisition attempt took, from send to reply.
+    pub(crate) fn note_round_trip(&self, took: Duration) {
+        let nanos = u64::try_from(took.as_nanos()).unwrap_or(u64::MAX).max(1);
+        self.round_trip.store(nanos, Ordering::Relaxed);
+    }
+
+    /// The latest acquisition attempt's round trip, if one was made.
+    pub(crate) fn round_trip(&self) -> Option<Duration> {
+        match self.round_trip.load(Ordering::Relaxed) {
+            0 => None,
+            nanos => Some(Duration::from_nanos(nanos)),
         }
     }
 
@@ -178,6 +235,17 @@ impl Queues {
     #[cfg(test)]
     pub(crate) fn len(&self) -> usize {
         self.keys().len()
+    }
+}
+
+/// A release finds the key's handover state here, and notes a heard release.
+impl Waiters for Queues {
+    fn handoff(&self, key: &LeaseKey) -> Option<Arc<Handoff>> {
+        Queues::handoff(self, key)
+    }
+
+    fn note_heard(&self, key: &LeaseKey) {
+        Queues::note_heard(self, key);
     }
 }
 

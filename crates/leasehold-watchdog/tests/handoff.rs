@@ -37,6 +37,8 @@ struct Counts {
     release_to: AtomicUsize,
     handed_over: AtomicUsize,
     watch: AtomicUsize,
+    /// When each `try_acquire` was sent.
+    attempts: std::sync::Mutex<Vec<Instant>>,
 }
 
 /// `MemoryBackend`, counting the operations it is asked for.
@@ -44,6 +46,8 @@ struct Counts {
 struct Counting {
     inner: MemoryBackend,
     counts: Arc<Counts>,
+    /// The subscriber count its watches report, as Redis's do; none by default.
+    listeners: Option<usize>,
 }
 
 impl Counting {
@@ -53,7 +57,22 @@ impl Counting {
         Self {
             inner,
             counts: Arc::default(),
+            listeners: None,
         }
+    }
+
+    /// Watches that report `listeners` processes listening.
+    fn with_listeners(listeners: usize) -> Self {
+        Self {
+            listeners: Some(listeners),
+            ..Self::new()
+        }
+    }
+
+    /// When the `try_acquire` calls since `from` were sent.
+    fn attempts_since(&self, from: Instant) -> Vec<Instant> {
+        let attempts = self.counts.attempts.lock().expect("not poisoned");
+        attempts.iter().copied().filter(|at| *at >= from).collect()
     }
 
     fn acquires(&self) -> usize {
@@ -68,6 +87,11 @@ impl Counting {
 impl LeaseBackend for Counting {
     async fn try_acquire(&self, request: &AcquireRequest) -> Result<AcquireOutcome, BackendError> {
         self.counts.acquire.fetch_add(1, Ordering::SeqCst);
+        self.counts
+            .attempts
+            .lock()
+            .expect("not poisoned")
+            .push(Instant::now());
         self.inner.try_acquire(request).await
     }
 
@@ -116,7 +140,11 @@ impl LeaseBackend for Counting {
 
     async fn watch_releases(&self, key: &LeaseKey) -> Result<ReleaseWatch, BackendError> {
         self.counts.watch.fetch_add(1, Ordering::SeqCst);
-        self.inner.watch_releases(key).await
+        let watch = self.inner.watch_releases(key).await?;
+        Ok(match self.listeners {
+            Some(listeners) => watch.with_listeners(listeners),
+            None => watch,
+        })
     }
 }
 
@@ -213,6 +241,49 @@ async fn a_waiter_in_another_manager_is_not_overtaken() -> TestResult {
     assert_eq!(first.0 - released_at, 2 * OP, "release, then an attempt");
     drop(first.1);
     let _ = within(WAITER_LIMIT, "the second waiter", second).await??;
+    Ok(())
+}
+
+/// With two processes listening, the one that just released holds back
+/// one measured round trip (here: one operation) after its release before
+/// it tries again, and the waiter elsewhere, which never held the key,
+/// tries at once and gets it. Then the first process has waited longer:
+/// it tries at once on the next release.
+#[tokio::test(start_paused = true)]
+async fn the_process_that_released_defers_to_the_one_that_waited_longer() -> TestResult {
+    let backend = Counting::with_listeners(2);
+    let here = LeaseManager::new(backend.clone())?;
+    let elsewhere = LeaseManager::new(backend.clone())?;
+    let holder = here.acquire("job", &patient()).await?;
+    let theirs = waiter(&elsewhere);
+    until_waiting(&backend, 3).await;
+    let ours = waiter(&here);
+    until_waiting(&backend, 5).await;
+
+    let released_at = Instant::now();
+    holder.release().await?;
+    let announced_at = released_at + OP;
+    let (their_at, their_lease) =
+        within(WAITER_LIMIT, "the other manager's waiter", theirs).await??;
+    assert_eq!(their_at, announced_at + OP, "an attempt at once");
+    assert!(!ours.is_finished(), "the releasing manager took it back");
+    // Ours was refused: it tried one operation after theirs, not with it.
+    assert_eq!(
+        backend.attempts_since(announced_at),
+        vec![announced_at, announced_at + OP]
+    );
+
+    // Ours is listening again (after one more refused attempt: the notice
+    // of the release it deferred on was still unread).
+    sleep(5 * OP).await;
+    let released_at = Instant::now();
+    their_lease.release().await?;
+    let (our_at, our_lease) =
+        within(WAITER_LIMIT, "the releasing manager's waiter", ours).await??;
+    // Nobody waited longer than this manager now: an attempt at once.
+    assert_eq!(our_at, released_at + 2 * OP);
+    assert_eq!(backend.attempts_since(released_at), vec![released_at + OP]);
+    our_lease.release().await?;
     Ok(())
 }
 

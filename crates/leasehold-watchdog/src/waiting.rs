@@ -1,0 +1,491 @@
+//! A waiter's life: how one [`acquire`](crate::LeaseManager::acquire) gets
+//! its lease, as named states and one small function per transition.
+//!
+//! ```text
+//!  Queued ──(queue full / wait ran out)──────────────────────────► GaveUp
+//!    │ head of the key's local queue (queue.rs)
+//!    ├── baton from the previous head ──────────────► Refused (no attempt)
+//!    ▼
+//!  Yielding   only after a release here that a waiter elsewhere heard
+//!    ▼
+//!  Attempting ──Acquired──────────────────────────────────────────► Granted
+//!    │ Held, or a transient error
+//!    ▼
+//!  Refused ──(wait over)──────────────────────────────────────────► GaveUp
+//!    │ baton gone stale, or first refusal (subscribe) ─► Attempting
+//!    ▼
+//!  Listening  for a notice or the fallback poll; Offered when an offer
+//!    │        for a local handover stands beside it (handoff.rs)
+//!    ├── the offer answered with the lease ───────────────────────► Granted
+//!    ├── poll ─────────────────────────────────────────► Attempting
+//!    ▼ notice, or the offer answered "released"
+//!  Deferring  when waiters elsewhere waited longer ─────► Attempting
+//! ```
+//!
+//! `Deferring` is what keeps processes taking turns. After a release every
+//! listening process retries at once, and the one the server told first
+//! would win nearly every time (and the server's order is its own: Redis
+//! 7.0 tells subscribers in subscription order, Valkey 8 in an order that
+//! does not change). So a waiter ranks its process by how recently it held
+//! the key, counted in acquisitions (the released holder's fencing token
+//! minus this process's last one), against the number of processes that
+//! listen (the server's subscriber count, carried by the watch): the
+//! process that held it longest ago has rank 0 and tries at once, the one
+//! that released it has the highest rank, and each rank holds back one
+//! measured attempt round trip more (tokio's timer rounds it up to the next
+//! millisecond). The ones that hold back would lose anyway; if the first
+//! does not want the lease any more, the next takes it a moment later. A
+//! process that waits alone, or a backend without the count (memory,
+//! cluster), never holds back.
+//!
+//! `Granted` hands the turn on (with a baton when others wait behind) and
+//! the manager registers the lease with the watchdog.
+//!
+//! Where an opt-in fair mode (waiters of every process queued on the server
+//! in arrival order) would plug in: `Queued` stays local, `Attempting`
+//! becomes "take or keep a place in the server's queue" and `Listening`
+//! waits for the server to say it is this waiter's turn; `Yielding`,
+//! `Deferring` and the local offer are not needed there, as the server's
+//! order already decides.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use leasehold_core::{
+    AcquireOutcome, AcquireRequest, FencingToken, Grant, LeaseBackend, LeaseInfo, LeaseKey,
+    ReleaseWatch,
+};
+use tokio::sync::{mpsc, oneshot};
+use tokio::time::Instant;
+use tracing::debug;
+
+use crate::handoff::{Handoff, Withdrawn};
+use crate::home::OrphanGuard;
+use crate::queue::{QueueError, Queues, Turn, YIELD};
+use crate::renewal::Command;
+use crate::{LeaseError, LeaseOptions};
+
+/// What a waiter needs of its manager.
+pub(crate) struct Manager<'a, B> {
+    pub(crate) backend: &'a B,
+    pub(crate) queues: &'a Arc<Queues>,
+    pub(crate) commands: &'a mpsc::UnboundedSender<Command>,
+}
+
+/// A waiter that got its lease, still at the head of the queue.
+pub(crate) struct Won {
+    pub(crate) grant: Grant,
+    pub(crate) turn: Turn,
+    /// The waiter's release watch, if it subscribed.
+    pub(crate) watch: Option<ReleaseWatch>,
+    /// Whether the lease came by local handover (then the watch goes on
+    /// with the baton; see `LeaseManager::took`).
+    pub(crate) handed_over: bool,
+}
+
+/// Waits for `request`'s lease: the whole life, from `Queued` to `Granted`
+/// or `GaveUp` (an error).
+///
+/// # Cancel safety
+///
+/// Dropping the future leaves the queue, takes a standing offer back, and
+/// has the watchdog release an attempt whose outcome is unknown.
+pub(crate) async fn acquire<B: LeaseBackend>(
+    manager: Manager<'_, B>,
+    key: &LeaseKey,
+    request: AcquireRequest,
+    options: &LeaseOptions,
+) -> Result<Won, LeaseError> {
+    let started = Instant::now();
+    let give_up_at = options.wait().map(|wait| started + wait);
+    let turn = queued(manager.queues, key, started, give_up_at).await?;
+    let mut waiter = Waiter {
+        watch: None,
+        orphan: OrphanGuard {
+            commands: manager.commands,
+            key,
+            holder: request.holder,
+            armed: false,
+        },
+        turn,
+        manager,
+        key,
+        options,
+        request,
+        started,
+        give_up_at,
+        attempt: 0,
+        holder_token: None,
+    };
+    let mut step = waiter.at_head().await;
+    loop {
+        step = match step {
+            Step::Attempting => waiter.attempting().await?,
+            Step::Refused(refusal) => waiter.refused(refusal).await?,
+            Step::Listening { poll_at, offer } => waiter.listening(poll_at, offer).await,
+            Step::Granted { grant, handed_over } => return Ok(waiter.granted(grant, handed_over)),
+        };
+    }
+}
+
+/// Where a waiter at the head is, between transitions.
+enum Step<'a> {
+    /// About to ask the backend.
+    Attempting,
+    /// Not granted (refused, failed, or not asked because of a baton).
+    Refused(Refusal),
+    /// Waiting for a notice, the poll at `poll_at`, or an answer to `offer`
+    /// (`Offered` when it has one).
+    Listening {
+        poll_at: Instant,
+        offer: OfferGuard<'a>,
+    },
+    /// The lease is ours.
+    Granted { grant: Grant, handed_over: bool },
+}
+
+/// Why and for how long a waiter waits.
+struct Refusal {
+    failure: LeaseError,
+    retry_after: Duration,
+    /// The local release count of a baton, which lets the head offer
+    /// without asking the backend first.
+    baton: Option<u64>,
+}
+
+/// `Queued`: waits for the head of the key's local queue.
+async fn queued(
+    queues: &Arc<Queues>,
+    key: &LeaseKey,
+    started: Instant,
+    give_up_at: Option<Instant>,
+) -> Result<Turn, LeaseError> {
+    match queues.enter(key, give_up_at).await {
+        Ok(turn) => Ok(turn),
+        Err(QueueError::Busy { waiters }) => Err(LeaseError::Busy {
+            key: key.to_string(),
+            waiters,
+        }),
+        Err(QueueError::Occupied) => Err(not_acquired(key, started, LeaseInfo::default())),
+    }
+}
+
+fn not_acquired(key: &LeaseKey, started: Instant, holder: LeaseInfo) -> LeaseError {
+    LeaseError::NotAcquired {
+        key: key.to_string(),
+        waited: started.elapsed(),
+        holder,
+    }
+}
+
+/// The head of a key's queue and what it keeps while it waits.
+struct Waiter<'a, B> {
+    // Dropped in this order: the watch, then the orphan guard (which may
+    // hand a release to the watchdog), then the turn.
+    watch: Option<ReleaseWatch>,
+    /// Releases in the background if the wait is dropped, or gives up,
+    /// after an attempt whose outcome is unknown.
+    orphan: OrphanGuard<'a>,
+    turn: Turn,
+    manager: Manager<'a, B>,
+    key: &'a LeaseKey,
+    options: &'a LeaseOptions,
+    /// Every attempt uses the same holder id, so an attempt whose reply was
+    /// lost is recognised as ours by the next.
+    request: AcquireRequest,
+    started: Instant,
+    give_up_at: Option<Instant>,
+    attempt: u32,
+    /// The fencing token of the holder that refused us last (or of this
+    /// manager's own holder, with a baton): the one whose release a notice
+    /// announces.
+    holder_token: Option<FencingToken>,
+}
+
+impl<'a, B: LeaseBackend> Waiter<'a, B> {
+    /// At the head: with a baton, straight to `Refused` (the lease is held
+    /// in this manager and its release will look for our offer); after a
+    /// release here that a waiter elsewhere heard, `Yielding`; else
+    /// `Attempting`.
+    async fn at_head(&mut self) -> Step<'a> {
+        // Only with notices on: a head that polls leaves every grant to its
+        // own attempts.
+        let baton = self
+            .turn
+            .handoff()
+            .take_baton()
+            .filter(|_| self.options.release_notices());
+        if let Some(baton) = baton {
+            self.watch = baton.watch;
+            self.holder_token = self.manager.queues.last_won(self.key);
+            return Step::Refused(Refusal {
+                failure: self.not_acquired(LeaseInfo::default()),
+                retry_after: self.options.backoff().delay(self.attempt),
+                baton: Some(baton.releases),
+            });
+        }
+        if let Some(give_up_at) = self.give_up_at
+            && let Some(until) = self.manager.queues.yield_until(self.key)
+        {
+            self.yielding(until.min(give_up_at)).await;
+        }
+        Step::Attempting
+    }
+
+    /// `Yielding`: this manager released the key a moment ago and a waiter
+    /// elsewhere heard it: let that waiter take it first. Listen meanwhile,
+    /// so that this one is heard of when that one releases.
+    async fn yielding(&mut self, until: Instant) {
+        if self.options.release_notices() {
+            self.watch = Some(self.subscribe().await);
+        }
+        tokio::time::sleep_until(until).await;
+    }
+
+    /// `Attempting`: one `try_acquire`. `Granted` if the lease came in time
+    /// to use, else `Refused`; an error that retrying cannot fix ends the wait.
+    async fn attempting(&mut self) -> Result<Step<'a>, LeaseError> {
+        let mut retry_after = self.options.backoff().delay(self.attempt);
+        self.orphan.armed = true;
+        let sent = Instant::now();
+        let outcome = self.manager.backend.try_acquire(&self.request).await;
+        self.manager.queues.note_round_trip(sent.elapsed());
+        let failure = match outcome {
+            Ok(AcquireOutcome::Acquired(grant)) => {
+                self.orphan.armed = false;
+                if self.in_time(&grant) {
+                    return Ok(Step::Granted {
+                        grant,
+                        handed_over: false,
+                    });
+                }
+                // The reply came too late to use the lease: give it back.
+                self.orphan.armed = true;
+                self.not_acquired(LeaseInfo::default())
+            }
+            Ok(AcquireOutcome::Held(holder)) => {
+                self.orphan.armed = false;
+                self.holder_token = holder.fencing_token;
+                if let Some(left) = holder.ttl_left {
+                    // No point sleeping past the holder's expiry.
+                    retry_after = retry_after.min(left + Duration::from_millis(1));
+                }
+                self.not_acquired(holder)
+            }
+            Err(error) if error.is_transient() => LeaseError::Backend(error),
+            Err(error) => return Err(error.into()),
+        };
+        Ok(Step::Refused(Refusal {
+            failure,
+            retry_after,
+            baton: None,
+        }))
+    }
+
+    /// `Refused`: `GaveUp` when the wait is over; `Attempting` again at once
+    /// when a baton went stale or the head has just subscribed; else
+    /// `Listening`, with an offer when the watch works (or a baton stands).
+    async fn refused(&mut self, refusal: Refusal) -> Result<Step<'a>, LeaseError> {
+        let now = Instant::now();
+        let Some(give_up_at) = self.give_up_at.filter(|at| now < *at) else {
+            return Err(refusal.failure);
+        };
+        let mut offer = self.offer_guard();
+        // With a baton, offer first: the holder's release looks for it.
+        if let Some(releases) = refusal.baton {
+            offer.answer = self.turn.handoff().offer(&self.request, Some(releases));
+            if offer.answer.is_none() {
+                // The baton went stale: the holder released meanwhile.
+                return Ok(Step::Attempting);
+            }
+        }
+        if self.watch.is_none() && self.options.release_notices() {
+            self.watch = Some(self.subscribe().await);
+            if offer.answer.is_none() {
+                // Subscribe, then retry at once: a release between the
+                // refused attempt and the subscription sent no notice we
+                // saw. (With an offer standing, the holder's release
+                // answers the offer whether it hands over or not.)
+                return Ok(Step::Attempting);
+            }
+        }
+        // Offer only with a working watch: a release here hands over only
+        // while no other watch listens, which ours must be part of. (A
+        // baton's offer may stand before its watch does: until then the
+        // release counts none of ours, and hands over only if no one
+        // listens at all.)
+        if offer.answer.is_none() && self.watch.as_ref().is_some_and(ReleaseWatch::is_supported) {
+            offer.answer = self.turn.handoff().offer(&self.request, None);
+        }
+        debug!(attempt = self.attempt, retry_after = ?refusal.retry_after, "lease not acquired yet; waiting");
+        Ok(Step::Listening {
+            poll_at: (now + refusal.retry_after).min(give_up_at),
+            offer,
+        })
+    }
+
+    /// `Listening` (or `Offered`): the first of the poll, a release notice
+    /// and an answer to the offer. `Granted` when a release handed the
+    /// lease over in time to use it; after a release, `Deferring`; else
+    /// `Attempting`.
+    async fn listening(&mut self, poll_at: Instant, mut offer: OfferGuard<'a>) -> Step<'a> {
+        let poll = tokio::time::sleep_until(poll_at);
+        let notice = async {
+            match self.watch.as_mut() {
+                Some(watch) => watch.released().await,
+                None => std::future::pending().await,
+            }
+        };
+        let answer = async {
+            match offer.answer.as_mut() {
+                Some(answer) => answer.await.ok(),
+                None => std::future::pending().await,
+            }
+        };
+        let (answered, released) = tokio::select! {
+            () = poll => (None, false),
+            () = notice => {
+                debug!("release notice");
+                (None, true)
+            }
+            grant = answer => (Some(grant), true),
+        };
+        let grant = match answered {
+            // A release claimed the offer: the lease, or nothing when it
+            // was only released (then try, as after a notice).
+            Some(grant) => {
+                offer.answer = None;
+                grant
+            }
+            None => offer.settle().await,
+        };
+        if let Some(grant) = grant {
+            // Ours now, whatever an earlier attempt of unknown outcome did.
+            self.orphan.armed = false;
+            if self.in_time(&grant) {
+                return Step::Granted {
+                    grant,
+                    handed_over: true,
+                };
+            }
+            // Too late to use; the next attempt (same holder) refreshes it.
+            self.orphan.armed = true;
+        }
+        self.attempt = self.attempt.saturating_add(1);
+        if released {
+            self.deferring(poll_at).await;
+        }
+        Step::Attempting
+    }
+
+    /// `Deferring`: after a release, holds back one measured moment per
+    /// process that waited longer than this one (see the module
+    /// documentation), never past the poll.
+    async fn deferring(&self, poll_at: Instant) {
+        let Some(rank) = self.rank() else {
+            return;
+        };
+        let moment = self.manager.queues.round_trip().unwrap_or(YIELD);
+        let until = Instant::now() + moment.saturating_mul(rank);
+        debug!(rank, ?moment, "waiters elsewhere waited longer; deferring");
+        tokio::time::sleep_until(until.min(poll_at)).await;
+    }
+
+    /// How many listening processes held the key longer ago than this one
+    /// (0 for the one that held it longest ago, the count of the others for
+    /// the one that just released it); `None` when this process goes at once:
+    /// it waits alone, never held the key, or cannot tell.
+    fn rank(&self) -> Option<u32> {
+        let listeners = self.watch.as_ref()?.listeners()?;
+        let last_won = self.manager.queues.last_won(self.key)?;
+        // Acquisitions since this process's last: 0 when it just released.
+        let since = self.holder_token?.0.saturating_sub(last_won.0);
+        let others = u64::try_from(listeners.saturating_sub(1)).unwrap_or(u64::MAX);
+        let rank = others.saturating_sub(since);
+        (rank > 0).then(|| u32::try_from(rank).unwrap_or(u32::MAX))
+    }
+
+    /// `Granted`: the lease and the turn go to the manager, which hands the
+    /// turn on and registers the lease.
+    fn granted(self, grant: Grant, handed_over: bool) -> Won {
+        self.manager.queues.note_won(self.key, grant.fencing_token);
+        Won {
+            grant,
+            turn: self.turn,
+            watch: self.watch,
+            handed_over,
+        }
+    }
+
+    /// Whether `grant` leaves time to use it before the safety margin.
+    fn in_time(&self, grant: &Grant) -> bool {
+        Instant::now() < grant.valid_until - self.options.safety_margin()
+    }
+
+    fn not_acquired(&self, holder: LeaseInfo) -> LeaseError {
+        not_acquired(self.key, self.started, holder)
+    }
+
+    fn offer_guard(&self) -> OfferGuard<'a> {
+        OfferGuard {
+            handoff: self.turn.shared_handoff(),
+            commands: self.manager.commands,
+            key: self.key,
+            answer: None,
+        }
+    }
+
+    /// Subscribes to the key's release notices; a backend without them
+    /// gives a watch that never fires, and the head polls.
+    async fn subscribe(&self) -> ReleaseWatch {
+        // Boxed: a subscription's future is large and is made once per
+        // wait, and inline it would size (and be copied with) every
+        // acquisition's future.
+        let watch = Box::pin(self.manager.backend.watch_releases(self.key)).await;
+        watch.unwrap_or_else(|error| {
+            debug!(%error, "no release notices; polling");
+            ReleaseWatch::unsupported()
+        })
+    }
+}
+
+/// The head's offer while it waits. Dropped with an answer on its way, it
+/// closes the channel: a grant already sent is released here, and one sent
+/// later is released by the releasing side, so no lease is left behind.
+struct OfferGuard<'a> {
+    handoff: Arc<Handoff>,
+    commands: &'a mpsc::UnboundedSender<Command>,
+    key: &'a LeaseKey,
+    answer: Option<oneshot::Receiver<Grant>>,
+}
+
+impl OfferGuard<'_> {
+    /// Takes the offer back; if a release claimed it first, waits for its
+    /// answer: the lease, or nothing when it was only released.
+    async fn settle(&mut self) -> Option<Grant> {
+        let answer = self.answer.as_mut()?;
+        let grant = match self.handoff.withdraw() {
+            Withdrawn::Unclaimed => None,
+            Withdrawn::Claimed => answer.await.ok(),
+        };
+        self.answer = None;
+        grant
+    }
+}
+
+impl Drop for OfferGuard<'_> {
+    fn drop(&mut self) {
+        let Some(mut answer) = self.answer.take() else {
+            return;
+        };
+        if let Withdrawn::Claimed = self.handoff.withdraw() {
+            answer.close();
+            if let Ok(grant) = answer.try_recv() {
+                let _ = self.commands.send(Command::ReleaseOrphan {
+                    key: self.key.clone(),
+                    holder: grant.holder,
+                });
+            }
+        }
+    }
+}
