@@ -43,6 +43,7 @@ mod loom_races;
 mod manager;
 pub mod metrics;
 mod options;
+mod permits;
 mod queue;
 mod record;
 mod renewal;
@@ -57,5 +58,7 @@ pub use error::LeaseError;
 pub use lease::{Lease, LossReason};
 pub use manager::{DEFAULT_MAX_WAITERS, LeaseManager, LeaseManagerBuilder};
 pub use options::{LeaseOptions, LeaseOptionsBuilder};
+/// The permit limit of a semaphore, re-exported for [`LeaseManager::acquire_permit`].
+pub use leasehold_core::PermitLimit;
 /// The token type handed to holders, re-exported for convenience.
 pub use tokio_util::sync::CancellationToken;
