@@ -56,9 +56,9 @@ pub use config::{ConfigError, LeaseConfig};
 pub use election::Election;
 pub use error::LeaseError;
 pub use lease::{Lease, LossReason};
-pub use manager::{DEFAULT_MAX_WAITERS, LeaseManager, LeaseManagerBuilder};
-pub use options::{LeaseOptions, LeaseOptionsBuilder};
 /// The permit limit of a semaphore, re-exported for [`LeaseManager::acquire_permit`].
 pub use leasehold_core::PermitLimit;
+pub use manager::{DEFAULT_MAX_WAITERS, LeaseManager, LeaseManagerBuilder};
+pub use options::{LeaseOptions, LeaseOptionsBuilder};
 /// The token type handed to holders, re-exported for convenience.
 pub use tokio_util::sync::CancellationToken;

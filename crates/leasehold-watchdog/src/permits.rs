@@ -73,7 +73,8 @@ impl<B: LeaseBackend> LeaseManager<B> {
         let key = LeaseKey::new(key)?;
         // A key too long for its permits is refused before anyone queues.
         key.permit(limit.get() - 1)?;
-        let span = info_span!("acquire_permit", key = %key, limit = limit.get(), name = %options.name());
+        let span =
+            info_span!("acquire_permit", key = %key, limit = limit.get(), name = %options.name());
         let started = Instant::now();
         let result = self
             .acquire_key(key, options, Attempt::Permit(limit))

@@ -451,7 +451,12 @@ impl<'a, B: LeaseBackend> Waiter<'a, B> {
             Attempt::Lease => self.manager.backend.try_acquire(&self.request).await,
             Attempt::Permit(limit) => {
                 // Boxed for the reason `subscribe` is.
-                Box::pin(self.manager.backend.try_acquire_permit(&self.request, limit)).await
+                Box::pin(
+                    self.manager
+                        .backend
+                        .try_acquire_permit(&self.request, limit),
+                )
+                .await
             }
         }
     }
