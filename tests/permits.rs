@@ -89,11 +89,13 @@ async fn thirty_two_contenders_never_exceed_four_permits() -> TestResult {
                     keys.len() <= LIMIT as usize,
                     "permit keys on the server: {keys:?}"
                 );
-                tokio::time::sleep(Duration::from_millis(if (i as u64 + round) % 4 == 0 {
-                    900
-                } else {
-                    20
-                }))
+                tokio::time::sleep(Duration::from_millis(
+                    if (i as u64 + round).is_multiple_of(4) {
+                        900
+                    } else {
+                        20
+                    },
+                ))
                 .await;
                 assert_eq!(permit.loss_reason(), None, "a holder lost its permit");
                 believing.fetch_sub(1, Ordering::SeqCst);
