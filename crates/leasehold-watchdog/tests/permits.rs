@@ -301,3 +301,71 @@ async fn an_exclusive_lease_and_a_semaphore_of_one_name_do_not_mix() -> TestResu
     assert_eq!(backend.inspect(&key("mixed")).await?, None);
     Ok(())
 }
+
+#[tokio::test(start_paused = true)]
+async fn waiters_for_a_full_semaphore_obey_the_wait_and_the_bound() -> TestResult {
+    let backend = MemoryBackend::new();
+    let manager = LeaseManager::builder(backend.clone())
+        .max_waiters(1)
+        .start()?;
+    let options = LeaseOptions::builder()
+        .ttl(Ttl::parse("30s")?)
+        .wait(Duration::from_secs(2))
+        .backoff(Backoff::fixed(Duration::from_millis(400)))
+        .label("holder-1")
+        .build()?;
+    let held = manager.acquire_permit("full", limit(1), &options).await?;
+    // The queue's one place is taken: a second waiter is refused at once.
+    let first = {
+        let (manager, options) = (manager.clone(), options.clone());
+        tokio::spawn(async move { manager.acquire_permit("full", limit(1), &options).await })
+    };
+    sleep(Duration::from_millis(100)).await;
+    let busy = manager.acquire_permit("full", limit(1), &options).await;
+    assert!(
+        matches!(&busy, Err(LeaseError::Busy { key, waiters: 1 }) if key == "full"),
+        "{busy:?}"
+    );
+    let started = Instant::now() - Duration::from_millis(100);
+    match within(Duration::from_secs(60), "the waiter", first).await? {
+        Err(LeaseError::NotAcquired {
+            key,
+            waited,
+            holder,
+        }) => {
+            assert_eq!(key, "full");
+            assert!(waited >= Duration::from_secs(2), "{waited:?}");
+            assert_eq!(holder.label.as_deref(), Some("holder-1"));
+        }
+        other => panic!("the wait should have run out: {other:?}"),
+    }
+    assert!(started.elapsed() < Duration::from_secs(3));
+    assert!(backend.inspect(held.key()).await?.is_some());
+    Ok(())
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_dropped_permit_and_a_shut_down_manager_free_their_permits() -> TestResult {
+    let backend = MemoryBackend::new();
+    let manager = LeaseManager::new(backend.clone())?;
+    let options = waiting("10s", Duration::from_secs(1));
+    let dropped = manager.acquire_permit("freed", limit(2), &options).await?;
+    let dropped_key = dropped.key().clone();
+    drop(dropped);
+    within(
+        Duration::from_secs(5),
+        "the dropped permit's release",
+        async {
+            while backend.inspect(&dropped_key).await.ok().flatten().is_some() {
+                sleep(Duration::from_millis(10)).await;
+            }
+        },
+    )
+    .await;
+    let kept = manager.acquire_permit("freed", limit(2), &options).await?;
+    manager.shutdown().await;
+    assert_eq!(kept.loss_reason(), Some(LossReason::Shutdown));
+    assert_eq!(backend.inspect(kept.key()).await?, None);
+    assert_eq!(held(&backend, &key("freed"), 2).await, 0);
+    Ok(())
+}
