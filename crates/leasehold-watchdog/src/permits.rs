@@ -61,9 +61,10 @@ impl<B: LeaseBackend> LeaseManager<B> {
     ///
     /// # Cancel safety
     ///
-    /// Dropping the future leaves the queue. An attempt in flight whose
-    /// outcome is unknown may leave a permit taken until its ttl runs out:
-    /// which permit it would be is not known, so it is not released.
+    /// Dropping the future leaves the queue. A wait that ends (dropped or
+    /// given up) after an attempt whose outcome is unknown may leave a
+    /// permit taken until its ttl runs out: which permit it would be is not
+    /// known, so it is not released.
     pub async fn acquire_permit(
         &self,
         key: impl AsRef<str>,

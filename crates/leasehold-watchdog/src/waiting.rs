@@ -96,8 +96,8 @@ pub(crate) struct Won {
     pub(crate) handed_over: bool,
 }
 
-/// Waits for `request`'s lease (or permit, per `attempt`): the whole life, from `Queued` to `Granted`
-/// or `GaveUp` (an error).
+/// Waits for `request`'s lease (or permit, per `attempt`): the whole life,
+/// from `Queued` to `Granted` or `GaveUp` (an error).
 ///
 /// # Cancel safety
 ///
@@ -275,17 +275,11 @@ impl<'a, B: LeaseBackend> Waiter<'a, B> {
                         handed_over: false,
                     });
                 }
-                // The reply came too late to use the lease: give it back.
-                // A permit goes back at once, by the permit key it names
-                // (the orphan guard knows only the semaphore's).
-                if let Attempt::Permit(_) = self.kind {
-                    let _ = self.manager.commands.send(Command::ReleaseOrphan {
-                        key: grant.key,
-                        holder: grant.holder,
-                    });
-                } else {
-                    self.orphan.armed = true;
-                }
+                // The reply came too late to use the lease: give it back,
+                // unless the next attempt (same holder) refreshes it. The
+                // guard knows only the semaphore key of a permit, so a
+                // permit given up on here expires at its ttl.
+                self.orphan.armed = true;
                 self.not_acquired(LeaseInfo::default())
             }
             Ok(AcquireOutcome::Held(holder)) => {
