@@ -217,3 +217,51 @@ async fn a_permit_is_renewed_past_its_ttl() -> TestResult {
     permit.release().await?;
     Ok(())
 }
+
+/// Redlock has no permits: the manager says so at once, with what to use
+/// instead, rather than retrying for the whole wait.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redlock_refuses_permits_at_once() -> TestResult {
+    let masters = [
+        RedisServer::start()?,
+        RedisServer::start()?,
+        RedisServer::start()?,
+    ];
+    let backend = leasehold::redis::RedlockBackend::builder(masters.iter().map(RedisServer::url))
+        .connect()
+        .await?;
+    let manager = LeaseManager::new(backend)?;
+    let started = Instant::now();
+    let error = within(
+        Duration::from_secs(30),
+        "the refusal",
+        manager.acquire_permit(
+            "jobs",
+            PermitLimit::new(2)?,
+            &options("5s", Duration::from_secs(20)),
+        ),
+    )
+    .await
+    .expect_err("Redlock has no permits");
+    assert!(
+        started.elapsed() < Duration::from_secs(5),
+        "{:?}",
+        started.elapsed()
+    );
+    assert!(
+        matches!(
+            &error,
+            leasehold::LeaseError::Backend(leasehold::BackendError::Unsupported { .. })
+        ),
+        "{error:?}"
+    );
+    assert!(error.to_string().contains("use a standalone"), "{error}");
+    for master in &masters {
+        assert_eq!(
+            master.cli(&["DBSIZE"])?.trim(),
+            "0",
+            "something was written"
+        );
+    }
+    Ok(())
+}
