@@ -265,3 +265,72 @@ async fn redlock_refuses_permits_at_once() -> TestResult {
     }
     Ok(())
 }
+
+/// A try whose reply is late (the link is slow, the operation times out)
+/// may still have taken a permit on the server. Giving up then releases it
+/// for its holder, whichever permit it was: the server's permit keys are
+/// seen to appear, then to go long before the 30 s ttl.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_try_given_up_after_a_late_reply_releases_its_permit() -> TestResult {
+    let server = RedisServer::start()?;
+    let link = leasehold_testkit::Proxy::start(server.addr()).await?;
+    let backend = RedisBackend::builder(link.url())
+        .op_timeout(Duration::from_millis(300))
+        .connect()
+        .await?;
+    let slow = LeaseManager::new(backend)?;
+    let mut side = side(&server).await?;
+    // Two permits held elsewhere, so the late one is permit 2.
+    let others = manager(&server).await?;
+    let limit = PermitLimit::new(3)?;
+    let _a = others
+        .acquire_permit("late", limit, &options("30s", Duration::ZERO))
+        .await?;
+    let _b = others
+        .acquire_permit("late", limit, &options("30s", Duration::ZERO))
+        .await?;
+    // The server has the release script now: the late try's release runs
+    // as its first EVALSHA, with no round trip to load it over the slow link.
+    let loaded = others
+        .acquire_permit("late", limit, &options("30s", Duration::ZERO))
+        .await?;
+    loaded.release().await?;
+    // Each way 500 ms: the request reaches the server after the 300 ms
+    // timeout, and is carried out there.
+    link.set_mode(leasehold_testkit::ProxyMode::Delay(Duration::from_millis(
+        500,
+    )));
+    let error = slow
+        .acquire_permit("late", limit, &options("30s", Duration::ZERO))
+        .await
+        .expect_err("the reply comes after the timeout");
+    assert!(
+        matches!(error, leasehold::LeaseError::Backend(_)),
+        "{error:?}"
+    );
+    let late = "leasehold:{late}:permit:2";
+    within(
+        Duration::from_secs(5),
+        "the late permit on the server",
+        async {
+            while !side.exists::<_, bool>(late).await.unwrap_or(false) {
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+        },
+    )
+    .await;
+    within(
+        Duration::from_secs(10),
+        "the late permit's release",
+        async {
+            while side.exists::<_, bool>(late).await.unwrap_or(true) {
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+        },
+    )
+    .await;
+    // Only the late try's own permit went.
+    let keys: Vec<String> = side.keys("leasehold:{late}:permit:*").await?;
+    assert_eq!(keys.len(), 2, "{keys:?}");
+    Ok(())
+}

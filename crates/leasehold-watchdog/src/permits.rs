@@ -61,10 +61,10 @@ impl<B: LeaseBackend> LeaseManager<B> {
     ///
     /// # Cancel safety
     ///
-    /// Dropping the future leaves the queue. A wait that ends (dropped or
-    /// given up) after an attempt whose outcome is unknown may leave a
-    /// permit taken until its ttl runs out: which permit it would be is not
-    /// known, so it is not released.
+    /// Dropping the future leaves the queue; if an attempt in flight may
+    /// have taken a permit on the server, the watchdog releases it in the
+    /// background (which permit is unknown, so it asks for each of the
+    /// `limit` permit keys to be released for this holder).
     pub async fn acquire_permit(
         &self,
         key: impl AsRef<str>,

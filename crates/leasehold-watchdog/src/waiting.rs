@@ -120,6 +120,10 @@ pub(crate) async fn acquire<B: LeaseBackend>(
             key,
             holder: request.holder,
             armed: false,
+            permits: match attempt {
+                Attempt::Lease => None,
+                Attempt::Permit(limit) => Some(limit),
+            },
         },
         turn,
         manager,
@@ -276,9 +280,7 @@ impl<'a, B: LeaseBackend> Waiter<'a, B> {
                     });
                 }
                 // The reply came too late to use the lease: give it back,
-                // unless the next attempt (same holder) refreshes it. The
-                // guard knows only the semaphore key of a permit, so a
-                // permit given up on here expires at its ttl.
+                // unless the next attempt (same holder) refreshes it.
                 self.orphan.armed = true;
                 self.not_acquired(LeaseInfo::default())
             }
