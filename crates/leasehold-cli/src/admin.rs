@@ -14,26 +14,41 @@ pub(crate) async fn status(
     url: &Option<String>,
     namespace: Option<&str>,
     keys: &[LeaseKey],
+    permits: Option<u32>,
     json: bool,
 ) -> Result<u8, Failure> {
     let backend = exit::connect(url, namespace).await?;
     let mut rows = Vec::with_capacity(keys.len());
+    let mut all_held = true;
     for key in keys {
-        let info = backend.inspect(key).await.map_err(|e| exit::backend(&e))?;
-        rows.push((key, info));
+        // A semaphore's holders are those of its permit keys.
+        let shown = match permits {
+            None => vec![key.clone()],
+            Some(n) => (0..n)
+                .map(|i| key.permit(i))
+                .collect::<Result<_, _>>()
+                .map_err(|e| Failure::new(exit::USAGE, e.to_string()))?,
+        };
+        let mut any_held = false;
+        for shown in shown {
+            let info = backend
+                .inspect(&shown)
+                .await
+                .map_err(|e| exit::backend(&e))?;
+            any_held |= info.is_some();
+            rows.push((shown, info));
+        }
+        all_held &= any_held;
     }
     if json {
         for (key, info) in &rows {
             println!("{}", to_json(key, info.as_ref()));
         }
     } else {
+        let rows: Vec<_> = rows.iter().map(|(k, i)| (k, i.clone())).collect();
         print!("{}", table(&rows));
     }
-    Ok(if rows.iter().all(|(_, info)| info.is_some()) {
-        0
-    } else {
-        1
-    })
+    Ok(if all_held { 0 } else { 1 })
 }
 
 /// The `status` table: a header and one row per key, columns padded to

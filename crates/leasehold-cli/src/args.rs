@@ -60,15 +60,26 @@ pub(crate) enum Command {
     /// Unset options are read from LEASEHOLD_TTL, LEASEHOLD_WAIT,
     /// LEASEHOLD_MAX_RENEWALS, LEASEHOLD_SAFETY_MARGIN, LEASEHOLD_NAME and
     /// LEASEHOLD_LABEL.
+    ///
+    /// With --permits N, KEY is a semaphore: up to N commands run at once,
+    /// each under one of its permits (a lease of its own, renewed and
+    /// stopped as above); LEASEHOLD_KEY then names the permit's key. Every
+    /// holder of a semaphore must give the same N.
     Run(RunArgs),
     /// Show who holds leases: a table of each key's holder label, fencing
     /// token and remaining ttl.
     ///
     /// Exits with 0 when every lease named is held and 1 when one is not.
+    /// With --permits, each KEY is a semaphore: one row per permit, and a
+    /// semaphore counts as held while any of its permits is.
     Status {
         /// The lease keys.
         #[arg(value_parser = parse_key, required = true, value_name = "KEY")]
         keys: Vec<LeaseKey>,
+        /// Each KEY is a semaphore of N permits (1 to 100), as taken with
+        /// `run --permits N`: show who holds each permit
+        #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..=100))]
+        permits: Option<u32>,
         /// Print one JSON object per key, one per line, instead of the table:
         /// {"key","held"} and, when held, "label", "fencing_token" and
         /// "ttl_left_ms".
@@ -128,6 +139,10 @@ pub(crate) struct RunArgs {
     /// or more often when a long grace leaves less room [default: 30s]
     #[arg(long, value_parser = parse_ttl)]
     pub(crate) ttl: Option<Ttl>,
+    /// Take one of the N permits (1 to 100) of the semaphore KEY instead of
+    /// its exclusive lease
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..=100))]
+    pub(crate) permits: Option<u32>,
     /// How long to wait while another holder has the lease [default: try once]
     #[arg(long, value_parser = parse_duration, value_name = "DURATION")]
     pub(crate) wait: Option<Duration>,

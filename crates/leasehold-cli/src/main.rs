@@ -50,9 +50,11 @@ fn main() -> ExitCode {
     let result = runtime.block_on(async {
         match cli.command {
             Command::Run(run) => run::run(&cli.url, cli.namespace.as_deref(), run).await,
-            Command::Status { keys, json } => {
-                admin::status(&cli.url, cli.namespace.as_deref(), &keys, json).await
-            }
+            Command::Status {
+                keys,
+                json,
+                permits,
+            } => admin::status(&cli.url, cli.namespace.as_deref(), &keys, permits, json).await,
             Command::Release { key, force } => {
                 admin::release(&cli.url, cli.namespace.as_deref(), &key, force).await
             }

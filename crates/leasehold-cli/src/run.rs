@@ -4,7 +4,7 @@ use std::io::IsTerminal;
 use std::process::Command;
 use std::time::Duration;
 
-use leasehold_core::{LeaseBackend, LeaseInfo, LeaseKey};
+use leasehold_core::{BackendError, LeaseBackend, LeaseInfo, LeaseKey, PermitLimit};
 use leasehold_redis::RedisBackend;
 use leasehold_watchdog::{
     Backoff, Lease, LeaseConfig, LeaseError, LeaseManager, LeaseOptions, LossReason,
@@ -63,7 +63,7 @@ pub(crate) async fn run(
     let manager =
         LeaseManager::new(backend.clone()).map_err(|e| Failure::internal(e.to_string()))?;
     let acquired = tokio::select! {
-        acquired = acquire(&manager, &backend, &args.key, &options) => acquired,
+        acquired = acquire(&manager, &backend, &args.key, args.permits, &options) => acquired,
         signal = signals.next() => {
             if std::io::stderr().is_terminal() {
                 // Clears the waiting line, if one was shown.
@@ -79,6 +79,8 @@ pub(crate) async fn run(
             manager.shutdown().await;
             let code = match &error {
                 LeaseError::NotAcquired { .. } => exit::NOT_ACQUIRED,
+                // Another --permits than the semaphore's holders use.
+                LeaseError::Backend(BackendError::PermitLimitMismatch { .. }) => exit::CONFIG,
                 LeaseError::Backend(_) => exit::UNAVAILABLE,
                 LeaseError::Invalid(_) | LeaseError::InvalidOptions { .. } => exit::CONFIG,
                 _ => exit::SOFTWARE,
@@ -157,9 +159,18 @@ async fn acquire(
     manager: &LeaseManager<RedisBackend>,
     backend: &RedisBackend,
     key: &LeaseKey,
+    permits: Option<u32>,
     options: &LeaseOptions,
 ) -> Result<Lease, LeaseError> {
-    let acquire = manager.acquire(key.as_str(), options);
+    let acquire = async {
+        match permits {
+            None => manager.acquire(key.as_str(), options).await,
+            Some(n) => {
+                let limit = PermitLimit::new(n)?;
+                manager.acquire_permit(key.as_str(), limit, options).await
+            }
+        }
+    };
     let Some(wait) = options.wait().filter(|_| std::io::stderr().is_terminal()) else {
         return acquire.await;
     };

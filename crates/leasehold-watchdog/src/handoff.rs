@@ -150,7 +150,10 @@ pub(crate) async fn release<B: LeaseBackend, W: Waiters + ?Sized>(
     key: &LeaseKey,
     holder: &HolderId,
 ) -> Result<ReleaseOutcome, BackendError> {
-    let Some(offer) = queues.handoff(key).and_then(|h| h.claim()) else {
+    // A permit is never handed over: its key's waiters here (if any) wait
+    // for an exclusive lease of that name, not for a permit.
+    let handoff = queues.handoff(key).filter(|_| key.permit_of().is_none());
+    let Some(offer) = handoff.and_then(|h| h.claim()) else {
         let (outcome, heard) = backend.release_heard(key, holder).await?;
         if heard {
             queues.note_heard(key);

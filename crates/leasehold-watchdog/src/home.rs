@@ -14,7 +14,7 @@ use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
 
-use leasehold_core::{BackendError, HolderId, LeaseBackend, LeaseKey, ReleaseOutcome};
+use leasehold_core::{BackendError, HolderId, LeaseBackend, LeaseKey, PermitLimit, ReleaseOutcome};
 use tokio::sync::mpsc;
 
 use crate::queue::Queues;
@@ -92,15 +92,28 @@ pub(crate) struct OrphanGuard<'a> {
     pub(crate) key: &'a LeaseKey,
     pub(crate) holder: HolderId,
     pub(crate) armed: bool,
+    /// For an acquisition of one of the permits of the semaphore `key`,
+    /// its limit: which permit the attempt took is unknown, so each is
+    /// released (only the one this holder has, if any, is deleted).
+    pub(crate) permits: Option<PermitLimit>,
 }
 
 impl Drop for OrphanGuard<'_> {
     fn drop(&mut self) {
-        if self.armed {
+        if !self.armed {
+            return;
+        }
+        let release = |key| {
             let _ = self.commands.send(Command::ReleaseOrphan {
-                key: self.key.clone(),
+                key,
                 holder: self.holder,
             });
+        };
+        match self.permits {
+            None => release(self.key.clone()),
+            Some(limit) => (0..limit.get())
+                .filter_map(|i| self.key.permit(i).ok())
+                .for_each(release),
         }
     }
 }

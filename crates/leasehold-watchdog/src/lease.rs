@@ -281,6 +281,7 @@ impl Lease {
             key,
             holder: self.holder,
             armed: true,
+            permits: None,
         };
         let span = debug_span!("release", key = %key, name = %self.shared.name);
         let outcome = home.release(key, &self.holder).instrument(span).await;

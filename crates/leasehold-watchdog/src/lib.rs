@@ -43,6 +43,7 @@ mod loom_races;
 mod manager;
 pub mod metrics;
 mod options;
+mod permits;
 mod queue;
 mod record;
 mod renewal;
@@ -55,6 +56,8 @@ pub use config::{ConfigError, LeaseConfig};
 pub use election::Election;
 pub use error::LeaseError;
 pub use lease::{Lease, LossReason};
+/// The permit limit of a semaphore, re-exported for [`LeaseManager::acquire_permit`].
+pub use leasehold_core::PermitLimit;
 pub use manager::{DEFAULT_MAX_WAITERS, LeaseManager, LeaseManagerBuilder};
 pub use options::{LeaseOptions, LeaseOptionsBuilder};
 /// The token type handed to holders, re-exported for convenience.

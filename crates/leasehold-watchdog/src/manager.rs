@@ -16,7 +16,7 @@ use crate::home::Home;
 use crate::lease::Shared;
 use crate::queue::Queues;
 use crate::renewal::{Command, Timing, Watchdog};
-use crate::waiting::{self, Won};
+use crate::waiting::{self, Attempt, Won};
 use crate::{Lease, LeaseError, LeaseOptions};
 
 /// Acquires leases and keeps them alive with a single watchdog task.
@@ -131,7 +131,10 @@ impl<B: LeaseBackend> LeaseManager<B> {
         let key = LeaseKey::new(key)?;
         let span = info_span!("acquire", key = %key, name = %options.name());
         let started = Instant::now();
-        let result = self.acquire_key(key, options).instrument(span).await;
+        let result = self
+            .acquire_key(key, options, Attempt::Lease)
+            .instrument(span)
+            .await;
         let outcome = match &result {
             Ok(_) => "acquired",
             Err(LeaseError::NotAcquired { .. }) => "not_acquired",
@@ -148,10 +151,12 @@ impl<B: LeaseBackend> LeaseManager<B> {
         result
     }
 
-    async fn acquire_key(
+    /// Acquires `key`'s lease, or one of its permits (`permits.rs`).
+    pub(crate) async fn acquire_key(
         &self,
         key: LeaseKey,
         options: &LeaseOptions,
+        attempt: Attempt,
     ) -> Result<Lease, LeaseError> {
         if self.inner.shutdown.is_cancelled() {
             return Err(LeaseError::ManagerStopped);
@@ -170,9 +175,9 @@ impl<B: LeaseBackend> LeaseManager<B> {
         // for a deep backend type (Redlock's) overflows the compiler's
         // recursion limit. Once per acquisition, beside a round trip.
         let waiting: Pin<Box<dyn Future<Output = Result<Won, LeaseError>> + Send + '_>> =
-            Box::pin(waiting::acquire(manager, &key, request, options));
+            Box::pin(waiting::acquire(manager, &key, request, options, attempt));
         let won = waiting.await?;
-        self.took(won, options).await
+        self.took(won, options, attempt).await
     }
 
     /// Hands the turn on and keeps the lease. With others waiting, the next
@@ -186,7 +191,14 @@ impl<B: LeaseBackend> LeaseManager<B> {
     /// yields once, so that the next head, woken from this task and so
     /// sitting in this worker's slot that other workers never steal, gets
     /// to leave its offer before this holder's work blocks the thread.
-    async fn took(&self, won: Won, options: &LeaseOptions) -> Result<Lease, LeaseError> {
+    /// A permit passes no baton: that the holder has its permit says
+    /// nothing of the semaphore's others, so the next head tries at once.
+    async fn took(
+        &self,
+        won: Won,
+        options: &LeaseOptions,
+        attempt: Attempt,
+    ) -> Result<Lease, LeaseError> {
         let Won {
             grant,
             turn,
@@ -195,7 +207,7 @@ impl<B: LeaseBackend> LeaseManager<B> {
         } = won;
         let baton = if handed_over { watch.take() } else { None };
         let others = turn.others_waiting();
-        if others && options.release_notices() {
+        if others && options.release_notices() && matches!(attempt, Attempt::Lease) {
             turn.handoff()
                 .pass_baton(baton.filter(ReleaseWatch::is_supported));
         }

@@ -52,8 +52,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use leasehold_core::{
-    AcquireOutcome, AcquireRequest, FencingToken, Grant, LeaseBackend, LeaseInfo, LeaseKey,
-    ReleaseWatch,
+    AcquireOutcome, AcquireRequest, BackendError, FencingToken, Grant, LeaseBackend, LeaseInfo,
+    LeaseKey, PermitLimit, ReleaseWatch,
 };
 use tokio::sync::{mpsc, oneshot};
 use tokio::time::Instant;
@@ -72,6 +72,19 @@ pub(crate) struct Manager<'a, B> {
     pub(crate) commands: &'a mpsc::UnboundedSender<Command>,
 }
 
+/// What a waiter asks the backend for.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Attempt {
+    /// The exclusive lease of the key.
+    Lease,
+    /// One of the key's permits, the key naming a semaphore of this limit.
+    /// Permits never take part in the local handover (no offer, no baton):
+    /// a baton says "the lease is held here", which says nothing of a
+    /// semaphore's other permits, and an offer must never be answered by a
+    /// release of the other kind.
+    Permit(PermitLimit),
+}
+
 /// A waiter that got its lease, still at the head of the queue.
 pub(crate) struct Won {
     pub(crate) grant: Grant,
@@ -83,8 +96,8 @@ pub(crate) struct Won {
     pub(crate) handed_over: bool,
 }
 
-/// Waits for `request`'s lease: the whole life, from `Queued` to `Granted`
-/// or `GaveUp` (an error).
+/// Waits for `request`'s lease (or permit, per `attempt`): the whole life,
+/// from `Queued` to `Granted` or `GaveUp` (an error).
 ///
 /// # Cancel safety
 ///
@@ -95,6 +108,7 @@ pub(crate) async fn acquire<B: LeaseBackend>(
     key: &LeaseKey,
     request: AcquireRequest,
     options: &LeaseOptions,
+    attempt: Attempt,
 ) -> Result<Won, LeaseError> {
     let started = Instant::now();
     let give_up_at = options.wait().map(|wait| started + wait);
@@ -106,12 +120,17 @@ pub(crate) async fn acquire<B: LeaseBackend>(
             key,
             holder: request.holder,
             armed: false,
+            permits: match attempt {
+                Attempt::Lease => None,
+                Attempt::Permit(limit) => Some(limit),
+            },
         },
         turn,
         manager,
         key,
         options,
         request,
+        kind: attempt,
         started,
         give_up_at,
         attempt: 0,
@@ -193,6 +212,7 @@ struct Waiter<'a, B> {
     /// Every attempt uses the same holder id, so an attempt whose reply was
     /// lost is recognised as ours by the next.
     request: AcquireRequest,
+    kind: Attempt,
     started: Instant,
     give_up_at: Option<Instant>,
     attempt: u32,
@@ -214,7 +234,7 @@ impl<'a, B: LeaseBackend> Waiter<'a, B> {
             .turn
             .handoff()
             .take_baton()
-            .filter(|_| self.options.release_notices());
+            .filter(|_| self.options.release_notices() && self.hands_over());
         if let Some(baton) = baton {
             self.watch = baton.watch;
             self.holder_token = self.manager.queues.last_won(self.key);
@@ -248,7 +268,7 @@ impl<'a, B: LeaseBackend> Waiter<'a, B> {
         let mut retry_after = self.options.backoff().delay(self.attempt);
         self.orphan.armed = true;
         let sent = Instant::now();
-        let outcome = self.manager.backend.try_acquire(&self.request).await;
+        let outcome = self.try_acquire().await;
         self.manager.queues.note_round_trip(sent.elapsed());
         let failure = match outcome {
             Ok(AcquireOutcome::Acquired(grant)) => {
@@ -259,7 +279,8 @@ impl<'a, B: LeaseBackend> Waiter<'a, B> {
                         handed_over: false,
                     });
                 }
-                // The reply came too late to use the lease: give it back.
+                // The reply came too late to use the lease: give it back,
+                // unless the next attempt (same holder) refreshes it.
                 self.orphan.armed = true;
                 self.not_acquired(LeaseInfo::default())
             }
@@ -314,7 +335,10 @@ impl<'a, B: LeaseBackend> Waiter<'a, B> {
         // baton's offer may stand before its watch does: until then the
         // release counts none of ours, and hands over only if no one
         // listens at all.)
-        if offer.answer.is_none() && self.watch.as_ref().is_some_and(ReleaseWatch::is_supported) {
+        if offer.answer.is_none()
+            && self.hands_over()
+            && self.watch.as_ref().is_some_and(ReleaseWatch::is_supported)
+        {
             offer.answer = self.turn.handoff().offer(&self.request, None);
         }
         debug!(attempt = self.attempt, retry_after = ?refusal.retry_after, "lease not acquired yet; waiting");
@@ -415,6 +439,27 @@ impl<'a, B: LeaseBackend> Waiter<'a, B> {
             watch: self.watch,
             handed_over,
         }
+    }
+
+    /// The one backend call of `Attempting`.
+    async fn try_acquire(&self) -> Result<AcquireOutcome, BackendError> {
+        match self.kind {
+            Attempt::Lease => self.manager.backend.try_acquire(&self.request).await,
+            Attempt::Permit(limit) => {
+                // Boxed for the reason `subscribe` is.
+                Box::pin(
+                    self.manager
+                        .backend
+                        .try_acquire_permit(&self.request, limit),
+                )
+                .await
+            }
+        }
+    }
+
+    /// Whether this waiter takes part in the local handover.
+    fn hands_over(&self) -> bool {
+        matches!(self.kind, Attempt::Lease)
     }
 
     /// Whether `grant` leaves time to use it before the safety margin.

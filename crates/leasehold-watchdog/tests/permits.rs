@@ -1,0 +1,371 @@
+//! Counting leases through the manager, on `MemoryBackend` and tokio's
+//! paused clock. The backend's own store (`inspect` of each permit key) is
+//! the witness of who holds what.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use leasehold_core::{
+    AcquireOutcome, AcquireRequest, BackendError, HolderId, LeaseBackend, LeaseInfo, LeaseKey,
+    MemoryBackend, PermitLimit, ReleaseOutcome, RenewOutcome, RenewRequest, Ttl,
+};
+use leasehold_watchdog::{Backoff, LeaseError, LeaseManager, LeaseOptions, LossReason};
+use tokio::time::{Instant, sleep};
+
+type TestResult = Result<(), Box<dyn std::error::Error>>;
+
+/// `future`'s output, or a failure naming `what` when it has not come
+/// within `limit` (tokio time: on the paused clock the runtime advances to
+/// it), so that a broken mechanism fails the test instead of hanging it.
+async fn within<T>(limit: Duration, what: &str, future: impl std::future::Future<Output = T>) -> T {
+    tokio::time::timeout(limit, future)
+        .await
+        .unwrap_or_else(|_| panic!("{what}: nothing within {limit:?}"))
+}
+
+fn key(k: &str) -> LeaseKey {
+    LeaseKey::new(k).expect("valid key")
+}
+
+fn limit(n: u32) -> PermitLimit {
+    PermitLimit::new(n).expect("valid limit")
+}
+
+/// Waits up to a minute, polling every `poll`.
+fn waiting(ttl: &str, poll: Duration) -> LeaseOptions {
+    LeaseOptions::builder()
+        .ttl(Ttl::parse(ttl).expect("valid ttl"))
+        .wait(Duration::from_secs(60))
+        .backoff(Backoff::fixed(poll))
+        .build()
+        .expect("valid options")
+}
+
+/// How many of `semaphore`'s first `n` permit keys the backend holds.
+async fn held(backend: &MemoryBackend, semaphore: &LeaseKey, n: u32) -> usize {
+    let mut held = 0;
+    for i in 0..n {
+        let permit = semaphore.permit(i).expect("permit key");
+        if backend.inspect(&permit).await.expect("inspect").is_some() {
+            held += 1;
+        }
+    }
+    held
+}
+
+#[tokio::test(start_paused = true)]
+async fn many_tasks_never_hold_more_than_the_limit() -> TestResult {
+    let backend = MemoryBackend::new();
+    backend.set_latency(Duration::from_millis(3));
+    let semaphore = key("jobs");
+    // Holders outlive their 1.5 s ttl: only renewal keeps their permits.
+    let options = waiting("1500ms", Duration::from_millis(700));
+    let managers = [
+        LeaseManager::new(backend.clone())?,
+        LeaseManager::new(backend.clone())?,
+        LeaseManager::new(backend.clone())?,
+    ];
+    let believing = Arc::new(AtomicUsize::new(0));
+    let most = Arc::new(AtomicUsize::new(0));
+    let mut tasks = Vec::new();
+    for i in 0..24 {
+        let manager = managers[i % managers.len()].clone();
+        let (backend, semaphore, options) = (backend.clone(), semaphore.clone(), options.clone());
+        let (believing, most) = (Arc::clone(&believing), Arc::clone(&most));
+        tasks.push(tokio::spawn(async move {
+            let permit = manager
+                .acquire_permit(semaphore.as_str(), limit(3), &options)
+                .await?;
+            let now = believing.fetch_add(1, Ordering::SeqCst) + 1;
+            most.fetch_max(now, Ordering::SeqCst);
+            // Every holder's belief is backed by a permit in the store.
+            let in_store = held(&backend, &semaphore, 4).await;
+            assert!(now <= 3, "{now} holders believe they hold a permit");
+            assert!(in_store <= 3, "{in_store} permits in the store");
+            assert!(backend.inspect(permit.key()).await?.is_some());
+            sleep(Duration::from_millis(2000 + 100 * (i as u64 % 5))).await;
+            assert_eq!(permit.loss_reason(), None, "a holder lost its permit");
+            believing.fetch_sub(1, Ordering::SeqCst);
+            permit.release().await?;
+            Ok::<_, LeaseError>(())
+        }));
+    }
+    for task in tasks {
+        within(Duration::from_secs(120), "a contender", task).await??;
+    }
+    assert_eq!(most.load(Ordering::SeqCst), 3, "the permits were shared");
+    assert_eq!(held(&backend, &semaphore, 3).await, 0);
+    Ok(())
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_waiter_wakes_when_a_permit_is_released() -> TestResult {
+    let backend = MemoryBackend::new();
+    let holder = LeaseManager::new(backend.clone())?;
+    let waiter = LeaseManager::new(backend.clone())?;
+    let poll = Duration::from_secs(30);
+    let options = waiting("20s", poll);
+    let first = holder.acquire_permit("exports", limit(2), &options).await?;
+    let second = holder.acquire_permit("exports", limit(2), &options).await?;
+    let waiting = tokio::spawn(async move {
+        let permit = waiter.acquire_permit("exports", limit(2), &options).await?;
+        Ok::<_, LeaseError>((Instant::now(), permit))
+    });
+    // The waiter's first attempt is refused; it subscribes and retries.
+    sleep(Duration::from_secs(2)).await;
+    assert!(!waiting.is_finished());
+    let released_at = Instant::now();
+    let freed = second.key().clone();
+    second.release().await?;
+    let (acquired_at, permit) = within(Duration::from_secs(90), "the waiter", waiting).await??;
+    // Woken by the release, not by its poll (at least 18 s away: the
+    // holder's remaining ttl bounds it).
+    assert!(
+        acquired_at - released_at < Duration::from_secs(1),
+        "the waiter got a permit {:?} after the release",
+        acquired_at - released_at
+    );
+    assert_eq!(permit.key(), &freed);
+    assert!(first.fencing_token() < permit.fencing_token());
+    Ok(())
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_permit_is_renewed_and_its_loss_fires_the_token() -> TestResult {
+    let backend = MemoryBackend::new();
+    // Changes are not reported: only a renewal can tell of the loss.
+    backend.cut_changes();
+    let manager = LeaseManager::new(backend.clone())?;
+    let options = LeaseOptions::with_ttl(Ttl::parse("600ms")?);
+    let permit = manager.acquire_permit("render", limit(2), &options).await?;
+    sleep(Duration::from_millis(1800)).await;
+    // Three ttls on, the store still has it: the watchdog renewed it.
+    let info = backend.inspect(permit.key()).await?;
+    assert_eq!(
+        info.and_then(|i| i.fencing_token),
+        Some(permit.fencing_token())
+    );
+    assert!(permit.renewals() >= 4, "renewals: {}", permit.renewals());
+    assert_eq!(permit.loss_reason(), None);
+    assert!(backend.vanish(permit.key()));
+    let reason = within(Duration::from_secs(10), "the token", permit.lost()).await;
+    assert_eq!(reason, LossReason::Lost);
+    assert!(permit.token().is_cancelled());
+    Ok(())
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_limit_mismatch_ends_the_wait_at_once() -> TestResult {
+    let backend = MemoryBackend::new();
+    let manager = LeaseManager::new(backend.clone())?;
+    let options = waiting("10s", Duration::from_secs(1));
+    let _held = manager.acquire_permit("pool", limit(2), &options).await?;
+    let started = Instant::now();
+    let error = within(
+        Duration::from_secs(90),
+        "the mismatch",
+        manager.acquire_permit("pool", limit(3), &options),
+    )
+    .await
+    .expect_err("a permit under another limit");
+    // Not retried: no attempt after the first (retries are a second apart).
+    assert!(
+        started.elapsed() < Duration::from_secs(1),
+        "{:?}",
+        started.elapsed()
+    );
+    match &error {
+        LeaseError::Backend(BackendError::PermitLimitMismatch { key, asked, held }) => {
+            assert_eq!((key.as_str(), *asked, *held), ("pool", 3, 2));
+        }
+        other => panic!("not a limit mismatch: {other:?}"),
+    }
+    let text = error.to_string();
+    assert!(
+        text.contains("limit of 2") && text.contains("same limit"),
+        "{text}"
+    );
+    Ok(())
+}
+
+/// `MemoryBackend` without permits: the trait's default refuses them.
+#[derive(Clone)]
+struct NoPermits(MemoryBackend);
+
+impl LeaseBackend for NoPermits {
+    async fn try_acquire(&self, request: &AcquireRequest) -> Result<AcquireOutcome, BackendError> {
+        self.0.try_acquire(request).await
+    }
+
+    async fn renew_many(
+        &self,
+        requests: &[RenewRequest],
+    ) -> Vec<Result<RenewOutcome, BackendError>> {
+        self.0.renew_many(requests).await
+    }
+
+    async fn release(
+        &self,
+        key: &LeaseKey,
+        holder: &HolderId,
+    ) -> Result<ReleaseOutcome, BackendError> {
+        self.0.release(key, holder).await
+    }
+
+    async fn inspect(&self, key: &LeaseKey) -> Result<Option<LeaseInfo>, BackendError> {
+        self.0.inspect(key).await
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_backend_without_permits_is_a_final_error() -> TestResult {
+    let manager = LeaseManager::new(NoPermits(MemoryBackend::new()))?;
+    let options = waiting("10s", Duration::from_secs(1));
+    let started = Instant::now();
+    let error = within(
+        Duration::from_secs(90),
+        "the refusal",
+        manager.acquire_permit("pool", limit(3), &options),
+    )
+    .await
+    .expect_err("no permits");
+    assert!(
+        started.elapsed() < Duration::from_secs(1),
+        "{:?}",
+        started.elapsed()
+    );
+    assert!(
+        matches!(error, LeaseError::Backend(BackendError::Unsupported { .. })),
+        "{error:?}"
+    );
+    Ok(())
+}
+
+#[tokio::test(start_paused = true)]
+async fn fencing_tokens_rise_across_permits() -> TestResult {
+    let backend = MemoryBackend::new();
+    let managers = [
+        LeaseManager::new(backend.clone())?,
+        LeaseManager::new(backend.clone())?,
+    ];
+    let options = waiting("10s", Duration::from_secs(1));
+    let mut held = Vec::new();
+    let mut tokens = Vec::new();
+    // Take all three, then cycle: each new permit (whichever key it gets)
+    // must carry a token above every earlier one.
+    for round in 0..12 {
+        if held.len() == 3 {
+            let oldest: leasehold_watchdog::Lease = held.remove(round % 3);
+            oldest.release().await?;
+        }
+        let permit = managers[round % 2]
+            .acquire_permit("fence", limit(3), &options)
+            .await?;
+        tokens.push((permit.key().clone(), permit.fencing_token()));
+        held.push(permit);
+    }
+    let keys: std::collections::HashSet<_> = tokens.iter().map(|(k, _)| k.clone()).collect();
+    assert_eq!(keys.len(), 3, "every permit key was used: {keys:?}");
+    for pair in tokens.windows(2) {
+        assert!(pair[0].1 < pair[1].1, "tokens did not rise: {tokens:?}");
+    }
+    Ok(())
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_exclusive_lease_and_a_semaphore_of_one_name_do_not_mix() -> TestResult {
+    // One manager, one name, both kinds: releases of either kind never
+    // hand the other kind's waiter a lease it did not ask for.
+    let backend = MemoryBackend::new();
+    let manager = LeaseManager::new(backend.clone())?;
+    let options = waiting("10s", Duration::from_secs(5));
+    let exclusive = manager.acquire("mixed", &options).await?;
+    let permit = manager.acquire_permit("mixed", limit(1), &options).await?;
+    let (m1, o1) = (manager.clone(), options.clone());
+    let permit_waiter =
+        tokio::spawn(async move { m1.acquire_permit("mixed", limit(1), &o1).await });
+    sleep(Duration::from_millis(100)).await;
+    // The exclusive lease's release finds the permit waiter at the head of
+    // the queue of "mixed": it must not grant it the exclusive lease.
+    exclusive.release().await?;
+    sleep(Duration::from_millis(100)).await;
+    assert!(
+        !permit_waiter.is_finished(),
+        "a permit waiter got the exclusive lease"
+    );
+    let freed = permit.key().clone();
+    permit.release().await?;
+    let got = within(Duration::from_secs(60), "the permit waiter", permit_waiter).await??;
+    assert_eq!(got.key(), &freed);
+    assert_eq!(backend.inspect(&key("mixed")).await?, None);
+    Ok(())
+}
+
+#[tokio::test(start_paused = true)]
+async fn waiters_for_a_full_semaphore_obey_the_wait_and_the_bound() -> TestResult {
+    let backend = MemoryBackend::new();
+    let manager = LeaseManager::builder(backend.clone())
+        .max_waiters(1)
+        .start()?;
+    let options = LeaseOptions::builder()
+        .ttl(Ttl::parse("30s")?)
+        .wait(Duration::from_secs(2))
+        .backoff(Backoff::fixed(Duration::from_millis(400)))
+        .label("holder-1")
+        .build()?;
+    let held = manager.acquire_permit("full", limit(1), &options).await?;
+    // The queue's one place is taken: a second waiter is refused at once.
+    let first = {
+        let (manager, options) = (manager.clone(), options.clone());
+        tokio::spawn(async move { manager.acquire_permit("full", limit(1), &options).await })
+    };
+    sleep(Duration::from_millis(100)).await;
+    let busy = manager.acquire_permit("full", limit(1), &options).await;
+    assert!(
+        matches!(&busy, Err(LeaseError::Busy { key, waiters: 1 }) if key == "full"),
+        "{busy:?}"
+    );
+    let started = Instant::now() - Duration::from_millis(100);
+    match within(Duration::from_secs(60), "the waiter", first).await? {
+        Err(LeaseError::NotAcquired {
+            key,
+            waited,
+            holder,
+        }) => {
+            assert_eq!(key, "full");
+            assert!(waited >= Duration::from_secs(2), "{waited:?}");
+            assert_eq!(holder.label.as_deref(), Some("holder-1"));
+        }
+        other => panic!("the wait should have run out: {other:?}"),
+    }
+    assert!(started.elapsed() < Duration::from_secs(3));
+    assert!(backend.inspect(held.key()).await?.is_some());
+    Ok(())
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_dropped_permit_and_a_shut_down_manager_free_their_permits() -> TestResult {
+    let backend = MemoryBackend::new();
+    let manager = LeaseManager::new(backend.clone())?;
+    let options = waiting("10s", Duration::from_secs(1));
+    let dropped = manager.acquire_permit("freed", limit(2), &options).await?;
+    let dropped_key = dropped.key().clone();
+    drop(dropped);
+    within(
+        Duration::from_secs(5),
+        "the dropped permit's release",
+        async {
+            while backend.inspect(&dropped_key).await.ok().flatten().is_some() {
+                sleep(Duration::from_millis(10)).await;
+            }
+        },
+    )
+    .await;
+    let kept = manager.acquire_permit("freed", limit(2), &options).await?;
+    manager.shutdown().await;
+    assert_eq!(kept.loss_reason(), Some(LossReason::Shutdown));
+    assert_eq!(backend.inspect(kept.key()).await?, None);
+    assert_eq!(held(&backend, &key("freed"), 2).await, 0);
+    Ok(())
+}
