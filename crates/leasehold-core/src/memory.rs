@@ -653,6 +653,9 @@ impl LeaseBackend for MemoryBackend {
         let mut grant = request.clone();
         grant.key = reader.clone();
         let granted = state.grant(&grant, now, sent_at);
+        // Pruned here too, so that a lease read for ever without a writer
+        // keeps a bounded index.
+        state.live_readers(&lease, now);
         let readers = state.readers.entry(lease).or_default();
         if !readers.contains(&reader) {
             readers.push(reader);
