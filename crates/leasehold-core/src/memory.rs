@@ -116,10 +116,12 @@ struct State {
     /// Release notices per [`LeaseKey::counted_as`] (a permit's release
     /// wakes its semaphore's watchers), while someone watches it.
     notices: HashMap<LeaseKey, watch::Sender<u64>>,
-    /// The reader keys of each read-write lease, as the Redis backend's
-    /// reader index: pruned of expired readers whenever read.
+    /// The reader keys of each read-write lease, by its writer's key, as
+    /// the Redis backend's reader index: pruned of expired readers
+    /// whenever read.
     readers: HashMap<LeaseKey, Vec<LeaseKey>>,
-    /// The intent of a writer waiting for each read-write lease.
+    /// The intent of a writer waiting for each read-write lease, by its
+    /// writer's key.
     intents: HashMap<LeaseKey, Entry>,
     /// Changes made by `vanish` and `hand_over`, for every change watch.
     changes: ChangeFeed,
@@ -633,7 +635,9 @@ impl LeaseBackend for MemoryBackend {
         const OP: &str = "acquire_read";
         let sent_at = Instant::now();
         let (writer, reader) = share_keys(OP, &request.key, &request.holder)?;
-        let lease = request.key.counted_as();
+        // The index and the intent are kept by the writer's key: one per
+        // lease (`K` and `{K}` are one), as `P:readers` is.
+        let lease = writer.clone();
         self.gate(OP, &request.key).await?;
         let now = Instant::now();
         let mut state = self.state();
@@ -670,7 +674,7 @@ impl LeaseBackend for MemoryBackend {
         const OP: &str = "acquire_write";
         let sent_at = Instant::now();
         let (writer, _) = share_keys(OP, &request.key, &request.holder)?;
-        let lease = request.key.counted_as();
+        let lease = writer.clone();
         self.gate(OP, &request.key).await?;
         let now = Instant::now();
         let mut state = self.state();

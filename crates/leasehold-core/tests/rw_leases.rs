@@ -243,3 +243,65 @@ async fn share_keys_cannot_be_taken_around_the_rules() -> TestResult {
     );
     Ok(())
 }
+
+/// `K` and `{K}` are one read-write lease, as they are one exclusive lease.
+#[tokio::test(start_paused = true)]
+async fn a_key_and_its_braced_form_are_one_lease() -> TestResult {
+    let backend = MemoryBackend::new();
+    granted(read(&backend, holder(), ttl("10s")).await?)?;
+    let braced = AcquireRequest::new(LeaseKey::new("{doc}")?, holder(), ttl("10s"));
+    refused(backend.try_acquire_write(&braced).await?)?;
+    refused(read(&backend, holder(), ttl("10s")).await?)?;
+    Ok(())
+}
+
+/// 32 contenders, 4 of them writers, each take the lease 5 times and hold
+/// it for a while on the paused clock. A count of holders kept by the test
+/// (readers +1, a writer -1000) shows any writer that holds with anyone.
+#[tokio::test(start_paused = true)]
+async fn a_writer_never_overlaps_anyone_under_32_contenders() -> TestResult {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicI32, AtomicUsize, Ordering};
+    let backend = MemoryBackend::new();
+    let holding = Arc::new(AtomicI32::new(0));
+    let together = Arc::new(AtomicUsize::new(0));
+    let mut tasks = Vec::new();
+    for i in 0..32u64 {
+        let (backend, holding, together) = (backend.clone(), holding.clone(), together.clone());
+        let writer = i % 8 == 0;
+        tasks.push(tokio::spawn(async move {
+            let (mut held, mut me) = (0, holder());
+            while held < 5 {
+                let outcome = if writer {
+                    write(&backend, me, ttl("30s")).await
+                } else {
+                    read(&backend, me, ttl("30s")).await
+                };
+                let Ok(AcquireOutcome::Acquired(grant)) = outcome else {
+                    tokio::time::sleep(ms(if writer { 5 } else { 1 })).await;
+                    continue;
+                };
+                held += 1;
+                let weight = if writer { -1000 } else { 1 };
+                let now = holding.fetch_add(weight, Ordering::SeqCst) + weight;
+                if writer {
+                    assert_eq!(now, -1000, "a writer holds with others");
+                } else {
+                    assert!(now > 0, "a reader holds with a writer");
+                    together.fetch_add(usize::from(now > 1), Ordering::SeqCst);
+                }
+                tokio::time::sleep(ms(2 + i % 3)).await;
+                holding.fetch_sub(weight, Ordering::SeqCst);
+                let released = backend.release(&grant.key, &me).await;
+                assert_eq!(released.ok(), Some(ReleaseOutcome::Released));
+                me = holder();
+            }
+        }));
+    }
+    for task in tasks {
+        timeout(Duration::from_secs(600), task).await??;
+    }
+    // Readers did hold together.
+    assert!(together.load(Ordering::SeqCst) > 0);
+    Ok(())
+}
