@@ -270,6 +270,10 @@ async fn a_writer_never_overlaps_anyone_under_32_contenders() -> TestResult {
         let (backend, holding, together) = (backend.clone(), holding.clone(), together.clone());
         let writer = i % 8 == 0;
         tasks.push(tokio::spawn(async move {
+            if writer {
+                // Readers first, so writers meet held reads.
+                tokio::time::sleep(ms(1)).await;
+            }
             let (mut held, mut me) = (0, holder());
             while held < 5 {
                 let outcome = if writer {
