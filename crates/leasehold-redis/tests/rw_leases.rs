@@ -14,7 +14,7 @@ use common::{TestResult, connect, holder, key, ttl};
 use futures_util::StreamExt;
 use leasehold_core::{
     AcquireOutcome, AcquireRequest, BackendError, FencingToken, Grant, HolderId, LeaseBackend,
-    LeaseInfo, LeaseKey, ReleaseOutcome, Ttl,
+    LeaseChange, LeaseInfo, LeaseKey, ReleaseOutcome, Ttl,
 };
 use leasehold_redis::redis::{self, AsyncCommands};
 use leasehold_redis::{RedisBackend, RedlockBackend};
@@ -487,5 +487,44 @@ async fn share_keys_cannot_be_acquired_as_exclusive_leases() -> TestResult {
         Err(BackendError::Unsupported { .. })
     ));
     assert!(!exists(&mut side, WRITER).await?);
+    Ok(())
+}
+
+/// Reader and writer keys are tracked from the script that grants them, as
+/// any lease: a SET behind the holder's back is reported for the share key.
+/// The index, the intent and the counter name no lease: writing them first
+/// reports nothing for them.
+#[tokio::test]
+async fn a_share_changed_behind_its_holder_is_reported() -> TestResult {
+    let server = RedisServer::start()?;
+    let mut side = side(&server.url()).await?;
+    let backend = connect(&server).await;
+    assert!(backend.tracks_lease_changes());
+    let mut watch = backend.watch_changes().await?;
+    for writer in [false, true] {
+        let who = holder();
+        let mine = if writer {
+            granted(write(&backend, who, ttl("30s")).await?)?
+        } else {
+            granted(read(&backend, who, ttl("30s")).await?)?
+        };
+        let () = side.sadd(READERS, "0").await?;
+        let () = side.set(INTENT, "x").await?;
+        let () = side.set("leasehold:{doc}:fence", "1").await?;
+        let () = side
+            .set(format!("leasehold:{}", mine.key), "someone-else")
+            .await?;
+        let first = timeout(Duration::from_secs(5), watch.next())
+            .await?
+            .expect("the watch is open");
+        assert_eq!(
+            first,
+            LeaseChange::Changed(mine.key.clone()),
+            "writer: {writer}"
+        );
+        let () = side.del(&[READERS, INTENT]).await?;
+        let () = side.del(format!("leasehold:{}", mine.key)).await?;
+        while let Ok(Some(_)) = timeout(Duration::from_millis(200), watch.next()).await {}
+    }
     Ok(())
 }
