@@ -190,6 +190,69 @@ pub trait LeaseBackend: Clone + Send + Sync + 'static {
         }))
     }
 
+    /// Takes a shared (read) hold on the read-write lease `request.key` for
+    /// `request.holder`, on its own reader key (see
+    /// [`LeaseKey::reader_key`]), in one atomic operation: granted unless
+    /// the lease has a writer, or a writer other than `request.holder` is
+    /// waiting for it (writer preference: a writer refused because readers
+    /// hold the lease leaves an *intent* that lives for its ttl, and new
+    /// readers respect it, so the writer waits only for the readers that
+    /// held before it). A reader that holds already gets its hold
+    /// refreshed, with the same fencing token.
+    ///
+    /// The grant's key is the reader key: renew, release and inspect it as
+    /// any lease. Its fencing token comes from the counter of
+    /// `request.key`, shared by readers and writers, so tokens strictly
+    /// increase across both; its release wakes the watchers of
+    /// `request.key`. A reader whose holder vanished frees itself when its
+    /// ttl runs out. When refused, the outcome is [`AcquireOutcome::Held`]
+    /// with the writer's lease, or the waiting writer's label and the time
+    /// left on its intent (no fencing token: it holds nothing yet).
+    ///
+    /// # Errors
+    ///
+    /// [`BackendError::Unsupported`] from a backend that has no read-write
+    /// leases (the default), or when `request.key` is itself a reader's or
+    /// writer's key. Otherwise as [`try_acquire`](Self::try_acquire).
+    fn try_acquire_read(
+        &self,
+        request: &AcquireRequest,
+    ) -> impl Future<Output = Result<AcquireOutcome, BackendError>> + Send {
+        std::future::ready(Err(BackendError::Unsupported {
+            op: "acquire_read",
+            key: request.key.as_str().to_owned(),
+            reason: "this backend has no read-write leases",
+        }))
+    }
+
+    /// Takes the exclusive (write) hold on the read-write lease
+    /// `request.key` for `request.holder`, on its writer key (see
+    /// [`LeaseKey::writer_key`]), in one atomic operation: granted when no
+    /// one holds the lease, neither a writer nor a live reader. A writer
+    /// that holds already gets its hold refreshed, with the same fencing
+    /// token.
+    ///
+    /// When refused, the writer leaves its intent (unless another waiting
+    /// writer's is there), which refuses new readers for `request.ttl`;
+    /// asking again refreshes it, and being granted clears it. The outcome
+    /// is then [`AcquireOutcome::Held`] with the writer's lease, or the
+    /// live reader that frees first. Fencing tokens, release notices and
+    /// expiry are as for [`try_acquire_read`](Self::try_acquire_read).
+    ///
+    /// # Errors
+    ///
+    /// As [`try_acquire_read`](Self::try_acquire_read).
+    fn try_acquire_write(
+        &self,
+        request: &AcquireRequest,
+    ) -> impl Future<Output = Result<AcquireOutcome, BackendError>> + Send {
+        std::future::ready(Err(BackendError::Unsupported {
+            op: "acquire_write",
+            key: request.key.as_str().to_owned(),
+            reason: "this backend has no read-write leases",
+        }))
+    }
+
     /// Extends the lease to another `ttl` if `holder` still holds it
     /// (compare-and-pexpire).
     ///

@@ -15,7 +15,13 @@ use crate::error::excerpt;
 /// a hash tag, not ending with `:fence` or `:permits` (a Redis backend
 /// stores the fencing counter of `K` at `K:fence` and the permit limit of a
 /// semaphore `K` at `K:permits`, so `order:{42}:fence` would name the
-/// counter of `order:{42}`). It is cheap to clone.
+/// counter of `order:{42}`; likewise not with `:readers` or
+/// `:write-wanted`, the reader index and writer intent of a read-write
+/// lease). It is cheap to clone.
+///
+/// A key with a hash tag that ends with `:write` or `:read:<32 hex
+/// digits>` is a share of a read-write lease (see [`LeaseKey::rw_of`]):
+/// its fencing tokens and release notices are the lease's.
 ///
 /// A key with a hash tag that ends with `:permit:<n>` is a permit of a
 /// semaphore (see [`LeaseKey::permit_of`]): its fencing tokens and release
@@ -46,7 +52,8 @@ impl LeaseKey {
     ///
     /// [`Error::InvalidKey`] when the key is empty, longer than
     /// [`LeaseKey::MAX_LEN`] bytes, contains a control character, starts
-    /// with `}`, or has a hash tag and ends with `:fence` or `:permits`.
+    /// with `}`, or has a hash tag and ends with `:fence`, `:permits`,
+    /// `:readers` or `:write-wanted`.
     pub fn new(key: impl AsRef<str>) -> Result<Self, Error> {
         let key = key.as_ref();
         let refuse = |reason| Error::InvalidKey {
@@ -77,6 +84,16 @@ impl LeaseKey {
             return Err(Error::InvalidKey {
                 key: excerpt(&key.0),
                 reason: "a lease key with a hash tag must not end with ':fence', the suffix of fencing counters; choose another ending",
+            });
+        }
+        if key.hash_tag().is_some()
+            && (key.0.ends_with(":readers") || key.0.ends_with(":write-wanted"))
+        {
+            // A read-write lease keeps the index of its readers and its
+            // waiting writer's intent beside it with these suffixes.
+            return Err(Error::InvalidKey {
+                key: excerpt(&key.0),
+                reason: "a lease key with a hash tag must not end with ':readers' or ':write-wanted', the suffixes of a read-write lease's reader index and writer intent; choose another ending",
             });
         }
         if key.hash_tag().is_some() && key.0.ends_with(":permits") {
@@ -188,6 +205,14 @@ mod tests {
             };
             assert!(reason.contains(":permits"), "{reason}");
         }
+        // Nor a read-write lease's reader index or writer intent.
+        for bad in ["doc:{42}:readers", "{42}:write-wanted"] {
+            let Err(Error::InvalidKey { reason, .. }) = LeaseKey::new(bad) else {
+                panic!("{bad:?} was accepted");
+            };
+            assert!(reason.contains(":readers"), "{reason}");
+        }
+        assert!(LeaseKey::new("doc:readers").is_ok());
         // Without a hash tag the key is stored in braces, so it cannot.
         assert!(LeaseKey::new("reports:fence").is_ok());
         assert!(LeaseKey::new("reports:permits").is_ok());

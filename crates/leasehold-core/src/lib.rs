@@ -12,6 +12,8 @@
 //! - [`LeaseBackend`]: one async method per atomic server-side operation;
 //! - [`PermitLimit`] and [`LeaseKey::permit`]: counting leases, where up
 //!   to N holders share a semaphore, each on a permit that is a lease;
+//! - [`LeaseKey::writer_key`] and [`LeaseKey::reader_key`]: read-write
+//!   leases, where readers share a key and a writer holds it alone;
 //! - [`MemoryBackend`]: the same semantics in process, on the tokio clock.
 //!
 //! ```
@@ -38,6 +40,7 @@ mod key;
 mod memory;
 mod notice;
 mod permit;
+mod rw;
 mod timing;
 mod ttl;
 
@@ -54,5 +57,6 @@ pub use key::LeaseKey;
 pub use memory::MemoryBackend;
 pub use notice::ReleaseWatch;
 pub use permit::PermitLimit;
+pub use rw::RwRole;
 pub use timing::{clock_drift, parse_duration};
 pub use ttl::Ttl;

@@ -116,6 +116,13 @@ struct State {
     /// Release notices per [`LeaseKey::counted_as`] (a permit's release
     /// wakes its semaphore's watchers), while someone watches it.
     notices: HashMap<LeaseKey, watch::Sender<u64>>,
+    /// The reader keys of each read-write lease, by its writer's key, as
+    /// the Redis backend's reader index: pruned of expired readers
+    /// whenever read.
+    readers: HashMap<LeaseKey, Vec<LeaseKey>>,
+    /// The intent of a writer waiting for each read-write lease, by its
+    /// writer's key.
+    intents: HashMap<LeaseKey, Entry>,
     /// Changes made by `vanish` and `hand_over`, for every change watch.
     changes: ChangeFeed,
     /// Whether changes go unreported (see `cut_changes`).
@@ -198,6 +205,79 @@ impl State {
         if !self.changes_cut {
             self.changes.report(change);
         }
+    }
+
+    /// Refreshes `request.holder`'s own live lease on `key`, keeping its
+    /// token; `None` when `key` is not theirs.
+    fn refresh(
+        &mut self,
+        key: &LeaseKey,
+        request: &AcquireRequest,
+        now: Instant,
+        sent_at: Instant,
+    ) -> Option<Grant> {
+        let entry = self.live(key, now).filter(|e| e.holder == request.holder)?;
+        entry.expires_at = now + request.ttl.get();
+        entry.label.clone_from(&request.label);
+        Some(Grant::new(
+            key.clone(),
+            request.holder,
+            entry.token,
+            request.ttl,
+            sent_at,
+        ))
+    }
+
+    /// The live intent of a writer waiting for `lease`.
+    fn intent(&mut self, lease: &LeaseKey, now: Instant) -> Option<&Entry> {
+        if self.intents.get(lease).is_some_and(|e| e.expires_at <= now) {
+            self.intents.remove(lease);
+        }
+        self.intents.get(lease)
+    }
+
+    /// Leaves `request.holder`'s intent to write `lease` for its ttl,
+    /// unless another writer's is there.
+    fn want(&mut self, lease: &LeaseKey, request: &AcquireRequest, now: Instant) {
+        if self
+            .intent(lease, now)
+            .is_some_and(|e| e.holder != request.holder)
+        {
+            return;
+        }
+        self.intents.insert(
+            lease.clone(),
+            Entry {
+                holder: request.holder,
+                token: FencingToken(0),
+                label: request.label.clone(),
+                expires_at: now + request.ttl.get(),
+            },
+        );
+    }
+
+    /// The live readers of `lease` (pruning the index of the others), and
+    /// the one that frees first.
+    fn live_readers(&mut self, lease: &LeaseKey, now: Instant) -> (usize, Option<Entry>) {
+        let keys = self.readers.remove(lease).unwrap_or_default();
+        let mut live = Vec::with_capacity(keys.len());
+        let mut soonest: Option<Entry> = None;
+        for key in keys {
+            if let Some(entry) = self.live(&key, now) {
+                if soonest
+                    .as_ref()
+                    .is_none_or(|s| entry.expires_at < s.expires_at)
+                {
+                    soonest = Some(entry.clone());
+                }
+                live.push(key);
+            }
+        }
+        let count = live.len();
+        if count > 0 {
+            self.readers.insert(lease.clone(), live);
+        }
+        (count, soonest)
     }
 
     fn next_token(&mut self, key: &LeaseKey) -> FencingToken {
@@ -393,6 +473,38 @@ impl MemoryBackend {
     }
 }
 
+/// The refusal of a read-write operation on a share key, or of an
+/// exclusive acquisition of one (it would not see the other shares).
+fn not_a_share(op: &'static str, key: &LeaseKey) -> Result<(), BackendError> {
+    if key.rw_of().is_none() {
+        return Ok(());
+    }
+    Err(BackendError::Unsupported {
+        op,
+        key: key.as_str().to_owned(),
+        reason: "this is a reader's or writer's key of a read-write lease: acquire the lease itself with try_acquire_read or try_acquire_write",
+    })
+}
+
+/// The writer's key of the read-write lease `lease`, and `holder`'s
+/// reader key.
+fn share_keys(
+    op: &'static str,
+    lease: &LeaseKey,
+    holder: &HolderId,
+) -> Result<(LeaseKey, LeaseKey), BackendError> {
+    not_a_share(op, lease)?;
+    let refuse = |_| BackendError::Unsupported {
+        op,
+        key: lease.as_str().to_owned(),
+        reason: "a read-write lease key must leave room for its readers' keys (\"{key}:read:\" and 32 hex digits within 512 bytes); choose a shorter key",
+    };
+    Ok((
+        lease.writer_key().map_err(refuse)?,
+        lease.reader_key(holder).map_err(refuse)?,
+    ))
+}
+
 /// The keys of the `limit` permits of `semaphore`.
 fn permit_keys(
     op: &'static str,
@@ -420,6 +532,7 @@ impl std::fmt::Debug for MemoryBackend {
 impl LeaseBackend for MemoryBackend {
     async fn try_acquire(&self, request: &AcquireRequest) -> Result<AcquireOutcome, BackendError> {
         let sent_at = Instant::now();
+        not_a_share("acquire", &request.key)?;
         self.gate("acquire", &request.key).await?;
         let now = Instant::now();
         let mut state = self.state();
@@ -513,6 +626,83 @@ impl LeaseBackend for MemoryBackend {
         ))
     }
 
+    /// Kept as the Redis backend keeps them: each reader on its own key,
+    /// an index of them per lease, the waiting writer's intent beside.
+    async fn try_acquire_read(
+        &self,
+        request: &AcquireRequest,
+    ) -> Result<AcquireOutcome, BackendError> {
+        const OP: &str = "acquire_read";
+        let sent_at = Instant::now();
+        let (writer, reader) = share_keys(OP, &request.key, &request.holder)?;
+        // The index and the intent are kept by the writer's key: one per
+        // lease (`K` and `{K}` are one), as `P:readers` is.
+        let lease = writer.clone();
+        self.gate(OP, &request.key).await?;
+        let now = Instant::now();
+        let mut state = self.state();
+        if let Some(grant) = state.refresh(&reader, request, now, sent_at) {
+            return Ok(AcquireOutcome::Acquired(grant));
+        }
+        if let Some(entry) = state.live(&writer, now) {
+            return Ok(AcquireOutcome::Held(entry.info(now)));
+        }
+        if let Some(intent) = state.intent(&lease, now)
+            && intent.holder != request.holder
+        {
+            let mut info = intent.info(now);
+            info.fencing_token = None;
+            return Ok(AcquireOutcome::Held(info));
+        }
+        let mut grant = request.clone();
+        grant.key = reader.clone();
+        let granted = state.grant(&grant, now, sent_at);
+        // Pruned here too, so that a lease read for ever without a writer
+        // keeps a bounded index.
+        state.live_readers(&lease, now);
+        let readers = state.readers.entry(lease).or_default();
+        if !readers.contains(&reader) {
+            readers.push(reader);
+        }
+        Ok(AcquireOutcome::Acquired(granted))
+    }
+
+    async fn try_acquire_write(
+        &self,
+        request: &AcquireRequest,
+    ) -> Result<AcquireOutcome, BackendError> {
+        const OP: &str = "acquire_write";
+        let sent_at = Instant::now();
+        let (writer, _) = share_keys(OP, &request.key, &request.holder)?;
+        let lease = writer.clone();
+        self.gate(OP, &request.key).await?;
+        let now = Instant::now();
+        let mut state = self.state();
+        if let Some(grant) = state.refresh(&writer, request, now, sent_at) {
+            return Ok(AcquireOutcome::Acquired(grant));
+        }
+        if let Some(entry) = state.live(&writer, now) {
+            let info = entry.info(now);
+            state.want(&lease, request, now);
+            return Ok(AcquireOutcome::Held(info));
+        }
+        if let (1.., soonest) = state.live_readers(&lease, now) {
+            state.want(&lease, request, now);
+            return Ok(AcquireOutcome::Held(
+                soonest.map(|e| e.info(now)).unwrap_or_default(),
+            ));
+        }
+        if state
+            .intent(&lease, now)
+            .is_some_and(|e| e.holder == request.holder)
+        {
+            state.intents.remove(&lease);
+        }
+        let mut grant = request.clone();
+        grant.key = writer;
+        Ok(AcquireOutcome::Acquired(state.grant(&grant, now, sent_at)))
+    }
+
     async fn renew(&self, request: &RenewRequest) -> Result<RenewOutcome, BackendError> {
         self.gate("renew", &request.key).await?;
         Ok(self.renew_now(request))
@@ -583,7 +773,9 @@ impl LeaseBackend for MemoryBackend {
         }
         state.leases.remove(key);
         let listeners = state.listeners(key);
-        if listeners > 1 || next.key != *key {
+        // A share of a read-write lease is never handed over: its grant
+        // is decided against the lease's other shares.
+        if listeners > 1 || next.key != *key || key.rw_of().is_some() {
             state.announce(key);
             return Ok(HandoverOutcome::Released);
         }

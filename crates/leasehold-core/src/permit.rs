@@ -144,7 +144,7 @@ impl LeaseKey {
 
     /// `K` for a key `{K}` where `K` has no hash tag (a backend keeps both
     /// in one place), else the key itself.
-    fn plain(self) -> LeaseKey {
+    pub(crate) fn plain(self) -> LeaseKey {
         self.as_str()
             .strip_prefix('{')
             .and_then(|s| s.strip_suffix('}'))
@@ -163,11 +163,17 @@ impl LeaseKey {
     pub fn counted_as(&self) -> LeaseKey {
         let mut key = self.clone().plain();
         // A semaphore named like a permit key has permits of its own;
-        // they count with the outermost semaphore.
-        while let Some((semaphore, _)) = key.permit_of() {
-            key = semaphore;
+        // they count with the outermost semaphore. The shares of a
+        // read-write lease count with the lease.
+        loop {
+            if let Some((semaphore, _)) = key.permit_of() {
+                key = semaphore;
+            } else if let Some((lease, _)) = key.rw_of() {
+                key = lease;
+            } else {
+                return key;
+            }
         }
-        key
     }
 }
 

@@ -411,9 +411,73 @@ impl RedisBackend {
     }
 }
 
+impl RedisBackend {
+    /// One `read.lua` or `write.lua` call for `request` (granted on the
+    /// share key `share`), over the connection and with the replica
+    /// acknowledgement of `try_acquire`.
+    async fn acquire_share(
+        &self,
+        op: &'static str,
+        request: &AcquireRequest,
+        share: LeaseKey,
+        call: scripts::Call,
+    ) -> Result<AcquireOutcome, BackendError> {
+        if let Some(notices) = &self.shared.notices
+            && notices.needs_restore()
+        {
+            // As in try_acquire.
+            Box::pin(notices.restore()).await;
+        }
+        let route = self
+            .lease_writes(true, || self.shared.layout.lease(&share))
+            .await
+            .map_err(|f| f.for_key(op, &request.key))?;
+        let sent_at = Instant::now();
+        let reply = self
+            .eval_write(&call, route, self.shared.wait)
+            .await
+            .map_err(|f| f.for_key(op, &request.key))?;
+        let mut granted = request.clone();
+        granted.key = share;
+        let outcome = reply::shared(&granted, sent_at, &reply.value)
+            .map_err(|f| f.for_key(op, &request.key))?;
+        if let AcquireOutcome::Acquired(grant) = &outcome
+            && let Some(failure) = self.missing_ack(&reply, "; the hold was given back")
+        {
+            // As in try_acquire: give back a grant a failover could lose.
+            let _ = self.release(&grant.key, &request.holder).await;
+            return Err(failure.for_key(op, &request.key));
+        }
+        Ok(outcome)
+    }
+}
+
+/// The refusal of a read-write acquisition on a share key, or of an
+/// exclusive acquisition of one (it would not see the other shares).
+fn not_a_share(op: &'static str, key: &LeaseKey) -> Result<(), BackendError> {
+    if key.rw_of().is_none() {
+        return Ok(());
+    }
+    Err(BackendError::Unsupported {
+        op,
+        key: key.as_str().to_owned(),
+        reason: "this is a reader's or writer's key of a read-write lease: acquire the lease itself with try_acquire_read or try_acquire_write",
+    })
+}
+
+/// The refusal of a read-write lease key too long for its reader keys.
+fn too_long(op: &'static str, key: &LeaseKey) -> BackendError {
+    BackendError::Unsupported {
+        op,
+        key: key.as_str().to_owned(),
+        reason: "a read-write lease key must leave room for its readers' keys (\"{key}:read:\" and 32 hex digits within 512 bytes); choose a shorter key",
+    }
+}
+
 impl LeaseBackend for RedisBackend {
     async fn try_acquire(&self, request: &AcquireRequest) -> Result<AcquireOutcome, BackendError> {
         const OP: &str = "acquire";
+        not_a_share(OP, &request.key)?;
         if let Some(notices) = &self.shared.notices
             && notices.needs_restore()
         {
@@ -515,6 +579,37 @@ impl LeaseBackend for RedisBackend {
             key: request.key.as_str().to_owned(),
             detail: "the semaphore's stored permit limit kept changing; try again".to_owned(),
         })
+    }
+
+    /// One `read.lua` call, over the connection and with the replica
+    /// acknowledgement of [`try_acquire`](Self::try_acquire).
+    async fn try_acquire_read(
+        &self,
+        request: &AcquireRequest,
+    ) -> Result<AcquireOutcome, BackendError> {
+        const OP: &str = "acquire_read";
+        not_a_share(OP, &request.key)?;
+        let reader = request
+            .key
+            .reader_key(&request.holder)
+            .map_err(|_| too_long(OP, &request.key))?;
+        let call = scripts::read(&self.shared.layout, request, &reader);
+        self.acquire_share(OP, request, reader, call).await
+    }
+
+    /// One `write.lua` call, as [`try_acquire_read`](Self::try_acquire_read).
+    async fn try_acquire_write(
+        &self,
+        request: &AcquireRequest,
+    ) -> Result<AcquireOutcome, BackendError> {
+        const OP: &str = "acquire_write";
+        not_a_share(OP, &request.key)?;
+        let writer = request
+            .key
+            .writer_key()
+            .map_err(|_| too_long(OP, &request.key))?;
+        let call = scripts::write(&self.shared.layout, request);
+        self.acquire_share(OP, request, writer, call).await
     }
 
     /// Renews in one script call per 1000 leases (in a cluster: per slot,
@@ -621,7 +716,9 @@ impl LeaseBackend for RedisBackend {
             .shared
             .notices
             .as_ref()
-            .filter(|_| next.key == *key && self.shared.wait.is_none())
+            // A share of a read-write lease is never handed over: its
+            // grant is decided against the lease's other shares.
+            .filter(|_| next.key == *key && self.shared.wait.is_none() && key.rw_of().is_none())
         else {
             return Ok(match self.release(key, holder).await? {
                 ReleaseOutcome::Released => HandoverOutcome::Released,

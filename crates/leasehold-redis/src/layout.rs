@@ -35,10 +35,27 @@ use crate::Error;
 /// `P:released`: tokens rise across all permits, and a release wakes a
 /// waiter for any permit. All of them share the hash tag of `P`.
 ///
+/// A read-write lease `K` (see `LeaseKey::writer_key`) keeps, beside
+/// `P:fence` and `P:released`:
+///
+/// | key                   | holds                                                   |
+/// |-----------------------|---------------------------------------------------------|
+/// | `P:write`             | the writer, a lease like `P` above                      |
+/// | `P:read:<holder hex>` | one reader, a lease like `P` above                      |
+/// | `P:readers`           | the set of readers' holder ids, never expiring, pruned of those whose key is gone |
+/// | `P:write-wanted`      | `<holder hex>:<label>` of a writer waiting, with the writer's ttl as expiry |
+///
+/// `P:write` and `P:read:<hex>` are the `P` of the lease keys `K:write` and
+/// `K:read:<hex>` (`{K}:…` when `K` has no hash tag), so readers and the
+/// writer are renewed, released and inspected as any lease; their fencing
+/// counter and release channel are `K`'s. All of them share the hash tag of
+/// `P`.
+///
 /// The namespace may not contain `{` or `}`: they would change the hash tag.
-/// A lease key with a hash tag may not end with `:fence` or `:permits`
-/// (`LeaseKey` refuses it): its `P` would be another lease's counter or
-/// another semaphore's limit. `K` and `{K}` have the same `P`, and so are
+/// A lease key with a hash tag may not end with `:fence`, `:permits`,
+/// `:readers` or `:write-wanted` (`LeaseKey` refuses it): its `P` would be
+/// another lease's counter, another semaphore's limit, or another
+/// read-write lease's reader index or writer intent. `K` and `{K}` have the same `P`, and so are
 /// one lease.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct KeyLayout {
@@ -146,12 +163,30 @@ impl KeyLayout {
     /// Appends the prefix `P` of the lease whose fencing counter and
     /// release channel `key` uses (its semaphore's, for a permit) to `out`.
     pub(crate) fn write_counted(&self, key: &LeaseKey, out: &mut Vec<u8>) {
-        if key.permit_of().is_some() {
+        if key.permit_of().is_some() || key.rw_of().is_some() {
             self.write_lease(&key.counted_as(), out);
         } else {
             // `K` and `{K}` share their `P`: no need to spell it plainly.
             self.write_lease(key, out);
         }
+    }
+
+    /// The Redis key holding the index of the readers of the read-write
+    /// lease `key` (`P:readers`).
+    #[must_use]
+    pub fn readers(&self, key: &LeaseKey) -> String {
+        let mut p = self.prefix(key);
+        p.push_str(":readers");
+        p
+    }
+
+    /// The Redis key holding the intent of a writer waiting for the
+    /// read-write lease `key` (`P:write-wanted`).
+    #[must_use]
+    pub fn write_wanted(&self, key: &LeaseKey) -> String {
+        let mut p = self.prefix(key);
+        p.push_str(":write-wanted");
+        p
     }
 
     /// The Redis key holding the permit limit of the semaphore `key`
@@ -266,6 +301,48 @@ mod tests {
                 layout.fence(&permit),
                 layout.permit_limit(&sem),
                 layout.released(&permit),
+            ] {
+                assert_eq!(hashed_part(&key), tag, "{key}");
+            }
+        }
+    }
+
+    #[test]
+    fn a_read_write_leases_keys_share_its_slot_and_count_with_it() {
+        let layout = KeyLayout::default();
+        let holder = leasehold_core::HolderId::generate().expect("entropy");
+        for (lease, prefix) in [
+            ("doc", "leasehold:{doc}"),
+            ("{doc}", "leasehold:{doc}"),
+            ("order:{42}", "leasehold:order:{42}"),
+        ] {
+            let lease = k(lease);
+            let writer = lease.writer_key().expect("a short key");
+            let reader = lease.reader_key(&holder).expect("a short key");
+            assert_eq!(layout.lease(&writer), format!("{prefix}:write"));
+            assert_eq!(
+                layout.lease(&reader),
+                format!("{prefix}:read:{}", holder.to_hex())
+            );
+            for share in [&writer, &reader] {
+                assert_eq!(layout.fence(share), format!("{prefix}:fence"));
+                assert_eq!(layout.released(share), format!("{prefix}:released"));
+                let mut counted = Vec::new();
+                layout.write_counted(share, &mut counted);
+                assert_eq!(counted, prefix.as_bytes());
+            }
+            assert_eq!(layout.readers(&lease), format!("{prefix}:readers"));
+            assert_eq!(
+                layout.write_wanted(&lease),
+                format!("{prefix}:write-wanted")
+            );
+            let tag = hashed_part(&layout.lease(&lease)).to_owned();
+            for key in [
+                layout.lease(&writer),
+                layout.lease(&reader),
+                layout.readers(&lease),
+                layout.write_wanted(&lease),
+                layout.fence(&writer),
             ] {
                 assert_eq!(hashed_part(&key), tag, "{key}");
             }

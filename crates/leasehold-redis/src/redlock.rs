@@ -40,6 +40,14 @@ use crate::{Error, RedisBackend};
 ///   backoff between attempts (`LeaseOptions::backoff` in
 ///   leasehold-watchdog); this backend makes one attempt per call.
 ///
+/// - **Read-write leases** are refused with [`BackendError::Unsupported`].
+///   Quorum intersection would keep a writer from a reader (any two
+///   majorities share a master, which would refuse the later one), but the
+///   writer-preference intent would be a per-master vote too: a writer
+///   refused on some masters and granted on none leaves intents that hold
+///   readers back on a minority, and partial grants and intents must be
+///   undone on every master. That protocol is not built; use a standalone,
+///   Sentinel or Cluster deployment for read-write leases.
 /// - **Permits** (counting leases) are refused with
 ///   [`BackendError::Unsupported`]. A permit is the first free permit key
 ///   *as one server sees it*; independent masters each pick their own, so
@@ -93,6 +101,9 @@ pub struct RedlockBuilder {
     connect_timeout: Duration,
     namespace: Option<String>,
 }
+
+/// Why [`RedlockBackend`] refuses read-write leases.
+const REDLOCK_RW: &str = "Redlock has no read-write leases: readers, writers and a waiting writer's intent would each need a majority vote undone on failure, which is not built; use a standalone, Sentinel or Cluster deployment for read-write leases";
 
 impl RedlockBackend {
     /// Starts configuring a backend over the masters at `urls`, one
@@ -342,6 +353,30 @@ impl LeaseBackend for RedlockBackend {
             op: "acquire_permit",
             key: request.key.as_str().to_owned(),
             reason: "Redlock has no counting leases: independent masters would each pick their own free permit, so no majority agrees on one; use a standalone, Sentinel or Cluster deployment for semaphores",
+        })
+    }
+
+    /// Refused: see the type's documentation.
+    async fn try_acquire_read(
+        &self,
+        request: &AcquireRequest,
+    ) -> Result<AcquireOutcome, BackendError> {
+        Err(BackendError::Unsupported {
+            op: "acquire_read",
+            key: request.key.as_str().to_owned(),
+            reason: REDLOCK_RW,
+        })
+    }
+
+    /// Refused: see the type's documentation.
+    async fn try_acquire_write(
+        &self,
+        request: &AcquireRequest,
+    ) -> Result<AcquireOutcome, BackendError> {
+        Err(BackendError::Unsupported {
+            op: "acquire_write",
+            key: request.key.as_str().to_owned(),
+            reason: REDLOCK_RW,
         })
     }
 

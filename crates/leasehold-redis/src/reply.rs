@@ -234,6 +234,29 @@ pub(crate) fn acquired(
     }
 }
 
+/// The reply of `read.lua` or `write.lua` for `request`, whose key is the
+/// reader's or writer's key: as [`acquired`], or `{2, label, pttl}` when a
+/// waiting writer's intent refuses a reader (it holds nothing, so no token).
+pub(crate) fn shared(
+    request: &AcquireRequest,
+    sent_at: Instant,
+    reply: &Value,
+) -> Result<AcquireOutcome, Failure> {
+    const SHAPE: &str = "{1, token}, {0, value, pttl} or {2, label, pttl}";
+    if let Value::Array(items) = plain(reply)
+        && let (Some(2), [_, label, pttl]) = (items.first().map(plain).and_then(int), &items[..])
+    {
+        let label = bytes(plain(label))
+            .and_then(|b| std::str::from_utf8(b).ok())
+            .ok_or_else(|| unexpected("a waiting writer's label", label))?;
+        let mut info = LeaseInfo::default();
+        info.label = (!label.is_empty()).then(|| label.to_owned());
+        info.ttl_left = ttl_left(plain(pttl))?;
+        return Ok(AcquireOutcome::Held(info));
+    }
+    acquired(request, sent_at, reply).map_err(|_| unexpected(SHAPE, reply))
+}
+
 /// What `permit.lua` answered.
 #[derive(Debug)]
 pub(crate) enum Permitted {

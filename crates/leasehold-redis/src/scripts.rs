@@ -99,6 +99,26 @@ pub(crate) static PERMIT: LazyLock<Lua> = LazyLock::new(|| {
     ))
 });
 
+/// Takes or refreshes a reader's hold on a read-write lease; see
+/// `scripts/read.lua`, with `scripts/grant.lua` in front, as for
+/// [`ACQUIRE`].
+pub(crate) static READ: LazyLock<Lua> = LazyLock::new(|| {
+    Lua::new(concat!(
+        include_str!("scripts/grant.lua"),
+        include_str!("scripts/read.lua")
+    ))
+});
+
+/// Takes or refreshes the writer's hold on a read-write lease, or leaves
+/// its intent; see `scripts/write.lua`, with `scripts/grant.lua` in front,
+/// as for [`ACQUIRE`].
+pub(crate) static WRITE: LazyLock<Lua> = LazyLock::new(|| {
+    Lua::new(concat!(
+        include_str!("scripts/grant.lua"),
+        include_str!("scripts/write.lua")
+    ))
+});
+
 /// Compare-and-pexpire for a batch of leases; see `scripts/renew.lua`.
 pub(crate) static RENEW: LazyLock<Lua> =
     LazyLock::new(|| Lua::new(include_str!("scripts/renew.lua")));
@@ -296,6 +316,58 @@ pub(crate) fn permit(
     Ok(call)
 }
 
+/// `read.lua` for `request` on the reader key `reader`
+/// (`request.key.reader_key(&request.holder)`).
+pub(crate) fn read(layout: &KeyLayout, request: &AcquireRequest, reader: &LeaseKey) -> Call {
+    let mut call = Call::new(&READ, 5);
+    let mut key = Vec::with_capacity(64);
+    layout.write_lease(reader, &mut key);
+    call.cmd.arg(&key[..]);
+    key.clear();
+    layout.write_lease(&request.key, &mut key);
+    let stem = key.len();
+    for suffix in [&b":write"[..], b":write-wanted", b":readers"] {
+        key.truncate(stem);
+        key.extend_from_slice(suffix);
+        call.cmd.arg(&key[..]);
+    }
+    key.clear();
+    layout.write_counted(&request.key, &mut key);
+    key.extend_from_slice(b":fence");
+    call.cmd
+        .arg(&key[..])
+        .arg(&request.holder.to_hex_bytes()[..])
+        .arg(request.ttl.as_millis())
+        .arg(request.label.as_deref().unwrap_or(""));
+    call
+}
+
+/// `write.lua` for `request`.
+pub(crate) fn write(layout: &KeyLayout, request: &AcquireRequest) -> Call {
+    let mut call = Call::new(&WRITE, 4);
+    let mut key = Vec::with_capacity(64);
+    layout.write_lease(&request.key, &mut key);
+    let stem = key.len();
+    for suffix in [&b":write"[..], b":write-wanted", b":readers"] {
+        key.truncate(stem);
+        key.extend_from_slice(suffix);
+        call.cmd.arg(&key[..]);
+    }
+    key.truncate(stem);
+    key.extend_from_slice(b":read:");
+    let readers = key.clone();
+    key.clear();
+    layout.write_counted(&request.key, &mut key);
+    key.extend_from_slice(b":fence");
+    call.cmd
+        .arg(&key[..])
+        .arg(&request.holder.to_hex_bytes()[..])
+        .arg(request.ttl.as_millis())
+        .arg(request.label.as_deref().unwrap_or(""))
+        .arg(&readers[..]);
+    call
+}
+
 /// `inspect.lua` for `key`.
 pub(crate) fn inspect(layout: &KeyLayout, key: &LeaseKey) -> Call {
     let mut call = Call::new(&INSPECT, 1);
@@ -318,8 +390,10 @@ mod tests {
             ("inspect", include_str!("scripts/inspect.lua")),
             ("handover", include_str!("scripts/handover.lua")),
             ("permit", include_str!("scripts/permit.lua")),
+            ("read", include_str!("scripts/read.lua")),
+            ("write", include_str!("scripts/write.lua")),
         ] {
-            if name == "acquire" || name == "handover" || name == "permit" {
+            if ["acquire", "handover", "permit", "read", "write"].contains(&name) {
                 assert!(source.contains("grant("), "{name} grants through grant.lua");
             }
             assert!(source.starts_with(&format!("-- {name}.lua:")), "{name}");
