@@ -1,0 +1,104 @@
+#!/usr/bin/env bash
+# Load-independent profile of one acquire + release cycle, per client
+# (benches/cycle_profile.rs): server commands per cycle, one cycle under
+# MONITOR, server and client instructions per cycle under callgrind, and
+# heap per held lease under DHAT.
+#
+#   scripts/profile_cycle.sh commands|monitor|server|client|hold [CLIENT...]
+#
+# CLIENT: leasehold_manager leasehold_backend raw_redis
+# raw_redis_leasehold_scripts (default: all four). CYCLES (default 10000)
+# measured cycles; OUT (default target/profile) where outputs go.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+what=${1:?commands|monitor|server|client|hold}
+shift
+clients=("$@")
+[ ${#clients[@]} -gt 0 ] || clients=(leasehold_manager leasehold_backend raw_redis raw_redis_leasehold_scripts)
+cycles=${CYCLES:-10000}
+out=${OUT:-target/profile}
+mkdir -p "$out"
+cargo bench --bench cycle_profile --no-run 2>/dev/null
+bin=$(ls -t target/release/deps/cycle_profile-* | grep -v '\.d$' | head -1)
+run() { "$bin" --ignored --exact "$1" --nocapture --test-threads=1; }
+
+# A redis-server of our own on a free port, optionally under a tool: "$@".
+start_server() {
+    port=$(( 20000 + RANDOM % 20000 ))
+    "$@" redis-server --port "$port" --bind 127.0.0.1 --save '' --appendonly no \
+        --protected-mode no >"$out/server.$port.log" 2>&1 &
+    server_pid=$!
+    for _ in $(seq 100); do
+        redis-cli -p "$port" ping >/dev/null 2>&1 && return 0
+        sleep 0.2
+    done
+    echo "server did not start" >&2
+    return 1
+}
+stop_server() {
+    redis-cli -p "$port" shutdown nosave >/dev/null 2>&1 || true
+    wait "$server_pid" 2>/dev/null || true
+}
+
+case $what in
+commands)
+    for c in "${clients[@]}"; do
+        LEASEHOLD_PROFILE_CLIENT=$c LEASEHOLD_PROFILE_CYCLES=$cycles run cycles | grep -v '^$\|^running\|^test \|^successes'
+    done
+    ;;
+monitor)
+    start_server
+    redis-cli -p "$port" monitor >"$out/monitor.txt" &
+    monitor=$!
+    sleep 0.5
+    for c in "${clients[@]}"; do
+        LEASEHOLD_PROFILE_URL=redis://127.0.0.1:$port LEASEHOLD_PROFILE_CLIENT=$c \
+            LEASEHOLD_PROFILE_CYCLES=1 run cycles >/dev/null
+    done
+    sleep 0.5
+    kill "$monitor"
+    stop_server
+    # One measured cycle per client, between its markers (the RESETSTAT
+    # and INFO of the side connection shown too).
+    awk '/"ECHO" "begin/{on=1} on{sub(/^[0-9.]+ /,""); print} /"ECHO" "end/{on=0; print ""}' "$out/monitor.txt"
+    ;;
+server)
+    for c in "${clients[@]}"; do
+        rm -f "$out"/callgrind.server."$c".*
+        start_server valgrind --tool=callgrind --dump-instr=no \
+            --callgrind-out-file="$out/callgrind.server.$c.%p"
+        LEASEHOLD_PROFILE_URL=redis://127.0.0.1:$port LEASEHOLD_PROFILE_CLIENT=$c \
+            LEASEHOLD_PROFILE_CYCLES=$cycles LEASEHOLD_PROFILE_SERVER_PID=$server_pid run cycles >/dev/null
+        stop_server
+        dump=$(ls "$out"/callgrind.server."$c".*.1)
+        total=$(grep '^summary:\|^totals:' "$dump" | head -1 | awk '{print $2}')
+        echo "$c: server instructions per cycle $((total / cycles)) ($dump)"
+    done
+    ;;
+client)
+    for c in "${clients[@]}"; do
+        f="$out/callgrind.client.$c"
+        LEASEHOLD_PROFILE_CLIENT=$c LEASEHOLD_PROFILE_CYCLES=$cycles valgrind --tool=callgrind \
+            --dump-instr=no --collect-atstart=no --toggle-collect='*measured_cycles*' \
+            --callgrind-out-file="$f" "$bin" --ignored --exact cycles --nocapture --test-threads=1 \
+            >/dev/null 2>"$f.log"
+        total=$(grep '^summary:\|^totals:' "$f" | head -1 | awk '{print $2}')
+        echo "$c: client instructions per cycle $((total / cycles)) ($f)"
+    done
+    ;;
+hold)
+    for c in "${clients[@]}"; do
+        for n in ${LEASES:-1000 2000}; do
+            LEASEHOLD_PROFILE_CLIENT=$c LEASEHOLD_PROFILE_LEASES=$n valgrind --tool=dhat \
+                --dhat-out-file="$out/dhat.$c.$n.json" "$bin" --ignored --exact hold --nocapture \
+                --test-threads=1 >"$out/hold.$c.$n.txt" 2>&1
+            grep -h 'size_of_val' "$out/hold.$c.$n.txt" | sort -u
+            echo "$c $n leases: $(grep -o 'At t-gmax: *[0-9,]* bytes' "$out/hold.$c.$n.txt")"
+        done
+    done
+    ;;
+*)
+    echo "unknown: $what" >&2
+    exit 2
+    ;;
+esac
