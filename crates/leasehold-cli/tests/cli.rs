@@ -1088,6 +1088,8 @@ fn a_killed_run_leaves_the_key_taken_for_its_lock_delay() -> TestResult {
         job,
     ])?;
     wait_for_file(&f.path("started"))?;
+    // The job outlives leasehold: stop it however the test ends.
+    let _stop_job = StopJob(f.path("stop"));
     let pttl = side.pttl(key)?;
     assert!(pttl > 2_000, "the server keeps the key for only {pttl} ms");
 
@@ -1117,6 +1119,14 @@ fn a_killed_run_leaves_the_key_taken_for_its_lock_delay() -> TestResult {
     let out = f.output(&["run", "--key", "delayed", "--", "touch", "ran"])?;
     assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
     assert!(f.path("ran").exists());
-    std::fs::write(f.path("stop"), "")?;
     Ok(())
+}
+
+/// Creates the file a job waits for to exit, when dropped.
+struct StopJob(PathBuf);
+
+impl Drop for StopJob {
+    fn drop(&mut self) {
+        let _ = std::fs::write(&self.0, "");
+    }
 }
