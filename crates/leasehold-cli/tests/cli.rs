@@ -1073,7 +1073,7 @@ fn a_killed_run_leaves_the_key_taken_for_its_lock_delay() -> TestResult {
     let f = Fixture::new()?;
     let mut side = Side::connect(&f.server)?;
     let key = "leasehold:{delayed}";
-    let job = "touch started; while [ ! -e stop ]; do sleep 0.01; done";
+    let job = "echo $$ > pid; touch started; while true; do sleep 0.01; done";
     let mut holder = f.spawn(&[
         "run",
         "--key",
@@ -1088,8 +1088,8 @@ fn a_killed_run_leaves_the_key_taken_for_its_lock_delay() -> TestResult {
         job,
     ])?;
     wait_for_file(&f.path("started"))?;
-    // The job outlives leasehold: stop it however the test ends.
-    let _stop_job = StopJob(f.path("stop"));
+    // The job outlives leasehold: kill it however the test ends.
+    let _job = KillJob(Process::from_file(&f.path("pid"))?);
     let pttl = side.pttl(key)?;
     assert!(pttl > 2_000, "the server keeps the key for only {pttl} ms");
 
@@ -1122,11 +1122,13 @@ fn a_killed_run_leaves_the_key_taken_for_its_lock_delay() -> TestResult {
     Ok(())
 }
 
-/// Creates the file a job waits for to exit, when dropped.
-struct StopJob(PathBuf);
+/// Kills a job process that outlived leasehold, when dropped.
+struct KillJob(Process);
 
-impl Drop for StopJob {
+impl Drop for KillJob {
     fn drop(&mut self) {
-        let _ = std::fs::write(&self.0, "");
+        if self.0.alive() {
+            let _ = kill(Pid::from_raw(self.0.pid), Signal::SIGKILL);
+        }
     }
 }
