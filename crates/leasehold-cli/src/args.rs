@@ -4,7 +4,7 @@ use std::ffi::OsString;
 use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand};
-use leasehold_core::{LeaseKey, Ttl};
+use leasehold_core::{LeaseKey, LockDelay, Ttl};
 
 /// Run commands under distributed leases held in Redis, and inspect leases.
 ///
@@ -171,6 +171,13 @@ pub(crate) struct RunArgs {
     /// the host name]
     #[arg(long)]
     pub(crate) label: Option<String>,
+    /// Keep the lease taken on the server this long after it ends without a
+    /// release (leasehold itself cut off or killed with SIGKILL), so that a
+    /// job that outlives leasehold has that long to stop before another
+    /// holder may start; a release frees it at once (0s to 1h) [default:
+    /// LEASEHOLD_LOCK_DELAY, else 0s]
+    #[arg(long, value_parser = parse_lock_delay, value_name = "DURATION")]
+    pub(crate) lock_delay: Option<LockDelay>,
     /// The command and its arguments (after `--`).
     #[arg(
         required = true,
@@ -187,6 +194,10 @@ fn parse_key(s: &str) -> Result<LeaseKey, String> {
 
 fn parse_ttl(s: &str) -> Result<Ttl, String> {
     Ttl::parse(s).map_err(|e| e.to_string())
+}
+
+fn parse_lock_delay(s: &str) -> Result<LockDelay, String> {
+    LockDelay::parse(s).map_err(|e| e.to_string())
 }
 
 fn parse_duration(s: &str) -> Result<Duration, String> {
@@ -230,6 +241,7 @@ mod tests {
             )
         );
         assert_eq!(run.grace, Duration::from_secs(10));
+        assert_eq!(run.lock_delay, None);
         assert_eq!(run.command, ["sh", "-c", "exit 3"]);
         Ok(())
     }
@@ -246,6 +258,10 @@ mod tests {
                 "10ms",
             ),
             (vec!["run", "--key", "", "--", "true"], "--key"),
+            (
+                vec!["run", "--key", "k", "--lock-delay", "2h", "--", "true"],
+                "2h",
+            ),
             (
                 vec!["run", "--key", "k", "--max-renewals", "0", "--", "true"],
                 "0",

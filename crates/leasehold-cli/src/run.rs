@@ -122,6 +122,9 @@ fn options(args: &RunArgs) -> Result<(LeaseOptions, Fit), Failure> {
     if args.label.is_some() {
         config.label.clone_from(&args.label);
     }
+    if let Some(delay) = args.lock_delay {
+        config.lock_delay = delay;
+    }
     if config.label.is_none() {
         // Shown by `status`: where the holder runs is what an operator asks first.
         config.label = nix::unistd::gethostname()
@@ -138,7 +141,8 @@ fn options(args: &RunArgs) -> Result<(LeaseOptions, Fit), Failure> {
         .safety_margin(fit.safety_margin)
         .renew_interval(fit.renew_interval)
         .backoff(Backoff::new(config.backoff_initial, config.backoff_max))
-        .name(config.name);
+        .name(config.name)
+        .lock_delay(config.lock_delay.get());
     if let Some(max) = config.max_renewals {
         builder = builder.max_renewals(max);
     }

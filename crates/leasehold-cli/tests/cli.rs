@@ -1062,3 +1062,73 @@ fn the_job_may_read_the_terminal() -> TestResult {
 fn sighup_reaches_the_command_and_leasehold_stays() -> TestResult {
     a_signal_reaches_the_command(Signal::SIGHUP, "HUP", 5, "hangup")
 }
+
+/// Killed with SIGKILL, leasehold cannot release, and its job lives on:
+/// with `--lock-delay` the server keeps the key for the ttl plus the delay
+/// from the last renewal, so another run is refused past the ttl and gets
+/// the key only after the delay.
+#[test]
+fn a_killed_run_leaves_the_key_taken_for_its_lock_delay() -> TestResult {
+    let (ttl, delay) = (Duration::from_secs(1), Duration::from_secs(2));
+    let f = Fixture::new()?;
+    let mut side = Side::connect(&f.server)?;
+    let key = "leasehold:{delayed}";
+    let job = "echo $$ > pid; touch started; while true; do sleep 0.01; done";
+    let mut holder = f.spawn(&[
+        "run",
+        "--key",
+        "delayed",
+        "--ttl",
+        "1s",
+        "--lock-delay",
+        "2s",
+        "--",
+        "sh",
+        "-c",
+        job,
+    ])?;
+    wait_for_file(&f.path("started"))?;
+    // The job outlives leasehold: kill it however the test ends.
+    let _job = KillJob(Process::from_file(&f.path("pid"))?);
+    let pttl = side.pttl(key)?;
+    assert!(pttl > 2_000, "the server keeps the key for only {pttl} ms");
+
+    let pid = i32::try_from(holder.id())?;
+    kill(Pid::from_raw(pid), Signal::SIGKILL)?;
+    let killed = Instant::now();
+    wait_for_exit(&mut holder)?;
+
+    // Past the ttl since the kill (the last renewal came before it).
+    std::thread::sleep((ttl + Duration::from_millis(200)).saturating_sub(killed.elapsed()));
+    let out = f.output(&["run", "--key", "delayed", "--", "touch", "ran"])?;
+    assert_eq!(out.status.code(), Some(75), "{}", text(&out.stderr));
+    assert!(!f.path("ran").exists(), "the command ran without the lease");
+
+    let deadline = Instant::now() + PATIENCE;
+    while side.pttl(key)? != -2 {
+        if Instant::now() > deadline {
+            return Err("the key never expired".into());
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let gone = killed.elapsed();
+    assert!(
+        gone > ttl + delay / 2,
+        "the key was gone {gone:?} after the kill, long before ttl + delay"
+    );
+    let out = f.output(&["run", "--key", "delayed", "--", "touch", "ran"])?;
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    assert!(f.path("ran").exists());
+    Ok(())
+}
+
+/// Kills a job process that outlived leasehold, when dropped.
+struct KillJob(Process);
+
+impl Drop for KillJob {
+    fn drop(&mut self) {
+        if self.0.alive() {
+            let _ = kill(Pid::from_raw(self.0.pid), Signal::SIGKILL);
+        }
+    }
+}

@@ -4,8 +4,8 @@ use std::future::Future;
 use std::time::Duration;
 
 use crate::{
-    BackendError, ChangeWatch, Error, FencingToken, Grant, HolderId, LeaseKey, PermitLimit,
-    ReleaseWatch, Ttl,
+    BackendError, ChangeWatch, Error, FencingToken, Grant, HolderId, LeaseKey, LockDelay,
+    PermitLimit, ReleaseWatch, Ttl,
 };
 
 /// A request to acquire a lease.
@@ -22,6 +22,10 @@ pub struct AcquireRequest {
     /// A public label stored beside the lease (a host or pod name) that
     /// others see in [`LeaseInfo::label`]. Never the holder id.
     pub label: Option<String>,
+    /// How long the key stays taken after the lease ends without a release:
+    /// the server keeps it for ttl + lock-delay, the grant's validity counts
+    /// from the ttl alone. Default: none.
+    pub lock_delay: LockDelay,
 }
 
 impl AcquireRequest {
@@ -33,7 +37,22 @@ impl AcquireRequest {
             holder,
             ttl,
             label: None,
+            lock_delay: LockDelay::ZERO,
         }
+    }
+
+    /// Sets the lock-delay (see [`LockDelay`]).
+    #[must_use]
+    pub fn with_lock_delay(mut self, lock_delay: LockDelay) -> Self {
+        self.lock_delay = lock_delay;
+        self
+    }
+
+    /// How long the server keeps the key from this request on unless it is
+    /// renewed or released: the ttl plus the lock-delay.
+    #[must_use]
+    pub fn expiry(&self) -> Duration {
+        self.ttl.get() + self.lock_delay.get()
     }
 
     /// Adds a public label (at most 256 bytes, no control characters).
@@ -68,13 +87,36 @@ pub struct RenewRequest {
     pub holder: HolderId,
     /// The new ttl, counted from when the server runs the renewal.
     pub ttl: Ttl,
+    /// The lease's lock-delay, as acquired: the server keeps the key for
+    /// ttl + lock-delay from the renewal. Default: none.
+    pub lock_delay: LockDelay,
 }
 
 impl RenewRequest {
     /// A renewal request.
     #[must_use]
     pub fn new(key: LeaseKey, holder: HolderId, ttl: Ttl) -> Self {
-        Self { key, holder, ttl }
+        Self {
+            key,
+            holder,
+            ttl,
+            lock_delay: LockDelay::ZERO,
+        }
+    }
+
+    /// Sets the lock-delay (see [`LockDelay`]); renew with the one the
+    /// lease was acquired with.
+    #[must_use]
+    pub fn with_lock_delay(mut self, lock_delay: LockDelay) -> Self {
+        self.lock_delay = lock_delay;
+        self
+    }
+
+    /// How long the server keeps the key from the renewal on: the ttl plus
+    /// the lock-delay.
+    #[must_use]
+    pub fn expiry(&self) -> Duration {
+        self.ttl.get() + self.lock_delay.get()
     }
 }
 
@@ -149,7 +191,9 @@ pub trait LeaseBackend: Clone + Send + Sync + 'static {
     /// theirs, which refreshes the ttl and keeps the fencing token).
     ///
     /// The returned grant's `valid_until` counts from the moment the request
-    /// was sent.
+    /// was sent, and from the ttl alone: the key itself is kept for
+    /// [`AcquireRequest::expiry`] (ttl + lock-delay), so that it stays taken
+    /// for the lock-delay after the holder's validity if the holder vanishes.
     fn try_acquire(
         &self,
         request: &AcquireRequest,
@@ -254,7 +298,8 @@ pub trait LeaseBackend: Clone + Send + Sync + 'static {
     }
 
     /// Extends the lease to another `ttl` if `holder` still holds it
-    /// (compare-and-pexpire).
+    /// (compare-and-pexpire); the key is kept for
+    /// [`RenewRequest::expiry`] (ttl + lock-delay).
     ///
     /// The default renews a batch of one through
     /// [`renew_many`](Self::renew_many).

@@ -7,6 +7,7 @@
 //! - [`Ttl`]: a validated lease duration, parsed from humantime strings;
 //! - [`HolderId`]: 128 unguessable bits naming one acquisition;
 //! - [`FencingToken`]: strictly increasing per key across acquisitions;
+//! - [`LockDelay`]: how long a key stays taken after its holder vanished;
 //! - [`Grant`]: what a successful acquisition hands back, with a local,
 //!   monotonic [`Grant::valid_until`];
 //! - [`LeaseBackend`]: one async method per atomic server-side operation;
@@ -37,6 +38,7 @@ mod fencing;
 mod grant;
 mod holder;
 mod key;
+mod lock_delay;
 mod memory;
 mod notice;
 mod permit;
@@ -54,6 +56,7 @@ pub use fencing::FencingToken;
 pub use grant::{Grant, valid_until};
 pub use holder::HolderId;
 pub use key::LeaseKey;
+pub use lock_delay::LockDelay;
 pub use memory::MemoryBackend;
 pub use notice::ReleaseWatch;
 pub use permit::PermitLimit;

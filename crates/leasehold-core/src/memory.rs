@@ -16,7 +16,8 @@ use crate::{
 /// A [`LeaseBackend`] kept in this process, on the tokio clock.
 ///
 /// It behaves like the Redis backend (idempotent re-acquire, strictly rising
-/// fencing tokens, compare-and-pexpire, compare-and-delete) but only
+/// fencing tokens, compare-and-pexpire, compare-and-delete, a key kept for
+/// ttl + lock-delay) but only
 /// excludes holders within one process: use it for single-process programs,
 /// examples, and tests. Under `tokio::time::pause()` its leases expire on the
 /// paused clock, so timing tests run instantly and deterministically.
@@ -166,7 +167,7 @@ impl State {
                 holder: request.holder,
                 token,
                 label: request.label.clone(),
-                expires_at: now + request.ttl.get(),
+                expires_at: now + request.expiry(),
             },
         );
         Grant::new(
@@ -465,7 +466,7 @@ impl MemoryBackend {
         let now = Instant::now();
         match self.state().live(&request.key, now) {
             Some(entry) if entry.holder == request.holder => {
-                entry.expires_at = now + request.ttl.get();
+                entry.expires_at = now + request.expiry();
                 RenewOutcome::Renewed
             }
             _ => RenewOutcome::Lost,
@@ -540,7 +541,7 @@ impl LeaseBackend for MemoryBackend {
             if entry.holder != request.holder {
                 return Ok(AcquireOutcome::Held(entry.info(now)));
             }
-            entry.expires_at = now + request.ttl.get();
+            entry.expires_at = now + request.expiry();
             entry.label.clone_from(&request.label);
             let token = entry.token;
             return Ok(AcquireOutcome::Acquired(Grant::new(
@@ -591,7 +592,7 @@ impl LeaseBackend for MemoryBackend {
             if let Some(entry) = state.live(permit, now)
                 && entry.holder == request.holder
             {
-                entry.expires_at = now + request.ttl.get();
+                entry.expires_at = now + request.expiry();
                 entry.label.clone_from(&request.label);
                 let token = entry.token;
                 return Ok(AcquireOutcome::Acquired(Grant::new(

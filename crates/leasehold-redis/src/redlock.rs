@@ -32,6 +32,8 @@ use crate::{Error, RedisBackend};
 ///   otherwise. Each master's call is bounded by the node timeout, so a
 ///   paused or slow minority delays a renewal by at most that, however
 ///   long it stays away.
+/// - A **lock-delay** reaches every master: each keeps the key for
+///   ttl + lock-delay, while the validity above counts from the ttl alone.
 /// - The **fencing token** is the largest token among the masters that
 ///   granted the lease. Each master keeps its own counter, floored by its
 ///   clock in microseconds, so tokens rise across acquisitions as long as

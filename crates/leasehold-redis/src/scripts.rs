@@ -6,6 +6,11 @@
 //! FLUSH`), on the node that answered, so that a down node elsewhere in a
 //! cluster does not fail the load. The calls here only name keys and
 //! arguments, so every topology can send them over its own connection.
+//!
+//! Every `ttl` argument a script names is the key's expiry: the lease's ttl
+//! plus its lock-delay (the ttl alone without one, so a lease without a
+//! lock-delay sends exactly what it always did). The holder's validity is
+//! computed from the ttl by the client and never reaches a script.
 
 use std::sync::LazyLock;
 
@@ -158,7 +163,7 @@ pub(crate) fn acquire(layout: &KeyLayout, request: &AcquireRequest) -> Call {
     call.cmd
         .arg(&key[..])
         .arg(&request.holder.to_hex_bytes()[..])
-        .arg(request.ttl.as_millis())
+        .arg(request.lock_delay.expiry_millis(request.ttl))
         .arg(request.label.as_deref().unwrap_or(""));
     call
 }
@@ -167,12 +172,14 @@ pub(crate) fn acquire(layout: &KeyLayout, request: &AcquireRequest) -> Call {
 ///
 /// A batch whose leases share one ttl (nearly every batch: a manager's
 /// leases mostly share their options) sends it once; a mixed batch sends an
-/// empty shared ttl and then one per lease.
+/// empty shared ttl and then one per lease. The ttl sent is the key's
+/// expiry, ttl + lock-delay: leases that differ in either differ here.
 pub(crate) fn renew(layout: &KeyLayout, requests: &[RenewRequest]) -> Call {
+    let expiry = |r: &RenewRequest| r.lock_delay.expiry_millis(r.ttl);
     let shared = requests
         .first()
-        .map(|first| first.ttl)
-        .filter(|ttl| requests.iter().all(|r| r.ttl == *ttl));
+        .map(expiry)
+        .filter(|ms| requests.iter().all(|r| expiry(r) == *ms));
     let per_lease = if shared.is_some() { 0 } else { requests.len() };
     // Per lease: a key (namespace, braces, the key), a holder id (32 hex
     // digits), and in a mixed batch a ttl (at most 8 digits).
@@ -191,7 +198,7 @@ pub(crate) fn renew(layout: &KeyLayout, requests: &[RenewRequest]) -> Call {
         call.cmd.arg(&key[..]);
     }
     match shared {
-        Some(ttl) => call.cmd.arg(ttl.as_millis()),
+        Some(ms) => call.cmd.arg(ms),
         None => call.cmd.arg(""),
     };
     for request in requests {
@@ -199,7 +206,7 @@ pub(crate) fn renew(layout: &KeyLayout, requests: &[RenewRequest]) -> Call {
     }
     if shared.is_none() {
         for request in requests {
-            call.cmd.arg(request.ttl.as_millis());
+            call.cmd.arg(expiry(request));
         }
     }
     call
@@ -272,7 +279,7 @@ pub(crate) fn handover(
         .arg(count)
         .arg(publish)
         .arg(&next.holder.to_hex_bytes()[..])
-        .arg(next.ttl.as_millis())
+        .arg(next.lock_delay.expiry_millis(next.ttl))
         .arg(next.label.as_deref().unwrap_or(""));
     call
 }
@@ -310,7 +317,7 @@ pub(crate) fn permit(
     }
     call.cmd
         .arg(&request.holder.to_hex_bytes()[..])
-        .arg(request.ttl.as_millis())
+        .arg(request.lock_delay.expiry_millis(request.ttl))
         .arg(request.label.as_deref().unwrap_or(""))
         .arg(limit.get());
     Ok(call)
@@ -537,6 +544,37 @@ mod tests {
                 "leasehold:{a}:released"
             ]
         );
+        Ok(())
+    }
+
+    /// A lock-delay reaches the server as the key's expiry, ttl + delay,
+    /// in every script that sets one; renewals whose expiries differ form a
+    /// mixed batch, and ones that share it share it, whatever their ttls.
+    #[test]
+    fn a_lock_delay_is_sent_as_ttl_plus_delay() -> Result<(), leasehold_core::Error> {
+        let layout = KeyLayout::default();
+        let (a, b) = (LeaseKey::new("a")?, LeaseKey::new("b")?);
+        let (h1, h2) = (HolderId::generate()?, HolderId::generate()?);
+        let (hex1, hex2) = (h1.to_hex(), h2.to_hex());
+        let ttl = leasehold_core::Ttl::parse("1s")?;
+        let delay = leasehold_core::LockDelay::parse("2s")?;
+        let request = AcquireRequest::new(a.clone(), h1, ttl).with_lock_delay(delay);
+        assert_eq!(args(acquire(&layout, &request).evalsha())[6], "3000");
+        let call = permit(&layout, &request, PermitLimit::new(1)?, 0)?;
+        assert_eq!(args(call.evalsha())[7], "3000");
+        let call = handover(&layout, &b, &h2, 0, false, &request);
+        assert_eq!(args(call.evalsha())[11], "3000");
+
+        let delayed = RenewRequest::new(a.clone(), h1, ttl).with_lock_delay(delay);
+        let plain = RenewRequest::new(b.clone(), h2, ttl);
+        let call = renew(&layout, &[delayed.clone(), plain]);
+        assert_eq!(
+            args(call.evalsha())[5..],
+            ["", &hex1, &hex2, "3000", "1000"]
+        );
+        let three = RenewRequest::new(b, h2, leasehold_core::Ttl::parse("3s")?);
+        let call = renew(&layout, &[delayed, three]);
+        assert_eq!(args(call.evalsha())[5..], ["3000", &hex1, &hex2]);
         Ok(())
     }
 

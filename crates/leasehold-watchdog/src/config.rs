@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-use leasehold_core::Ttl;
+use leasehold_core::{LockDelay, Ttl};
 use serde::Deserialize;
 
 use crate::{Backoff, LeaseError, LeaseOptions};
@@ -27,6 +27,7 @@ use crate::{Backoff, LeaseError, LeaseOptions};
 /// | `backoff_max`     | `LEASEHOLD_BACKOFF_MAX`           | `"500ms"`        |
 /// | `name`            | `LEASEHOLD_NAME`                  | `"default"`      |
 /// | `label`           | `LEASEHOLD_LABEL`                 | none             |
+/// | `lock_delay`      | `LEASEHOLD_LOCK_DELAY`            | `"0s"` (none)    |
 /// | `redis_url`       | `LEASEHOLD_REDIS_URL`             | none             |
 ///
 /// ```
@@ -69,6 +70,9 @@ pub struct LeaseConfig {
     pub name: String,
     /// A public label stored beside the lease, such as a host name.
     pub label: Option<String>,
+    /// How long the key stays taken after the lease ends without a release
+    /// (see [`LeaseOptionsBuilder::lock_delay`](crate::LeaseOptionsBuilder::lock_delay)).
+    pub lock_delay: LockDelay,
     /// Where the Redis server is; read by the application or the
     /// `leasehold` command, not by the watchdog.
     pub redis_url: Option<String>,
@@ -86,6 +90,7 @@ impl Default for LeaseConfig {
             backoff_max: backoff.max(),
             name: "default".to_owned(),
             label: None,
+            lock_delay: LockDelay::ZERO,
             redis_url: None,
         }
     }
@@ -138,6 +143,7 @@ struct RawConfig {
     backoff_max: Option<String>,
     name: Option<String>,
     label: Option<String>,
+    lock_delay: Option<String>,
     redis_url: Option<String>,
 }
 
@@ -154,6 +160,7 @@ impl TryFrom<RawConfig> for LeaseConfig {
         fields.set("backoff_max", raw.backoff_max);
         fields.set("name", raw.name);
         fields.set("label", raw.label);
+        fields.set("lock_delay", raw.lock_delay);
         fields.set("redis_url", raw.redis_url);
         fields.check()
     }
@@ -224,6 +231,10 @@ impl Fields {
                     }
                     config.label = Some(value);
                 }
+                "lock_delay" => {
+                    config.lock_delay =
+                        LockDelay::new(duration()?).map_err(|e| invalid(reason_of(e)))?;
+                }
                 "redis_url" => {
                     if !value.contains("://") {
                         return Err(invalid(
@@ -268,6 +279,7 @@ fn parse_duration(value: &str) -> Result<Duration, String> {
 fn reason_of(error: leasehold_core::Error) -> String {
     match error {
         leasehold_core::Error::InvalidTtl { reason, .. }
+        | leasehold_core::Error::InvalidLockDelay { reason, .. }
         | leasehold_core::Error::InvalidDuration { reason, .. } => reason,
         leasehold_core::Error::InvalidLabel { reason, .. }
         | leasehold_core::Error::InvalidKey { reason, .. } => reason.to_owned(),
@@ -280,7 +292,7 @@ fn excerpt(value: &str) -> String {
 }
 
 /// The environment variable suffix of each field.
-const ENV_FIELDS: [(&str, &str); 9] = [
+const ENV_FIELDS: [(&str, &str); 10] = [
     ("ttl", "TTL"),
     ("max_renewals", "MAX_RENEWALS"),
     ("safety_margin", "SAFETY_MARGIN"),
@@ -289,6 +301,7 @@ const ENV_FIELDS: [(&str, &str); 9] = [
     ("backoff_max", "BACKOFF_MAX"),
     ("name", "NAME"),
     ("label", "LABEL"),
+    ("lock_delay", "LOCK_DELAY"),
     ("redis_url", "REDIS_URL"),
 ];
 
@@ -364,7 +377,8 @@ impl LeaseConfig {
         let mut builder = LeaseOptions::builder()
             .ttl(self.ttl)
             .backoff(Backoff::new(self.backoff_initial, self.backoff_max))
-            .name(self.name.clone());
+            .name(self.name.clone())
+            .lock_delay(self.lock_delay.get());
         if let Some(max) = self.max_renewals {
             builder = builder.max_renewals(max);
         }
@@ -415,6 +429,7 @@ mod tests {
             backoff_max = "1s"
             name = "nightly"
             label = "worker-3"
+            lock_delay = "15s"
             redis_url = "redis://10.0.0.1:6380/2"
             "#,
         )?;
@@ -430,6 +445,7 @@ mod tests {
         );
         assert_eq!(options.name(), "nightly");
         assert_eq!(options.label(), Some("worker-3"));
+        assert_eq!(options.lock_delay(), LockDelay::parse("15s")?);
         assert_eq!(
             LeaseConfig::from_toml_str("")?.lease_options()?,
             LeaseOptions::default()
@@ -450,6 +466,8 @@ mod tests {
             (r#"backoff_max = "x""#, "backoff_max", "x"),
             (r#"name = """#, "name", ""),
             ("label = \"a\\nb\"", "label", "a\nb"),
+            (r#"lock_delay = "2h""#, "lock_delay", "2h"),
+            (r#"lock_delay = "1.5ms""#, "lock_delay", "1.5ms"),
             (r#"redis_url = "localhost""#, "redis_url", "localhost"),
         ] {
             match LeaseConfig::from_toml_str(text) {
@@ -493,6 +511,7 @@ mod tests {
             ("APP_LEASE_TTL", "45s"),
             ("APP_LEASE_WAIT", "5m"),
             ("APP_LEASE_NAME", "reports"),
+            ("APP_LEASE_LOCK_DELAY", "10s"),
             ("APP_LEASE_REDIS_URL", "rediss://cache:6380"),
             ("LEASEHOLD_TTL", "not for us"),
         ]
@@ -505,6 +524,7 @@ mod tests {
         assert_eq!(config.name, "reports");
         assert_eq!(config.redis_url.as_deref(), Some("rediss://cache:6380"));
         assert_eq!(config.max_renewals, None);
+        assert_eq!(config.lock_delay, LockDelay::parse("10s")?);
 
         let bad = LeaseConfig::from_env_with("LEASEHOLD_", lookup).map_err(|e| e.to_string());
         assert_eq!(

@@ -161,7 +161,8 @@ impl<B: LeaseBackend> LeaseManager<B> {
         if self.inner.shutdown.is_cancelled() {
             return Err(LeaseError::ManagerStopped);
         }
-        let mut request = AcquireRequest::new(key.clone(), HolderId::generate()?, options.ttl());
+        let mut request = AcquireRequest::new(key.clone(), HolderId::generate()?, options.ttl())
+            .with_lock_delay(options.lock_delay());
         if let Some(label) = options.label() {
             request = request.with_label(label)?;
         }
@@ -229,7 +230,8 @@ impl<B: LeaseBackend> LeaseManager<B> {
                 options.renew_interval(),
                 options.safety_margin(),
                 options.max_renewals(),
-            ),
+            )
+            .with_lock_delay(options.lock_delay()),
         ));
         let holder = grant.holder;
         self.inner

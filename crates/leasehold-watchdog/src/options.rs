@@ -3,7 +3,7 @@
 use std::borrow::Cow;
 use std::time::Duration;
 
-use leasehold_core::{Ttl, clock_drift};
+use leasehold_core::{LockDelay, Ttl, clock_drift};
 
 use crate::{Backoff, LeaseError};
 
@@ -15,6 +15,11 @@ use crate::{Backoff, LeaseError};
 /// the holder's token fires when renewals have not come through. The
 /// builder refuses a mix in which the first renewal could not happen before
 /// that point.
+///
+/// A **lock-delay** (none by default) keeps the key taken on the server for
+/// that long after the lease ends without a release; it changes nothing of
+/// the three durations above, which all count from the ttl (see
+/// [`LeaseOptionsBuilder::lock_delay`]).
 ///
 /// Defaults follow Redisson's watchdog: a 30 s ttl renewed every 10 s.
 ///
@@ -42,6 +47,7 @@ pub struct LeaseOptions {
     name: Cow<'static, str>,
     label: Option<String>,
     release_notices: bool,
+    lock_delay: LockDelay,
 }
 
 impl Default for LeaseOptions {
@@ -81,6 +87,8 @@ impl LeaseOptions {
             name: b.name,
             label: b.label,
             release_notices: b.release_notices,
+            // Checked in build(); the defaults have none.
+            lock_delay: LockDelay::new(b.lock_delay).unwrap_or_default(),
         }
     }
 
@@ -145,6 +153,13 @@ impl LeaseOptions {
         self.release_notices
     }
 
+    /// How long the server keeps the key taken after the lease ends without
+    /// a release (zero for none).
+    #[must_use]
+    pub fn lock_delay(&self) -> LockDelay {
+        self.lock_delay
+    }
+
     /// These options with another wait.
     pub(crate) fn with_wait(&self, wait: Option<Duration>) -> Self {
         Self {
@@ -178,6 +193,7 @@ pub struct LeaseOptionsBuilder {
     name: Cow<'static, str>,
     label: Option<String>,
     release_notices: bool,
+    lock_delay: Duration,
 }
 
 impl Default for LeaseOptionsBuilder {
@@ -192,6 +208,7 @@ impl Default for LeaseOptionsBuilder {
             name: Cow::Borrowed("default"),
             label: None,
             release_notices: true,
+            lock_delay: Duration::ZERO,
         }
     }
 }
@@ -259,6 +276,23 @@ impl LeaseOptionsBuilder {
         self
     }
 
+    /// How long the key stays taken on the server after the lease ends
+    /// without a release (its holder crashed, paused or was cut off), so
+    /// that a stale holder whose downstream store cannot check fencing
+    /// tokens has that long to notice and stop before anyone else gets the
+    /// lease. A release frees the key at once.
+    ///
+    /// The server keeps the key for ttl + lock-delay from the grant and from
+    /// every renewal, so others see it held that much longer; the holder's
+    /// validity, deadline and safety margin still count from the ttl alone,
+    /// so its token fires as early as without a delay. At most
+    /// [`LockDelay::MAX`] (1 hour), in whole milliseconds. Default: zero
+    /// (no delay).
+    pub fn lock_delay(mut self, delay: Duration) -> Self {
+        self.lock_delay = delay;
+        self
+    }
+
     /// Checks the durations against each other.
     ///
     /// # Errors
@@ -266,8 +300,11 @@ impl LeaseOptionsBuilder {
     /// [`LeaseError::InvalidOptions`] when the renew interval is zero, or
     /// when the first renewal would not be due before the token's deadline
     /// (renew interval ≥ ttl − clock drift − safety margin), or when the
-    /// margin is zero or leaves no validity.
+    /// margin is zero or leaves no validity. [`LeaseError::Invalid`] with
+    /// [`leasehold_core::Error::InvalidLockDelay`] for a lock-delay above
+    /// [`LockDelay::MAX`] or not in whole milliseconds.
     pub fn build(self) -> Result<LeaseOptions, LeaseError> {
+        LockDelay::new(self.lock_delay)?;
         let options = LeaseOptions::from_parts(self);
         let ttl = options.ttl.get();
         let invalid = |reason: String| LeaseError::InvalidOptions { reason };
@@ -340,6 +377,37 @@ mod tests {
             assert!(matches!(
                 bad.build(),
                 Err(LeaseError::InvalidOptions { .. })
+            ));
+        }
+        Ok(())
+    }
+
+    /// A lock-delay is kept as given, leaves the durations the holder
+    /// times itself by alone, and is refused beyond its ceiling.
+    #[test]
+    fn lock_delay_changes_nothing_the_holder_times_itself_by()
+    -> Result<(), Box<dyn std::error::Error>> {
+        let ttl = Ttl::parse("1s")?;
+        let plain = LeaseOptions::builder().ttl(ttl).build()?;
+        let delayed = LeaseOptions::builder()
+            .ttl(ttl)
+            .lock_delay(Duration::from_secs(2))
+            .build()?;
+        assert_eq!(plain.lock_delay(), LockDelay::ZERO);
+        assert_eq!(delayed.lock_delay().get(), Duration::from_secs(2));
+        assert_eq!(delayed.deadline_after(), plain.deadline_after());
+        assert_eq!(delayed.renew_interval(), plain.renew_interval());
+        assert_eq!(delayed.safety_margin(), plain.safety_margin());
+        for bad in [
+            Duration::from_secs(3601),
+            Duration::from_micros(1500),
+            Duration::MAX,
+        ] {
+            assert!(matches!(
+                LeaseOptions::builder().ttl(ttl).lock_delay(bad).build(),
+                Err(LeaseError::Invalid(
+                    leasehold_core::Error::InvalidLockDelay { .. }
+                ))
             ));
         }
         Ok(())

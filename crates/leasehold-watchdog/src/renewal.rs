@@ -29,8 +29,8 @@ use std::time::Duration;
 use futures_util::stream::FuturesUnordered;
 use futures_util::{FutureExt, StreamExt};
 use leasehold_core::{
-    BackendError, HolderId, LeaseBackend, LeaseKey, ReleaseOutcome, RenewOutcome, RenewRequest,
-    Ttl, valid_until,
+    BackendError, HolderId, LeaseBackend, LeaseKey, LockDelay, ReleaseOutcome, RenewOutcome,
+    RenewRequest, Ttl, valid_until,
 };
 use tokio::sync::{Semaphore, mpsc, oneshot};
 use tokio::time::{Instant, Sleep};
@@ -93,7 +93,12 @@ pub(crate) enum Command {
 pub(crate) struct Timing {
     renew_interval_ns: u64,
     safety_margin_ns: u64,
-    pub(crate) max_renewals: Option<u32>,
+    /// The cap on renewals, `u32::MAX` for none (as `Entry::renewals_left`
+    /// counts): an `Option` would not leave room for the lock-delay within
+    /// the same 24 bytes.
+    renewals_cap: u32,
+    /// Sent with every renewal: the server keeps the key for ttl + this.
+    pub(crate) lock_delay: LockDelay,
 }
 
 impl Timing {
@@ -106,8 +111,16 @@ impl Timing {
         Self {
             renew_interval_ns: ns(renew_interval),
             safety_margin_ns: ns(safety_margin),
-            max_renewals,
+            renewals_cap: max_renewals.unwrap_or(u32::MAX),
+            lock_delay: LockDelay::ZERO,
         }
+    }
+
+    /// This timing for a lease with a lock-delay. The delay lengthens the
+    /// key's expiry on the server, never the holder's validity or deadline.
+    pub(crate) fn with_lock_delay(mut self, lock_delay: LockDelay) -> Self {
+        self.lock_delay = lock_delay;
+        self
     }
 
     pub(crate) fn renew_interval_ns(&self) -> u64 {
@@ -438,7 +451,7 @@ impl<B: LeaseBackend> Watchdog<B> {
                     holder,
                     deadline,
                     ended: false,
-                    renewals_left: timing.max_renewals.unwrap_or(u32::MAX),
+                    renewals_left: timing.renewals_cap,
                     failures: 0,
                     in_flight: false,
                     again: false,
@@ -708,11 +721,12 @@ impl<B: LeaseBackend> Watchdog<B> {
         };
         let deadline = entry.deadline;
         entry.in_flight = true;
-        out.requests.push(RenewRequest::new(
-            entry.key.clone(),
-            entry.holder,
-            entry.ttl,
-        ));
+        out.requests.push(
+            RenewRequest::new(entry.key.clone(), entry.holder, entry.ttl)
+                // Read from the shared state rather than kept in the entry,
+                // which has no room left within its size bound.
+                .with_lock_delay(entry.shared.timing.lock_delay),
+        );
         let place = self.new_place(slot);
         out.members.push(place);
         out.deadline = Some(out.deadline.map_or(deadline, |d| d.min(deadline)));
