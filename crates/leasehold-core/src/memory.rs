@@ -218,7 +218,7 @@ impl State {
         sent_at: Instant,
     ) -> Option<Grant> {
         let entry = self.live(key, now).filter(|e| e.holder == request.holder)?;
-        entry.expires_at = now + request.ttl.get();
+        entry.expires_at = now + request.expiry();
         entry.label.clone_from(&request.label);
         Some(Grant::new(
             key.clone(),
@@ -252,7 +252,7 @@ impl State {
                 holder: request.holder,
                 token: FencingToken(0),
                 label: request.label.clone(),
-                expires_at: now + request.ttl.get(),
+                expires_at: now + request.expiry(),
             },
         );
     }

@@ -177,3 +177,40 @@ async fn every_grant_and_renewal_uses_the_leases_own_delay() -> TestResult {
     );
     Ok(())
 }
+
+/// A read-write share taken with a lock-delay is kept for ttl + delay, and
+/// a re-take by its own holder keeps it as long: a writer is refused until
+/// the reader's key has been gone that long.
+#[tokio::test(start_paused = true)]
+async fn a_share_is_kept_for_ttl_plus_delay() -> TestResult {
+    let backend = MemoryBackend::new();
+    let (r, w) = (HolderId::generate()?, HolderId::generate()?);
+    let reader = match backend.try_acquire_read(&request(r)).await? {
+        AcquireOutcome::Acquired(grant) => grant,
+        other => return Err(format!("reader not granted: {other:?}").into()),
+    };
+    advance(MS(500)).await;
+    // The holder's own re-take refreshes the share for ttl + delay.
+    assert!(matches!(
+        backend.try_acquire_read(&request(r)).await?,
+        AcquireOutcome::Acquired(_)
+    ));
+    advance(MS(2_999)).await;
+    assert!(
+        matches!(
+            backend.try_acquire_write(&request(w)).await?,
+            AcquireOutcome::Held(_)
+        ),
+        "the reader's share must be kept for ttl + delay after its re-take"
+    );
+    assert_eq!(reader.key, key().reader_key(&r)?);
+    advance(MS(1)).await;
+    assert!(
+        matches!(
+            backend.try_acquire_write(&request(w)).await?,
+            AcquireOutcome::Acquired(_)
+        ),
+        "the share must be gone at ttl + delay"
+    );
+    Ok(())
+}

@@ -344,7 +344,7 @@ pub(crate) fn read(layout: &KeyLayout, request: &AcquireRequest, reader: &LeaseK
     call.cmd
         .arg(&key[..])
         .arg(&request.holder.to_hex_bytes()[..])
-        .arg(request.ttl.as_millis())
+        .arg(request.lock_delay.expiry_millis(request.ttl))
         .arg(request.label.as_deref().unwrap_or(""));
     call
 }
@@ -369,7 +369,7 @@ pub(crate) fn write(layout: &KeyLayout, request: &AcquireRequest) -> Call {
     call.cmd
         .arg(&key[..])
         .arg(&request.holder.to_hex_bytes()[..])
-        .arg(request.ttl.as_millis())
+        .arg(request.lock_delay.expiry_millis(request.ttl))
         .arg(request.label.as_deref().unwrap_or(""))
         .arg(&readers[..]);
     call

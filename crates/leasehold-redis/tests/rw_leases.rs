@@ -528,3 +528,25 @@ async fn a_share_changed_behind_its_holder_is_reported() -> TestResult {
     }
     Ok(())
 }
+
+/// A share taken with a lock-delay stays on the server for ttl + delay,
+/// readers and writer alike, as any lease does.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_share_keeps_its_key_for_ttl_plus_lock_delay() -> TestResult {
+    let server = RedisServer::start()?;
+    let backend = connect(&server).await;
+    let mut side = side(&server.url()).await?;
+    let delay = leasehold_core::LockDelay::new(Duration::from_secs(2))?;
+    let (r, w) = (holder(), holder());
+    let request = |who| AcquireRequest::new(doc(), who, ttl("1s")).with_lock_delay(delay);
+    let reader = granted(backend.try_acquire_read(&request(r)).await?)?;
+    let pttl: i64 = side.pttl(reader_key(&r)).await?;
+    assert!((2000..=3000).contains(&pttl), "reader PTTL {pttl}");
+    backend.release(&reader.key, &r).await?;
+    let writer = granted(backend.try_acquire_write(&request(w)).await?)?;
+    let pttl: i64 = side.pttl(WRITER).await?;
+    assert!((2000..=3000).contains(&pttl), "writer PTTL {pttl}");
+    backend.release(&writer.key, &w).await?;
+    assert!(!exists(&mut side, WRITER).await?);
+    Ok(())
+}
