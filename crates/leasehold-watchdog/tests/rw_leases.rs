@@ -164,18 +164,22 @@ async fn a_writer_among_arriving_readers(notices: bool) -> TestResult {
     let backend = MemoryBackend::new();
     backend.set_latency(ms(2));
     let hold = Duration::from_secs(1);
-    // Polls far apart, and a ttl short beside the hold: the writer's
+    // Polls far apart, and a writer's ttl short beside the hold and the
+    // readers' ttl (which bounds a refused writer's sleep): the writer's
     // intent outlives its first refusal only if the writer asks again.
-    let options = LeaseOptions::builder()
-        .ttl(Ttl::parse("300ms")?)
-        .wait(Duration::from_secs(60))
-        .backoff(Backoff::fixed(Duration::from_secs(5)))
-        .release_notices(notices)
-        .build()?;
+    let options = |ttl: &str| {
+        LeaseOptions::builder()
+            .ttl(Ttl::parse(ttl).expect("valid ttl"))
+            .wait(Duration::from_secs(60))
+            .backoff(Backoff::fixed(Duration::from_secs(5)))
+            .release_notices(notices)
+            .build()
+            .expect("valid options")
+    };
     let readers_side = LeaseManager::new(backend.clone())?;
     let writer_side = LeaseManager::new(backend.clone())?;
-    let readers = reader_stream(&readers_side, &options, hold, ms(100), 40);
-    let writer = writer_after(&writer_side, &options, ms(1050), ms(200));
+    let readers = reader_stream(&readers_side, &options("3s"), hold, ms(100), 40);
+    let writer = writer_after(&writer_side, &options("300ms"), ms(1050), ms(200));
     let (queued, granted) = within(Duration::from_secs(60), "the writer", writer).await??;
     // The readers that held when the writer queued all release within one
     // hold; none that came after may delay it. A few attempt round trips
