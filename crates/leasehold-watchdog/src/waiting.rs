@@ -432,10 +432,6 @@ impl<'a, B: LeaseBackend> Waiter<'a, B> {
     /// the one that just released it); `None` when this process goes at once:
     /// it waits alone, never held the key, or cannot tell.
     fn rank(&self) -> Option<u32> {
-        if let Attempt::Read = self.kind {
-            // Readers do not exclude each other: none need go first.
-            return None;
-        }
         let listeners = self.watch.as_ref()?.listeners()?;
         let last_won = self.manager.queues.last_won(self.key)?;
         // Acquisitions since this process's last: 0 when it just released.

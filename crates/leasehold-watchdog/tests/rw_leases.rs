@@ -413,3 +413,45 @@ async fn an_exclusive_lease_and_a_read_write_lease_of_one_name_do_not_mix() -> T
     assert_eq!(backend.inspect(&key("mixed")).await?, None);
     Ok(())
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_share_granted_too_late_to_use_is_released_when_the_wait_ends() -> TestResult {
+    let backend = MemoryBackend::new();
+    let manager = LeaseManager::new(backend.clone())?;
+    // Every reply comes after the share's validity less the safety margin:
+    // each grant is useless, and the holder gives the last one back.
+    backend.set_latency(ms(900));
+    let options = LeaseOptions::builder()
+        .ttl(Ttl::parse("1s")?)
+        .wait(Duration::from_secs(3))
+        .backoff(Backoff::fixed(ms(100)))
+        .build()?;
+    let rw = key("late");
+    for write in [true, false] {
+        let attempt = async {
+            if write {
+                manager.acquire_write("late", &options).await
+            } else {
+                manager.acquire_read("late", &options).await
+            }
+        };
+        let error = within(Duration::from_secs(60), "the wait", attempt)
+            .await
+            .expect_err("every grant came too late");
+        assert!(matches!(error, LeaseError::NotAcquired { .. }), "{error:?}");
+        backend.set_latency(Duration::ZERO);
+        // Released at once, not left to expire (a second after its grant).
+        sleep(ms(50)).await;
+        assert!(
+            !writer_in_store(&backend, &rw).await,
+            "the writer key was left behind"
+        );
+        let after = manager
+            .acquire_write("late", &LeaseOptions::default())
+            .await;
+        assert!(after.is_ok(), "a share was left behind: {after:?}");
+        after?.release().await?;
+        backend.set_latency(ms(900));
+    }
+    Ok(())
+}
