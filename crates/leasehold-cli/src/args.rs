@@ -65,6 +65,13 @@ pub(crate) enum Command {
     /// each under one of its permits (a lease of its own, renewed and
     /// stopped as above); LEASEHOLD_KEY then names the permit's key. Every
     /// holder of a semaphore must give the same N.
+    ///
+    /// With --shared or --writer, KEY is a read-write lease: commands run
+    /// with --shared run together, one run with --writer runs alone (no
+    /// --shared beside it), and a waiting --writer keeps new --shared runs
+    /// out so that it waits only for those already running. LEASEHOLD_KEY
+    /// then names the reader's or the writer's key. A read-write lease KEY
+    /// is another lock than the exclusive lease a plain `run KEY` takes.
     Run(RunArgs),
     /// Show who holds leases: a table of each key's holder label, fencing
     /// token and remaining ttl.
@@ -143,6 +150,15 @@ pub(crate) struct RunArgs {
     /// its exclusive lease
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..=100))]
     pub(crate) permits: Option<u32>,
+    /// Take a shared (read) hold on the read-write lease KEY: runs with
+    /// --shared run together, never beside a --writer
+    #[arg(long, conflicts_with_all = ["permits", "writer"])]
+    pub(crate) shared: bool,
+    /// Take the exclusive (write) hold on the read-write lease KEY: no
+    /// --shared run and no other --writer runs beside it, and while it
+    /// waits, new --shared runs wait behind it
+    #[arg(long, conflicts_with = "permits")]
+    pub(crate) writer: bool,
     /// How long to wait while another holder has the lease [default: try once]
     #[arg(long, value_parser = parse_duration, value_name = "DURATION")]
     pub(crate) wait: Option<Duration>,

@@ -4,7 +4,7 @@ use std::io::IsTerminal;
 use std::process::Command;
 use std::time::Duration;
 
-use leasehold_core::{BackendError, LeaseBackend, LeaseInfo, LeaseKey, PermitLimit};
+use leasehold_core::{BackendError, LeaseBackend, LeaseInfo, PermitLimit};
 use leasehold_redis::RedisBackend;
 use leasehold_watchdog::{
     Backoff, Lease, LeaseConfig, LeaseError, LeaseManager, LeaseOptions, LossReason,
@@ -63,7 +63,7 @@ pub(crate) async fn run(
     let manager =
         LeaseManager::new(backend.clone()).map_err(|e| Failure::internal(e.to_string()))?;
     let acquired = tokio::select! {
-        acquired = acquire(&manager, &backend, &args.key, args.permits, &options) => acquired,
+        acquired = acquire(&manager, &backend, &args, &options) => acquired,
         signal = signals.next() => {
             if std::io::stderr().is_terminal() {
                 // Clears the waiting line, if one was shown.
@@ -162,18 +162,25 @@ fn options(args: &RunArgs) -> Result<(LeaseOptions, Fit), Failure> {
 async fn acquire(
     manager: &LeaseManager<RedisBackend>,
     backend: &RedisBackend,
-    key: &LeaseKey,
-    permits: Option<u32>,
+    args: &RunArgs,
     options: &LeaseOptions,
 ) -> Result<Lease, LeaseError> {
+    let key = &args.key;
     let acquire = async {
-        match permits {
-            None => manager.acquire(key.as_str(), options).await,
+        match args.permits {
             Some(n) => {
                 let limit = PermitLimit::new(n)?;
                 manager.acquire_permit(key.as_str(), limit, options).await
             }
+            None if args.shared => manager.acquire_read(key.as_str(), options).await,
+            None if args.writer => manager.acquire_write(key.as_str(), options).await,
+            None => manager.acquire(key.as_str(), options).await,
         }
+    };
+    // What the waiting line names: a read-write lease's writer, if any.
+    let shown_key = match (args.shared || args.writer).then(|| key.writer_key()) {
+        Some(Ok(writer)) => writer,
+        _ => key.clone(),
     };
     let Some(wait) = options.wait().filter(|_| std::io::stderr().is_terminal()) else {
         return acquire.await;
@@ -188,7 +195,7 @@ async fn acquire(
         tokio::select! {
             result = &mut acquire => break result,
             _ = tick.tick() => {
-                let holder = match backend.inspect(key).await {
+                let holder = match backend.inspect(&shown_key).await {
                     Ok(Some(info)) => holder_text(&info),
                     _ => String::new(),
                 };

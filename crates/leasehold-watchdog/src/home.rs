@@ -96,6 +96,9 @@ pub(crate) struct OrphanGuard<'a> {
     /// its limit: which permit the attempt took is unknown, so each is
     /// released (only the one this holder has, if any, is deleted).
     pub(crate) permits: Option<PermitLimit>,
+    /// For an acquisition of a share of the read-write lease `key`, the
+    /// share key the attempt may have taken (`rw.rs`): that one is released.
+    pub(crate) share: Option<LeaseKey>,
 }
 
 impl Drop for OrphanGuard<'_> {
@@ -110,7 +113,7 @@ impl Drop for OrphanGuard<'_> {
             });
         };
         match self.permits {
-            None => release(self.key.clone()),
+            None => release(self.share.clone().unwrap_or_else(|| self.key.clone())),
             Some(limit) => (0..limit.get())
                 .filter_map(|i| self.key.permit(i).ok())
                 .for_each(release),

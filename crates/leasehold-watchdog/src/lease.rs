@@ -282,6 +282,7 @@ impl Lease {
             holder: self.holder,
             armed: true,
             permits: None,
+            share: None,
         };
         let span = debug_span!("release", key = %key, name = %self.shared.name);
         let outcome = home.release(key, &self.holder).instrument(span).await;

@@ -47,6 +47,7 @@ mod permits;
 mod queue;
 mod record;
 mod renewal;
+mod rw;
 mod scope;
 mod waiting;
 
@@ -58,6 +59,9 @@ pub use error::LeaseError;
 pub use lease::{Lease, LossReason};
 /// The permit limit of a semaphore, re-exported for [`LeaseManager::acquire_permit`].
 pub use leasehold_core::PermitLimit;
+/// The role of a read-write lease's share key, re-exported for
+/// [`LeaseManager::acquire_read`] and [`LeaseManager::acquire_write`].
+pub use leasehold_core::RwRole;
 pub use manager::{DEFAULT_MAX_WAITERS, LeaseManager, LeaseManagerBuilder};
 pub use options::{LeaseOptions, LeaseOptionsBuilder};
 /// The token type handed to holders, re-exported for convenience.

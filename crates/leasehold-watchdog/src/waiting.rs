@@ -83,6 +83,12 @@ pub(crate) enum Attempt {
     /// semaphore's other permits, and an offer must never be answered by a
     /// release of the other kind.
     Permit(PermitLimit),
+    /// A shared (read) hold on the read-write lease of the key (`rw.rs`).
+    /// Shares never take part in the local handover either, for the
+    /// permits' reasons.
+    Read,
+    /// The exclusive (write) hold on the read-write lease of the key.
+    Write,
 }
 
 /// A waiter that got its lease, still at the head of the queue.
@@ -121,9 +127,10 @@ pub(crate) async fn acquire<B: LeaseBackend>(
             holder: request.holder,
             armed: false,
             permits: match attempt {
-                Attempt::Lease => None,
                 Attempt::Permit(limit) => Some(limit),
+                _ => None,
             },
+            share: crate::rw::share_key(key, &request.holder, attempt),
         },
         turn,
         manager,
@@ -296,6 +303,11 @@ impl<'a, B: LeaseBackend> Waiter<'a, B> {
             Err(error) if error.is_transient() => LeaseError::Backend(error),
             Err(error) => return Err(error.into()),
         };
+        if let Attempt::Write = self.kind {
+            // The refusal left this writer's intent for one ttl: ask again
+            // well within it, or readers may come in (`rw.rs`).
+            retry_after = retry_after.min(crate::rw::intent_refresh(self.options.ttl()));
+        }
         Ok(Step::Refused(Refusal {
             failure,
             retry_after,
@@ -454,6 +466,8 @@ impl<'a, B: LeaseBackend> Waiter<'a, B> {
                 )
                 .await
             }
+            Attempt::Read => Box::pin(self.manager.backend.try_acquire_read(&self.request)).await,
+            Attempt::Write => Box::pin(self.manager.backend.try_acquire_write(&self.request)).await,
         }
     }
 
