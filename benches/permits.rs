@@ -31,12 +31,13 @@
 //! once that they hold a permit, two believing at once that they hold the
 //! same permit key, a fencing token that does not rise over the previous
 //! holder's of that permit or over every token released before the wait
-//! began, a permit lost while held, or a release that finds the permit gone
+//! began, or that was handed out before, a permit lost while held, or a release that finds the permit gone
 //! fails the run (non-zero exit), in the smoke round too; the figures
 //! never do.
 
 mod common;
 
+use std::collections::HashSet;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -89,6 +90,9 @@ struct Record {
     permit_token: Vec<Option<u64>>,
     /// The highest token whose holder has noted its release.
     released_max: Option<u64>,
+    /// Every token handed out: a semaphore's tokens rise across all its
+    /// permits, so none may come twice.
+    tokens: HashSet<u64>,
     /// The first broken guarantee seen: once a worker stops on one, the
     /// others may trip over the state it left, so this is what is reported.
     violation: Option<String>,
@@ -231,7 +235,10 @@ async fn leasehold_run(
                     .ok_or_else(|| {
                         violation(
                             &record,
-                            format!("worker {worker} got a permit of another key: {}", lease.key()),
+                            format!(
+                                "worker {worker} got a permit of another key: {}",
+                                lease.key()
+                            ),
                         )
                     })?;
                 let token = lease.fencing_token().get();
@@ -354,7 +361,7 @@ fn released_max(record: &Mutex<Record>) -> Result<Option<u64>, BoxError> {
 /// permit key, or when the fencing token does not rise over the previous
 /// token of that permit or over every token released before the wait began
 /// (a grant that follows a release on the server must follow the released
-/// grant too). A holder is noted free before its release is sent, so with a
+/// grant too), or was handed out before. A holder is noted free before its release is sent, so with a
 /// working semaphore no one can take its place in between.
 fn note_acquired(record: &Mutex<Record>, a: &Acquired) -> Result<(), BoxError> {
     let mut r = record.lock().map_err(|_| "poisoned")?;
@@ -381,7 +388,9 @@ fn note_acquired(record: &Mutex<Record>, a: &Acquired) -> Result<(), BoxError> {
         if let Some(last) = r.permit_token[index].filter(|last| token <= *last) {
             return Err(violated(
                 &mut r,
-                format!("worker {worker} got fencing token {token} for permit {index} after {last}"),
+                format!(
+                    "worker {worker} got fencing token {token} for permit {index} after {last}"
+                ),
             ));
         }
         if let Some(before) = a.released_before.filter(|before| token <= *before) {
@@ -390,6 +399,12 @@ fn note_acquired(record: &Mutex<Record>, a: &Acquired) -> Result<(), BoxError> {
                 format!(
                     "worker {worker} got fencing token {token} after token {before} was released"
                 ),
+            ));
+        }
+        if !r.tokens.insert(token) {
+            return Err(violated(
+                &mut r,
+                format!("worker {worker} got fencing token {token}, handed out before"),
             ));
         }
         r.permit_token[index] = Some(token);
