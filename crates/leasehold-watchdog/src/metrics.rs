@@ -127,11 +127,15 @@ impl Kind {
 /// needed when the recorder is installed after the first manager was
 /// created. Calling it again is harmless.
 pub fn describe() {
-    describe_counter!(ACQUISITIONS, Unit::Count, "Lease acquisitions by outcome.");
+    describe_counter!(
+        ACQUISITIONS,
+        Unit::Count,
+        "Lease acquisitions by kind and outcome."
+    );
     describe_histogram!(
         ACQUIRE_WAIT,
         Unit::Seconds,
-        "Time spent in acquire, waiting included, by outcome."
+        "Time spent in acquire, waiting included, by kind and outcome."
     );
     describe_counter!(RENEWALS, Unit::Count, "Lease renewals by outcome.");
     describe_histogram!(
@@ -142,13 +146,13 @@ pub fn describe() {
     describe_counter!(
         LOSSES,
         Unit::Count,
-        "Leases whose holder was told to stop, by reason."
+        "Leases whose holder was told to stop, by kind and reason."
     );
-    describe_gauge!(HELD, Unit::Count, "Leases currently held.");
+    describe_gauge!(HELD, Unit::Count, "Leases currently held, by kind.");
     describe_histogram!(
         HOLD_TIME,
         Unit::Seconds,
-        "How long leases were held, recorded when each ends, by how it ended."
+        "How long leases were held, recorded when each ends, by kind and how it ended."
     );
     describe_gauge!(TTL, Unit::Seconds, "The ttl of the leases of a name.");
     describe_gauge!(
