@@ -270,6 +270,7 @@ impl Lease {
         };
         crate::metrics::ended(
             &self.shared.name,
+            &self.shared.key,
             "released",
             self.shared.acquired_at.elapsed(),
         );

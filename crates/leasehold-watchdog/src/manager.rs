@@ -129,6 +129,7 @@ impl<B: LeaseBackend> LeaseManager<B> {
         options: &LeaseOptions,
     ) -> Result<Lease, LeaseError> {
         let key = LeaseKey::new(key)?;
+        let kind = crate::metrics::Kind::of(&key);
         let span = info_span!("acquire", key = %key, name = %options.name());
         let started = Instant::now();
         let result = self
@@ -143,6 +144,7 @@ impl<B: LeaseBackend> LeaseManager<B> {
         };
         crate::metrics::acquired(
             options.name(),
+            kind,
             outcome,
             started.elapsed(),
             options.ttl().get(),
@@ -246,7 +248,7 @@ impl<B: LeaseBackend> LeaseManager<B> {
             })
             .map_err(|_| LeaseError::ManagerStopped)?;
         // Counted here, as the handle's release uncounts it on its own task.
-        crate::metrics::held(&shared.name, 1.0);
+        crate::metrics::held(&shared.name, &shared.key, 1.0);
         Ok(Lease::new(shared, id, holder, Arc::clone(&self.inner.home)))
     }
 

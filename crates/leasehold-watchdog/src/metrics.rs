@@ -6,8 +6,12 @@
 //! the lease *name* ([`LeaseOptions::name`](crate::LeaseOptions::name),
 //! `"default"` unless set), plus a bounded outcome or reason; never with the
 //! raw key or the holder id, so the number of series stays small whatever
-//! the keys are. docs/operations.md describes each metric and suggests
-//! alerts.
+//! the keys are. The metrics of one lease's life (acquisitions, acquire
+//! wait, held, hold time, losses) also carry its [`LABEL_KIND`]: `exclusive`
+//! for a lease from `acquire`, `permit` for one from `acquire_permit`; the
+//! kinds are a fixed set that grows only with the library (read and write
+//! leases would add `read` and `write`). docs/operations.md describes each
+//! metric and suggests alerts.
 //!
 //! ```
 //! use leasehold_watchdog::metrics;
@@ -24,32 +28,38 @@
 use std::borrow::Cow;
 use std::time::Duration;
 
+use leasehold_core::LeaseKey;
+
 use ::metrics::{
     Unit, counter, describe_counter, describe_gauge, describe_histogram, gauge, histogram,
 };
 
-/// Counter: acquisitions, labelled `name` and `outcome` (`acquired`,
-/// `not_acquired` when the wait ran out, `busy` when the key's local queue
-/// of waiters was full, `error` when the backend failed).
+/// Counter: acquisitions, labelled `name`, `kind` and `outcome`
+/// (`acquired`, `not_acquired` when the wait ran out, `busy` when the key's
+/// local queue of waiters was full, `error` when the backend failed).
 pub const ACQUISITIONS: &str = "leasehold_acquisitions_total";
-/// Histogram, seconds: how long `acquire` took, waiting included, labelled
-/// `name` and `outcome` (as for [`ACQUISITIONS`]).
+/// Histogram, seconds: how long `acquire` (or `acquire_permit`) took,
+/// waiting included, labelled `name`, `kind` and `outcome` (as for
+/// [`ACQUISITIONS`]).
 pub const ACQUIRE_WAIT: &str = "leasehold_acquire_wait_seconds";
 /// Counter: renewal results, labelled `name` and `outcome` (`renewed`,
 /// `lost` when the server no longer had the lease for us, `error` when the
-/// backend failed and the renewal is retried).
+/// backend failed and the renewal is retried). No `kind`: every kind is
+/// renewed alike, in the same batches, and a lost renewal is counted by
+/// kind in [`LOSSES`].
 pub const RENEWALS: &str = "leasehold_renewals_total";
 /// Histogram, seconds: the latency of one batch of renewals (one backend
 /// round trip for up to 1,000 leases). Unlabelled: a batch mixes names.
 pub const RENEWAL_LATENCY: &str = "leasehold_renew_batch_seconds";
-/// Counter: leases whose holder's token was cancelled, labelled `name` and
-/// `reason` (`lost`, `renewal_limit`, `deadline`, `shutdown`).
+/// Counter: leases whose holder's token was cancelled, labelled `name`,
+/// `kind` and `reason` (`lost`, `renewal_limit`, `deadline`, `shutdown`).
 pub const LOSSES: &str = "leasehold_losses_total";
-/// Gauge: leases currently held and kept by a watchdog, labelled `name`.
+/// Gauge: leases currently held and kept by a watchdog, labelled `name`
+/// and `kind`.
 pub const HELD: &str = "leasehold_leases_held";
 /// Histogram, seconds: how long a lease was held, recorded once when it
-/// ends, labelled `name` and `ended` (`released`, `dropped`, `lost`,
-/// `renewal_limit`, `deadline`, `shutdown`).
+/// ends, labelled `name`, `kind` and `ended` (`released`, `dropped`,
+/// `lost`, `renewal_limit`, `deadline`, `shutdown`).
 pub const HOLD_TIME: &str = "leasehold_lease_hold_seconds";
 /// Gauge, seconds: the ttl of the leases of a name, labelled `name`; set by
 /// every `acquire` (the last call's options win when several differ). Alert
@@ -73,6 +83,43 @@ pub const LABEL_OUTCOME: &str = "outcome";
 pub const LABEL_REASON: &str = "reason";
 /// Label: how a lease's hold ended.
 pub const LABEL_ENDED: &str = "ended";
+/// Label: the kind of lease, [`KIND_EXCLUSIVE`] or [`KIND_PERMIT`].
+pub const LABEL_KIND: &str = "kind";
+/// The [`LABEL_KIND`] of a lease from `acquire`.
+pub const KIND_EXCLUSIVE: &str = "exclusive";
+/// The [`LABEL_KIND`] of a permit from `acquire_permit` (or of a lease
+/// that `acquire` took on a permit key, `{K}:permit:i`, which is one).
+pub const KIND_PERMIT: &str = "permit";
+
+/// What kind of lease a metric is about: the value of [`LABEL_KIND`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Kind {
+    /// A lease from `acquire`.
+    Exclusive,
+    /// A permit from `acquire_permit`.
+    Permit,
+}
+
+impl Kind {
+    /// The kind of the lease on `key`: a permit key (`{K}:permit:i`) is a
+    /// permit whichever call took it, as its fencing tokens and release
+    /// notices are its semaphore's. Read from the key rather than stored
+    /// beside it, so that the state shared per lease does not grow.
+    pub(crate) fn of(key: &LeaseKey) -> Self {
+        if key.permit_of().is_some() {
+            Self::Permit
+        } else {
+            Self::Exclusive
+        }
+    }
+
+    const fn as_str(self) -> &'static str {
+        match self {
+            Self::Exclusive => KIND_EXCLUSIVE,
+            Self::Permit => KIND_PERMIT,
+        }
+    }
+}
 
 /// Describes every metric (unit and meaning) to the installed recorder.
 ///
@@ -80,11 +127,15 @@ pub const LABEL_ENDED: &str = "ended";
 /// needed when the recorder is installed after the first manager was
 /// created. Calling it again is harmless.
 pub fn describe() {
-    describe_counter!(ACQUISITIONS, Unit::Count, "Lease acquisitions by outcome.");
+    describe_counter!(
+        ACQUISITIONS,
+        Unit::Count,
+        "Lease acquisitions by kind and outcome."
+    );
     describe_histogram!(
         ACQUIRE_WAIT,
         Unit::Seconds,
-        "Time spent in acquire, waiting included, by outcome."
+        "Time spent in acquire, waiting included, by kind and outcome."
     );
     describe_counter!(RENEWALS, Unit::Count, "Lease renewals by outcome.");
     describe_histogram!(
@@ -95,13 +146,13 @@ pub fn describe() {
     describe_counter!(
         LOSSES,
         Unit::Count,
-        "Leases whose holder was told to stop, by reason."
+        "Leases whose holder was told to stop, by kind and reason."
     );
-    describe_gauge!(HELD, Unit::Count, "Leases currently held.");
+    describe_gauge!(HELD, Unit::Count, "Leases currently held, by kind.");
     describe_histogram!(
         HOLD_TIME,
         Unit::Seconds,
-        "How long leases were held, recorded when each ends, by how it ended."
+        "How long leases were held, recorded when each ends, by kind and how it ended."
     );
     describe_gauge!(TTL, Unit::Seconds, "The ttl of the leases of a name.");
     describe_gauge!(
@@ -123,14 +174,18 @@ fn label(name: &Cow<'static, str>) -> ::metrics::SharedString {
 
 pub(crate) fn acquired(
     name: &str,
+    kind: Kind,
     outcome: &'static str,
     waited: Duration,
     ttl: Duration,
     safety_margin: Duration,
 ) {
     let name = name.to_owned();
-    counter!(ACQUISITIONS, LABEL_NAME => name.clone(), LABEL_OUTCOME => outcome).increment(1);
-    histogram!(ACQUIRE_WAIT, LABEL_NAME => name.clone(), LABEL_OUTCOME => outcome).record(waited);
+    let kind = kind.as_str();
+    counter!(ACQUISITIONS, LABEL_NAME => name.clone(), LABEL_KIND => kind, LABEL_OUTCOME => outcome)
+        .increment(1);
+    histogram!(ACQUIRE_WAIT, LABEL_NAME => name.clone(), LABEL_KIND => kind, LABEL_OUTCOME => outcome)
+        .record(waited);
     gauge!(TTL, LABEL_NAME => name.clone()).set(ttl);
     gauge!(SAFETY_MARGIN, LABEL_NAME => name).set(safety_margin);
 }
@@ -139,17 +194,30 @@ pub(crate) fn candidates(name: &Cow<'static, str>, delta: f64) {
     gauge!(CANDIDATES, LABEL_NAME => label(name)).increment(delta);
 }
 
-pub(crate) fn held(name: &Cow<'static, str>, delta: f64) {
-    gauge!(HELD, LABEL_NAME => label(name)).increment(delta);
+pub(crate) fn held(name: &Cow<'static, str>, key: &LeaseKey, delta: f64) {
+    held_of(name, Kind::of(key), delta);
 }
 
-pub(crate) fn ended(name: &Cow<'static, str>, ended: &'static str, held_for: Duration) {
-    held(name, -1.0);
-    histogram!(HOLD_TIME, LABEL_NAME => label(name), LABEL_ENDED => ended).record(held_for);
+fn held_of(name: &Cow<'static, str>, kind: Kind, delta: f64) {
+    gauge!(HELD, LABEL_NAME => label(name), LABEL_KIND => kind.as_str()).increment(delta);
 }
 
-pub(crate) fn lost(name: &Cow<'static, str>, reason: &'static str) {
-    counter!(LOSSES, LABEL_NAME => label(name), LABEL_REASON => reason).increment(1);
+pub(crate) fn ended(
+    name: &Cow<'static, str>,
+    key: &LeaseKey,
+    ended: &'static str,
+    held_for: Duration,
+) {
+    let kind = Kind::of(key);
+    held_of(name, kind, -1.0);
+    histogram!(HOLD_TIME, LABEL_NAME => label(name), LABEL_KIND => kind.as_str(), LABEL_ENDED => ended)
+        .record(held_for);
+}
+
+pub(crate) fn lost(name: &Cow<'static, str>, key: &LeaseKey, reason: &'static str) {
+    let kind = Kind::of(key).as_str();
+    counter!(LOSSES, LABEL_NAME => label(name), LABEL_KIND => kind, LABEL_REASON => reason)
+        .increment(1);
 }
 
 pub(crate) fn renew_batch(latency: Duration) {

@@ -89,6 +89,7 @@ impl<B: LeaseBackend> LeaseManager<B> {
         };
         crate::metrics::acquired(
             options.name(),
+            crate::metrics::Kind::Permit,
             outcome,
             started.elapsed(),
             options.ttl().get(),

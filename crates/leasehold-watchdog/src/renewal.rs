@@ -187,7 +187,12 @@ impl Entry {
     fn finish(&mut self, how: &'static str) {
         if !self.ended {
             self.ended = true;
-            metrics::ended(&self.shared.name, how, self.shared.acquired_at.elapsed());
+            metrics::ended(
+                &self.shared.name,
+                &self.shared.key,
+                how,
+                self.shared.acquired_at.elapsed(),
+            );
         }
     }
 
@@ -465,7 +470,11 @@ impl<B: LeaseBackend> Watchdog<B> {
                             let mut entry = entry;
                             if entry.shared.end(LossReason::Deadline) {
                                 entry.finish(LossReason::Deadline.as_str());
-                                metrics::lost(&entry.shared.name, LossReason::Deadline.as_str());
+                                metrics::lost(
+                                    &entry.shared.name,
+                                    &entry.shared.key,
+                                    LossReason::Deadline.as_str(),
+                                );
                             }
                             self.release(&entry.key, Some(&entry.shared.name), entry.holder, None);
                             return;
@@ -878,7 +887,7 @@ impl<B: LeaseBackend> Watchdog<B> {
         // no loss to report, and its hold time is recorded elsewhere.
         if entry.shared.end(reason) {
             entry.finish(reason.as_str());
-            metrics::lost(&entry.shared.name, reason.as_str());
+            metrics::lost(&entry.shared.name, &entry.shared.key, reason.as_str());
             let left = entry
                 .shared
                 .valid_until()
@@ -905,7 +914,11 @@ impl<B: LeaseBackend> Watchdog<B> {
             };
             if entry.shared.end(LossReason::Shutdown) {
                 entry.finish(LossReason::Shutdown.as_str());
-                metrics::lost(&entry.shared.name, LossReason::Shutdown.as_str());
+                metrics::lost(
+                    &entry.shared.name,
+                    &entry.shared.key,
+                    LossReason::Shutdown.as_str(),
+                );
             }
             self.release(&entry.key, Some(&entry.shared.name), entry.holder, None);
         }

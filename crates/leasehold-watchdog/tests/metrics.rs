@@ -10,11 +10,12 @@
 use std::sync::{Mutex, OnceLock};
 use std::time::Duration;
 
-use leasehold_core::{LeaseKey, MemoryBackend, Ttl};
+use leasehold_core::{LeaseKey, MemoryBackend, PermitLimit, Ttl};
 use leasehold_watchdog::metrics::{
     ACQUIRE_WAIT, ACQUISITIONS, CANDIDATES, HELD, HOLD_TIME, LOSSES, RENEWAL_LATENCY, RENEWALS,
     SAFETY_MARGIN, TTL,
 };
+use leasehold_watchdog::metrics::{KIND_EXCLUSIVE as EXCLUSIVE, KIND_PERMIT as PERMIT};
 use leasehold_watchdog::{Election, LeaseError, LeaseManager, LeaseOptions, LossReason};
 use metrics::Unit;
 use metrics_util::debugging::{DebugValue, DebuggingRecorder, Snapshotter};
@@ -113,8 +114,16 @@ fn counter(snap: &[Entry], metric: &str, labels: &[(&str, &str)]) -> u64 {
     }
 }
 
+/// The held gauge of exclusive leases of `name`.
 fn gauge(snap: &[Entry], name: &str) -> Option<f64> {
-    gauge_of(snap, HELD, name)
+    held(snap, name, EXCLUSIVE)
+}
+
+fn held(snap: &[Entry], name: &str, kind: &str) -> Option<f64> {
+    match value(snap, HELD, &[("name", name), ("kind", kind)]) {
+        Some(Value::Gauge(g)) => Some(*g),
+        _ => None,
+    }
 }
 
 fn gauge_of(snap: &[Entry], metric: &str, name: &str) -> Option<f64> {
@@ -160,9 +169,13 @@ async fn acquisitions_renewals_gauge_and_hold_time_of_a_released_lease() -> Test
     assert_eq!(lease.renewals(), 3);
 
     let snap = snapshot();
-    let acquired = [("name", name), ("outcome", "acquired")];
+    let acquired = [("name", name), ("kind", EXCLUSIVE), ("outcome", "acquired")];
     assert_eq!(counter(&snap, ACQUISITIONS, &acquired), 1);
-    let not_acquired = [("name", name), ("outcome", "not_acquired")];
+    let not_acquired = [
+        ("name", name),
+        ("kind", EXCLUSIVE),
+        ("outcome", "not_acquired"),
+    ];
     assert_eq!(counter(&snap, ACQUISITIONS, &not_acquired), 1);
     assert_eq!(histogram(&snap, ACQUIRE_WAIT, &acquired), vec![0.0]);
     let renewed = [("name", name), ("outcome", "renewed")];
@@ -171,7 +184,14 @@ async fn acquisitions_renewals_gauge_and_hold_time_of_a_released_lease() -> Test
     assert_eq!(batches, 3);
     assert_eq!(gauge(&snap, name), Some(1.0));
     // Not ended yet: no hold time.
-    assert!(histogram(&snap, HOLD_TIME, &[("name", name), ("ended", "released")]).is_empty());
+    assert!(
+        histogram(
+            &snap,
+            HOLD_TIME,
+            &[("name", name), ("kind", EXCLUSIVE), ("ended", "released")]
+        )
+        .is_empty()
+    );
     let units: Vec<_> = snap
         .iter()
         .filter(|(ck, ..)| ck.key().name() == HOLD_TIME || ck.key().name() == ACQUIRE_WAIT)
@@ -183,7 +203,11 @@ async fn acquisitions_renewals_gauge_and_hold_time_of_a_released_lease() -> Test
     let snap = snapshot();
     assert_eq!(gauge(&snap, name), Some(0.0));
     assert_eq!(
-        histogram(&snap, HOLD_TIME, &[("name", name), ("ended", "released")]),
+        histogram(
+            &snap,
+            HOLD_TIME,
+            &[("name", name), ("kind", EXCLUSIVE), ("ended", "released")]
+        ),
         vec![3.5]
     );
     // No key or holder id in any label.
@@ -192,6 +216,66 @@ async fn acquisitions_renewals_gauge_and_hold_time_of_a_released_lease() -> Test
             assert!(!label.value().contains("metrics:"), "{ck:?}");
         }
     }
+    Ok(())
+}
+
+/// A permit's acquisitions, acquire wait, held gauge, hold time and loss
+/// carry `kind="permit"`, and none of them is counted as exclusive.
+#[tokio::test(start_paused = true)]
+async fn a_permit_is_labelled_kind_permit() -> TestResult {
+    let _turn = turn().await;
+    let backend = MemoryBackend::new();
+    let manager = LeaseManager::new(backend.clone())?;
+    let name = "m-permit";
+    let limit = PermitLimit::new(2)?;
+    let first = manager
+        .acquire_permit("metrics:permit", limit, &options(name))
+        .await?;
+    let second = manager
+        .acquire_permit("metrics:permit", limit, &options(name))
+        .await?;
+    let full = manager
+        .acquire_permit("metrics:permit", limit, &options(name))
+        .await;
+    assert!(matches!(full, Err(LeaseError::NotAcquired { .. })));
+    let snap = snapshot();
+    let acquired = [("name", name), ("kind", PERMIT), ("outcome", "acquired")];
+    assert_eq!(counter(&snap, ACQUISITIONS, &acquired), 2);
+    let not_acquired = [
+        ("name", name),
+        ("kind", PERMIT),
+        ("outcome", "not_acquired"),
+    ];
+    assert_eq!(counter(&snap, ACQUISITIONS, &not_acquired), 1);
+    assert_eq!(histogram(&snap, ACQUIRE_WAIT, &acquired), vec![0.0, 0.0]);
+    assert_eq!(held(&snap, name, PERMIT), Some(2.0));
+
+    sleep(Duration::from_millis(1500)).await;
+    first.release().await?;
+    assert!(backend.vanish(second.key()));
+    assert_eq!(
+        within(Duration::from_secs(10), "the token", second.lost()).await,
+        LossReason::Lost
+    );
+    settle().await;
+    let snap = snapshot();
+    let of = |ended| [("name", name), ("kind", PERMIT), ("ended", ended)];
+    assert_eq!(histogram(&snap, HOLD_TIME, &of("released")), vec![1.5]);
+    assert_eq!(histogram(&snap, HOLD_TIME, &of("lost")).len(), 1);
+    let lost = [("name", name), ("kind", PERMIT), ("reason", "lost")];
+    assert_eq!(counter(&snap, LOSSES, &lost), 1);
+    assert_eq!(held(&snap, name, PERMIT), Some(0.0));
+    // Nothing of this name was recorded as an exclusive lease.
+    let exclusive: Vec<_> = snap
+        .iter()
+        .map(|(ck, ..)| ck.key())
+        .filter(|key| key.labels().any(|l| l.key() == "name" && l.value() == name))
+        .filter(|key| {
+            key.labels()
+                .any(|l| l.key() == "kind" && l.value() != PERMIT)
+        })
+        .collect();
+    assert!(exclusive.is_empty(), "{exclusive:?}");
     Ok(())
 }
 
@@ -210,7 +294,11 @@ async fn a_lost_lease_counts_one_loss_and_one_hold_time() -> TestResult {
     settle().await;
     let snap = snapshot();
     assert_eq!(
-        counter(&snap, LOSSES, &[("name", name), ("reason", "lost")]),
+        counter(
+            &snap,
+            LOSSES,
+            &[("name", name), ("kind", EXCLUSIVE), ("reason", "lost")]
+        ),
         1
     );
     assert_eq!(
@@ -220,7 +308,11 @@ async fn a_lost_lease_counts_one_loss_and_one_hold_time() -> TestResult {
     assert_eq!(gauge(&snap, name), Some(0.0));
     // The first renewal, at a third of the 3 s ttl, found it gone.
     assert_eq!(
-        histogram(&snap, HOLD_TIME, &[("name", name), ("ended", "lost")]),
+        histogram(
+            &snap,
+            HOLD_TIME,
+            &[("name", name), ("kind", EXCLUSIVE), ("ended", "lost")]
+        ),
         vec![1.0]
     );
 
@@ -228,7 +320,14 @@ async fn a_lost_lease_counts_one_loss_and_one_hold_time() -> TestResult {
     drop(lease);
     settle().await;
     let snap = snapshot();
-    assert!(histogram(&snap, HOLD_TIME, &[("name", name), ("ended", "dropped")]).is_empty());
+    assert!(
+        histogram(
+            &snap,
+            HOLD_TIME,
+            &[("name", name), ("kind", EXCLUSIVE), ("ended", "dropped")]
+        )
+        .is_empty()
+    );
     assert_eq!(gauge(&snap, name), Some(0.0));
     Ok(())
 }
@@ -260,7 +359,13 @@ async fn renewal_limit_dropped_and_shutdown_are_told_apart() -> TestResult {
 
     let snap = snapshot();
     assert_eq!(gauge(&snap, name), Some(0.0));
-    let ended = |how| histogram(&snap, HOLD_TIME, &[("name", name), ("ended", how)]);
+    let ended = |how| {
+        histogram(
+            &snap,
+            HOLD_TIME,
+            &[("name", name), ("kind", EXCLUSIVE), ("ended", how)],
+        )
+    };
     assert_eq!(ended("renewal_limit").len(), 1);
     assert_eq!(ended("dropped").len(), 1);
     assert_eq!(ended("shutdown").len(), 1);
@@ -274,13 +379,21 @@ async fn renewal_limit_dropped_and_shutdown_are_told_apart() -> TestResult {
     assert_eq!(ended("dropped"), ended("renewal_limit"));
     for reason in ["renewal_limit", "shutdown"] {
         assert_eq!(
-            counter(&snap, LOSSES, &[("name", name), ("reason", reason)]),
+            counter(
+                &snap,
+                LOSSES,
+                &[("name", name), ("kind", EXCLUSIVE), ("reason", reason)]
+            ),
             1,
             "{reason}"
         );
     }
     assert_eq!(
-        counter(&snap, LOSSES, &[("name", name), ("reason", "lost")]),
+        counter(
+            &snap,
+            LOSSES,
+            &[("name", name), ("kind", EXCLUSIVE), ("reason", "lost")]
+        ),
         0
     );
     Ok(())
@@ -332,7 +445,11 @@ async fn a_hanging_backend_ends_the_lease_by_deadline() -> TestResult {
     settle().await;
     let snap = snapshot();
     assert_eq!(
-        counter(&snap, LOSSES, &[("name", name), ("reason", "deadline")]),
+        counter(
+            &snap,
+            LOSSES,
+            &[("name", name), ("kind", EXCLUSIVE), ("reason", "deadline")]
+        ),
         1
     );
     // The renewal in flight never answered: neither renewed nor lost.
@@ -345,7 +462,11 @@ async fn a_hanging_backend_ends_the_lease_by_deadline() -> TestResult {
     }
     // Held from the acquisition to the deadline, on the paused clock.
     assert_eq!(
-        histogram(&snap, HOLD_TIME, &[("name", name), ("ended", "deadline")]),
+        histogram(
+            &snap,
+            HOLD_TIME,
+            &[("name", name), ("kind", EXCLUSIVE), ("ended", "deadline")]
+        ),
         vec![options.deadline_after().as_secs_f64()]
     );
     assert_eq!(gauge(&snap, name), Some(0.0));
