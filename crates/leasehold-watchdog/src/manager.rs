@@ -131,9 +131,25 @@ impl<B: LeaseBackend> LeaseManager<B> {
         let key = LeaseKey::new(key)?;
         let kind = crate::metrics::Kind::of(&key);
         let span = info_span!("acquire", key = %key, name = %options.name());
+        self.acquire_measured(key, options, Attempt::Lease, kind, span)
+            .await
+    }
+
+    /// Acquires as [`acquire_key`](Self::acquire_key) does, inside `span`,
+    /// and records the acquisition's outcome and wait under `kind`: one
+    /// place for every kind of lease (`acquire`, `acquire_permit`,
+    /// `acquire_read`, `acquire_write`).
+    pub(crate) async fn acquire_measured(
+        &self,
+        key: LeaseKey,
+        options: &LeaseOptions,
+        attempt: Attempt,
+        kind: crate::metrics::Kind,
+        span: tracing::Span,
+    ) -> Result<Lease, LeaseError> {
         let started = Instant::now();
         let result = self
-            .acquire_key(key, options, Attempt::Lease)
+            .acquire_key(key, options, attempt)
             .instrument(span)
             .await;
         let outcome = match &result {

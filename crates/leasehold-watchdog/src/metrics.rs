@@ -8,9 +8,9 @@
 //! raw key or the holder id, so the number of series stays small whatever
 //! the keys are. The metrics of one lease's life (acquisitions, acquire
 //! wait, held, hold time, losses) also carry its [`LABEL_KIND`]: `exclusive`
-//! for a lease from `acquire`, `permit` for one from `acquire_permit`; the
-//! kinds are a fixed set that grows only with the library (read and write
-//! leases would add `read` and `write`). docs/operations.md describes each
+//! for a lease from `acquire`, `permit` for one from `acquire_permit`,
+//! `read` and `write` for the shares of a read-write lease; the kinds are a
+//! fixed set that grows only with the library. docs/operations.md describes each
 //! metric and suggests alerts.
 //!
 //! ```
@@ -83,13 +83,18 @@ pub const LABEL_OUTCOME: &str = "outcome";
 pub const LABEL_REASON: &str = "reason";
 /// Label: how a lease's hold ended.
 pub const LABEL_ENDED: &str = "ended";
-/// Label: the kind of lease, [`KIND_EXCLUSIVE`] or [`KIND_PERMIT`].
+/// Label: the kind of lease, [`KIND_EXCLUSIVE`], [`KIND_PERMIT`],
+/// [`KIND_READ`] or [`KIND_WRITE`].
 pub const LABEL_KIND: &str = "kind";
 /// The [`LABEL_KIND`] of a lease from `acquire`.
 pub const KIND_EXCLUSIVE: &str = "exclusive";
 /// The [`LABEL_KIND`] of a permit from `acquire_permit` (or of a lease
 /// that `acquire` took on a permit key, `{K}:permit:i`, which is one).
 pub const KIND_PERMIT: &str = "permit";
+/// The [`LABEL_KIND`] of a reader's share from `acquire_read`.
+pub const KIND_READ: &str = "read";
+/// The [`LABEL_KIND`] of a writer's hold from `acquire_write`.
+pub const KIND_WRITE: &str = "write";
 
 /// What kind of lease a metric is about: the value of [`LABEL_KIND`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -98,6 +103,10 @@ pub(crate) enum Kind {
     Exclusive,
     /// A permit from `acquire_permit`.
     Permit,
+    /// A reader's share from `acquire_read`.
+    Read,
+    /// The writer's hold from `acquire_write`.
+    Write,
 }
 
 impl Kind {
@@ -109,7 +118,11 @@ impl Kind {
         if key.permit_of().is_some() {
             Self::Permit
         } else {
-            Self::Exclusive
+            match key.rw_of() {
+                Some((_, leasehold_core::RwRole::Writer)) => Self::Write,
+                Some((_, leasehold_core::RwRole::Reader(_))) => Self::Read,
+                _ => Self::Exclusive,
+            }
         }
     }
 
@@ -117,6 +130,8 @@ impl Kind {
         match self {
             Self::Exclusive => KIND_EXCLUSIVE,
             Self::Permit => KIND_PERMIT,
+            Self::Read => KIND_READ,
+            Self::Write => KIND_WRITE,
         }
     }
 }

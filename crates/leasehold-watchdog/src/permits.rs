@@ -17,8 +17,7 @@
 //! exclusive lease or the other way round.
 
 use leasehold_core::{LeaseBackend, LeaseKey, PermitLimit};
-use tokio::time::Instant;
-use tracing::{Instrument, info_span};
+use tracing::info_span;
 
 use crate::waiting::Attempt;
 use crate::{Lease, LeaseError, LeaseManager, LeaseOptions};
@@ -76,25 +75,13 @@ impl<B: LeaseBackend> LeaseManager<B> {
         key.permit(limit.get() - 1)?;
         let span =
             info_span!("acquire_permit", key = %key, limit = limit.get(), name = %options.name());
-        let started = Instant::now();
-        let result = self
-            .acquire_key(key, options, Attempt::Permit(limit))
-            .instrument(span)
-            .await;
-        let outcome = match &result {
-            Ok(_) => "acquired",
-            Err(LeaseError::NotAcquired { .. }) => "not_acquired",
-            Err(LeaseError::Busy { .. }) => "busy",
-            Err(_) => "error",
-        };
-        crate::metrics::acquired(
-            options.name(),
+        self.acquire_measured(
+            key,
+            options,
+            Attempt::Permit(limit),
             crate::metrics::Kind::Permit,
-            outcome,
-            started.elapsed(),
-            options.ttl().get(),
-            options.safety_margin(),
-        );
-        result
+            span,
+        )
+        .await
     }
 }

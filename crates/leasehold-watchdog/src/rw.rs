@@ -26,8 +26,7 @@
 use std::time::Duration;
 
 use leasehold_core::{HolderId, LeaseBackend, LeaseKey, Ttl};
-use tokio::time::Instant;
-use tracing::{Instrument, info_span};
+use tracing::info_span;
 
 use crate::waiting::Attempt;
 use crate::{Lease, LeaseError, LeaseManager, LeaseOptions};
@@ -154,24 +153,11 @@ impl<B: LeaseBackend> LeaseManager<B> {
             _ => "read",
         };
         let span = info_span!("acquire_share", key = %key, role, name = %options.name());
-        let started = Instant::now();
-        let result = self
-            .acquire_key(key, options, attempt)
-            .instrument(span)
-            .await;
-        let outcome = match &result {
-            Ok(_) => "acquired",
-            Err(LeaseError::NotAcquired { .. }) => "not_acquired",
-            Err(LeaseError::Busy { .. }) => "busy",
-            Err(_) => "error",
+        let kind = match attempt {
+            Attempt::Write => crate::metrics::Kind::Write,
+            _ => crate::metrics::Kind::Read,
         };
-        crate::metrics::acquired(
-            options.name(),
-            outcome,
-            started.elapsed(),
-            options.ttl().get(),
-            options.safety_margin(),
-        );
-        result
+        self.acquire_measured(key, options, attempt, kind, span)
+            .await
     }
 }

@@ -279,6 +279,35 @@ async fn a_permit_is_labelled_kind_permit() -> TestResult {
     Ok(())
 }
 
+/// A reader's share and a writer's hold are labelled `kind="read"` and
+/// `kind="write"`: their acquisitions, held gauge and hold time.
+#[tokio::test(start_paused = true)]
+async fn read_and_write_holds_are_labelled_by_kind() -> TestResult {
+    let _turn = turn().await;
+    let backend = MemoryBackend::new();
+    let manager = LeaseManager::new(backend.clone())?;
+    let (name, read, write) = ("m-rw", "read", "write");
+    let reader = manager.acquire_read("metrics:rw", &options(name)).await?;
+    let snap = snapshot();
+    let acquired = |kind| [("name", name), ("kind", kind), ("outcome", "acquired")];
+    assert_eq!(counter(&snap, ACQUISITIONS, &acquired(read)), 1);
+    assert_eq!(held(&snap, name, read), Some(1.0));
+    sleep(Duration::from_millis(500)).await;
+    reader.release().await?;
+    let writer = manager.acquire_write("metrics:rw", &options(name)).await?;
+    sleep(Duration::from_millis(250)).await;
+    writer.release().await?;
+    settle().await;
+    let snap = snapshot();
+    assert_eq!(counter(&snap, ACQUISITIONS, &acquired(write)), 1);
+    let of = |kind| [("name", name), ("kind", kind), ("ended", "released")];
+    assert_eq!(histogram(&snap, HOLD_TIME, &of(read)), vec![0.5]);
+    assert_eq!(histogram(&snap, HOLD_TIME, &of(write)), vec![0.25]);
+    assert_eq!(held(&snap, name, write), Some(0.0));
+    assert_eq!(held(&snap, name, EXCLUSIVE), None);
+    Ok(())
+}
+
 #[tokio::test(start_paused = true)]
 async fn a_lost_lease_counts_one_loss_and_one_hold_time() -> TestResult {
     let _turn = turn().await;
