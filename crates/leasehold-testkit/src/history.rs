@@ -108,7 +108,11 @@ pub struct Hold {
     pub holder: String,
     /// The fencing token the holder got.
     pub token: u64,
-    /// When the acquisition that succeeded was sent.
+    /// When the acquisition was requested: no later than the sending of
+    /// the attempt whose grant the holder got. (A retry may be answered
+    /// with the grant an earlier attempt of the same acquisition took: then
+    /// no later than that attempt's sending.) The token order is judged
+    /// from it.
     pub requested_at: Instant,
     /// When the holder learnt it held the lease.
     pub acquired_at: Instant,
