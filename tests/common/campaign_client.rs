@@ -574,7 +574,8 @@ impl Resource {
 /// What every campaign asserts, whatever its faults: enough leases to
 /// judge, every write in the unfenced store, no stale write accepted by
 /// the fenced store once it had seen a higher token, no write after its
-/// writer's token fired, and tokens in order.
+/// writer's token fired, and tokens in order, as the holders saw them and
+/// as the server granted them (when a witness recorded its grants).
 pub(crate) fn assert_sound(report: &Report, seed: u64) {
     assert!(
         report.holds >= 10,
@@ -595,6 +596,12 @@ pub(crate) fn assert_sound(report: &Report, seed: u64) {
         writes.after_fire.is_empty(),
         "seed {seed}: writes made after the writer's own token fired must be 0: {:#?}",
         writes.after_fire
+    );
+    // The server's own record first: it is the stronger witness.
+    assert!(
+        report.grant_order.is_empty(),
+        "seed {seed}: the server granted tokens not above ones it had granted before on the same key or semaphore: {:?}",
+        report.grant_order
     );
     assert!(
         report.token_violations.is_empty(),

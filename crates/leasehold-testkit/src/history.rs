@@ -26,6 +26,10 @@
 //!   greater (or two holds that got the same token); for a semaphore, the
 //!   order is the semaphore's, across all its permit keys, since they share
 //!   one fencing counter;
+//! - **grant order**: a new token the lease server granted (as its witness
+//!   recorded it, in the server's order) that is not greater than one it
+//!   had granted before for the same key, or semaphore: judged from the
+//!   server's own record, whatever the holders saw;
 //! - **stale writes**: attempts whose token was lower than one the lease
 //!   server had already granted when the write reached the resource (or
 //!   than one that had reached the resource before it), and which of the
@@ -184,6 +188,25 @@ pub struct TokenViolation {
     pub after: Hold,
 }
 
+/// The lease server granted a token that is not greater than one it had
+/// granted before on the same fencing counter (a key's, or a semaphore's,
+/// shared by its permit keys).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GrantOrder {
+    /// The key, or for permits their semaphore.
+    pub counter: String,
+    /// The key (or permit key) of the grant.
+    pub key: String,
+    /// Its token.
+    pub token: u64,
+    /// When the server granted it (its clock, µs since the Unix epoch).
+    pub at_us: u64,
+    /// The highest token the server had granted on the counter before.
+    pub highest_before: u64,
+    /// The key (or permit key) that token was granted on.
+    pub highest_key: String,
+}
+
 /// One write a holder attempted, as its writer recorded it, whatever
 /// either store made of it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -301,6 +324,8 @@ pub struct Report {
     pub excesses: Vec<Excess>,
     /// Fencing tokens that did not increase.
     pub token_violations: Vec<TokenViolation>,
+    /// New tokens the lease server granted out of order, in its order.
+    pub grant_order: Vec<GrantOrder>,
     /// The writes attempted, and what the two stores made of them.
     pub writes: Writes,
 }
@@ -314,6 +339,7 @@ impl Report {
         self.overlaps.is_empty()
             && self.excesses.is_empty()
             && self.token_violations.is_empty()
+            && self.grant_order.is_empty()
             && self.writes.stale_fenced().is_empty()
             && self.writes.after_fire.is_empty()
             && self.writes.unrecorded.is_empty()
@@ -359,8 +385,9 @@ impl fmt::Display for Report {
         }
         write!(
             f,
-            "{} token violations; {}",
+            "{} token violations, {} grants out of order; {}",
             self.token_violations.len(),
+            self.grant_order.len(),
             self.writes,
         )
     }
@@ -385,6 +412,8 @@ struct Record {
     unfenced: BTreeMap<String, Vec<String>>,
     /// Per key, the ids of the writes the fenced store holds.
     fenced: BTreeMap<String, Vec<String>>,
+    /// How many server writes were recorded.
+    server_seq: usize,
 }
 
 /// A write of a lease the lease server applied: a grant (or a same-holder
@@ -394,6 +423,8 @@ struct ServerWrite {
     token: Option<u64>,
     at_us: u64,
     ttl: Duration,
+    /// Its place among all the server's writes recorded, of every key.
+    seq: usize,
 }
 
 impl History {
@@ -486,29 +517,25 @@ impl History {
     /// `ttl` at `at_us` (its clock, µs since the Unix epoch): a grant, or
     /// a refresh by the same holder. Record them in the server's order.
     pub fn granted(&self, key: impl Into<String>, token: u64, at_us: u64, ttl: Duration) {
-        self.record()
-            .server
-            .entry(key.into())
-            .or_default()
-            .push(ServerWrite {
-                token: Some(token),
-                at_us,
-                ttl,
-            });
+        self.server_write(key.into(), Some(token), at_us, ttl);
+    }
+
+    fn server_write(&self, key: String, token: Option<u64>, at_us: u64, ttl: Duration) {
+        let mut record = self.record();
+        let seq = record.server_seq;
+        record.server_seq += 1;
+        record.server.entry(key).or_default().push(ServerWrite {
+            token,
+            at_us,
+            ttl,
+            seq,
+        });
     }
 
     /// Records that the lease server extended `key`'s lease (the one it
     /// stored last) by `ttl` at `at_us`.
     pub fn extended(&self, key: impl Into<String>, at_us: u64, ttl: Duration) {
-        self.record()
-            .server
-            .entry(key.into())
-            .or_default()
-            .push(ServerWrite {
-                token: None,
-                at_us,
-                ttl,
-            });
+        self.server_write(key.into(), None, at_us, ttl);
     }
 
     /// The earliest moment (server clock, µs since the Unix epoch) the
@@ -586,6 +613,7 @@ impl History {
             let limit = record.limits.get(semaphore).copied().unwrap_or(0);
             excesses(semaphore, limit, &holds, now, &mut report.excesses);
         }
+        report.grant_order = grant_order(&record);
         report.overlaps.sort_by_key(|o| o.later.acquired_at);
         report.excesses.sort_by_key(|e| e.from);
         report
@@ -683,6 +711,48 @@ fn overlaps(key: &str, holds: &[&Hold], now: Instant, out: &mut Vec<Overlap>) {
             });
         }
     }
+}
+
+/// Every new token the server granted (a grant whose token differs from
+/// the one the key held before: a same-holder refresh keeps its token),
+/// in the server's order, must exceed every token granted before on the
+/// same counter. A permit key counts with the semaphore its holds name.
+fn grant_order(record: &Record) -> Vec<GrantOrder> {
+    let semaphores: HashMap<&str, &str> = record
+        .holds
+        .iter()
+        .filter_map(|h| Some((h.key.as_str(), h.semaphore.as_deref()?)))
+        .collect();
+    let mut writes: Vec<(&str, &ServerWrite)> = record
+        .server
+        .iter()
+        .flat_map(|(key, ws)| ws.iter().map(move |w| (key.as_str(), w)))
+        .collect();
+    writes.sort_by_key(|(_, w)| w.seq);
+    let mut current: HashMap<&str, u64> = HashMap::new();
+    let mut highest: HashMap<&str, (u64, &str)> = HashMap::new();
+    let mut out = Vec::new();
+    for (key, w) in writes {
+        let Some(token) = w.token else { continue };
+        if current.insert(key, token) == Some(token) {
+            continue; // a refresh by the same holder
+        }
+        let counter = semaphores.get(key).copied().unwrap_or(key);
+        match highest.get(counter) {
+            Some(&(high, high_key)) if high >= token => out.push(GrantOrder {
+                counter: counter.to_owned(),
+                key: key.to_owned(),
+                token,
+                at_us: w.at_us,
+                highest_before: high,
+                highest_key: high_key.to_owned(),
+            }),
+            _ => {
+                highest.insert(counter, (token, key));
+            }
+        }
+    }
+    out
 }
 
 /// The intervals in which more than `limit` of a semaphore's holds were

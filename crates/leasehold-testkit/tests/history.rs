@@ -388,3 +388,46 @@ fn two_holders_of_one_permit_key_are_an_overlap_even_within_the_limit() {
     );
     assert!(!report.is_clean());
 }
+
+#[test]
+fn the_server_granting_a_lower_token_on_another_permit_of_the_semaphore_is_flagged() {
+    let (h, t0) = (History::new(), Instant::now());
+    h.semaphore("sem", 3);
+    // The holds name the semaphore of each permit key.
+    permit(&h, t0, 0, "a", 10, 0, 100);
+    permit(&h, t0, 1, "b", 20, 0, 100);
+    permit(&h, t0, 2, "c", 15, 0, 100);
+    h.granted("{sem}:permit:0", 10, 1_000, ms(1000));
+    h.granted("{sem}:permit:1", 20, 2_000, ms(1000));
+    h.granted("{sem}:permit:0", 10, 2_500, ms(1000)); // a's refresh: same token
+    h.extended("{sem}:permit:1", 2_600, ms(1000));
+    h.granted("{sem}:permit:2", 15, 3_000, ms(1000)); // after 20: out of order
+    let report = h.check();
+    assert_eq!(report.grant_order.len(), 1, "{report}");
+    let g = &report.grant_order[0];
+    assert_eq!(
+        (g.counter.as_str(), g.key.as_str(), g.token, g.at_us),
+        ("sem", "{sem}:permit:2", 15, 3_000)
+    );
+    assert_eq!(
+        (g.highest_before, g.highest_key.as_str()),
+        (20, "{sem}:permit:1")
+    );
+    assert!(!report.is_clean());
+    assert!(
+        report.to_string().contains("1 grants out of order"),
+        "{report}"
+    );
+
+    // In order, with refreshes and extensions between: clean.
+    let (h, t0) = (History::new(), Instant::now());
+    h.semaphore("sem", 3);
+    permit(&h, t0, 0, "a", 10, 0, 100);
+    permit(&h, t0, 1, "b", 20, 0, 100);
+    h.granted("{sem}:permit:0", 10, 1_000, ms(1000));
+    h.granted("{sem}:permit:1", 20, 2_000, ms(1000));
+    h.granted("{sem}:permit:0", 10, 2_500, ms(1000));
+    h.extended("{sem}:permit:0", 2_600, ms(1000));
+    let report = h.check();
+    assert!(report.is_clean(), "{report}");
+}
