@@ -13,6 +13,14 @@
 //! number of clients (default 4) and keys (default 2). docs/reliability.md
 //! explains the verdicts.
 //!
+//! `permit_campaign` runs the same seeds with counting leases: 5 clients
+//! take permits of one semaphore with a limit of 3 (`_KEYS` semaphores,
+//! `_CLIENTS` clients), under the same faults. Besides the verdicts of the
+//! exclusive campaign (where two holders of one *permit key* count as an
+//! overlap), at most 3 holders may believe at once, fencing tokens rise
+//! across all permits of the semaphore, and the semaphore must have been
+//! full at some point (or the limit was never tested).
+//!
 //! Each client is its own `LeaseManager` with its own `RedisBackend`,
 //! connected through its own TCP proxy to one `redis-server` (append-only,
 //! `appendfsync always`). It takes a random key, writes to two stores on a
@@ -29,8 +37,8 @@ use std::time::Duration;
 use leasehold::redis::RedisBackend;
 use leasehold::{LeaseManager, LeaseOptions, Ttl};
 use leasehold_testkit::{
-    Fault, FaultPlan, History, HoldEnd, Overlap, Proxy, ProxyMode, RedisServer, Report,
-    fault_length,
+    Excess, Fault, FaultPlan, History, Hold, HoldEnd, Overlap, Proxy, ProxyMode, RedisServer,
+    Report, fault_length,
 };
 use tokio::time::{Instant, timeout};
 
@@ -60,12 +68,33 @@ const FIXED_SEEDS: [u64; 2] = [16, 22];
 /// each on servers and proxies of its own: the clients mostly wait, so
 /// three runs cost about the time of one.
 const RUN_SECS: u64 = 28;
+/// The permit campaign's limit: fewer permits than clients, so that they
+/// contend for them.
+const LIMIT: u32 = 3;
+/// The permit campaign's clients (unless `LEASEHOLD_CAMPAIGN_CLIENTS`).
+const PERMIT_CLIENTS: usize = 5;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn campaign() -> TestResult {
+    campaign_of(None).await
+}
+
+/// The same campaign with counting leases: clients contend for the
+/// [`LIMIT`] permits of one semaphore.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn permit_campaign() -> TestResult {
+    campaign_of(Some(LIMIT)).await
+}
+
+/// Runs the seeds side by side, with exclusive leases or with permits of a
+/// semaphore with the given limit, and prints the summary table.
+async fn campaign_of(limit: Option<u32>) -> TestResult {
     let seeds = seeds(&FIXED_SEEDS)?;
-    println!("campaign: seeds {seeds:?}, side by side");
-    let runs: Vec<_> = seeds.iter().map(|&seed| tokio::spawn(run(seed))).collect();
+    println!("{}: seeds {seeds:?}, side by side", name(limit));
+    let runs: Vec<_> = seeds
+        .iter()
+        .map(|&seed| tokio::spawn(run(seed, limit)))
+        .collect();
     let mut rows = Vec::new();
     for (seed, handle) in seeds.iter().zip(runs) {
         let limit = Duration::from_secs(RUN_SECS) * 3 + Duration::from_secs(60);
@@ -79,27 +108,52 @@ async fn campaign() -> TestResult {
         };
         rows.push(row);
     }
-    println!("{}", table(&rows));
+    println!("{}", table(&rows, limit));
     Ok(())
 }
 
-/// One seed's run; returns its row of the summary table after asserting
-/// its verdicts.
-async fn run(seed: u64) -> Result<String, BoxError> {
-    let settings = Settings::from_env(seed, TTL, RUN_SECS, 2)?;
+/// How a run names itself: its lines start with "campaign", which
+/// scripts/reliability.sh keeps.
+fn name(limit: Option<u32>) -> String {
+    limit.map_or_else(
+        || "campaign".to_owned(),
+        |n| format!("campaign (permits, limit {n})"),
+    )
+}
+
+/// One seed's run, with exclusive leases or with permits; returns its row
+/// of the summary table after asserting its verdicts.
+async fn run(seed: u64, limit: Option<u32>) -> Result<String, BoxError> {
+    let mut settings =
+        Settings::from_env(seed, TTL, RUN_SECS, if limit.is_some() { 1 } else { 2 })?;
+    if let Some(n) = limit {
+        settings = settings.counting(n, PERMIT_CLIENTS)?;
+    }
     let (clients, keys, run_for) = (settings.clients, settings.keys, settings.run_for);
     let renew_interval = settings.renew_interval();
     let plan = settings.plan(FaultPlan::draw);
+    let name = name(limit);
     println!(
-        "campaign: seed {seed} starts: {clients} clients x {keys} keys for {run_for:?}, {} faults planned",
+        "{name}: seed {seed} starts: {clients} clients x {keys} {} for {run_for:?}, {} faults planned",
+        if limit.is_some() {
+            "semaphores"
+        } else {
+            "keys"
+        },
         plan.faults.len()
     );
     // Printed as one block at the end: the seeds run side by side.
-    let mut log = format!("campaign: seed {seed}\n");
+    let mut log = format!("{name}: seed {seed}\n");
 
     let mut server = RedisServer::builder().appendonly(true).start()?;
     let resource = RedisServer::start()?;
     let history = History::new();
+    if let Some(n) = limit {
+        // The checker's limit is the test's, not the clients' settings.
+        for k in 0..keys {
+            history.semaphore(format!("sem{k}"), usize::try_from(n)?);
+        }
+    }
     let mut witness = Witness::start(server.addr(), &history)?;
     let mut proxies = Vec::new();
     let mut managers = Vec::new();
@@ -156,12 +210,20 @@ async fn run(seed: u64) -> Result<String, BoxError> {
     let verdict = judge(&report, &applied, renew_interval);
     let effects = effects(&history, &applied);
     let margins = Margins::judge(&history, &tally, &applied);
+    let fullest = most_believed(&history.holds());
     println!(
         "{log}{}",
         summary(
             &report, &applied, &skipped, &tally, &verdict, &effects, &margins
         )
     );
+    if let Some(n) = limit {
+        println!(
+            "{name}: seed {seed}: at most {fullest} holders believed at once (limit {n}); {} excesses after a restart that lost data, {} others",
+            verdict.excess_allowed.len(),
+            verdict.excess_forbidden.len()
+        );
+    }
 
     assert_sound(&report, seed);
     assert!(
@@ -169,6 +231,19 @@ async fn run(seed: u64) -> Result<String, BoxError> {
         "seed {seed}: holders overlapped outside a restart that lost data, or for longer than a renew interval after one: {:#?}",
         verdict.forbidden
     );
+    assert!(
+        verdict.excess_forbidden.is_empty(),
+        "seed {seed}: more holders than the limit believed at once outside a restart that lost data, or for longer than a renew interval after one (the worst first): {:#?}",
+        worst_first(&verdict.excess_forbidden)
+    );
+    if let Some(n) = limit {
+        // More clients than permits: unless the semaphore was full at some
+        // point, the limit was never put to the test.
+        assert!(
+            fullest >= usize::try_from(n)?,
+            "seed {seed}: at most {fullest} of {clients} clients held a permit at once: the limit of {n} was never reached"
+        );
+    }
     for effect in &effects {
         assert!(
             effect.missed.is_empty(),
@@ -184,8 +259,32 @@ async fn run(seed: u64) -> Result<String, BoxError> {
     }
     margins.assert_sound(seed);
     Ok(row(
-        seed, &settings, &report, &applied, &skipped, &tally, &verdict, &margins,
+        seed, &settings, &report, &applied, &skipped, &tally, &verdict, &margins, fullest,
     ))
+}
+
+/// The most holds believed in at once (for one key or semaphore, or across
+/// them: the campaign's permit runs have one semaphore).
+fn most_believed(holds: &[Hold]) -> usize {
+    let now = Instant::now();
+    let end = |h: &Hold| h.ended.as_ref().map_or(now, |(at, _)| *at);
+    holds
+        .iter()
+        .map(|h| {
+            holds
+                .iter()
+                .filter(|o| o.acquired_at <= h.acquired_at && end(o) > h.acquired_at)
+                .count()
+        })
+        .max()
+        .unwrap_or(0)
+}
+
+/// Excesses, the most holders over the limit first, then the longest.
+fn worst_first(excesses: &[Excess]) -> Vec<&Excess> {
+    let mut sorted: Vec<&Excess> = excesses.iter().collect();
+    sorted.sort_by_key(|e| std::cmp::Reverse((e.over(), e.duration)));
+    sorted
 }
 
 /// Applies one fault and heals it; returns what shows that it happened.
@@ -287,14 +386,38 @@ struct Verdict {
     allowed: Vec<(usize, Duration)>,
     /// Every other overlap.
     forbidden: Vec<Overlap>,
+    /// Excesses over a semaphore's limit after a restart that lost data,
+    /// bounded as overlaps are: fault index, holders over the limit, length.
+    excess_allowed: Vec<(usize, usize, Duration)>,
+    /// Every other excess.
+    excess_forbidden: Vec<Excess>,
 }
 
 /// Overlaps are allowed only when the earlier hold predates a restart that
 /// lost data, the later one began after that restart and within a ttl of
 /// it, and the earlier holder's token fired within one renew interval
-/// (plus scheduling) of the later acquisition.
+/// (plus scheduling) of the later acquisition. An excess over a
+/// semaphore's limit is allowed on the same terms: one of its holders
+/// predates such a restart, the excess began after it and within a ttl of
+/// it, and lasted at most a renew interval (plus scheduling).
 fn judge(report: &Report, applied: &[Applied], renew_interval: Duration) -> Verdict {
     let mut verdict = Verdict::default();
+    for excess in &report.excesses {
+        let cause = applied.iter().position(|a| {
+            a.fault.loses_data()
+                && excess.holders.iter().any(|h| h.acquired_at < a.healed)
+                && excess.from >= a.began
+                && excess.from <= a.healed + TTL
+        });
+        match cause {
+            Some(i) if excess.duration <= renew_interval + SCHEDULING_ALLOWANCE => {
+                verdict
+                    .excess_allowed
+                    .push((i, excess.over(), excess.duration));
+            }
+            _ => verdict.excess_forbidden.push(excess.clone()),
+        }
+    }
     for overlap in &report.overlaps {
         let cause = applied.iter().position(|a| {
             a.fault.loses_data()
@@ -566,6 +689,14 @@ fn summary(
         );
     }
     let _ = writeln!(out, "forbidden overlaps: {}", verdict.forbidden.len());
+    if !report.excesses.is_empty() {
+        let _ = writeln!(
+            out,
+            "excesses over the limit: {:?} allowed (fault, over, length), {} forbidden",
+            verdict.excess_allowed,
+            verdict.excess_forbidden.len()
+        );
+    }
     out
 }
 
@@ -580,6 +711,7 @@ fn row(
     tally: &Tally,
     verdict: &Verdict,
     margins: &Margins,
+    fullest: usize,
 ) -> String {
     let faults: Vec<String> = Fault::KINDS
         .iter()
@@ -592,8 +724,24 @@ fn row(
         })
         .collect();
     let w = &report.writes;
+    // For permits: the limit, the most believers at once, and the excesses
+    // over the limit after a restart that lost data (the worst one).
+    let permits = settings.permits.map_or_else(String::new, |n| {
+        let worst = verdict
+            .excess_allowed
+            .iter()
+            .max_by_key(|(_, over, d)| (*over, *d))
+            .map_or_else(
+                || "—".to_owned(),
+                |(_, over, d)| format!("+{over} for {d:?}"),
+            );
+        format!(
+            " (limit {n}) | {fullest} | {} | {worst}",
+            verdict.excess_allowed.len()
+        )
+    });
     format!(
-        "| {seed} | {} × {} | {:?} | {} | {} | {} | {}/{} | {} | {} | {} | {} | {} | {} | {} | {} |",
+        "| {seed} | {} × {}{permits} | {:?} | {} | {} | {} | {}/{} | {} | {} | {} | {} | {} | {} | {} | {} |",
         settings.clients,
         settings.keys,
         settings.run_for,
@@ -613,10 +761,15 @@ fn row(
     )
 }
 
-fn table(rows: &[String]) -> String {
-    let mut out = String::from(
-        "| seed | clients × keys | length | leases | faults (pause/crash-empty/crash-durable/blackhole/delay/reset) | skipped | losses (deadline/lost) | overlaps (after crash-empty) | writes | stale attempted | stale accepted unfenced | stale accepted fenced | fenced, before the new token reached it | writes after own token fired | worst server-judged margin |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n",
-    );
+fn table(rows: &[String], limit: Option<u32>) -> String {
+    let mut out = String::from(match limit {
+        None => {
+            "| seed | clients × keys | length | leases | faults (pause/crash-empty/crash-durable/blackhole/delay/reset) | skipped | losses (deadline/lost) | overlaps (after crash-empty) | writes | stale attempted | stale accepted unfenced | stale accepted fenced | fenced, before the new token reached it | writes after own token fired | worst server-judged margin |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n"
+        }
+        Some(_) => {
+            "| seed | clients × semaphores (limit) | most holders at once | excesses over the limit (after crash-empty) | worst excess | length | permits held | faults (pause/crash-empty/crash-durable/blackhole/delay/reset) | skipped | losses (deadline/lost) | overlaps of a permit key (after crash-empty) | writes | stale attempted | stale accepted unfenced | stale accepted fenced | fenced, before the new token reached it | writes after own token fired | worst server-judged margin |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n"
+        }
+    });
     for r in rows {
         out.push_str(r);
         out.push('\n');
@@ -660,7 +813,7 @@ async fn a_stale_write_after_a_restart_reaches_only_the_unfenced_store() -> Test
     store
         .write(
             &history,
-            0,
+            "key0",
             "old",
             "old/1".into(),
             old_token,
@@ -677,7 +830,7 @@ async fn a_stale_write_after_a_restart_reaches_only_the_unfenced_store() -> Test
     store
         .write(
             &history,
-            0,
+            "key0",
             "new",
             "new/1".into(),
             new.fencing_token().get(),
@@ -686,7 +839,7 @@ async fn a_stale_write_after_a_restart_reaches_only_the_unfenced_store() -> Test
         .await?;
     let fired = old.token().is_cancelled();
     store
-        .write(&history, 0, "old", "old/2".into(), old_token, fired)
+        .write(&history, "key0", "old", "old/2".into(), old_token, fired)
         .await?;
     assert!(
         !fired,
@@ -702,7 +855,7 @@ async fn a_stale_write_after_a_restart_reaches_only_the_unfenced_store() -> Test
     timeout(TTL * 5, old_manager.shutdown()).await?;
     timeout(TTL * 5, new_manager.shutdown()).await?;
     tokio::task::block_in_place(|| witness.finish())?;
-    read_stores(&history, &resource, 1).await?;
+    read_stores(&history, &resource, &["key0".to_owned()]).await?;
     let writes = history.check().writes;
     println!("{writes}");
     assert_eq!(writes.attempted, 3, "{writes}");

@@ -15,10 +15,21 @@
 //! Jepsen checker:
 //!
 //! - **overlaps**: two holds of one key that both holders believed in at
-//!   the same moment, with how long both did;
+//!   the same moment, with how long both did (for a counting lease, two
+//!   holds of one *permit key*);
+//! - **excesses**: for a counting lease (a semaphore, recorded with
+//!   [`History::acquired_permit`]), the intervals in which more of its
+//!   holders believed at once than its limit, declared with
+//!   [`History::semaphore`], allows;
 //! - **token violations**: an acquisition that began after another one of
 //!   the same key had completed, yet got a fencing token that is not
-//!   greater (or two holds that got the same token);
+//!   greater (or two holds that got the same token); for a semaphore, the
+//!   order is the semaphore's, across all its permit keys, since they share
+//!   one fencing counter;
+//! - **grant order**: a new token the lease server granted (as its witness
+//!   recorded it, in the server's order) that is not greater than one it
+//!   had granted before for the same key, or semaphore: judged from the
+//!   server's own record, whatever the holders saw;
 //! - **stale writes**: attempts whose token was lower than one the lease
 //!   server had already granted when the write reached the resource (or
 //!   than one that had reached the resource before it), and which of the
@@ -92,13 +103,20 @@ pub enum HoldEnd {
 /// One hold of a lease, as its holder saw it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Hold {
-    /// The lease key.
+    /// The lease key (for a permit, its permit key).
     pub key: String,
+    /// The semaphore `key` is a permit of, for a hold recorded with
+    /// [`History::acquired_permit`].
+    pub semaphore: Option<String>,
     /// A name for the holder (a client name or a short holder id).
     pub holder: String,
     /// The fencing token the holder got.
     pub token: u64,
-    /// When the acquisition that succeeded was sent.
+    /// When the acquisition was requested: no later than the sending of
+    /// the attempt whose grant the holder got. (A retry may be answered
+    /// with the grant an earlier attempt of the same acquisition took: then
+    /// no later than that attempt's sending.) The token order is judged
+    /// from it.
     pub requested_at: Instant,
     /// When the holder learnt it held the lease.
     pub acquired_at: Instant,
@@ -132,16 +150,61 @@ pub struct Overlap {
     pub duration: Duration,
 }
 
+/// More holders of one semaphore believed at once than its limit allows.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Excess {
+    /// The semaphore.
+    pub semaphore: String,
+    /// Its limit, as declared with [`History::semaphore`] (0 when it never
+    /// was: then every hold is an excess).
+    pub limit: usize,
+    /// The most holders that believed at once during the excess.
+    pub most: usize,
+    /// The holds believed in when that many were.
+    pub holders: Vec<Hold>,
+    /// When the count first went above the limit.
+    pub from: Instant,
+    /// How long it stayed above.
+    pub duration: Duration,
+}
+
+impl Excess {
+    /// How many holders more than the limit believed at once, at most.
+    #[must_use]
+    pub fn over(&self) -> usize {
+        self.most.saturating_sub(self.limit)
+    }
+}
+
 /// A fencing token that did not increase.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct TokenViolation {
-    /// The lease key.
+    /// The lease key, or for permits their semaphore.
     pub key: String,
     /// The hold whose acquisition completed first.
     pub before: Hold,
     /// A hold requested after `before` was acquired (or one with the same
     /// token), whose token is not greater.
     pub after: Hold,
+}
+
+/// The lease server granted a token that is not greater than one it had
+/// granted before on the same fencing counter (a key's, or a semaphore's,
+/// shared by its permit keys).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GrantOrder {
+    /// The key, or for permits their semaphore.
+    pub counter: String,
+    /// The key (or permit key) of the grant.
+    pub key: String,
+    /// Its token.
+    pub token: u64,
+    /// When the server granted it (its clock, µs since the Unix epoch).
+    pub at_us: u64,
+    /// The highest token the server had granted on the counter before.
+    pub highest_before: u64,
+    /// The key (or permit key) that token was granted on.
+    pub highest_key: String,
 }
 
 /// One write a holder attempted, as its writer recorded it, whatever
@@ -257,20 +320,26 @@ pub struct Report {
     pub holds: usize,
     /// Overlapping holds, in the order the later hold began.
     pub overlaps: Vec<Overlap>,
+    /// Semaphores' excesses over their limits, in the order they began.
+    pub excesses: Vec<Excess>,
     /// Fencing tokens that did not increase.
     pub token_violations: Vec<TokenViolation>,
+    /// New tokens the lease server granted out of order, in its order.
+    pub grant_order: Vec<GrantOrder>,
     /// The writes attempted, and what the two stores made of them.
     pub writes: Writes,
 }
 
 impl Report {
-    /// No overlap, no token violation, no stale write accepted by fencing,
+    /// No overlap, no excess over a semaphore's limit, no token violation, no stale write accepted by fencing,
     /// no write after its writer's token fired, no write missing from the
     /// unfenced store.
     #[must_use]
     pub fn is_clean(&self) -> bool {
         self.overlaps.is_empty()
+            && self.excesses.is_empty()
             && self.token_violations.is_empty()
+            && self.grant_order.is_empty()
             && self.writes.stale_fenced().is_empty()
             && self.writes.after_fire.is_empty()
             && self.writes.unrecorded.is_empty()
@@ -281,17 +350,44 @@ impl Report {
     pub fn worst_overlap(&self) -> Option<Duration> {
         self.overlaps.iter().map(|o| o.duration).max()
     }
+
+    /// The worst excess over a semaphore's limit, if any: the most holders
+    /// over the limit, then the longest.
+    #[must_use]
+    pub fn worst_excess(&self) -> Option<&Excess> {
+        self.excesses.iter().max_by_key(|e| (e.over(), e.duration))
+    }
 }
 
 impl fmt::Display for Report {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(
             f,
-            "{} holds; {} overlaps (worst {:?}), {} token violations; {}",
+            "{} holds; {} overlaps (worst {:?}), ",
             self.holds,
             self.overlaps.len(),
             self.worst_overlap().unwrap_or_default(),
+        )?;
+        if !self.excesses.is_empty() {
+            write!(
+                f,
+                "{} excesses over a semaphore's limit",
+                self.excesses.len()
+            )?;
+            if let Some(e) = self.worst_excess() {
+                write!(
+                    f,
+                    " (worst: {} holders of {} for {:?})",
+                    e.most, e.limit, e.duration
+                )?;
+            }
+            write!(f, ", ")?;
+        }
+        write!(
+            f,
+            "{} token violations, {} grants out of order; {}",
             self.token_violations.len(),
+            self.grant_order.len(),
             self.writes,
         )
     }
@@ -307,6 +403,8 @@ pub struct History {
 #[derive(Debug, Default)]
 struct Record {
     holds: Vec<Hold>,
+    /// The declared limit of each semaphore.
+    limits: HashMap<String, usize>,
     attempts: Vec<WriteAttempt>,
     /// The lease server's writes of each lease, in its order.
     server: BTreeMap<String, Vec<ServerWrite>>,
@@ -314,6 +412,8 @@ struct Record {
     unfenced: BTreeMap<String, Vec<String>>,
     /// Per key, the ids of the writes the fenced store holds.
     fenced: BTreeMap<String, Vec<String>>,
+    /// How many server writes were recorded.
+    server_seq: usize,
 }
 
 /// A write of a lease the lease server applied: a grant (or a same-holder
@@ -323,6 +423,8 @@ struct ServerWrite {
     token: Option<u64>,
     at_us: u64,
     ttl: Duration,
+    /// Its place among all the server's writes recorded, of every key.
+    seq: usize,
 }
 
 impl History {
@@ -348,15 +450,51 @@ impl History {
         requested_at: Instant,
         acquired_at: Instant,
     ) -> HoldId {
-        let mut record = self.record();
-        record.holds.push(Hold {
+        self.push(Hold {
             key: key.into(),
+            semaphore: None,
             holder: holder.into(),
             token,
             requested_at,
             acquired_at,
             ended: None,
-        });
+        })
+    }
+
+    /// Declares that `semaphore` has `limit` permits: at most that many of
+    /// its holders may believe at once. Declare the limit the test expects,
+    /// not one read from the code under test. A semaphore never declared is
+    /// judged against a limit of 0, so a forgotten declaration fails.
+    pub fn semaphore(&self, semaphore: impl Into<String>, limit: usize) {
+        self.record().limits.insert(semaphore.into(), limit);
+    }
+
+    /// Records that `holder` got the permit key `key` of `semaphore` with
+    /// `token`: its request was sent at `requested_at` and the grant reached
+    /// it at `acquired_at`.
+    pub fn acquired_permit(
+        &self,
+        semaphore: impl Into<String>,
+        key: impl Into<String>,
+        holder: impl Into<String>,
+        token: u64,
+        requested_at: Instant,
+        acquired_at: Instant,
+    ) -> HoldId {
+        self.push(Hold {
+            key: key.into(),
+            semaphore: Some(semaphore.into()),
+            holder: holder.into(),
+            token,
+            requested_at,
+            acquired_at,
+            ended: None,
+        })
+    }
+
+    fn push(&self, hold: Hold) -> HoldId {
+        let mut record = self.record();
+        record.holds.push(hold);
         HoldId(record.holds.len() - 1)
     }
 
@@ -379,29 +517,25 @@ impl History {
     /// `ttl` at `at_us` (its clock, µs since the Unix epoch): a grant, or
     /// a refresh by the same holder. Record them in the server's order.
     pub fn granted(&self, key: impl Into<String>, token: u64, at_us: u64, ttl: Duration) {
-        self.record()
-            .server
-            .entry(key.into())
-            .or_default()
-            .push(ServerWrite {
-                token: Some(token),
-                at_us,
-                ttl,
-            });
+        self.server_write(key.into(), Some(token), at_us, ttl);
+    }
+
+    fn server_write(&self, key: String, token: Option<u64>, at_us: u64, ttl: Duration) {
+        let mut record = self.record();
+        let seq = record.server_seq;
+        record.server_seq += 1;
+        record.server.entry(key).or_default().push(ServerWrite {
+            token,
+            at_us,
+            ttl,
+            seq,
+        });
     }
 
     /// Records that the lease server extended `key`'s lease (the one it
     /// stored last) by `ttl` at `at_us`.
     pub fn extended(&self, key: impl Into<String>, at_us: u64, ttl: Duration) {
-        self.record()
-            .server
-            .entry(key.into())
-            .or_default()
-            .push(ServerWrite {
-                token: None,
-                at_us,
-                ttl,
-            });
+        self.server_write(key.into(), None, at_us, ttl);
     }
 
     /// The earliest moment (server clock, µs since the Unix epoch) the
@@ -451,8 +585,17 @@ impl History {
     pub fn check_at(&self, now: Instant) -> Report {
         let record = self.record();
         let mut by_key: HashMap<&str, Vec<&Hold>> = HashMap::new();
+        // Tokens are ordered per fencing counter: a semaphore's, shared by
+        // its permit keys, or a key's own.
+        let mut by_counter: HashMap<&str, Vec<&Hold>> = HashMap::new();
+        let mut by_semaphore: HashMap<&str, Vec<&Hold>> = HashMap::new();
         for hold in &record.holds {
             by_key.entry(&hold.key).or_default().push(hold);
+            let counter = hold.semaphore.as_deref().unwrap_or(&hold.key);
+            by_counter.entry(counter).or_default().push(hold);
+            if let Some(semaphore) = &hold.semaphore {
+                by_semaphore.entry(semaphore).or_default().push(hold);
+            }
         }
         let mut report = Report {
             holds: record.holds.len(),
@@ -462,9 +605,17 @@ impl History {
         for (key, mut holds) in by_key {
             holds.sort_by_key(|h| h.acquired_at);
             overlaps(key, &holds, now, &mut report.overlaps);
-            token_order(key, &holds, &mut report.token_violations);
         }
+        for (counter, holds) in by_counter {
+            token_order(counter, &holds, &mut report.token_violations);
+        }
+        for (semaphore, holds) in by_semaphore {
+            let limit = record.limits.get(semaphore).copied().unwrap_or(0);
+            excesses(semaphore, limit, &holds, now, &mut report.excesses);
+        }
+        report.grant_order = grant_order(&record);
         report.overlaps.sort_by_key(|o| o.later.acquired_at);
+        report.excesses.sort_by_key(|e| e.from);
         report
     }
 }
@@ -558,6 +709,97 @@ fn overlaps(key: &str, holds: &[&Hold], now: Instant, out: &mut Vec<Overlap>) {
                 later: (*later).clone(),
                 duration: end.saturating_duration_since(later.acquired_at),
             });
+        }
+    }
+}
+
+/// Every new token the server granted (a grant whose token differs from
+/// the one the key held before: a same-holder refresh keeps its token),
+/// in the server's order, must exceed every token granted before on the
+/// same counter. A permit key counts with the semaphore its holds name.
+fn grant_order(record: &Record) -> Vec<GrantOrder> {
+    let semaphores: HashMap<&str, &str> = record
+        .holds
+        .iter()
+        .filter_map(|h| Some((h.key.as_str(), h.semaphore.as_deref()?)))
+        .collect();
+    let mut writes: Vec<(&str, &ServerWrite)> = record
+        .server
+        .iter()
+        .flat_map(|(key, ws)| ws.iter().map(move |w| (key.as_str(), w)))
+        .collect();
+    writes.sort_by_key(|(_, w)| w.seq);
+    let mut current: HashMap<&str, u64> = HashMap::new();
+    let mut highest: HashMap<&str, (u64, &str)> = HashMap::new();
+    let mut out = Vec::new();
+    for (key, w) in writes {
+        let Some(token) = w.token else { continue };
+        if current.insert(key, token) == Some(token) {
+            continue; // a refresh by the same holder
+        }
+        let counter = semaphores.get(key).copied().unwrap_or(key);
+        match highest.get(counter) {
+            Some(&(high, high_key)) if high >= token => out.push(GrantOrder {
+                counter: counter.to_owned(),
+                key: key.to_owned(),
+                token,
+                at_us: w.at_us,
+                highest_before: high,
+                highest_key: high_key.to_owned(),
+            }),
+            _ => {
+                highest.insert(counter, (token, key));
+            }
+        }
+    }
+    out
+}
+
+/// The intervals in which more than `limit` of a semaphore's holds were
+/// believed in at once: a sweep over the starts and ends of belief, an end
+/// counted before a start at the same instant (as [`overlaps`] does).
+fn excesses(semaphore: &str, limit: usize, holds: &[&Hold], now: Instant, out: &mut Vec<Excess>) {
+    // (when, 0 for an end and 1 for a start, which hold); a hold believed
+    // for no time at all is never counted.
+    let mut events: Vec<(Instant, u8, usize)> = Vec::new();
+    for (i, h) in holds.iter().enumerate() {
+        let end = h.end_or(now);
+        if end > h.acquired_at {
+            events.push((h.acquired_at, 1, i));
+            events.push((end, 0, i));
+        }
+    }
+    events.sort_unstable();
+    let mut live: Vec<usize> = Vec::new();
+    let mut open: Option<Excess> = None;
+    for (at, kind, i) in events {
+        if kind == 0 {
+            live.retain(|j| *j != i);
+        } else {
+            live.push(i);
+        }
+        let believed = || live.iter().map(|j| holds[*j].clone()).collect();
+        if live.len() > limit {
+            match &mut open {
+                Some(e) if live.len() > e.most => {
+                    e.most = live.len();
+                    e.holders = believed();
+                }
+                Some(_) => {}
+                None => {
+                    open = Some(Excess {
+                        semaphore: semaphore.to_owned(),
+                        limit,
+                        most: live.len(),
+                        holders: believed(),
+                        from: at,
+                        duration: Duration::ZERO,
+                    });
+                }
+            }
+        } else if let Some(mut e) = open.take() {
+            e.duration = at.saturating_duration_since(e.from);
+            out.push(e);
         }
     }
 }

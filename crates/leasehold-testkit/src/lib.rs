@@ -61,8 +61,8 @@ pub use campaign::{Fault, FaultPlan, PlanShape, ScheduledFault, fault_length};
 pub use cluster::RedisCluster;
 pub use error::TestkitError;
 pub use history::{
-    FENCED_WRITE_SCRIPT, History, Hold, HoldEnd, HoldId, Overlap, Report, StaleWrite,
-    TokenViolation, WriteAttempt, Writes,
+    Excess, FENCED_WRITE_SCRIPT, GrantOrder, History, Hold, HoldEnd, HoldId, Overlap, Report,
+    StaleWrite, TokenViolation, WriteAttempt, Writes,
 };
 pub use masters::independent_masters;
 pub use proxy::{Proxy, ProxyMode};

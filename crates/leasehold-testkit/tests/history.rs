@@ -251,3 +251,183 @@ fn the_fenced_write_script_refuses_lower_tokens() -> Result<(), Box<dyn Error>> 
     );
     Ok(())
 }
+
+/// A hold of the permit `{sem}:permit:<i>` by `holder` with `token`,
+/// requested and acquired at `from` ms and released at `to` ms after `t0`.
+fn permit(h: &History, t0: Instant, i: u32, holder: &str, token: u64, from: u64, to: u64) {
+    let id = h.acquired_permit(
+        "sem",
+        format!("{{sem}}:permit:{i}"),
+        holder,
+        token,
+        t0 + ms(from),
+        t0 + ms(from),
+    );
+    h.ended(id, HoldEnd::Released, t0 + ms(to));
+}
+
+#[test]
+fn a_semaphore_held_up_to_its_limit_is_clean() {
+    let (h, t0) = (History::new(), Instant::now());
+    h.semaphore("sem", 3);
+    permit(&h, t0, 0, "a", 1, 0, 300);
+    permit(&h, t0, 1, "b", 2, 10, 200);
+    permit(&h, t0, 2, "c", 3, 20, 400);
+    permit(&h, t0, 1, "d", 4, 200, 500); // takes b's permit as b lets go
+    permit(&h, t0, 0, "e", 5, 300, 600);
+    let report = h.check();
+    assert!(report.is_clean(), "{report}");
+    assert!(report.excesses.is_empty());
+    assert!(report.worst_excess().is_none());
+    assert!(report.overlaps.is_empty());
+}
+
+#[test]
+fn more_holders_than_the_limit_are_flagged_with_the_worst_excess_and_its_interval() {
+    let (h, t0) = (History::new(), Instant::now());
+    h.semaphore("sem", 3);
+    permit(&h, t0, 0, "a", 1, 0, 300);
+    permit(&h, t0, 1, "b", 2, 10, 300);
+    permit(&h, t0, 2, "c", 3, 20, 300);
+    permit(&h, t0, 3, "d", 4, 100, 150); // a fourth, from 100 to 150 ms
+    permit(&h, t0, 4, "e", 5, 120, 130); // and a fifth, from 120 to 130 ms
+    permit(&h, t0, 3, "f", 6, 200, 210); // a second excess, 10 ms
+    let report = h.check();
+    assert!(!report.is_clean());
+    let found: Vec<(Duration, usize, Duration)> = report
+        .excesses
+        .iter()
+        .map(|e| (e.from - t0, e.most, e.duration))
+        .collect();
+    assert_eq!(
+        found,
+        vec![(ms(100), 5, ms(50)), (ms(200), 4, ms(10))],
+        "{report}"
+    );
+    let worst = report.worst_excess().expect("an excess");
+    assert_eq!((worst.semaphore.as_str(), worst.limit), ("sem", 3));
+    assert_eq!((worst.over(), worst.duration), (2, ms(50)));
+    let mut holders: Vec<&str> = worst.holders.iter().map(|h| h.holder.as_str()).collect();
+    holders.sort_unstable();
+    assert_eq!(holders, ["a", "b", "c", "d", "e"]);
+    assert!(
+        report.overlaps.is_empty(),
+        "distinct permit keys never overlap"
+    );
+    assert!(
+        report
+            .to_string()
+            .contains("worst: 5 holders of 3 for 50ms"),
+        "{report}"
+    );
+}
+
+#[test]
+fn a_semaphore_whose_limit_was_never_declared_is_judged_against_zero() {
+    let (h, t0) = (History::new(), Instant::now());
+    permit(&h, t0, 0, "a", 1, 0, 100);
+    let report = h.check();
+    assert_eq!(report.excesses.len(), 1, "{report}");
+    assert_eq!(report.excesses[0].limit, 0);
+}
+
+#[test]
+fn a_token_that_goes_down_across_permits_is_flagged_per_semaphore() {
+    let (h, t0) = (History::new(), Instant::now());
+    h.semaphore("sem", 3);
+    permit(&h, t0, 0, "a", 10, 0, 100);
+    permit(&h, t0, 1, "b", 9, 200, 300); // requested after a's grant: must exceed 10
+    let report = h.check();
+    assert_eq!(report.token_violations.len(), 1, "{report}");
+    let v = &report.token_violations[0];
+    assert_eq!(
+        (
+            v.key.as_str(),
+            v.before.holder.as_str(),
+            v.after.holder.as_str()
+        ),
+        ("sem", "a", "b")
+    );
+    assert!(report.excesses.is_empty() && report.overlaps.is_empty());
+
+    // The same tokens on two semaphores are two counters: no violation.
+    let (h, t0) = (History::new(), Instant::now());
+    h.semaphore("sem", 3);
+    h.semaphore("other", 3);
+    permit(&h, t0, 0, "a", 10, 0, 100);
+    let b = h.acquired_permit(
+        "other",
+        "{other}:permit:0",
+        "b",
+        9,
+        t0 + ms(200),
+        t0 + ms(200),
+    );
+    h.ended(b, HoldEnd::Released, t0 + ms(300));
+    assert!(h.check().is_clean(), "{}", h.check());
+}
+
+#[test]
+fn two_holders_of_one_permit_key_are_an_overlap_even_within_the_limit() {
+    let (h, t0) = (History::new(), Instant::now());
+    h.semaphore("sem", 3);
+    permit(&h, t0, 0, "a", 1, 0, 300);
+    permit(&h, t0, 0, "b", 2, 200, 400);
+    let report = h.check();
+    assert!(report.excesses.is_empty(), "two holders are within 3");
+    assert_eq!(report.overlaps.len(), 1, "{report}");
+    let o = &report.overlaps[0];
+    assert_eq!(o.key, "{sem}:permit:0");
+    assert_eq!(
+        (
+            o.earlier.holder.as_str(),
+            o.later.holder.as_str(),
+            o.duration
+        ),
+        ("a", "b", ms(100))
+    );
+    assert!(!report.is_clean());
+}
+
+#[test]
+fn the_server_granting_a_lower_token_on_another_permit_of_the_semaphore_is_flagged() {
+    let (h, t0) = (History::new(), Instant::now());
+    h.semaphore("sem", 3);
+    // The holds name the semaphore of each permit key.
+    permit(&h, t0, 0, "a", 10, 0, 100);
+    permit(&h, t0, 1, "b", 20, 0, 100);
+    permit(&h, t0, 2, "c", 15, 0, 100);
+    h.granted("{sem}:permit:0", 10, 1_000, ms(1000));
+    h.granted("{sem}:permit:1", 20, 2_000, ms(1000));
+    h.granted("{sem}:permit:0", 10, 2_500, ms(1000)); // a's refresh: same token
+    h.extended("{sem}:permit:1", 2_600, ms(1000));
+    h.granted("{sem}:permit:2", 15, 3_000, ms(1000)); // after 20: out of order
+    let report = h.check();
+    assert_eq!(report.grant_order.len(), 1, "{report}");
+    let g = &report.grant_order[0];
+    assert_eq!(
+        (g.counter.as_str(), g.key.as_str(), g.token, g.at_us),
+        ("sem", "{sem}:permit:2", 15, 3_000)
+    );
+    assert_eq!(
+        (g.highest_before, g.highest_key.as_str()),
+        (20, "{sem}:permit:1")
+    );
+    assert!(!report.is_clean());
+    assert!(
+        report.to_string().contains("1 grants out of order"),
+        "{report}"
+    );
+
+    // In order, with refreshes and extensions between: clean.
+    let (h, t0) = (History::new(), Instant::now());
+    h.semaphore("sem", 3);
+    permit(&h, t0, 0, "a", 10, 0, 100);
+    permit(&h, t0, 1, "b", 20, 0, 100);
+    h.granted("{sem}:permit:0", 10, 1_000, ms(1000));
+    h.granted("{sem}:permit:1", 20, 2_000, ms(1000));
+    h.granted("{sem}:permit:0", 10, 2_500, ms(1000));
+    h.extended("{sem}:permit:0", 2_600, ms(1000));
+    let report = h.check();
+    assert!(report.is_clean(), "{report}");
+}
