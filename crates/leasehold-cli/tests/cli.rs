@@ -3,127 +3,21 @@
 //! Children coordinate with the tests through files in a temporary
 //! directory: a test waits until a file appears instead of sleeping.
 
+mod common;
+
 use std::io::{BufRead, BufReader, Write};
 use std::net::TcpStream;
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, ExitStatus, Output, Stdio};
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
+use common::{
+    BIN, Fixture, PATIENCE, Running, TestResult, spawn, text, wait_for_exit, wait_for_file,
+};
 use leasehold_testkit::{Proxy, ProxyMode, RedisServer};
 use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
-
-type TestResult = Result<(), Box<dyn std::error::Error>>;
-
-const BIN: &str = env!("CARGO_BIN_EXE_leasehold");
-/// Generous bounds for conditions that normally hold within milliseconds.
-const PATIENCE: Duration = Duration::from_secs(10);
-
-struct Fixture {
-    server: RedisServer,
-    dir: tempfile::TempDir,
-}
-
-impl Fixture {
-    fn new() -> Result<Self, Box<dyn std::error::Error>> {
-        Ok(Self {
-            server: RedisServer::start()?,
-            dir: tempfile::tempdir()?,
-        })
-    }
-
-    fn path(&self, name: &str) -> PathBuf {
-        self.dir.path().join(name)
-    }
-
-    /// `leasehold ARGS` against the test server, with no leasehold
-    /// variables inherited from the environment running the tests.
-    fn cmd(&self, args: &[&str]) -> Command {
-        self.cmd_at(&self.server.url(), args)
-    }
-
-    /// `leasehold ARGS` against the server at `url` (a proxy in front of
-    /// the test server).
-    fn cmd_at(&self, url: &str, args: &[&str]) -> Command {
-        let mut cmd = Command::new(BIN);
-        cmd.arg("--url").arg(url).args(args);
-        for (var, _) in std::env::vars_os() {
-            if var.to_string_lossy().starts_with("LEASEHOLD_") || var == "REDIS_URL" {
-                cmd.env_remove(var);
-            }
-        }
-        cmd.current_dir(self.dir.path());
-        cmd
-    }
-
-    fn output(&self, args: &[&str]) -> Result<Output, std::io::Error> {
-        self.cmd(args).output()
-    }
-
-    fn spawn(&self, args: &[&str]) -> Result<Running, std::io::Error> {
-        spawn(&mut self.cmd(args))
-    }
-}
-
-/// A leasehold started by a test, killed if the test ends (fails) before
-/// it exited.
-struct Running(Child);
-
-impl std::ops::Deref for Running {
-    type Target = Child;
-    fn deref(&self) -> &Child {
-        &self.0
-    }
-}
-
-impl std::ops::DerefMut for Running {
-    fn deref_mut(&mut self) -> &mut Child {
-        &mut self.0
-    }
-}
-
-impl Drop for Running {
-    fn drop(&mut self) {
-        if let Ok(None) = self.0.try_wait() {
-            let _ = self.0.kill();
-            let _ = self.0.wait();
-        }
-    }
-}
-
-fn spawn(cmd: &mut Command) -> Result<Running, std::io::Error> {
-    cmd.stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .map(Running)
-}
-
-fn wait_for_file(path: &Path) -> Result<(), String> {
-    let deadline = Instant::now() + PATIENCE;
-    while !path.exists() {
-        if Instant::now() > deadline {
-            return Err(format!("{} did not appear", path.display()));
-        }
-        std::thread::sleep(Duration::from_millis(5));
-    }
-    Ok(())
-}
-
-/// Waits for a child, killing it and failing if it takes too long.
-fn wait_for_exit(child: &mut Child) -> Result<ExitStatus, String> {
-    let deadline = Instant::now() + PATIENCE;
-    loop {
-        if let Some(status) = child.try_wait().map_err(|e| e.to_string())? {
-            return Ok(status);
-        }
-        if Instant::now() > deadline {
-            let _ = child.kill();
-            return Err("leasehold did not exit in time".to_owned());
-        }
-        std::thread::sleep(Duration::from_millis(5));
-    }
-}
 
 /// What leasehold wrote to stderr. Read on a thread with a timeout: a
 /// process of the job that outlived leasehold (the failure some tests look
@@ -144,10 +38,6 @@ fn read_all(mut pipe: impl std::io::Read + Send + 'static) -> String {
     });
     text.recv_timeout(PATIENCE)
         .unwrap_or_else(|_| "(the pipe is still open: a process outlived leasehold)".to_owned())
-}
-
-fn text(bytes: &[u8]) -> String {
-    String::from_utf8_lossy(bytes).into_owned()
 }
 
 #[test]

@@ -3,111 +3,15 @@
 //! server. Children coordinate with the test through files in a temporary
 //! directory.
 
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, ExitStatus, Stdio};
-use std::time::{Duration, Instant};
+mod common;
 
-use leasehold_testkit::RedisServer;
+use std::time::Duration;
 
-type TestResult = Result<(), Box<dyn std::error::Error>>;
+use common::{Fixture, TestResult, text, wait_for_exit, wait_for_file};
 
-const BIN: &str = env!("CARGO_BIN_EXE_leasehold");
-/// Generous bounds for conditions that normally hold within milliseconds.
-const PATIENCE: Duration = Duration::from_secs(10);
-
-struct Fixture {
-    server: RedisServer,
-    dir: tempfile::TempDir,
-}
-
-impl Fixture {
-    fn new() -> Result<Self, Box<dyn std::error::Error>> {
-        Ok(Self {
-            server: RedisServer::start()?,
-            dir: tempfile::tempdir()?,
-        })
-    }
-
-    fn path(&self, name: &str) -> PathBuf {
-        self.dir.path().join(name)
-    }
-
-    /// `leasehold ARGS` against the test server, with no leasehold
-    /// variables inherited from the environment running the tests.
-    fn cmd(&self, args: &[&str]) -> Command {
-        let mut cmd = Command::new(BIN);
-        cmd.arg("--url").arg(self.server.url()).args(args);
-        for (var, _) in std::env::vars_os() {
-            if var.to_string_lossy().starts_with("LEASEHOLD_") || var == "REDIS_URL" {
-                cmd.env_remove(var);
-            }
-        }
-        cmd.current_dir(self.dir.path());
-        cmd
-    }
-
-    fn spawn(&self, args: &[&str]) -> Result<Running, std::io::Error> {
-        self.cmd(args)
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .map(Running)
-    }
-
-    /// The permit keys of `semaphore` on the server.
-    fn permit_keys(&self, semaphore: &str) -> Result<Vec<String>, Box<dyn std::error::Error>> {
-        let reply = self
-            .server
-            .cli(&["KEYS", &format!("leasehold:{{{semaphore}}}:permit:*")])?;
-        Ok(reply
-            .lines()
-            .filter(|l| l.contains(":permit:"))
-            .map(str::to_owned)
-            .collect())
-    }
-}
-
-/// A leasehold started by a test, killed if the test ends (fails) before
-/// it exited.
-struct Running(Child);
-
-impl Drop for Running {
-    fn drop(&mut self) {
-        if let Ok(None) = self.0.try_wait() {
-            let _ = self.0.kill();
-            let _ = self.0.wait();
-        }
-    }
-}
-
-fn wait_for_file(path: &Path) -> Result<(), String> {
-    let deadline = Instant::now() + PATIENCE;
-    while !path.exists() {
-        if Instant::now() > deadline {
-            return Err(format!("{} did not appear", path.display()));
-        }
-        std::thread::sleep(Duration::from_millis(5));
-    }
-    Ok(())
-}
-
-/// Waits for a child, killing it and failing if it takes too long.
-fn wait_for_exit(child: &mut Child) -> Result<ExitStatus, String> {
-    let deadline = Instant::now() + PATIENCE;
-    loop {
-        if let Some(status) = child.try_wait().map_err(|e| e.to_string())? {
-            return Ok(status);
-        }
-        if Instant::now() > deadline {
-            let _ = child.kill();
-            return Err("leasehold did not exit in time".to_owned());
-        }
-        std::thread::sleep(Duration::from_millis(5));
-    }
-}
-
-fn text(bytes: &[u8]) -> String {
-    String::from_utf8_lossy(bytes).into_owned()
+/// The permit keys of `semaphore` on the test server.
+fn permit_keys(f: &Fixture, semaphore: &str) -> Result<Vec<String>, Box<dyn std::error::Error>> {
+    f.keys(&format!("leasehold:{{{semaphore}}}:permit:*"))
 }
 
 /// Two `run --permits 2` on one semaphore run at once, each on a permit
@@ -126,7 +30,7 @@ fn two_permits_let_two_runs_in_and_status_shows_both() -> TestResult {
     let mut runs = Vec::new();
     for name in ["a", "b"] {
         let script = script(name);
-        runs.push(f.spawn(&[
+        runs.push(f.spawn_quiet(&[
             "run",
             "--permits",
             "2",
@@ -145,7 +49,7 @@ fn two_permits_let_two_runs_in_and_status_shows_both() -> TestResult {
     // Both run at once (neither waits: try once is the default).
     wait_for_file(&f.path("a.started"))?;
     wait_for_file(&f.path("b.started"))?;
-    let mut keys = f.permit_keys("pool")?;
+    let mut keys = permit_keys(&f, "pool")?;
     keys.sort();
     assert_eq!(
         keys,
@@ -180,7 +84,7 @@ fn two_permits_let_two_runs_in_and_status_shows_both() -> TestResult {
         .output()?;
     assert_eq!(third.status.code(), Some(75), "{}", text(&third.stderr));
     assert!(!f.path("c.ran").exists(), "a third command ran");
-    assert_eq!(f.permit_keys("pool")?.len(), 2);
+    assert_eq!(permit_keys(&f, "pool")?.len(), 2);
 
     // Another limit for the same semaphore: a configuration error that says so.
     let other = f
@@ -253,7 +157,7 @@ fn two_permits_let_two_runs_in_and_status_shows_both() -> TestResult {
         assert_eq!(wait_for_exit(&mut run.0)?.code(), Some(0));
     }
     assert!(
-        f.permit_keys("pool")?.is_empty(),
+        permit_keys(&f, "pool")?.is_empty(),
         "permits left after release"
     );
     // Every permit free: the semaphore is not held.
