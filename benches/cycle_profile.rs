@@ -202,6 +202,9 @@ async fn cycle(clients: &Clients, client: Client, key: &str) -> ProfileResult {
                 .arg(&holder)
                 .arg(30_000)
                 .arg("")
+                // The raw connection does not track (ignored by scripts
+                // that take no such argument).
+                .arg("0")
                 .invoke_async(&mut conn)
                 .await?;
             if !matches!(acquired.first(), Some(redis::Value::Int(1))) {

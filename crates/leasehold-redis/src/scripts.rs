@@ -150,8 +150,10 @@ pub(crate) static INSPECT: LazyLock<Lua> =
 /// the (single-threaded) server busy and how large one request grows.
 pub(crate) const RENEW_BATCH: usize = 1000;
 
-/// `acquire.lua` for `request`.
-pub(crate) fn acquire(layout: &KeyLayout, request: &AcquireRequest) -> Call {
+/// `acquire.lua` for `request`, sent over a connection that tracks (client
+/// tracking on) when `tracked`: only there is a granted lease read again
+/// after it is written, to track it.
+pub(crate) fn acquire(layout: &KeyLayout, request: &AcquireRequest, tracked: bool) -> Call {
     let mut call = Call::new(&ACQUIRE, 2);
     let mut key = Vec::with_capacity(64);
     layout.write_lease(&request.key, &mut key);
@@ -164,7 +166,8 @@ pub(crate) fn acquire(layout: &KeyLayout, request: &AcquireRequest) -> Call {
         .arg(&key[..])
         .arg(&request.holder.to_hex_bytes()[..])
         .arg(request.lock_delay.expiry_millis(request.ttl))
-        .arg(request.label.as_deref().unwrap_or(""));
+        .arg(request.label.as_deref().unwrap_or(""))
+        .arg(if tracked { "1" } else { "0" });
     call
 }
 
@@ -453,7 +456,7 @@ mod tests {
         }
 
         let request = AcquireRequest::new(a.clone(), h1, ttl).with_label("pod-1")?;
-        let call = acquire(&layout, &request);
+        let call = acquire(&layout, &request, true);
         assert_eq!(
             args(call.evalsha()),
             [
@@ -464,9 +467,11 @@ mod tests {
                 "leasehold:{a}:fence",
                 &h1.to_hex(),
                 "3000",
-                "pod-1"
+                "pod-1",
+                "1"
             ]
         );
+        assert_eq!(args(acquire(&layout, &request, false).evalsha())[8], "0");
         let call = release(&layout, &a, &h1, true, false, 1);
         assert_eq!(
             args(call.evalsha())[3..],
@@ -527,7 +532,7 @@ mod tests {
         assert_eq!(args(permit(&layout, &request, two, 3)?.evalsha())[2], "5");
         // A permit's counter and channel are its semaphore's.
         let slot = a.permit(1)?;
-        let call = acquire(&layout, &AcquireRequest::new(slot.clone(), h1, ttl));
+        let call = acquire(&layout, &AcquireRequest::new(slot.clone(), h1, ttl), true);
         assert_eq!(
             args(call.evalsha())[3..5],
             ["leasehold:{a}:permit:1", "leasehold:{a}:fence"]
@@ -559,7 +564,7 @@ mod tests {
         let ttl = leasehold_core::Ttl::parse("1s")?;
         let delay = leasehold_core::LockDelay::parse("2s")?;
         let request = AcquireRequest::new(a.clone(), h1, ttl).with_lock_delay(delay);
-        assert_eq!(args(acquire(&layout, &request).evalsha())[6], "3000");
+        assert_eq!(args(acquire(&layout, &request, true).evalsha())[6], "3000");
         let call = permit(&layout, &request, PermitLimit::new(1)?, 0)?;
         assert_eq!(args(call.evalsha())[7], "3000");
         let call = handover(&layout, &b, &h2, 0, false, &request);

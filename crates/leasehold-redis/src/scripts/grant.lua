@@ -1,9 +1,11 @@
 -- grant.lua: the grant that acquire.lua and handover.lua end with. Scripts
 -- cannot call one another, so both are sent with this text in front.
 --
--- grant(lease, fence, holder, ttl, label) gives the free lease `lease` to
--- `holder` (32 lowercase hex digits) for `ttl` milliseconds, with its public
--- `label`, and advances its fencing counter `fence`. It returns the fencing
+-- grant(lease, fence, holder, ttl, label, track) gives the free lease
+-- `lease` to `holder` (32 lowercase hex digits) for `ttl` milliseconds, with
+-- its public `label`, and advances its fencing counter `fence`. `track` false
+-- says the connection does not track (the read below is then skipped); left
+-- out, the lease is read as on a tracking connection. It returns the fencing
 -- token (a decimal string), or nil and an error reply when the counter is
 -- not a number (then nothing is written).
 --
@@ -16,12 +18,13 @@
 -- lease (and on Redis 7.0 the counter), and the counter is written last,
 -- which drops the counter's: a counter never expires, and
 -- tracked it would keep an entry in the server's tracking table after the
--- lease is gone.
+-- lease is gone. On a connection that does not track, the read would only
+-- cost the server a lookup, so the caller can skip it.
 --
 -- Numbers go to redis.call only through string.format('%.0f', n): Redis may
 -- render a large Lua number in exponent form.
 
-local function grant(lease, fence, holder, ttl, label)
+local function grant(lease, fence, holder, ttl, label, track)
   -- 1. A floor from the server clock, in microseconds (< 2^53, so exact),
   --    so tokens keep rising even if a restart lost the counter.
   local t = redis.call('TIME')
@@ -47,7 +50,9 @@ local function grant(lease, fence, holder, ttl, label)
 
   -- 3. Store the lease with its expiry, and track it (see above).
   redis.call('SET', lease, holder .. ':' .. token .. ':' .. label, 'PX', ttl)
-  redis.pcall('PTTL', lease)
+  if track ~= false then
+    redis.pcall('PTTL', lease)
+  end
 
   -- 4. The counter keeps the token; written last, so that it is not tracked.
   redis.call('SET', fence, token)
