@@ -318,10 +318,7 @@ async fn a_first_token_is_the_server_clock_in_microseconds() -> TestResult {
             let (s, us): (u64, u64) = redis::cmd("TIME").query_async(&mut side).await?;
             let before = s * 1_000_000 + us;
             let k = key(&format!("clock-{i}"));
-            let token = acquire(&backend, &k, holder(), ttl("10s"))
-                .await?
-                .fencing_token
-                .0;
+            let token = acquire(&backend, &k, holder(), ttl("10s")).await?.fencing_token.0;
             let (s2, us2): (u64, u64) = redis::cmd("TIME").query_async(&mut side).await?;
             let after = s2 * 1_000_000 + us2;
             assert!(
@@ -363,10 +360,7 @@ async fn a_counter_ahead_of_the_clock_is_followed_and_a_bad_one_refused() -> Tes
     // A counter that is not a number stops acquisition and is left as it
     // was; so does one as long as the clock's microseconds and below them
     // in text order, which a comparison of text alone would let through.
-    for (name, counter) in [
-        ("not-a-number", "twelve"),
-        ("digits-and-x", "1000000000000x00"),
-    ] {
+    for (name, counter) in [("not-a-number", "twelve"), ("digits-and-x", "1000000000000x00")] {
         let bad = key(name);
         let fence = format!("{}:fence", storage_key(&bad));
         server.cli(&["SET", &fence, counter])?;
@@ -567,36 +561,5 @@ async fn resp3_connections_read_the_same_replies() -> TestResult {
         .await;
     assert!(matches!(outcomes.as_slice(), [Ok(RenewOutcome::Renewed)]));
     assert_eq!(backend.release(&k, &a).await?, ReleaseOutcome::Released);
-    Ok(())
-}
-
-/// The scripts read with GETEX, which a server before 6.2 lacks and an ACL
-/// may deny: then they read with GET, and every operation works as before.
-#[tokio::test]
-async fn without_getex_the_scripts_read_with_get() -> TestResult {
-    let server = RedisServer::start()?;
-    assert_eq!(
-        server.cli(&[
-            "ACL", "SETUSER", "nogetex", "on", ">pw-6e2a", "~*", "&*", "+@all", "-getex"
-        ])?,
-        "OK"
-    );
-    let backend =
-        RedisBackend::connect(format!("redis://nogetex:pw-6e2a@{}", server.addr())).await?;
-    let (k, me, other) = (key("no-getex"), holder(), holder());
-    let first = acquire(&backend, &k, me, ttl("10s")).await?;
-    // Refreshed by its holder, refused to another: the lease was read.
-    let again = acquire(&backend, &k, me, ttl("10s")).await?;
-    assert_eq!(again.fencing_token, first.fencing_token);
-    let refused = backend
-        .try_acquire(&AcquireRequest::new(k.clone(), other, ttl("10s")))
-        .await?;
-    assert!(matches!(refused, AcquireOutcome::Held(_)), "{refused:?}");
-    assert_eq!(backend.release(&k, &other).await?, ReleaseOutcome::NotHeld);
-    assert_eq!(backend.release(&k, &me).await?, ReleaseOutcome::Released);
-    assert_eq!(server.cli(&["EXISTS", &storage_key(&k)])?, "0");
-    // The counter was read too: the next token is past the first.
-    let next = acquire(&backend, &k, other, ttl("10s")).await?;
-    assert!(next.fencing_token > first.fencing_token);
     Ok(())
 }

@@ -16,11 +16,9 @@ local holder, ttl, label = ARGV[1], ARGV[2], ARGV[3]
 local track = ARGV[4] ~= '0'
 local mine = holder .. ':'
 
--- 1. Read the lease, untracked (quiet_get, see grant.lua): a grant writes
---    it next, and reads it again where tracking is wanted. A key of another
---    type gives WRONGTYPE, passed on as the reply's own error (not wrapped
---    as a script error, as Redis 6 would), so the client sees its code.
-local current = quiet_get(KEYS[1])
+-- 1. Read the lease. A key of another type gives WRONGTYPE, passed on as the reply's
+--    own error (not wrapped as a script error, as Redis 6 would), so the client sees its code.
+local current = redis.pcall('GET', KEYS[1])
 if type(current) == 'table' and current.err then
   return redis.error_reply(current.err)
 end
@@ -40,7 +38,7 @@ if current then
     return {1, token}
   end
   -- 2b. Someone else's: report their public value and how long it still lives.
-  --     (On a tracking connection the PTTL tracks their lease: the holder's
+  --     (On a tracking connection this tracks their lease too: the holder's
   --     next write reports it, and the backend, holding no lease there, has
   --     nothing to do.)
   return {0, current, redis.call('PTTL', KEYS[1])}

@@ -25,20 +25,6 @@
 -- n) where arithmetic is needed): Redis may render a large Lua number in
 -- exponent form.
 
--- quiet_get(key) reads `key` as GET does (a value, false when missing, or an
--- error table such as WRONGTYPE), without tracking it: with GETEX, a write
--- command, which no server tracks (see renew.lua). A read before a write
--- would otherwise add a tracking entry that the write drops at once, work
--- for nothing on a tracking connection. A server without GETEX (before
--- 6.2), or an ACL without it, gets a plain GET.
-local function quiet_get(key)
-  local v = redis.pcall('GETEX', key)
-  if type(v) == 'table' and v.err and not string.find(v.err, 'WRONGTYPE', 1, true) then
-    v = redis.pcall('GET', key)
-  end
-  return v
-end
-
 local function grant(lease, fence, holder, ttl, label, track)
   -- 1. A floor from the server clock, in microseconds, so tokens keep
   --    rising even if a restart lost the counter: TIME's seconds, then its
@@ -51,10 +37,7 @@ local function grant(lease, fence, holder, ttl, label, track)
   --    another type fails the GET with WRONGTYPE; one that is not a number
   --    is refused, as INCR would: nothing is written either way.
   local token = floor
-  local before = quiet_get(fence)
-  if type(before) == 'table' and before.err then
-    return nil, redis.error_reply(before.err)
-  end
+  local before = redis.call('GET', fence)
   -- A counter of plain digits (no sign, no leading zero: as this script
   --   writes it) and fewer of them, or as many and smaller in text order, is
   --   below the floor: the floor is the token, no number read. Anything

@@ -15,16 +15,9 @@
 -- deleted, and 2 when, besides, the notice reached a subscriber other than
 -- the releasing process's own: a waiter elsewhere heard it.
 
--- 1. Read the lease, untracked: with GETEX, a write command, which no
---    server tracks (see renew.lua); a GET would add a tracking entry on a
---    tracking connection only for the DEL to drop it. A server without GETEX
---    (before 6.2), or an ACL without it, gets a plain GET. A key of another
---    type gives WRONGTYPE, passed on as the reply's own error (not wrapped as
---    a script error, as Redis 6 would), so the client sees its code.
-local v = redis.pcall('GETEX', KEYS[1])
-if type(v) == 'table' and v.err and not string.find(v.err, 'WRONGTYPE', 1, true) then
-  v = redis.pcall('GET', KEYS[1])
-end
+-- 1. Read the lease. A key of another type gives WRONGTYPE, passed on as the reply's
+--    own error (not wrapped as a script error, as Redis 6 would), so the client sees its code.
+local v = redis.pcall('GET', KEYS[1])
 if type(v) == 'table' and v.err then
   return redis.error_reply(v.err)
 end
