@@ -9,7 +9,9 @@
 --                   then not read again once written (see grant.lua);
 --                   anything else, or left out, reads it
 --
--- Returns {1, token}        when the lease is ours (token: the fencing token, a decimal string)
+-- Returns token            when the lease is ours (the fencing token, a decimal string:
+--                          a bare string, which costs the server and the client less
+--                          to convert than a table would)
 --      or {0, value, pttl}  when someone else holds it (their stored value and PTTL).
 
 local holder, ttl, label = ARGV[1], ARGV[2], ARGV[3]
@@ -35,7 +37,7 @@ if current then
     if track then
       redis.pcall('PTTL', KEYS[1])
     end
-    return {1, token}
+    return token
   end
   -- 2b. Someone else's: report their public value and how long it still lives.
   --     (On a tracking connection this tracks their lease too: the holder's
@@ -49,4 +51,4 @@ local token, refused = grant(KEYS[1], KEYS[2], holder, ttl, label, track)
 if not token then
   return refused
 end
-return {1, token}
+return token
