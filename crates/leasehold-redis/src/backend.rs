@@ -687,7 +687,9 @@ impl LeaseBackend for RedisBackend {
             holder,
             notices.is_some(),
             notices.is_some_and(Notices::sharded),
-            notices.map_or(0, |n| n.own_subscription(&self.shared.layout.released(key))),
+            notices.map_or(0, |n| {
+                n.own_subscription(|| self.shared.layout.released(key))
+            }),
         );
         let route = self
             .lease_writes(false, || self.shared.layout.lease(key))

@@ -318,7 +318,10 @@ async fn a_first_token_is_the_server_clock_in_microseconds() -> TestResult {
             let (s, us): (u64, u64) = redis::cmd("TIME").query_async(&mut side).await?;
             let before = s * 1_000_000 + us;
             let k = key(&format!("clock-{i}"));
-            let token = acquire(&backend, &k, holder(), ttl("10s")).await?.fencing_token.0;
+            let token = acquire(&backend, &k, holder(), ttl("10s"))
+                .await?
+                .fencing_token
+                .0;
             let (s2, us2): (u64, u64) = redis::cmd("TIME").query_async(&mut side).await?;
             let after = s2 * 1_000_000 + us2;
             assert!(
@@ -360,7 +363,10 @@ async fn a_counter_ahead_of_the_clock_is_followed_and_a_bad_one_refused() -> Tes
     // A counter that is not a number stops acquisition and is left as it
     // was; so does one as long as the clock's microseconds and below them
     // in text order, which a comparison of text alone would let through.
-    for (name, counter) in [("not-a-number", "twelve"), ("digits-and-x", "1000000000000x00")] {
+    for (name, counter) in [
+        ("not-a-number", "twelve"),
+        ("digits-and-x", "1000000000000x00"),
+    ] {
         let bad = key(name);
         let fence = format!("{}:fence", storage_key(&bad));
         server.cli(&["SET", &fence, counter])?;
