@@ -195,16 +195,25 @@ async fn cycle(clients: &Clients, client: Client, key: &str) -> ProfileResult {
             let mut conn = clients.raw.clone();
             let holder = format!("{:032x}", fastrand::u128(..));
             let lease = format!("{key}:raw");
-            let acquired: Vec<redis::Value> = clients
+            let acquired: redis::Value = clients
                 .acquire
                 .key(&lease)
                 .key(format!("{lease}:fence"))
                 .arg(&holder)
                 .arg(30_000)
                 .arg("")
+                // The raw connection does not track (ignored by scripts
+                // that take no such argument).
+                .arg("0")
                 .invoke_async(&mut conn)
                 .await?;
-            if !matches!(acquired.first(), Some(redis::Value::Int(1))) {
+            // The token alone, or {1, token} from an older acquire.lua.
+            let granted = match &acquired {
+                redis::Value::BulkString(_) => true,
+                redis::Value::Array(items) => matches!(items.first(), Some(redis::Value::Int(1))),
+                _ => false,
+            };
+            if !granted {
                 return Err(broken("a free key was not granted"));
             }
             let deleted: i64 = clients

@@ -8,7 +8,9 @@
 #
 # CLIENT: leasehold_manager leasehold_backend raw_redis
 # raw_redis_leasehold_scripts (default: all four). CYCLES (default 10000)
-# measured cycles; OUT (default target/profile) where outputs go.
+# measured cycles; OUT (default target/profile) where outputs go; BIN a
+# cycle_profile binary built earlier (to compare with an older build), in
+# place of building one.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 what=${1:?commands|monitor|server|client|hold}
@@ -18,8 +20,12 @@ clients=("$@")
 cycles=${CYCLES:-10000}
 out=${OUT:-target/profile}
 mkdir -p "$out"
-cargo bench --bench cycle_profile --no-run 2>/dev/null
-bin=$(ls -t target/release/deps/cycle_profile-* | grep -v '\.d$' | head -1)
+if [ -n "${BIN:-}" ]; then
+    bin=$BIN
+else
+    cargo bench --bench cycle_profile --no-run 2>/dev/null
+    bin=$(ls -t target/release/deps/cycle_profile-* | grep -v '\.d$' | head -1)
+fi
 run() { "$bin" --ignored --exact "$1" --nocapture --test-threads=1; }
 
 # A redis-server of our own on a free port, optionally under a tool: "$@".

@@ -486,11 +486,12 @@ impl LeaseBackend for RedisBackend {
             // acquisition future does not carry the reconnection's.
             Box::pin(notices.restore()).await;
         }
-        let call = scripts::acquire(&self.shared.layout, request);
         let route = self
             .lease_writes(true, || self.shared.layout.lease(&request.key))
             .await
             .map_err(|f| f.for_key(OP, &request.key))?;
+        let tracked = matches!(route, WriteRoute::Tracked { .. });
+        let call = scripts::acquire(&self.shared.layout, request, tracked);
         let sent_at = Instant::now();
         let reply = self
             .eval_write(&call, route, self.shared.wait)
@@ -686,7 +687,9 @@ impl LeaseBackend for RedisBackend {
             holder,
             notices.is_some(),
             notices.is_some_and(Notices::sharded),
-            notices.map_or(0, |n| n.own_subscription(&self.shared.layout.released(key))),
+            notices.map_or(0, |n| {
+                n.own_subscription(|| self.shared.layout.released(key))
+            }),
         );
         let route = self
             .lease_writes(false, || self.shared.layout.lease(key))

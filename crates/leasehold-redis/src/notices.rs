@@ -338,9 +338,14 @@ impl Notices {
 
     /// How many of `channel`'s subscribers on the server are this
     /// backend's notices connection: 1 while any watch holds it, else 0.
-    pub(crate) fn own_subscription(&self, channel: &str) -> u8 {
+    /// The channel's name is built only when something is watched: a
+    /// release with no waiter in this process (the usual one) builds none.
+    pub(crate) fn own_subscription(&self, channel: impl FnOnce() -> String) -> u8 {
         let channels = lock(&self.channels);
-        match channels.watched.get(channel.as_bytes()) {
+        if channels.watched.is_empty() {
+            return 0;
+        }
+        match channels.watched.get(channel().as_bytes()) {
             Some(c) if c.subscribed => 1,
             _ => 0,
         }

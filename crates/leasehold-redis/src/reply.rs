@@ -204,15 +204,27 @@ fn parse_stored(stored: &[u8]) -> Option<(FencingToken, &str)> {
     Some((FencingToken(token.parse().ok()?), label))
 }
 
-/// The reply of `acquire.lua`: `{1, token}` or `{0, value, pttl}`.
+/// The reply of `acquire.lua`: `token` or `{0, value, pttl}` (or `{1, token}`,
+/// as `read.lua` and `write.lua` grant).
 pub(crate) fn acquired(
     request: &AcquireRequest,
     sent_at: Instant,
     reply: &Value,
 ) -> Result<AcquireOutcome, Failure> {
-    const SHAPE: &str = "{1, token} or {0, value, pttl}";
-    let Value::Array(items) = plain(reply) else {
-        return Err(unexpected(SHAPE, reply));
+    const SHAPE: &str = "token, {1, token} or {0, value, pttl}";
+    let items = match plain(reply) {
+        // acquire.lua's grant: the token alone.
+        Value::BulkString(_) => {
+            return Ok(AcquireOutcome::Acquired(Grant::new(
+                request.key.clone(),
+                request.holder,
+                token(plain(reply))?,
+                request.ttl,
+                sent_at,
+            )));
+        }
+        Value::Array(items) => items,
+        _ => return Err(unexpected(SHAPE, reply)),
     };
     match (items.first().map(plain).and_then(int), items.as_slice()) {
         (Some(1), [_, token_reply]) => Ok(AcquireOutcome::Acquired(Grant::new(
@@ -469,14 +481,18 @@ mod tests {
             Ttl::parse("1s")?,
         );
         let now = Instant::now();
-        let ok = acquired(
-            &request,
-            now,
-            &Value::Array(vec![Value::Int(1), bulk("1700000000000001")]),
-        );
-        assert!(
-            matches!(ok, Ok(AcquireOutcome::Acquired(g)) if g.fencing_token == FencingToken(1_700_000_000_000_001))
-        );
+        // The token alone (acquire.lua), or with a 1 in front (read.lua,
+        // write.lua).
+        for reply in [
+            bulk("1700000000000001"),
+            Value::Array(vec![Value::Int(1), bulk("1700000000000001")]),
+        ] {
+            let ok = acquired(&request, now, &reply);
+            assert!(
+                matches!(ok, Ok(AcquireOutcome::Acquired(g)) if g.fencing_token == FencingToken(1_700_000_000_000_001)),
+                "{reply:?}"
+            );
+        }
         let held = acquired(
             &request,
             now,
@@ -491,6 +507,8 @@ mod tests {
         for bad in [
             Value::Nil,
             Value::Int(1),
+            bulk("-3"),
+            bulk("twelve"),
             Value::Array(vec![]),
             Value::Array(vec![Value::Int(1)]),
             Value::Array(vec![Value::Int(1), bulk("-3")]),

@@ -150,9 +150,22 @@ pub(crate) static INSPECT: LazyLock<Lua> =
 /// the (single-threaded) server busy and how large one request grows.
 pub(crate) const RENEW_BATCH: usize = 1000;
 
-/// `acquire.lua` for `request`.
-pub(crate) fn acquire(layout: &KeyLayout, request: &AcquireRequest) -> Call {
-    let mut call = Call::new(&ACQUIRE, 2);
+/// The length of `key`'s Redis key (`P`): the namespace, braces, the key.
+/// Its counter's and channel's (a permit's are its semaphore's) are no
+/// longer, before their suffix.
+fn lease_len(layout: &KeyLayout, key: &LeaseKey) -> usize {
+    layout.namespace().len() + key.as_str().len() + 3
+}
+
+/// `acquire.lua` for `request`, sent over a connection that tracks (client
+/// tracking on) when `tracked`: only there is a granted lease read again
+/// after it is written, to track it.
+pub(crate) fn acquire(layout: &KeyLayout, request: &AcquireRequest, tracked: bool) -> Call {
+    // Sized up front, so that the command is not copied as it grows: two
+    // keys, a holder id, a ttl (at most 20 digits), the label, the flag.
+    let label = request.label.as_deref().unwrap_or("");
+    let bytes = 2 * lease_len(layout, &request.key) + ":fence".len() + 32 + 20 + label.len() + 1;
+    let mut call = Call::with_capacity(&ACQUIRE, 2, 6, bytes);
     let mut key = Vec::with_capacity(64);
     layout.write_lease(&request.key, &mut key);
     call.cmd.arg(&key[..]);
@@ -164,7 +177,8 @@ pub(crate) fn acquire(layout: &KeyLayout, request: &AcquireRequest) -> Call {
         .arg(&key[..])
         .arg(&request.holder.to_hex_bytes()[..])
         .arg(request.lock_delay.expiry_millis(request.ttl))
-        .arg(request.label.as_deref().unwrap_or(""));
+        .arg(label)
+        .arg(if tracked { "1" } else { "0" });
     call
 }
 
@@ -225,7 +239,10 @@ pub(crate) fn release(
     sharded: bool,
     own: u8,
 ) -> Call {
-    let mut call = Call::new(&RELEASE, 1);
+    // Sized up front, as for acquire: a key, a holder id, a channel, the
+    // publish command, `own`.
+    let bytes = 2 * lease_len(layout, key) + ":released".len() + 32 + "SPUBLISH".len() + 1;
+    let mut call = Call::with_capacity(&RELEASE, 1, 5, bytes);
     let mut lease = Vec::with_capacity(64);
     layout.write_lease(key, &mut lease);
     call.cmd.arg(&lease[..]).arg(&holder.to_hex_bytes()[..]);
@@ -453,7 +470,7 @@ mod tests {
         }
 
         let request = AcquireRequest::new(a.clone(), h1, ttl).with_label("pod-1")?;
-        let call = acquire(&layout, &request);
+        let call = acquire(&layout, &request, true);
         assert_eq!(
             args(call.evalsha()),
             [
@@ -464,9 +481,11 @@ mod tests {
                 "leasehold:{a}:fence",
                 &h1.to_hex(),
                 "3000",
-                "pod-1"
+                "pod-1",
+                "1"
             ]
         );
+        assert_eq!(args(acquire(&layout, &request, false).evalsha())[8], "0");
         let call = release(&layout, &a, &h1, true, false, 1);
         assert_eq!(
             args(call.evalsha())[3..],
@@ -527,7 +546,7 @@ mod tests {
         assert_eq!(args(permit(&layout, &request, two, 3)?.evalsha())[2], "5");
         // A permit's counter and channel are its semaphore's.
         let slot = a.permit(1)?;
-        let call = acquire(&layout, &AcquireRequest::new(slot.clone(), h1, ttl));
+        let call = acquire(&layout, &AcquireRequest::new(slot.clone(), h1, ttl), true);
         assert_eq!(
             args(call.evalsha())[3..5],
             ["leasehold:{a}:permit:1", "leasehold:{a}:fence"]
@@ -559,7 +578,7 @@ mod tests {
         let ttl = leasehold_core::Ttl::parse("1s")?;
         let delay = leasehold_core::LockDelay::parse("2s")?;
         let request = AcquireRequest::new(a.clone(), h1, ttl).with_lock_delay(delay);
-        assert_eq!(args(acquire(&layout, &request).evalsha())[6], "3000");
+        assert_eq!(args(acquire(&layout, &request, true).evalsha())[6], "3000");
         let call = permit(&layout, &request, PermitLimit::new(1)?, 0)?;
         assert_eq!(args(call.evalsha())[7], "3000");
         let call = handover(&layout, &b, &h2, 0, false, &request);

@@ -300,6 +300,49 @@ async fn fencing_tokens_strictly_increase_over_1000_cycles() -> TestResult {
     Ok(())
 }
 
+/// A lease with no counter yet gets the server clock in microseconds as its
+/// token: at least the clock before the grant, at most the clock after it,
+/// both read by the server's own `TIME`. Leases are granted until twenty
+/// were granted within the first tenth of a second (a microsecond count of
+/// fewer than six digits, which the token must pad), within a bound.
+#[tokio::test]
+async fn a_first_token_is_the_server_clock_in_microseconds() -> TestResult {
+    let server = RedisServer::start()?;
+    let backend = connect(&server).await;
+    let mut side = redis::Client::open(server.url())?
+        .get_multiplexed_async_connection()
+        .await?;
+    let grants = async {
+        let mut padded = 0;
+        for i in 0.. {
+            let (s, us): (u64, u64) = redis::cmd("TIME").query_async(&mut side).await?;
+            let before = s * 1_000_000 + us;
+            let k = key(&format!("clock-{i}"));
+            let token = acquire(&backend, &k, holder(), ttl("10s"))
+                .await?
+                .fencing_token
+                .0;
+            let (s2, us2): (u64, u64) = redis::cmd("TIME").query_async(&mut side).await?;
+            let after = s2 * 1_000_000 + us2;
+            assert!(
+                before <= token && token <= after,
+                "lease {i}: token {token}, server clock {before}..{after}"
+            );
+            if s == s2 && us2 < 100_000 {
+                padded += 1;
+                if padded == 20 {
+                    break;
+                }
+            }
+        }
+        Ok::<_, Box<dyn std::error::Error>>(())
+    };
+    tokio::time::timeout(Duration::from_secs(10), grants)
+        .await
+        .map_err(|_| "no twenty grants within a tenth of a second's start in 10 s")??;
+    Ok(())
+}
+
 #[tokio::test]
 async fn a_counter_ahead_of_the_clock_is_followed_and_a_bad_one_refused() -> TestResult {
     let server = RedisServer::start()?;
@@ -317,17 +360,24 @@ async fn a_counter_ahead_of_the_clock_is_followed_and_a_bad_one_refused() -> Tes
     let next = acquire(&backend, &k, holder(), ttl("10s")).await?;
     assert_eq!(next.fencing_token, FencingToken(5_000_000_000_000_002));
 
-    // A counter that is not a number stops acquisition and is left as it was.
-    let bad = key("not-a-number");
-    let fence = format!("{}:fence", storage_key(&bad));
-    server.cli(&["SET", &fence, "twelve"])?;
-    let err = backend
-        .try_acquire(&AcquireRequest::new(bad.clone(), holder(), ttl("10s")))
-        .await
-        .expect_err("a counter that is not a number");
-    assert!(err.to_string().contains("not an integer"), "{err}");
-    assert_eq!(server.cli(&["GET", &fence])?, "twelve");
-    assert_eq!(backend.inspect(&bad).await?, None, "no lease was written");
+    // A counter that is not a number stops acquisition and is left as it
+    // was; so does one as long as the clock's microseconds and below them
+    // in text order, which a comparison of text alone would let through.
+    for (name, counter) in [
+        ("not-a-number", "twelve"),
+        ("digits-and-x", "1000000000000x00"),
+    ] {
+        let bad = key(name);
+        let fence = format!("{}:fence", storage_key(&bad));
+        server.cli(&["SET", &fence, counter])?;
+        let err = backend
+            .try_acquire(&AcquireRequest::new(bad.clone(), holder(), ttl("10s")))
+            .await
+            .expect_err("a counter that is not a number");
+        assert!(err.to_string().contains("not an integer"), "{err}");
+        assert_eq!(server.cli(&["GET", &fence])?, counter);
+        assert_eq!(backend.inspect(&bad).await?, None, "no lease was written");
+    }
 
     // The same for a handover, which grants the same way: refused before
     // the lease is touched, so the releasing holder still holds it.

@@ -224,6 +224,41 @@ async fn tracking_can_be_turned_off() -> TestResult {
     Ok(())
 }
 
+/// How many times the server ran `command` since the last `CONFIG
+/// RESETSTAT`, inside scripts included: the server's own count.
+fn calls(server: &RedisServer, command: &str) -> Result<u64, Box<dyn std::error::Error>> {
+    let stats = server.cli(&["INFO", "commandstats"])?;
+    let prefix = format!("cmdstat_{command}:calls=");
+    Ok(stats
+        .lines()
+        .find_map(|l| l.strip_prefix(prefix.as_str()))
+        .and_then(|rest| rest.split(',').next())
+        .map_or(Ok(0), str::parse)?)
+}
+
+/// Without tracking, a grant does not read its lease again once written:
+/// the read only tracks it, and nothing tracks there. With tracking, the
+/// test above sees the read's effect.
+#[tokio::test]
+async fn an_untracked_grant_does_not_read_its_lease_again() -> TestResult {
+    let server = RedisServer::start()?;
+    let backend = RedisBackend::builder(server.url())
+        .track_lease_changes(false)
+        .connect()
+        .await?;
+    let (k, me) = (key("unread"), holder());
+    assert_eq!(server.cli(&["CONFIG", "RESETSTAT"])?, "OK");
+    acquire(&backend, &k, me, ttl("30s")).await?;
+    // Refreshed by its holder: no read after that write either.
+    acquire(&backend, &k, me, ttl("30s")).await?;
+    // The scripts ran: the grant set the lease and its counter, the
+    // refresh the lease.
+    assert_eq!(calls(&server, "set")?, 3);
+    assert_eq!(calls(&server, "pttl")?, 0);
+    assert_eq!(server.cli(&["EXISTS", &storage_key(&k)])?, "1");
+    Ok(())
+}
+
 /// Behind Sentinel, a call that times out makes the backend look the
 /// master up again on its next call. A grant that is that next call must
 /// still be tracked: the new connection gets tracking before the grant.

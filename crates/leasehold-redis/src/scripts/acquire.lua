@@ -5,11 +5,17 @@
 -- ARGV[1]  holder   the holder id, 32 lowercase hex digits
 -- ARGV[2]  ttl      the lease's time to live, in milliseconds
 -- ARGV[3]  label    a public label shown to others (may be empty)
+-- ARGV[4]  track    '0' when the connection does not track: the lease is
+--                   then not read again once written (see grant.lua);
+--                   anything else, or left out, reads it
 --
--- Returns {1, token}        when the lease is ours (token: the fencing token, a decimal string)
+-- Returns token            when the lease is ours (the fencing token, a decimal string:
+--                          a bare string, which costs the server and the client less
+--                          to convert than a table would)
 --      or {0, value, pttl}  when someone else holds it (their stored value and PTTL).
 
 local holder, ttl, label = ARGV[1], ARGV[2], ARGV[3]
+local track = ARGV[4] ~= '0'
 local mine = holder .. ':'
 
 -- 1. Read the lease. A key of another type gives WRONGTYPE, passed on as the reply's
@@ -28,8 +34,10 @@ if current then
     redis.call('SET', KEYS[1], mine .. token .. ':' .. label, 'PX', ttl)
     -- The SET dropped the lease's client tracking; read it to track it again
     -- (see grant.lua).
-    redis.pcall('PTTL', KEYS[1])
-    return {1, token}
+    if track then
+      redis.pcall('PTTL', KEYS[1])
+    end
+    return token
   end
   -- 2b. Someone else's: report their public value and how long it still lives.
   --     (On a tracking connection this tracks their lease too: the holder's
@@ -39,8 +47,8 @@ if current then
 end
 
 -- 3. Free: grant it (grant.lua, sent in front of this script).
-local token, refused = grant(KEYS[1], KEYS[2], holder, ttl, label)
+local token, refused = grant(KEYS[1], KEYS[2], holder, ttl, label, track)
 if not token then
   return refused
 end
-return {1, token}
+return token

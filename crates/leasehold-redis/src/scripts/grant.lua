@@ -1,9 +1,11 @@
 -- grant.lua: the grant that acquire.lua and handover.lua end with. Scripts
 -- cannot call one another, so both are sent with this text in front.
 --
--- grant(lease, fence, holder, ttl, label) gives the free lease `lease` to
--- `holder` (32 lowercase hex digits) for `ttl` milliseconds, with its public
--- `label`, and advances its fencing counter `fence`. It returns the fencing
+-- grant(lease, fence, holder, ttl, label, track) gives the free lease
+-- `lease` to `holder` (32 lowercase hex digits) for `ttl` milliseconds, with
+-- its public `label`, and advances its fencing counter `fence`. `track` false
+-- says the connection does not track (the read below is then skipped); left
+-- out, the lease is read as on a tracking connection. It returns the fencing
 -- token (a decimal string), or nil and an error reply when the counter is
 -- not a number (then nothing is written).
 --
@@ -16,38 +18,48 @@
 -- lease (and on Redis 7.0 the counter), and the counter is written last,
 -- which drops the counter's: a counter never expires, and
 -- tracked it would keep an entry in the server's tracking table after the
--- lease is gone.
+-- lease is gone. On a connection that does not track, the read would only
+-- cost the server a lookup, so the caller can skip it.
 --
--- Numbers go to redis.call only through string.format('%.0f', n): Redis may
--- render a large Lua number in exponent form.
+-- Numbers go to redis.call only as strings built here (string.format('%.0f',
+-- n) where arithmetic is needed): Redis may render a large Lua number in
+-- exponent form.
 
-local function grant(lease, fence, holder, ttl, label)
-  -- 1. A floor from the server clock, in microseconds (< 2^53, so exact),
-  --    so tokens keep rising even if a restart lost the counter.
+local function grant(lease, fence, holder, ttl, label, track)
+  -- 1. A floor from the server clock, in microseconds, so tokens keep
+  --    rising even if a restart lost the counter: TIME's seconds, then its
+  --    microseconds padded to six digits. Built as a string, it costs no
+  --    parse of TIME's reply and no formatting of a 16-digit number.
   local t = redis.call('TIME')
-  local floor = tonumber(t[1]) * 1000000 + tonumber(t[2])
+  local floor = t[1] .. string.sub('00000' .. t[2], -6)
 
   -- 2. The token is one past the counter, lifted to the floor. A counter of
   --    another type fails the GET with WRONGTYPE; one that is not a number
   --    is refused, as INCR would: nothing is written either way.
-  local n = floor
+  local token = floor
   local before = redis.call('GET', fence)
-  if before then
+  -- A counter of plain digits (no sign, no leading zero: as this script
+  --   writes it) and fewer of them, or as many and smaller in text order, is
+  --   below the floor: the floor is the token, no number read. Anything
+  --   else is read as a number and compared (< 2^53, so exact).
+  if before and not (string.find(before, '^[1-9]%d*$')
+      and (#before < #floor or (#before == #floor and before < floor))) then
     local c = tonumber(before)
     if not c then
       return nil, redis.error_reply('ERR the fencing counter is not an integer')
     end
-    if c >= floor then
+    if c >= tonumber(floor) then
       -- The counter is ahead: a clock that stepped back, or two grants
       -- within one microsecond.
-      n = c + 1
+      token = string.format('%.0f', c + 1)
     end
   end
-  local token = string.format('%.0f', n)
 
   -- 3. Store the lease with its expiry, and track it (see above).
   redis.call('SET', lease, holder .. ':' .. token .. ':' .. label, 'PX', ttl)
-  redis.pcall('PTTL', lease)
+  if track ~= false then
+    redis.pcall('PTTL', lease)
+  end
 
   -- 4. The counter keeps the token; written last, so that it is not tracked.
   redis.call('SET', fence, token)
