@@ -185,17 +185,20 @@ async fn raw_scripts_cycle(clients: &Clients, key: &str) -> BenchResult<Cycle> {
     let holder = format!("{:032x}", fastrand::u128(..));
     let (lease, fence) = (format!("{key}:raw"), format!("{key}:raw:fence"));
     let t0 = Instant::now();
-    let acquired: Vec<redis::Value> = LEASEHOLD_ACQUIRE
+    let acquired: redis::Value = LEASEHOLD_ACQUIRE
         .key(&lease)
         .key(&fence)
         .arg(&holder)
         .arg(30_000)
         .arg("")
+        // The raw connection does not track: no read after the grant.
+        .arg("0")
         .invoke_async(&mut conn)
         .await?;
     let t1 = Instant::now();
-    let token = match acquired.as_slice() {
-        [redis::Value::Int(1), token] => redis::from_redis_value::<u64>(token.clone()).ok(),
+    // A grant is the bare token; a refusal is {0, value, pttl}.
+    let token = match acquired {
+        token @ redis::Value::BulkString(_) => redis::from_redis_value::<u64>(token).ok(),
         _ => None,
     };
     check(token.is_some(), key, "a free key was not granted")?;
