@@ -2,44 +2,19 @@
 //! paused clock. The backend's own store (`inspect` of each permit key) is
 //! the witness of who holds what.
 
+mod common;
+
+use common::{RequiredOnly, TestResult, key, waiting, within};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
-use leasehold_core::{
-    AcquireOutcome, AcquireRequest, BackendError, HolderId, LeaseBackend, LeaseInfo, LeaseKey,
-    MemoryBackend, PermitLimit, ReleaseOutcome, RenewOutcome, RenewRequest, Ttl,
-};
+use leasehold_core::{BackendError, LeaseBackend, LeaseKey, MemoryBackend, PermitLimit, Ttl};
 use leasehold_watchdog::{Backoff, LeaseError, LeaseManager, LeaseOptions, LossReason};
 use tokio::time::{Instant, sleep};
 
-type TestResult = Result<(), Box<dyn std::error::Error>>;
-
-/// `future`'s output, or a failure naming `what` when it has not come
-/// within `limit` (tokio time: on the paused clock the runtime advances to
-/// it), so that a broken mechanism fails the test instead of hanging it.
-async fn within<T>(limit: Duration, what: &str, future: impl std::future::Future<Output = T>) -> T {
-    tokio::time::timeout(limit, future)
-        .await
-        .unwrap_or_else(|_| panic!("{what}: nothing within {limit:?}"))
-}
-
-fn key(k: &str) -> LeaseKey {
-    LeaseKey::new(k).expect("valid key")
-}
-
 fn limit(n: u32) -> PermitLimit {
     PermitLimit::new(n).expect("valid limit")
-}
-
-/// Waits up to a minute, polling every `poll`.
-fn waiting(ttl: &str, poll: Duration) -> LeaseOptions {
-    LeaseOptions::builder()
-        .ttl(Ttl::parse(ttl).expect("valid ttl"))
-        .wait(Duration::from_secs(60))
-        .backoff(Backoff::fixed(poll))
-        .build()
-        .expect("valid options")
 }
 
 /// How many of `semaphore`'s first `n` permit keys the backend holds.
@@ -189,38 +164,9 @@ async fn a_limit_mismatch_ends_the_wait_at_once() -> TestResult {
     Ok(())
 }
 
-/// `MemoryBackend` without permits: the trait's default refuses them.
-#[derive(Clone)]
-struct NoPermits(MemoryBackend);
-
-impl LeaseBackend for NoPermits {
-    async fn try_acquire(&self, request: &AcquireRequest) -> Result<AcquireOutcome, BackendError> {
-        self.0.try_acquire(request).await
-    }
-
-    async fn renew_many(
-        &self,
-        requests: &[RenewRequest],
-    ) -> Vec<Result<RenewOutcome, BackendError>> {
-        self.0.renew_many(requests).await
-    }
-
-    async fn release(
-        &self,
-        key: &LeaseKey,
-        holder: &HolderId,
-    ) -> Result<ReleaseOutcome, BackendError> {
-        self.0.release(key, holder).await
-    }
-
-    async fn inspect(&self, key: &LeaseKey) -> Result<Option<LeaseInfo>, BackendError> {
-        self.0.inspect(key).await
-    }
-}
-
 #[tokio::test(start_paused = true)]
 async fn a_backend_without_permits_is_a_final_error() -> TestResult {
-    let manager = LeaseManager::new(NoPermits(MemoryBackend::new()))?;
+    let manager = LeaseManager::new(RequiredOnly(MemoryBackend::new()))?;
     let options = waiting("10s", Duration::from_secs(1));
     let started = Instant::now();
     let error = within(

@@ -1,0 +1,73 @@
+//! What the manager's tests of counting and read-write leases share: waits
+//! with a bound, options, and a backend with only the methods every
+//! backend must have.
+
+// Each test binary uses its own part of this module.
+#![allow(dead_code)]
+
+use std::time::Duration;
+
+use leasehold_core::{
+    AcquireOutcome, AcquireRequest, BackendError, HolderId, LeaseBackend, LeaseInfo, LeaseKey,
+    MemoryBackend, ReleaseOutcome, RenewOutcome, RenewRequest, Ttl,
+};
+use leasehold_watchdog::{Backoff, LeaseOptions};
+
+pub(crate) type TestResult = Result<(), Box<dyn std::error::Error>>;
+
+/// `future`'s output, or a failure naming `what` when it has not come
+/// within `limit` (tokio time: on the paused clock the runtime advances to
+/// it), so that a broken mechanism fails the test instead of hanging it.
+pub(crate) async fn within<T>(
+    limit: Duration,
+    what: &str,
+    future: impl std::future::Future<Output = T>,
+) -> T {
+    tokio::time::timeout(limit, future)
+        .await
+        .unwrap_or_else(|_| panic!("{what}: nothing within {limit:?}"))
+}
+
+pub(crate) fn key(k: &str) -> LeaseKey {
+    LeaseKey::new(k).expect("valid key")
+}
+
+/// Waits up to a minute, polling every `poll`.
+pub(crate) fn waiting(ttl: &str, poll: Duration) -> LeaseOptions {
+    LeaseOptions::builder()
+        .ttl(Ttl::parse(ttl).expect("valid ttl"))
+        .wait(Duration::from_secs(60))
+        .backoff(Backoff::fixed(poll))
+        .build()
+        .expect("valid options")
+}
+
+/// `MemoryBackend` with only the required methods: the trait's defaults
+/// refuse permits and read-write leases (`Unsupported`).
+#[derive(Clone)]
+pub(crate) struct RequiredOnly(pub(crate) MemoryBackend);
+
+impl LeaseBackend for RequiredOnly {
+    async fn try_acquire(&self, request: &AcquireRequest) -> Result<AcquireOutcome, BackendError> {
+        self.0.try_acquire(request).await
+    }
+
+    async fn renew_many(
+        &self,
+        requests: &[RenewRequest],
+    ) -> Vec<Result<RenewOutcome, BackendError>> {
+        self.0.renew_many(requests).await
+    }
+
+    async fn release(
+        &self,
+        key: &LeaseKey,
+        holder: &HolderId,
+    ) -> Result<ReleaseOutcome, BackendError> {
+        self.0.release(key, holder).await
+    }
+
+    async fn inspect(&self, key: &LeaseKey) -> Result<Option<LeaseInfo>, BackendError> {
+        self.0.inspect(key).await
+    }
+}
