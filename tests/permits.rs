@@ -2,39 +2,22 @@
 //! the server's own state read on a side connection: the permit keys that
 //! exist, and their PTTL.
 
+#[path = "common/holders.rs"]
+mod holders;
+
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use leasehold::redis::RedisBackend;
-use leasehold::redis::redis::{self, AsyncCommands};
+use leasehold::redis::redis::AsyncCommands;
 use leasehold::{Backoff, LeaseManager, LeaseOptions, PermitLimit, Ttl};
 use leasehold_testkit::RedisServer;
 use tokio::time::Instant;
 
+use holders::{Error, crash_holding, manager, side, stored, within};
+
 type TestResult = Result<(), Box<dyn std::error::Error + Send + Sync>>;
-type Error = Box<dyn std::error::Error + Send + Sync>;
-
-/// `future`'s output, or a failure naming `what` when it has not come
-/// within `limit`, so that a broken mechanism fails the test instead of
-/// hanging it.
-async fn within<T>(limit: Duration, what: &str, future: impl std::future::Future<Output = T>) -> T {
-    tokio::time::timeout(limit, future)
-        .await
-        .unwrap_or_else(|_| panic!("{what}: nothing within {limit:?}"))
-}
-
-async fn manager(server: &RedisServer) -> Result<LeaseManager<RedisBackend>, Error> {
-    Ok(LeaseManager::new(
-        RedisBackend::connect(server.url()).await?,
-    )?)
-}
-
-async fn side(server: &RedisServer) -> redis::RedisResult<redis::aio::MultiplexedConnection> {
-    redis::Client::open(server.url())?
-        .get_multiplexed_async_connection()
-        .await
-}
 
 fn options(ttl: &str, wait: Duration) -> LeaseOptions {
     LeaseOptions::builder()
@@ -43,11 +26,6 @@ fn options(ttl: &str, wait: Duration) -> LeaseOptions {
         .backoff(Backoff::fixed(Duration::from_millis(500)))
         .build()
         .expect("valid options")
-}
-
-/// The Redis key of a permit (default namespace).
-fn stored(permit: &leasehold::LeaseKey) -> String {
-    format!("leasehold:{permit}")
 }
 
 /// 32 contenders on 8 managers share the 4 permits of one semaphore. While
@@ -124,33 +102,12 @@ async fn thirty_two_contenders_never_exceed_four_permits() -> TestResult {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_crashed_holders_permit_frees_at_its_ttl() -> TestResult {
     let server = RedisServer::start()?;
-    let url = server.url();
-    // The crashing holder lives on a runtime of its own, dropped below.
-    let crashed = std::thread::spawn(move || -> Result<String, Error> {
-        let runtime = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(1)
-            .enable_all()
-            .build()?;
-        let permit_key = runtime.block_on(async {
-            let manager = LeaseManager::new(RedisBackend::connect(url).await?)?;
-            let permit = manager
-                .acquire_permit(
-                    "crash",
-                    PermitLimit::new(1)?,
-                    &options("2s", Duration::ZERO),
-                )
-                .await?;
-            let key = stored(permit.key());
-            // No release, no drop: the process dies holding it.
-            std::mem::forget(permit);
-            Ok::<_, Error>(key)
-        })?;
-        drop(runtime);
-        Ok(permit_key)
-    });
-    let permit_key = crashed
-        .join()
-        .map_err(|_| "the holder's thread panicked")??;
+    let permit_key = crash_holding(&server, async |manager| {
+        let limit = PermitLimit::new(1)?;
+        Ok(manager
+            .acquire_permit("crash", limit, &options("2s", Duration::ZERO))
+            .await?)
+    })?;
     let crashed_at = Instant::now();
     let mut side = side(&server).await?;
     let pttl: i64 = side.pttl(&permit_key).await?;

@@ -3,39 +3,21 @@
 //! the reader keys that exist, and their PTTL) and by an in-test count of
 //! the holders that believe they hold.
 
+#[path = "common/holders.rs"]
+mod holders;
+
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::Duration;
 
-use leasehold::redis::RedisBackend;
 use leasehold::redis::redis::{self, AsyncCommands};
-use leasehold::{Backoff, LeaseManager, LeaseOptions, Ttl};
+use leasehold::{Backoff, LeaseOptions, Ttl};
 use leasehold_testkit::RedisServer;
 use tokio::time::Instant;
 
+use holders::{Error, crash_holding, manager, side, stored, within};
+
 type TestResult = Result<(), Box<dyn std::error::Error + Send + Sync>>;
-type Error = Box<dyn std::error::Error + Send + Sync>;
-
-/// `future`'s output, or a failure naming `what` when it has not come
-/// within `limit`, so that a broken mechanism fails the test instead of
-/// hanging it.
-async fn within<T>(limit: Duration, what: &str, future: impl std::future::Future<Output = T>) -> T {
-    tokio::time::timeout(limit, future)
-        .await
-        .unwrap_or_else(|_| panic!("{what}: nothing within {limit:?}"))
-}
-
-async fn manager(server: &RedisServer) -> Result<LeaseManager<RedisBackend>, Error> {
-    Ok(LeaseManager::new(
-        RedisBackend::connect(server.url()).await?,
-    )?)
-}
-
-async fn side(server: &RedisServer) -> redis::RedisResult<redis::aio::MultiplexedConnection> {
-    redis::Client::open(server.url())?
-        .get_multiplexed_async_connection()
-        .await
-}
 
 fn options(ttl: &str, wait: Duration, poll: Duration) -> LeaseOptions {
     LeaseOptions::builder()
@@ -44,11 +26,6 @@ fn options(ttl: &str, wait: Duration, poll: Duration) -> LeaseOptions {
         .backoff(Backoff::fixed(poll))
         .build()
         .expect("valid options")
-}
-
-/// The Redis key of a share key (default namespace).
-fn stored(share: &leasehold::LeaseKey) -> String {
-    format!("leasehold:{share}")
 }
 
 /// The reader keys of the read-write lease `rw` on the server.
@@ -215,32 +192,10 @@ async fn a_writer_waits_about_one_reader_hold() -> TestResult {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_crashed_readers_share_frees_at_its_ttl() -> TestResult {
     let server = RedisServer::start()?;
-    let url = server.url();
-    // The crashing reader lives on a runtime of its own, dropped below.
-    let crashed = std::thread::spawn(move || -> Result<String, Error> {
-        let runtime = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(1)
-            .enable_all()
-            .build()?;
-        let share_key = runtime.block_on(async {
-            let manager = LeaseManager::new(RedisBackend::connect(url).await?)?;
-            let lease = manager
-                .acquire_read(
-                    "crash",
-                    &options("2s", Duration::ZERO, Duration::from_millis(500)),
-                )
-                .await?;
-            let key = stored(lease.key());
-            // No release, no drop: the process dies holding it.
-            std::mem::forget(lease);
-            Ok::<_, Error>(key)
-        })?;
-        drop(runtime);
-        Ok(share_key)
-    });
-    let share_key = crashed
-        .join()
-        .map_err(|_| "the reader's thread panicked")??;
+    let share_key = crash_holding(&server, async |manager| {
+        let options = options("2s", Duration::ZERO, Duration::from_millis(500));
+        Ok(manager.acquire_read("crash", &options).await?)
+    })?;
     let crashed_at = Instant::now();
     let mut side = side(&server).await?;
     let pttl: i64 = side.pttl(&share_key).await?;
