@@ -1,4 +1,5 @@
-//! What a server must offer, checked once at connect: its name and version
+//! What a server must offer, checked once at connect (and behind Sentinel
+//! on each master resolved later, `connection.rs`): its name and version
 //! (`HELLO`, without arguments, so that the connection keeps its protocol)
 //! and the commands the scripts call (`COMMAND INFO`), both sent at once.
 //!

@@ -538,7 +538,12 @@ impl RedisBackendBuilder {
                 Ok::<(), std::convert::Infallible>(())
             });
         }
-        let conn = Arc::new(SentinelConn::new(client, config, tracking.cloned()));
+        let needs = Needs {
+            cluster: false,
+            wait: self.wait.is_some(),
+        };
+        let conn =
+            Arc::new(SentinelConn::new(client, config, tracking.cloned()).checking(needs, shown));
         self.bounded_connect(conn.current(), shown).await?;
         Ok(Conn::Sentinel(conn))
     }

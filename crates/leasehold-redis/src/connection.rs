@@ -13,6 +13,7 @@ use redis::cluster_routing::{
 use redis::sentinel::SentinelClient;
 use redis::{AsyncConnectionConfig, Cmd, ErrorKind, RedisResult, ServerErrorKind, Value};
 
+use crate::capabilities::Needs;
 use crate::scripts::Call;
 use crate::tracking::Tracking;
 
@@ -302,6 +303,10 @@ pub(crate) struct SentinelConn {
     next_generation: AtomicU64,
     /// Client tracking, told of every new connection to a master.
     tracking: Option<Arc<Tracking>>,
+    /// What a master must offer, and the URL to name in a refusal: a
+    /// master the sentinels promote later is checked as the first one was
+    /// at connect (`capabilities.rs`).
+    check: Option<(Needs, String)>,
 }
 
 impl SentinelConn {
@@ -316,7 +321,15 @@ impl SentinelConn {
             current: Mutex::new(None),
             next_generation: AtomicU64::new(0),
             tracking,
+            check: None,
         }
+    }
+
+    /// Checks every master resolved after the first (which the connect
+    /// checks itself) for what the backend calls.
+    pub(crate) fn checking(mut self, needs: Needs, shown: &str) -> Self {
+        self.check = Some((needs, shown.to_owned()));
+        self
     }
 
     fn cached(&self) -> Option<(u64, MultiplexedConnection)> {
@@ -358,9 +371,18 @@ impl SentinelConn {
         if let Some(current) = self.cached() {
             return Ok(current);
         }
-        let conn = client
+        let mut conn = client
             .get_async_connection_with_config(&self.config)
             .await?;
+        if self.next_generation.load(Ordering::Relaxed) > 0
+            && let Some((needs, shown)) = &self.check
+        {
+            // A promoted master: refused (and not kept, so that the next
+            // call asks the sentinels again) when it lacks what the
+            // scripts call, with an error that names it, rather than a
+            // script error later.
+            refuse_unsupported(&mut conn, *needs, shown).await?;
+        }
         let generation = self.next_generation.fetch_add(1, Ordering::Relaxed);
         if let Some(tracking) = &self.tracking {
             // A new connection (perhaps to a newly promoted master, which
@@ -379,6 +401,30 @@ impl SentinelConn {
         if slot.as_ref().is_some_and(|(g, _)| *g == generation) {
             *slot = None;
         }
+    }
+}
+
+/// Asks a newly resolved master for its name, version and commands, and
+/// turns a refusal into a server error whose code is `UNSUPPORTED` and
+/// whose text is the connect-time refusal's (server, version, what is
+/// missing). A master that cannot be judged is accepted, as at connect.
+async fn refuse_unsupported(
+    conn: &mut MultiplexedConnection,
+    needs: Needs,
+    shown: &str,
+) -> RedisResult<()> {
+    let (hello, info) = needs.probes();
+    let mut both = conn.clone();
+    let (hello, info) = tokio::join!(
+        hello.query_async::<Value>(conn),
+        info.query_async::<Value>(&mut both)
+    );
+    match needs.judge(hello, info, shown) {
+        Ok(_) => Ok(()),
+        Err(refused) => Err(redis::make_extension_error(
+            "UNSUPPORTED".to_owned(),
+            Some(refused.to_string()),
+        )),
     }
 }
 

@@ -1,6 +1,8 @@
 //! Setting up a backend: URLs, passwords, unreachable servers, servers
 //! that lack what the library needs.
 
+mod common;
+
 use std::time::Duration;
 
 use leasehold_redis::{Error, Missing, RedisBackend, RedlockBackend, Topology};
@@ -180,5 +182,71 @@ async fn every_topology_reads_the_server_and_accepts_it() -> TestResult {
     let expected = info_server(&cluster.nodes()[0])?;
     let read = backend.server_info().ok_or("cluster: no server info")?;
     assert_eq!((read.name(), read.version()), (&*expected.0, &*expected.1));
+    Ok(())
+}
+
+/// A master the sentinels promote after connect is checked as the first
+/// one was: the replica lacks `PEXPIRE` (renamed away on its command
+/// line), and once it is the master the backend's next call is refused
+/// with an error that names it, its version and the command, rather than
+/// granting a lease that no renewal could keep.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_promoted_master_without_a_command_is_refused_by_name() -> TestResult {
+    use leasehold_core::{
+        AcquireOutcome, AcquireRequest, BackendError, LeaseBackend, ReleaseOutcome,
+    };
+
+    let mut set = tokio::task::block_in_place(|| {
+        SentinelSet::start_with_replica_args(
+            Duration::from_millis(1000),
+            &["--rename-command", "PEXPIRE", ""],
+        )
+    })?;
+    // The witness that the replica lacks it: the server itself refuses it.
+    assert!(set.replica().cli(&["PEXPIRE", "k", "1000"]).is_err());
+    let backend = RedisBackend::connect(set.url()).await?;
+    let (key, ttl) = (common::key("promoted"), common::ttl("30s"));
+    let first = AcquireRequest::new(key.clone(), common::holder(), ttl);
+    // The first master has every command: a lease is granted and given back.
+    assert!(matches!(
+        backend.try_acquire(&first).await?,
+        AcquireOutcome::Acquired(_)
+    ));
+    assert_eq!(
+        backend.release(&key, &first.holder).await?,
+        ReleaseOutcome::Released
+    );
+
+    tokio::task::block_in_place(|| -> Result<(), leasehold_testkit::TestkitError> {
+        set.kill_master()?;
+        set.wait_for_failover()?;
+        Ok(())
+    })?;
+    let (name, version) = info_server(set.master())?;
+    let request = AcquireRequest::new(key.clone(), common::holder(), ttl);
+    // Calls on the dead master's connection fail as unavailable until the
+    // backend asks the sentinels again; bounded.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let detail = loop {
+        match backend.try_acquire(&request).await {
+            Ok(outcome) => panic!("a master without PEXPIRE answered {outcome:?}"),
+            Err(BackendError::Server {
+                detail, transient, ..
+            }) if detail.starts_with("UNSUPPORTED") => {
+                assert!(!transient, "{detail}");
+                break detail;
+            }
+            Err(other) if other.is_transient() && Instant::now() < deadline => {
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            Err(other) => panic!("expected the promoted master refused, got {other:?}"),
+        }
+    };
+    for part in [name.as_str(), version.as_str(), "PEXPIRE"] {
+        assert!(detail.contains(part), "{part} not in: {detail}");
+    }
+    // No lease was written on the refused master.
+    let exists = set.master().cli(&["EXISTS", &common::storage_key(&key)])?;
+    assert_eq!(exists.trim(), "0");
     Ok(())
 }

@@ -63,14 +63,31 @@ impl SentinelSet {
     ///
     /// As [`start`](Self::start).
     pub fn start_with_down_after(down_after: Duration) -> Result<Self, TestkitError> {
+        Self::start_with_replica_args(down_after, &[])
+    }
+
+    /// As [`start_with_down_after`](Self::start_with_down_after), with
+    /// `args` added to the replica's command line: for example
+    /// `["--rename-command", "PEXPIRE", ""]` for a replica that, once
+    /// promoted, lacks a command the master has.
+    ///
+    /// # Errors
+    ///
+    /// As [`start`](Self::start).
+    pub fn start_with_replica_args(
+        down_after: Duration,
+        args: &[&str],
+    ) -> Result<Self, TestkitError> {
         let started = Instant::now();
         let master = data_node(RedisServer::builder())?;
-        let replica = data_node(
-            RedisServer::builder()
-                .arg("--replicaof")
-                .arg("127.0.0.1")
-                .arg(master.port().to_string()),
-        )?;
+        let mut replica = RedisServer::builder()
+            .arg("--replicaof")
+            .arg("127.0.0.1")
+            .arg(master.port().to_string());
+        for arg in args {
+            replica = replica.arg(*arg);
+        }
+        let replica = data_node(replica)?;
         wait_until(READY_TIMEOUT, "sentinel set", || {
             let info = replica.cli(&["INFO", "replication"])?;
             Ok((!info.contains("master_link_status:up"))
