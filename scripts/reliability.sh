@@ -13,6 +13,25 @@ cd "$(dirname "$0")/.."
 parts=("$@")
 [ ${#parts[@]} -gt 0 ] || parts=(loss tracking campaign failover cli)
 
+# Runs `cargo test ARGS -- --nocapture ...` and prints the tests' output.
+# A run that fails (a test, or the build) stops the script with cargo's
+# output on stderr: an empty table must never pass for a measured one.
+run_tests() {
+  local args=() out err
+  while [ $# -gt 0 ] && [ "$1" != -- ]; do args+=("$1"); shift; done
+  [ $# -gt 0 ] && shift
+  err=$(mktemp)
+  if ! out=$(cargo test "${args[@]}" -- --nocapture "$@" 2>"$err"); then
+    printf '%s\n' "$out" >&2
+    cat "$err" >&2
+    rm -f "$err"
+    echo "reliability.sh: cargo test ${args[*]} failed; no table printed" >&2
+    exit 1
+  fi
+  rm -f "$err"
+  printf '%s\n' "$out"
+}
+
 # The tests' own output, less cargo's lines: tables, seeds and verdicts.
 tables() {
   grep -E "^(\\||campaign|seed)" || true
@@ -26,7 +45,7 @@ for part in "${parts[@]}"; do
       echo "| fault | figure | samples | median | worst |"
       echo "|---|---|---|---|---|"
       out=$(LEASEHOLD_LOSS_RUNS=${LEASEHOLD_LOSS_RUNS:-3} \
-        cargo test --release --test loss_detection -- --nocapture --test-threads 1 2>/dev/null)
+        run_tests --release --test loss_detection -- --test-threads 1)
       grep -E '^\|' <<<"$out" || true
       echo
       # The count follows its test's name on the same line.
@@ -38,18 +57,20 @@ for part in "${parts[@]}"; do
       echo "| topology | theft | samples | median | worst |"
       echo "|---|---|---|---|---|"
       # A row may follow its test's name on the same line.
-      cargo test --release --test tracking -- --nocapture --test-threads 1 2>/dev/null \
-        | grep -oE '\| [a-z]+ \| (Overwrite|Delete) \|.*\|$' || true
+      out=$(run_tests --release --test tracking -- --test-threads 1)
+      grep -oE '\| [a-z]+ \| (Overwrite|Delete) \|.*\|$' <<<"$out" || true
       ;;
     campaign)
       echo "### Fault campaign"
       echo
-      cargo test --release --test campaign -- --nocapture --test-threads 1 2>/dev/null | tables
+      out=$(run_tests --release --test campaign -- --test-threads 1)
+      tables <<<"$out"
       ;;
     failover)
       echo "### Failover campaign"
       echo
-      cargo test --release --test campaign_failover -- --nocapture 2>/dev/null | tables
+      out=$(run_tests --release --test campaign_failover --)
+      tables <<<"$out"
       ;;
     cli)
       echo "### leasehold run"
@@ -57,8 +78,8 @@ for part in "${parts[@]}"; do
       echo "| ending | figure | measured |"
       echo "|---|---|---|"
       # A row follows its test's name on the same line.
-      cargo test -p leasehold-cli --release --test cli -- --nocapture --test-threads 1 2>/dev/null \
-        | grep -oE '\| [a-z].*\|$' || true
+      out=$(run_tests -p leasehold-cli --release --test cli -- --test-threads 1)
+      grep -oE '\| [a-z].*\|$' <<<"$out" || true
       ;;
     *)
       echo "unknown part: $part (loss, tracking, campaign, failover, cli)" >&2
