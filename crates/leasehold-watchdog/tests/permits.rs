@@ -4,7 +4,7 @@
 
 mod common;
 
-use common::{RequiredOnly, TestResult, key, waiting, within};
+use common::{RequiredOnly, TestResult, check_renewed_then_lost, key, waiting, within};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
@@ -114,20 +114,7 @@ async fn a_permit_is_renewed_and_its_loss_fires_the_token() -> TestResult {
     let manager = LeaseManager::new(backend.clone())?;
     let options = LeaseOptions::with_ttl(Ttl::parse("600ms")?);
     let permit = manager.acquire_permit("render", limit(2), &options).await?;
-    sleep(Duration::from_millis(1800)).await;
-    // Three ttls on, the store still has it: the watchdog renewed it.
-    let info = backend.inspect(permit.key()).await?;
-    assert_eq!(
-        info.and_then(|i| i.fencing_token),
-        Some(permit.fencing_token())
-    );
-    assert!(permit.renewals() >= 4, "renewals: {}", permit.renewals());
-    assert_eq!(permit.loss_reason(), None);
-    assert!(backend.vanish(permit.key()));
-    let reason = within(Duration::from_secs(10), "the token", permit.lost()).await;
-    assert_eq!(reason, LossReason::Lost);
-    assert!(permit.token().is_cancelled());
-    Ok(())
+    check_renewed_then_lost(&backend, permit).await
 }
 
 #[tokio::test(start_paused = true)]

@@ -4,13 +4,13 @@
 
 mod common;
 
-use common::{RequiredOnly, TestResult, key, waiting, within};
+use common::{RequiredOnly, TestResult, check_renewed_then_lost, key, waiting, within};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use leasehold_core::{BackendError, LeaseBackend, LeaseKey, MemoryBackend, Ttl};
-use leasehold_watchdog::{Backoff, Lease, LeaseError, LeaseManager, LeaseOptions, LossReason};
+use leasehold_watchdog::{Backoff, LeaseError, LeaseManager, LeaseOptions, LossReason};
 use tokio::time::{Instant, sleep};
 
 fn ms(n: u64) -> Duration {
@@ -234,23 +234,6 @@ async fn a_share_is_renewed_and_its_loss_fires_the_token() -> TestResult {
     }
     let writer = manager.acquire_write("render", &options).await?;
     check_renewed_then_lost(&backend, writer).await
-}
-
-async fn check_renewed_then_lost(backend: &MemoryBackend, share: Lease) -> TestResult {
-    sleep(ms(1800)).await;
-    // Three ttls on, the store still has it: the watchdog renewed it.
-    let info = backend.inspect(share.key()).await?;
-    assert_eq!(
-        info.and_then(|i| i.fencing_token),
-        Some(share.fencing_token())
-    );
-    assert!(share.renewals() >= 4, "renewals: {}", share.renewals());
-    assert_eq!(share.loss_reason(), None);
-    assert!(backend.vanish(share.key()));
-    let reason = within(Duration::from_secs(10), "the token", share.lost()).await;
-    assert_eq!(reason, LossReason::Lost);
-    assert!(share.token().is_cancelled());
-    Ok(())
 }
 
 #[tokio::test(start_paused = true)]

@@ -11,7 +11,7 @@ use leasehold_core::{
     AcquireOutcome, AcquireRequest, BackendError, HolderId, LeaseBackend, LeaseInfo, LeaseKey,
     MemoryBackend, ReleaseOutcome, RenewOutcome, RenewRequest, Ttl,
 };
-use leasehold_watchdog::{Backoff, LeaseOptions};
+use leasehold_watchdog::{Backoff, Lease, LeaseOptions, LossReason};
 
 pub(crate) type TestResult = Result<(), Box<dyn std::error::Error>>;
 
@@ -70,4 +70,24 @@ impl LeaseBackend for RequiredOnly {
     async fn inspect(&self, key: &LeaseKey) -> Result<Option<LeaseInfo>, BackendError> {
         self.0.inspect(key).await
     }
+}
+
+/// Three ttls on (paused clock), the store still has `lease` with its
+/// fencing token: the watchdog renewed it. Then the store loses it, and
+/// the lease's token fires with `Lost` within a bound.
+pub(crate) async fn check_renewed_then_lost(backend: &MemoryBackend, lease: Lease) -> TestResult {
+    tokio::time::sleep(Duration::from_millis(1800)).await;
+    // Three ttls on, the store still has it: the watchdog renewed it.
+    let info = backend.inspect(lease.key()).await?;
+    assert_eq!(
+        info.and_then(|i| i.fencing_token),
+        Some(lease.fencing_token())
+    );
+    assert!(lease.renewals() >= 4, "renewals: {}", lease.renewals());
+    assert_eq!(lease.loss_reason(), None);
+    assert!(backend.vanish(lease.key()));
+    let reason = within(Duration::from_secs(10), "the token", lease.lost()).await;
+    assert_eq!(reason, LossReason::Lost);
+    assert!(lease.token().is_cancelled());
+    Ok(())
 }
