@@ -11,7 +11,7 @@ use futures_util::future::join_all;
 use leasehold_core::{
     AcquireOutcome, AcquireRequest, BackendError, ChangeWatch, HandoverOutcome, HolderId,
     LeaseBackend, LeaseInfo, LeaseKey, PermitLimit, ReleaseOutcome, ReleaseWatch, RenewOutcome,
-    RenewRequest,
+    RenewRequest, RwInfo,
 };
 use redis::RedisResult;
 use redis::Value;
@@ -216,6 +216,27 @@ impl RedisBackend {
             .await
             .map_err(|f| f.for_key(OP, key))?;
         reply::deleted(&reply).map_err(|f| f.for_key(OP, key))
+    }
+
+    /// Reads the read-write lease `key` (as taken with
+    /// [`LeaseBackend::try_acquire_read`] and
+    /// [`LeaseBackend::try_acquire_write`]) at one instant: its writer, its
+    /// live readers and a waiting writer's intent, each with the time the
+    /// server has left for it.
+    ///
+    /// # Errors
+    ///
+    /// A [`BackendError`] when the server did not answer in time, could
+    /// not be reached, or holds a key of the lease with another type.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe: it changes nothing.
+    pub async fn inspect_rw(&self, key: &LeaseKey) -> Result<RwInfo, BackendError> {
+        const OP: &str = "inspect_rw";
+        let call = scripts::inspect_rw(&self.shared.layout, key);
+        let reply = self.eval(&call).await.map_err(|f| f.for_key(OP, key))?;
+        reply::inspected_rw(&reply).map_err(|f| f.for_key(OP, key))
     }
 
     /// Runs a request under the op timeout.
