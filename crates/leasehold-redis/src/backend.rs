@@ -634,6 +634,19 @@ impl LeaseBackend for RedisBackend {
         self.acquire_share(OP, request, writer, call).await
     }
 
+    /// One `withdraw.lua` call (compare-and-delete of `P:write-wanted`).
+    async fn withdraw_write_intent(
+        &self,
+        key: &LeaseKey,
+        holder: &HolderId,
+    ) -> Result<bool, BackendError> {
+        const OP: &str = "withdraw_write_intent";
+        not_a_share(OP, key)?;
+        let call = scripts::withdraw(&self.shared.layout, key, holder);
+        let reply = self.eval(&call).await.map_err(|f| f.for_key(OP, key))?;
+        reply::deleted(&reply).map_err(|f| f.for_key(OP, key))
+    }
+
     /// Renews in one script call per 1000 leases (in a cluster: per slot,
     /// and per 1000 leases in a slot, since one script may only touch keys
     /// of one slot); the calls go out together. A call that fails gives its

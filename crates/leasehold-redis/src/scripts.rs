@@ -146,6 +146,11 @@ pub(crate) static HANDOVER: LazyLock<Lua> = LazyLock::new(|| {
 pub(crate) static INSPECT: LazyLock<Lua> =
     LazyLock::new(|| Lua::new(include_str!("scripts/inspect.lua")));
 
+/// Withdraws a waiting writer's intent if it is still that writer's; see
+/// `scripts/withdraw.lua`.
+pub(crate) static WITHDRAW: LazyLock<Lua> =
+    LazyLock::new(|| Lua::new(include_str!("scripts/withdraw.lua")));
+
 /// Reads a read-write lease's writer, readers and waiting writer at one
 /// instant; see `scripts/inspect_rw.lua`.
 pub(crate) static INSPECT_RW: LazyLock<Lua> =
@@ -406,6 +411,17 @@ pub(crate) fn inspect(layout: &KeyLayout, key: &LeaseKey) -> Call {
     call
 }
 
+/// `withdraw.lua` for the intent of the writer `holder` on the read-write
+/// lease `key`.
+pub(crate) fn withdraw(layout: &KeyLayout, key: &LeaseKey, holder: &HolderId) -> Call {
+    let mut call = Call::new(&WITHDRAW, 1);
+    let mut wanted = Vec::with_capacity(64);
+    layout.write_lease(key, &mut wanted);
+    wanted.extend_from_slice(b":write-wanted");
+    call.cmd.arg(&wanted[..]).arg(&holder.to_hex_bytes()[..]);
+    call
+}
+
 /// `inspect_rw.lua` for the read-write lease `key`.
 pub(crate) fn inspect_rw(layout: &KeyLayout, key: &LeaseKey) -> Call {
     let mut call = Call::new(&INSPECT_RW, 3);
@@ -436,6 +452,7 @@ mod tests {
             ("read", include_str!("scripts/read.lua")),
             ("write", include_str!("scripts/write.lua")),
             ("inspect_rw", include_str!("scripts/inspect_rw.lua")),
+            ("withdraw", include_str!("scripts/withdraw.lua")),
         ] {
             if ["acquire", "handover", "permit", "read", "write"].contains(&name) {
                 assert!(source.contains("grant("), "{name} grants through grant.lua");
