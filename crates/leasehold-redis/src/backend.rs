@@ -412,7 +412,7 @@ impl RedisBackend {
         if let Some(tracking) = &self.shared.tracking {
             // A failure is the renewal's too: it reports its own.
             let _ = self.track_renewals(tracking).await;
-            tracking.renewing(batch.len());
+            tracking.renewing(batch);
         }
         let call = scripts::renew(&self.shared.layout, batch);
         let outcomes = self.eval_renewal(&call).await.and_then(|reply| {
