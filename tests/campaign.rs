@@ -21,6 +21,14 @@
 //! across all permits of the semaphore, and the semaphore must have been
 //! full at some point (or the limit was never tested).
 //!
+//! `rw_campaign` runs the same seeds with read-write leases: 5 clients take
+//! a share of one read-write lease (`_KEYS` leases), one take in three as
+//! its writer, under the same faults. Besides the verdicts of the exclusive
+//! campaign (where two writers count as an overlap of the writer key, and
+//! only writers write), a writer is never believed in beside another writer
+//! or any reader, fencing tokens rise across readers and writers, and
+//! readers must have shared at some point (or nothing was put to the test).
+//!
 //! Each client is its own `LeaseManager` with its own `RedisBackend`,
 //! connected through its own TCP proxy to one `redis-server` (append-only,
 //! `appendfsync always`). It takes a random key, writes to two stores on a
@@ -73,27 +81,57 @@ const RUN_SECS: u64 = 28;
 const LIMIT: u32 = 3;
 /// The permit campaign's clients (unless `LEASEHOLD_CAMPAIGN_CLIENTS`).
 const PERMIT_CLIENTS: usize = 5;
+/// The read-write campaign's clients (unless `LEASEHOLD_CAMPAIGN_CLIENTS`).
+const RW_CLIENTS: usize = 5;
+
+/// Which leases a campaign's clients take.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Mode {
+    /// Exclusive leases.
+    Exclusive,
+    /// Permits of a semaphore with this limit.
+    Permits(u32),
+    /// Shares of a read-write lease.
+    ReadWrite,
+}
+
+impl Mode {
+    fn limit(self) -> Option<u32> {
+        match self {
+            Self::Permits(n) => Some(n),
+            _ => None,
+        }
+    }
+}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn campaign() -> TestResult {
-    campaign_of(None).await
+    campaign_of(Mode::Exclusive).await
 }
 
 /// The same campaign with counting leases: clients contend for the
 /// [`LIMIT`] permits of one semaphore.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn permit_campaign() -> TestResult {
-    campaign_of(Some(LIMIT)).await
+    campaign_of(Mode::Permits(LIMIT)).await
 }
 
-/// Runs the seeds side by side, with exclusive leases or with permits of a
-/// semaphore with the given limit, and prints the summary table.
-async fn campaign_of(limit: Option<u32>) -> TestResult {
+/// The same campaign with read-write leases: clients share one read-write
+/// lease as readers, or take it as its writer.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rw_campaign() -> TestResult {
+    campaign_of(Mode::ReadWrite).await
+}
+
+/// Runs the seeds side by side, with exclusive leases, with permits of a
+/// semaphore with the given limit, or with read-write leases, and prints
+/// the summary table.
+async fn campaign_of(mode: Mode) -> TestResult {
     let seeds = seeds(&FIXED_SEEDS)?;
-    println!("{}: seeds {seeds:?}, side by side", name(limit));
+    println!("{}: seeds {seeds:?}, side by side", name(mode));
     let runs: Vec<_> = seeds
         .iter()
-        .map(|&seed| tokio::spawn(run(seed, limit)))
+        .map(|&seed| tokio::spawn(run(seed, mode)))
         .collect();
     let mut rows = Vec::new();
     for (seed, handle) in seeds.iter().zip(runs) {
@@ -108,37 +146,45 @@ async fn campaign_of(limit: Option<u32>) -> TestResult {
         };
         rows.push(row);
     }
-    println!("{}", table(&rows, limit));
+    println!("{}", table(&rows, mode));
     Ok(())
 }
 
 /// How a run names itself: its lines start with "campaign", which
 /// scripts/reliability.sh keeps.
-fn name(limit: Option<u32>) -> String {
-    limit.map_or_else(
-        || "campaign".to_owned(),
-        |n| format!("campaign (permits, limit {n})"),
-    )
+fn name(mode: Mode) -> String {
+    match mode {
+        Mode::Exclusive => "campaign".to_owned(),
+        Mode::Permits(n) => format!("campaign (permits, limit {n})"),
+        Mode::ReadWrite => "campaign (read-write)".to_owned(),
+    }
 }
 
-/// One seed's run, with exclusive leases or with permits; returns its row
-/// of the summary table after asserting its verdicts.
-async fn run(seed: u64, limit: Option<u32>) -> Result<String, BoxError> {
-    let mut settings =
-        Settings::from_env(seed, TTL, RUN_SECS, if limit.is_some() { 1 } else { 2 })?;
-    if let Some(n) = limit {
-        settings = settings.counting(n, PERMIT_CLIENTS)?;
+/// One seed's run, with exclusive leases, permits or read-write leases;
+/// returns its row of the summary table after asserting its verdicts.
+async fn run(seed: u64, mode: Mode) -> Result<String, BoxError> {
+    let limit = mode.limit();
+    let mut settings = Settings::from_env(
+        seed,
+        TTL,
+        RUN_SECS,
+        if mode == Mode::Exclusive { 2 } else { 1 },
+    )?;
+    match mode {
+        Mode::Permits(n) => settings = settings.counting(n, PERMIT_CLIENTS)?,
+        Mode::ReadWrite => settings = settings.read_write(RW_CLIENTS)?,
+        Mode::Exclusive => {}
     }
     let (clients, keys, run_for) = (settings.clients, settings.keys, settings.run_for);
     let renew_interval = settings.renew_interval();
     let plan = settings.plan(FaultPlan::draw);
-    let name = name(limit);
+    let name = name(mode);
     println!(
         "{name}: seed {seed} starts: {clients} clients x {keys} {} for {run_for:?}, {} faults planned",
-        if limit.is_some() {
-            "semaphores"
-        } else {
-            "keys"
+        match mode {
+            Mode::Exclusive => "keys",
+            Mode::Permits(_) => "semaphores",
+            Mode::ReadWrite => "read-write leases",
         },
         plan.faults.len()
     );
@@ -211,6 +257,7 @@ async fn run(seed: u64, limit: Option<u32>) -> Result<String, BoxError> {
     let effects = effects(&history, &applied);
     let margins = Margins::judge(&history, &tally, &applied);
     let fullest = most_believed(&history.holds());
+    let (readers_at_once, writer_holds) = shares_seen(&history.holds());
     println!(
         "{log}{}",
         summary(
@@ -222,6 +269,13 @@ async fn run(seed: u64, limit: Option<u32>) -> Result<String, BoxError> {
             "{name}: seed {seed}: at most {fullest} holders believed at once (limit {n}); {} excesses after a restart that lost data, {} others",
             verdict.excess_allowed.len(),
             verdict.excess_forbidden.len()
+        );
+    }
+    if mode == Mode::ReadWrite {
+        println!(
+            "{name}: seed {seed}: {writer_holds} writer holds, at most {readers_at_once} readers at once; {} writers beside another holder after a restart that lost data, {} others",
+            verdict.rw_allowed.len(),
+            verdict.rw_forbidden.len()
         );
     }
 
@@ -236,6 +290,19 @@ async fn run(seed: u64, limit: Option<u32>) -> Result<String, BoxError> {
         "seed {seed}: more holders than the limit believed at once outside a restart that lost data, or for longer than a renew interval after one (the worst first): {:#?}",
         worst_first(&verdict.excess_forbidden)
     );
+    assert!(
+        verdict.rw_forbidden.is_empty(),
+        "seed {seed}: a writer was believed in beside another writer or a reader outside a restart that lost data, or for longer than a renew interval after one: {:#?}",
+        verdict.rw_forbidden
+    );
+    if mode == Mode::ReadWrite {
+        // Unless readers shared and writers took the lease, neither half
+        // of "readers or one writer" was put to the test.
+        assert!(
+            readers_at_once >= 2 && writer_holds >= 3,
+            "seed {seed}: at most {readers_at_once} readers at once and {writer_holds} writer holds: the read-write lease was not exercised"
+        );
+    }
     if let Some(n) = limit {
         // More clients than permits: unless the semaphore was full at some
         // point, the limit was never put to the test.
@@ -259,8 +326,29 @@ async fn run(seed: u64, limit: Option<u32>) -> Result<String, BoxError> {
     }
     margins.assert_sound(seed);
     Ok(row(
-        seed, &settings, &report, &applied, &skipped, &tally, &verdict, &margins, fullest,
+        seed,
+        &settings,
+        &report,
+        &applied,
+        &skipped,
+        &tally,
+        &verdict,
+        &margins,
+        (fullest, readers_at_once, writer_holds),
     ))
+}
+
+/// In a read-write run: the most reader holds believed in at once, and how
+/// many writer holds there were. A reader's key has `:read:` in it, a
+/// writer's ends with `:write`.
+fn shares_seen(holds: &[Hold]) -> (usize, usize) {
+    let readers: Vec<Hold> = holds
+        .iter()
+        .filter(|h| h.key.contains(":read:"))
+        .cloned()
+        .collect();
+    let writers = holds.iter().filter(|h| h.key.ends_with(":write")).count();
+    (most_believed(&readers), writers)
 }
 
 /// The most holds believed in at once (for one key or semaphore, or across
@@ -391,6 +479,11 @@ struct Verdict {
     excess_allowed: Vec<(usize, usize, Duration)>,
     /// Every other excess.
     excess_forbidden: Vec<Excess>,
+    /// Writers beside another holder of a read-write lease after a restart
+    /// that lost data, bounded as overlaps are, by fault index.
+    rw_allowed: Vec<(usize, Duration)>,
+    /// Every other writer beside another holder.
+    rw_forbidden: Vec<Overlap>,
 }
 
 /// Overlaps are allowed only when the earlier hold predates a restart that
@@ -399,7 +492,9 @@ struct Verdict {
 /// (plus scheduling) of the later acquisition. An excess over a
 /// semaphore's limit is allowed on the same terms: one of its holders
 /// predates such a restart, the excess began after it and within a ttl of
-/// it, and lasted at most a renew interval (plus scheduling).
+/// it, and lasted at most a renew interval (plus scheduling). A writer
+/// beside another holder of a read-write lease is allowed on the terms of
+/// an overlap.
 fn judge(report: &Report, applied: &[Applied], renew_interval: Duration) -> Verdict {
     let mut verdict = Verdict::default();
     for excess in &report.excesses {
@@ -419,20 +514,31 @@ fn judge(report: &Report, applied: &[Applied], renew_interval: Duration) -> Verd
         }
     }
     for overlap in &report.overlaps {
-        let cause = applied.iter().position(|a| {
+        match excused(overlap, applied, renew_interval) {
+            Some(i) => verdict.allowed.push((i, overlap.duration)),
+            None => verdict.forbidden.push(overlap.clone()),
+        }
+    }
+    for conflict in &report.rw_conflicts {
+        match excused(conflict, applied, renew_interval) {
+            Some(i) => verdict.rw_allowed.push((i, conflict.duration)),
+            None => verdict.rw_forbidden.push(conflict.clone()),
+        }
+    }
+    verdict
+}
+
+/// The restart that lost data and excuses `overlap` (its index), if any.
+fn excused(overlap: &Overlap, applied: &[Applied], renew_interval: Duration) -> Option<usize> {
+    applied
+        .iter()
+        .position(|a| {
             a.fault.loses_data()
                 && overlap.earlier.acquired_at < a.healed
                 && overlap.later.acquired_at >= a.began
                 && overlap.later.acquired_at <= a.healed + TTL
-        });
-        match cause {
-            Some(i) if overlap.duration <= renew_interval + SCHEDULING_ALLOWANCE => {
-                verdict.allowed.push((i, overlap.duration));
-            }
-            _ => verdict.forbidden.push(overlap.clone()),
-        }
-    }
-    verdict
+        })
+        .filter(|_| overlap.duration <= renew_interval + SCHEDULING_ALLOWANCE)
 }
 
 /// What a fault did to the leases it met.
@@ -711,7 +817,7 @@ fn row(
     tally: &Tally,
     verdict: &Verdict,
     margins: &Margins,
-    fullest: usize,
+    (fullest, readers_at_once, writer_holds): (usize, usize, usize),
 ) -> String {
     let faults: Vec<String> = Fault::KINDS
         .iter()
@@ -726,6 +832,16 @@ fn row(
     let w = &report.writes;
     // For permits: the limit, the most believers at once, and the excesses
     // over the limit after a restart that lost data (the worst one).
+    // For read-write leases: the most readers at once, the writer holds,
+    // and the writers beside another holder after a restart that lost data.
+    let rw = if settings.rw {
+        format!(
+            " | {readers_at_once} | {writer_holds} | {}",
+            verdict.rw_allowed.len()
+        )
+    } else {
+        String::new()
+    };
     let permits = settings.permits.map_or_else(String::new, |n| {
         let worst = verdict
             .excess_allowed
@@ -741,7 +857,7 @@ fn row(
         )
     });
     format!(
-        "| {seed} | {} × {}{permits} | {:?} | {} | {} | {} | {}/{} | {} | {} | {} | {} | {} | {} | {} | {} |",
+        "| {seed} | {} × {}{permits}{rw} | {:?} | {} | {} | {} | {}/{} | {} | {} | {} | {} | {} | {} | {} | {} |",
         settings.clients,
         settings.keys,
         settings.run_for,
@@ -761,8 +877,11 @@ fn row(
     )
 }
 
-fn table(rows: &[String], limit: Option<u32>) -> String {
-    let mut out = String::from(match limit {
+fn table(rows: &[String], mode: Mode) -> String {
+    let mut out = String::from(match mode.limit() {
+        None if mode == Mode::ReadWrite => {
+            "| seed | clients × read-write leases | most readers at once | writer holds | writers beside another holder (after crash-empty) | length | shares held | faults (pause/crash-empty/crash-durable/blackhole/delay/reset) | skipped | losses (deadline/lost) | overlaps of the writer key (after crash-empty) | writes | stale attempted | stale accepted unfenced | stale accepted fenced | fenced, before the new token reached it | writes after own token fired | worst server-judged margin |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n"
+        }
         None => {
             "| seed | clients × keys | length | leases | faults (pause/crash-empty/crash-durable/blackhole/delay/reset) | skipped | losses (deadline/lost) | overlaps (after crash-empty) | writes | stale attempted | stale accepted unfenced | stale accepted fenced | fenced, before the new token reached it | writes after own token fired | worst server-judged margin |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n"
         }

@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use leasehold::redis::RedisBackend;
 use leasehold::redis::redis::AsyncCommands;
-use leasehold::{Backoff, LeaseManager, LeaseOptions, PermitLimit, Ttl};
+use leasehold::{Backoff, LeaseBackend, LeaseManager, LeaseOptions, PermitLimit, Ttl};
 use leasehold_testkit::RedisServer;
 use tokio::time::Instant;
 
@@ -289,5 +289,77 @@ async fn a_try_given_up_after_a_late_reply_releases_its_permit() -> TestResult {
     // Only the late try's own permit went.
     let keys: Vec<String> = side.keys("leasehold:{late}:permit:*").await?;
     assert_eq!(keys.len(), 2, "{keys:?}");
+    Ok(())
+}
+
+/// On Redis 7.0 a permit's grant tracks every permit key of its semaphore
+/// (a read in a script tracks every key the call names), so each other
+/// holder's next write to one is reported to this manager as a change of a
+/// lease it does not hold. Those reports are no sign of a full tracking
+/// table: a manager holding a permit of each of 20 semaphores of 100, while
+/// 1980 others are taken beside it, keeps tracking on, and so still learns
+/// at once that one of its permits was deleted on the server, long before
+/// its next renewal (10 s away).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn other_holders_permits_are_no_tracking_storm() -> TestResult {
+    const SEMAPHORES: usize = 20;
+    let server = RedisServer::start()?;
+    let backend = RedisBackend::connect(server.url()).await?;
+    let holder = LeaseManager::new(backend.clone())?;
+    let limit = PermitLimit::new(PermitLimit::MAX)?;
+    let mut held = Vec::new();
+    for s in 0..SEMAPHORES {
+        held.push(
+            holder
+                .acquire_permit(format!("storm{s}"), limit, &options("30s", Duration::ZERO))
+                .await?,
+        );
+    }
+    assert!(backend.tracks_lease_changes(), "tracking was never on");
+
+    // Every other permit, taken at once by holders that track nothing.
+    let others = RedisBackend::builder(server.url())
+        .track_lease_changes(false)
+        .connect()
+        .await?;
+    let ttl = Ttl::parse("30s")?;
+    let mut takes = Vec::new();
+    for s in 0..SEMAPHORES {
+        for _ in 1..PermitLimit::MAX {
+            let others = others.clone();
+            let key = leasehold::LeaseKey::new(format!("storm{s}"))?;
+            takes.push(tokio::spawn(async move {
+                let request =
+                    leasehold::AcquireRequest::new(key, leasehold::HolderId::generate()?, ttl);
+                Ok::<_, Error>(others.try_acquire_permit(&request, limit).await?)
+            }));
+        }
+    }
+    for take in takes {
+        let taken = within(Duration::from_secs(30), "another holder's permit", take).await??;
+        assert!(
+            matches!(taken, leasehold::AcquireOutcome::Acquired(_)),
+            "{taken:?}"
+        );
+    }
+    let mut side = side(&server).await?;
+    let keys: Vec<String> = side.keys("leasehold:{storm*}:permit:*").await?;
+    assert_eq!(keys.len(), SEMAPHORES * PermitLimit::MAX as usize);
+
+    // The backend's own view first, to say why if the next check fails.
+    assert!(
+        backend.tracks_lease_changes(),
+        "tracking was turned off by reports of permits this manager does not hold"
+    );
+    // One of its permits deleted behind its back: told at once.
+    let lease = held.pop().ok_or("no permit held")?;
+    let deleted: bool = side.del(stored(lease.key())).await?;
+    assert!(deleted);
+    within(
+        Duration::from_secs(2),
+        "the deleted permit's token",
+        lease.token().cancelled(),
+    )
+    .await;
     Ok(())
 }

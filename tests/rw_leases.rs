@@ -11,7 +11,7 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::Duration;
 
 use leasehold::redis::redis::{self, AsyncCommands};
-use leasehold::{Backoff, LeaseOptions, Ttl};
+use leasehold::{Backoff, LeaseError, LeaseOptions, Ttl};
 use leasehold_testkit::RedisServer;
 use tokio::time::Instant;
 
@@ -231,5 +231,119 @@ async fn a_crashed_readers_share_frees_at_its_ttl() -> TestResult {
     );
     got.release().await?;
     assert!(!writer_on_server(&mut side, "crash").await?);
+    Ok(())
+}
+
+/// The writer's intent on the server: its value and PTTL (ms), or `None`.
+async fn intent_on_server(
+    side: &mut redis::aio::MultiplexedConnection,
+    rw: &str,
+) -> redis::RedisResult<Option<(String, i64)>> {
+    let key = format!("leasehold:{{{rw}}}:write-wanted");
+    let (value, pttl): (Option<String>, i64) = redis::pipe()
+        .atomic()
+        .get(&key)
+        .pttl(&key)
+        .query_async(side)
+        .await?;
+    Ok(value.map(|v| (v, pttl)))
+}
+
+/// Waits, up to 5 s, until the writer's intent on `rw` is on the server;
+/// returns it.
+async fn intent_appears(
+    side: &mut redis::aio::MultiplexedConnection,
+    rw: &str,
+) -> Result<(String, i64), Error> {
+    within(Duration::from_secs(5), "the writer's intent", async {
+        loop {
+            if let Some(intent) = intent_on_server(side, rw).await? {
+                return Ok::<_, Error>(intent);
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    })
+    .await
+}
+
+/// A writer that gives up withdraws its intent, long before the intent's
+/// 10 s PTTL runs out, and only its own: when its wait runs out (gone by
+/// the time the error is returned, and a new reader gets in at once), and
+/// when its acquisition is dropped (gone within a second); a second writer
+/// giving up beside a first that still waits leaves the first's intent.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_writer_that_gives_up_withdraws_its_intent() -> TestResult {
+    let server = RedisServer::start()?;
+    let (readers, first, second) = (
+        manager(&server).await?,
+        manager(&server).await?,
+        manager(&server).await?,
+    );
+    let mut side = side(&server).await?;
+    let poll = Duration::from_millis(100);
+    let _reader = readers
+        .acquire_read("doc", &options("10s", Duration::ZERO, poll))
+        .await?;
+
+    // 1. The wait runs out.
+    let giving_up = tokio::spawn({
+        let first = first.clone();
+        async move {
+            first
+                .acquire_write("doc", &options("10s", Duration::from_millis(500), poll))
+                .await
+        }
+    });
+    let (_, pttl) = intent_appears(&mut side, "doc").await?;
+    assert!(pttl > 5000, "the intent's PTTL: {pttl}");
+    let gave_up = within(Duration::from_secs(5), "the writer's give-up", giving_up).await?;
+    assert!(
+        matches!(gave_up, Err(LeaseError::NotAcquired { .. })),
+        "{gave_up:?}"
+    );
+    let left = intent_on_server(&mut side, "doc").await?;
+    assert_eq!(left, None, "the intent outlived the writer's wait");
+    let late = readers
+        .acquire_read("doc", &options("10s", Duration::ZERO, poll))
+        .await;
+    assert!(late.is_ok(), "a reader after the writer gave up: {late:?}");
+
+    // 2. Another writer waits; one beside it gives up: the first's intent stays.
+    let waiting = tokio::spawn({
+        let first = first.clone();
+        async move {
+            first
+                .acquire_write("doc", &options("10s", Duration::from_secs(60), poll))
+                .await
+        }
+    });
+    let (value, _) = intent_appears(&mut side, "doc").await?;
+    let beside = second
+        .acquire_write("doc", &options("10s", Duration::from_millis(300), poll))
+        .await;
+    assert!(
+        matches!(beside, Err(LeaseError::NotAcquired { .. })),
+        "{beside:?}"
+    );
+    let kept = intent_on_server(&mut side, "doc").await?;
+    assert_eq!(
+        kept.map(|(v, _)| v),
+        Some(value),
+        "a writer that gave up took another's intent"
+    );
+
+    // 3. The waiting writer's acquisition is dropped.
+    waiting.abort();
+    within(
+        Duration::from_secs(1),
+        "the dropped writer's withdrawal",
+        async {
+            while intent_on_server(&mut side, "doc").await?.is_some() {
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+            Ok::<_, Error>(())
+        },
+    )
+    .await?;
     Ok(())
 }

@@ -1,14 +1,16 @@
 //! What both campaigns (tests/campaign.rs and tests/campaign_failover.rs)
 //! share: their seeds and settings, the lease client they run (acquire a
-//! random key, or a permit of a random semaphore, write while the token is
-//! live, release, and record it all in the history), the witnesses of the
+//! random key, a permit of a random semaphore, or a share of a random
+//! read-write lease; write while the token is live (a reader only holds);
+//! release, and record it all in the history), the witnesses of the
 //! servers, and the end of a run with the checks every campaign makes.
 //! Each campaign keeps its own faults and its own verdict on overlaps.
 //!
 //! Every write a client attempts goes, in one transaction on a healthy
 //! resource server, to an unfenced store (a plain list) and to a fenced one
 //! (`FENCED_WRITE_SCRIPT`), with the resource server's `TIME`; a permit's
-//! writes go to the stores of its permit key, which it holds exclusively.
+//! writes go to the stores of its permit key, which it holds exclusively,
+//! and a writer's to those of its read-write lease's writer key.
 //! The verdict on stale writes comes from those attempts, the lease
 //! server's grants (as its MONITOR feed shows them) and the unfenced
 //! store's order: none of them is shaped by the fenced store.
@@ -27,7 +29,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use leasehold::redis::RedisBackend;
 use leasehold::{LeaseBackend, LeaseKey, LeaseManager, LeaseOptions, LossReason, PermitLimit, Ttl};
 use leasehold_testkit::{
-    FENCED_WRITE_SCRIPT, Fault, FaultPlan, History, HoldEnd, PlanShape, RedisServer, Report,
+    FENCED_WRITE_SCRIPT, Fault, FaultPlan, History, HoldEnd, PlanShape, RedisServer, Report, Share,
     WriteAttempt,
 };
 use tokio::task::JoinHandle;
@@ -166,7 +168,13 @@ pub(crate) struct Settings {
     /// `Some` for a counting campaign: clients take a permit of semaphore
     /// `sem<k>` with this limit instead of the lease `key<k>`.
     pub(crate) permits: Option<PermitLimit>,
+    /// A read-write campaign: clients take a share of the read-write lease
+    /// `rw<k>` instead, one take in [`WRITER_ONE_IN`] as its writer.
+    pub(crate) rw: bool,
 }
+
+/// In a read-write campaign, one take in this many is a writer's.
+pub(crate) const WRITER_ONE_IN: u32 = 3;
 
 impl Settings {
     pub(crate) fn from_env(
@@ -187,6 +195,7 @@ impl Settings {
                 .name("campaign")
                 .build()?,
             permits: None,
+            rw: false,
         })
     }
 
@@ -195,6 +204,17 @@ impl Settings {
     /// `LEASEHOLD_CAMPAIGN_CLIENTS` says otherwise.
     pub(crate) fn counting(mut self, limit: u32, clients: usize) -> Result<Self, BoxError> {
         self.permits = Some(PermitLimit::new(limit)?);
+        if env_u64("LEASEHOLD_CAMPAIGN_CLIENTS")?.is_none() {
+            self.clients = clients;
+        }
+        Ok(self)
+    }
+
+    /// Makes the run a read-write one: each client takes a share of a
+    /// read-write lease; `clients` unless `LEASEHOLD_CAMPAIGN_CLIENTS` says
+    /// otherwise.
+    pub(crate) fn read_write(mut self, clients: usize) -> Result<Self, BoxError> {
+        self.rw = true;
         if env_u64("LEASEHOLD_CAMPAIGN_CLIENTS")?.is_none() {
             self.clients = clients;
         }
@@ -219,10 +239,12 @@ impl Settings {
     }
 }
 
-/// The lease keys of `keys` keys, or of `keys` semaphores' permits.
-fn store_keys(keys: usize, permits: Option<PermitLimit>) -> Vec<String> {
+/// The lease keys of `keys` keys, of `keys` semaphores' permits, or of
+/// `keys` read-write leases' writers (readers do not write).
+fn store_keys(keys: usize, permits: Option<PermitLimit>, rw: bool) -> Vec<String> {
     (0..keys)
         .flat_map(|k| match permits {
+            _ if rw => vec![format!("{{rw{k}}}:write")],
             None => vec![format!("key{k}")],
             Some(limit) => (0..limit.get())
                 .map(|i| format!("{{sem{k}}}:permit:{i}"))
@@ -388,6 +410,7 @@ pub(crate) struct Clients {
     tasks: Vec<JoinHandle<TestResult>>,
     probes: Probes,
     permits: Option<PermitLimit>,
+    rw: bool,
 }
 
 /// The side connections' looks still running after their client moved on.
@@ -420,6 +443,7 @@ impl Clients {
                 options: settings.options.clone(),
                 keys: settings.keys,
                 permits: settings.permits,
+                rw: settings.rw,
                 history: history.clone(),
                 tally: Arc::clone(&tally),
                 resource: store,
@@ -437,6 +461,7 @@ impl Clients {
             tasks,
             probes,
             permits: settings.permits,
+            rw: settings.rw,
         })
     }
 
@@ -471,7 +496,12 @@ impl Clients {
         if let Some(witness) = witness {
             tokio::task::block_in_place(|| witness.finish())?;
         }
-        read_stores(&self.history, resource, &store_keys(keys, self.permits)).await?;
+        read_stores(
+            &self.history,
+            resource,
+            &store_keys(keys, self.permits, self.rw),
+        )
+        .await?;
         let report = self.history.check();
         let tally = std::mem::take(&mut *self.tally.lock().map_err(|_| "tally poisoned")?);
         Ok((report, tally))
@@ -695,6 +725,7 @@ struct Client {
     options: LeaseOptions,
     keys: usize,
     permits: Option<PermitLimit>,
+    rw: bool,
     history: History,
     tally: Arc<Mutex<Tally>>,
     resource: Resource,
@@ -712,14 +743,27 @@ async fn client(mut c: Client) -> TestResult {
     while !c.stop.is_cancelled() {
         let k = c.rng.usize(..c.keys);
         let semaphore = format!("sem{k}");
+        let rw = format!("rw{k}");
+        // In a read-write run, the share this take asks for.
+        let share = c.rw.then(|| {
+            if c.rng.u32(..WRITER_ONE_IN) == 0 {
+                Share::Writer
+            } else {
+                Share::Reader
+            }
+        });
         let called_at = Instant::now();
         let acquired = tokio::select! {
             biased;
             () = c.stop.cancelled() => break,
             acquired = async {
-                match c.permits {
-                    None => c.manager.acquire(format!("key{k}"), &c.options).await,
-                    Some(limit) => c.manager.acquire_permit(&semaphore, limit, &c.options).await,
+                match (share, c.permits) {
+                    (Some(Share::Writer), _) => c.manager.acquire_write(&rw, &c.options).await,
+                    (Some(_), _) => c.manager.acquire_read(&rw, &c.options).await,
+                    (None, None) => c.manager.acquire(format!("key{k}"), &c.options).await,
+                    (None, Some(limit)) => {
+                        c.manager.acquire_permit(&semaphore, limit, &c.options).await
+                    }
                 }
             } => acquired,
         };
@@ -739,17 +783,28 @@ async fn client(mut c: Client) -> TestResult {
         // semaphore's other permits, with higher tokens, in between (seen
         // in seed 22 after a reset). So a permit counts as requested when
         // its acquisition began. (A lease cannot be granted to another
-        // holder in between: the first attempt's grant holds it.)
-        let requested_at = match c.permits {
-            None => lease.valid_until() - (ttl - leasehold::clock_drift(ttl)),
-            Some(_) => called_at,
+        // holder in between: the first attempt's grant holds it.) A share
+        // likewise: its token comes from the counter of the whole
+        // read-write lease, which other shares advance in between.
+        let requested_at = match (share, c.permits) {
+            (None, None) => lease.valid_until() - (ttl - leasehold::clock_drift(ttl)),
+            _ => called_at,
         };
         let token = lease.fencing_token().get();
-        let hold = match c.permits {
-            None => c
+        let hold = match (share, c.permits) {
+            (Some(share), _) => c.history.acquired_share(
+                &rw,
+                share,
+                &key,
+                &c.name,
+                token,
+                requested_at,
+                acquired_at,
+            ),
+            (None, None) => c
                 .history
                 .acquired(&key, &c.name, token, requested_at, acquired_at),
-            Some(_) => c.history.acquired_permit(
+            (None, Some(_)) => c.history.acquired_permit(
                 &semaphore,
                 &key,
                 &c.name,
@@ -827,11 +882,14 @@ async fn client(mut c: Client) -> TestResult {
             if after_fire {
                 break;
             }
-            writes += 1;
-            let id = format!("{}/{writes}", c.name);
-            c.resource
-                .write(&c.history, &key, &c.name, id, token, after_fire)
-                .await?;
+            // A reader only holds: the writers' stores judge the writes.
+            if share != Some(Share::Reader) {
+                writes += 1;
+                let id = format!("{}/{writes}", c.name);
+                c.resource
+                    .write(&c.history, &key, &c.name, id, token, after_fire)
+                    .await?;
+            }
             let pause = Duration::from_millis(c.rng.u64(0..=millis(renew * 2)));
             let live = lease.token();
             tokio::select! {

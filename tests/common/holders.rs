@@ -22,9 +22,12 @@ pub(crate) async fn within<T>(limit: Duration, what: &str, future: impl Future<O
 }
 
 pub(crate) async fn manager(server: &RedisServer) -> Result<LeaseManager<RedisBackend>, Error> {
-    Ok(LeaseManager::new(
-        RedisBackend::connect(server.url()).await?,
-    )?)
+    manager_at(server.url()).await
+}
+
+/// A manager on the deployment at `url` (a cluster's or Sentinel's too).
+pub(crate) async fn manager_at(url: String) -> Result<LeaseManager<RedisBackend>, Error> {
+    Ok(LeaseManager::new(RedisBackend::connect(url).await?)?)
 }
 
 pub(crate) async fn side(
@@ -48,7 +51,14 @@ pub(crate) fn crash_holding<F>(server: &RedisServer, take: F) -> Result<String, 
 where
     F: AsyncFnOnce(&LeaseManager<RedisBackend>) -> Result<Lease, Error> + Send + 'static,
 {
-    let url = server.url();
+    crash_holding_at(server.url(), take)
+}
+
+/// [`crash_holding`] on the deployment at `url`.
+pub(crate) fn crash_holding_at<F>(url: String, take: F) -> Result<String, Error>
+where
+    F: AsyncFnOnce(&LeaseManager<RedisBackend>) -> Result<Lease, Error> + Send + 'static,
+{
     let crashed = std::thread::spawn(move || -> Result<String, Error> {
         let runtime = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(1)

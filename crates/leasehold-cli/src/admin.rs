@@ -2,7 +2,8 @@
 
 use std::time::{Duration, SystemTime};
 
-use leasehold_core::{LeaseBackend, LeaseInfo, LeaseKey};
+use leasehold_core::{LeaseBackend, LeaseInfo, LeaseKey, RwInfo, WriteIntent};
+use leasehold_redis::RedisBackend;
 use tokio::signal::unix::{SignalKind, signal};
 
 use crate::exit::{self, Failure};
@@ -15,9 +16,13 @@ pub(crate) async fn status(
     namespace: Option<&str>,
     keys: &[LeaseKey],
     permits: Option<u32>,
+    rw: bool,
     json: bool,
 ) -> Result<u8, Failure> {
     let backend = exit::connect(url, namespace).await?;
+    if rw {
+        return status_rw(&backend, keys, json).await;
+    }
     let mut rows = Vec::with_capacity(keys.len());
     let mut all_held = true;
     for key in keys {
@@ -51,6 +56,34 @@ pub(crate) async fn status(
     Ok(if all_held { 0 } else { 1 })
 }
 
+/// `status --rw`: each key is a read-write lease, read at one instant on
+/// the server; it counts as held while a writer or a reader holds it.
+async fn status_rw(backend: &RedisBackend, keys: &[LeaseKey], json: bool) -> Result<u8, Failure> {
+    let mut leases = Vec::with_capacity(keys.len());
+    for key in keys {
+        // Refuses a key too long to have readers, as `run --shared` does.
+        key.writer_key()
+            .map_err(|e| Failure::new(exit::USAGE, e.to_string()))?;
+        let info = backend
+            .inspect_rw(key)
+            .await
+            .map_err(|e| exit::backend(&e))?;
+        leases.push((key, info));
+    }
+    if json {
+        for (key, info) in &leases {
+            println!("{}", rw_json(key, info));
+        }
+    } else {
+        print!("{}", rw_table(&leases));
+    }
+    Ok(if leases.iter().all(|(_, info)| info.is_held()) {
+        0
+    } else {
+        1
+    })
+}
+
 /// The `status` table: a header and one row per key, columns padded to
 /// their widest cell. A lease that is not held shows `-` for what it lacks.
 fn table(rows: &[(&LeaseKey, Option<LeaseInfo>)]) -> String {
@@ -59,31 +92,74 @@ fn table(rows: &[(&LeaseKey, Option<LeaseInfo>)]) -> String {
     for (key, info) in rows {
         cells.push(match info {
             None => [
-                key.as_str().escape_debug().to_string(),
+                key_text(key),
                 "free".to_owned(),
                 "-".to_owned(),
                 "-".to_owned(),
                 "-".to_owned(),
             ],
             Some(info) => [
-                key.as_str().escape_debug().to_string(),
+                key_text(key),
                 "held".to_owned(),
-                info.label
-                    .as_deref()
-                    .map_or_else(|| "(no label)".to_owned(), |l| l.escape_debug().to_string()),
+                holder_text(info.label.as_deref()),
                 token_text(info),
                 ttl_text(info),
             ],
         });
     }
-    let mut widths = [0; 5];
-    for row in &cells {
+    lined_up(&cells)
+}
+
+/// The `status --rw` table: per key, a row for the writer, one per reader
+/// (by rising fencing token) and one for a waiting writer's intent (its
+/// ttl is the intent's), or a single `free` row.
+fn rw_table(leases: &[(&LeaseKey, RwInfo)]) -> String {
+    const HEADER: [&str; 5] = ["KEY", "ROLE", "HOLDER", "FENCING TOKEN", "TTL LEFT"];
+    let mut cells: Vec<[String; 5]> = vec![HEADER.map(str::to_owned)];
+    for (key, info) in leases {
+        let held = |role: &str, info: &LeaseInfo| {
+            [
+                key_text(key),
+                role.to_owned(),
+                holder_text(info.label.as_deref()),
+                token_text(info),
+                ttl_text(info),
+            ]
+        };
+        cells.extend(info.writer.iter().map(|w| held("writer", w)));
+        cells.extend(info.readers.iter().map(|r| held("reader", r)));
+        if let Some(intent) = &info.waiting_writer {
+            cells.push([
+                key_text(key),
+                "waiting-writer".to_owned(),
+                holder_text(intent.label.as_deref()),
+                "-".to_owned(),
+                duration_text(intent.ttl_left),
+            ]);
+        }
+        if !info.is_held() && info.waiting_writer.is_none() {
+            cells.push([
+                key_text(key),
+                "free".to_owned(),
+                "-".to_owned(),
+                "-".to_owned(),
+                "-".to_owned(),
+            ]);
+        }
+    }
+    lined_up(&cells)
+}
+
+/// Rows of cells, columns padded to their widest cell and two spaces apart.
+fn lined_up<const N: usize>(cells: &[[String; N]]) -> String {
+    let mut widths = [0; N];
+    for row in cells {
         for (width, cell) in widths.iter_mut().zip(row) {
             *width = (*width).max(cell.chars().count());
         }
     }
     let mut out = String::new();
-    for row in &cells {
+    for row in cells {
         let mut line = String::new();
         for (column, (cell, width)) in row.iter().zip(widths).enumerate() {
             if column > 0 {
@@ -197,6 +273,14 @@ pub(crate) async fn watch(
     }
 }
 
+fn key_text(key: &LeaseKey) -> String {
+    key.as_str().escape_debug().to_string()
+}
+
+fn holder_text(label: Option<&str>) -> String {
+    label.map_or_else(|| "(no label)".to_owned(), |l| l.escape_debug().to_string())
+}
+
 fn label_text(info: &LeaseInfo) -> String {
     info.label
         .as_deref()
@@ -209,7 +293,11 @@ fn token_text(info: &LeaseInfo) -> String {
 }
 
 fn ttl_text(info: &LeaseInfo) -> String {
-    info.ttl_left.map_or_else(
+    duration_text(info.ttl_left)
+}
+
+fn duration_text(ttl_left: Option<Duration>) -> String {
+    ttl_left.map_or_else(
         || "no expiry".to_owned(),
         |d| {
             humantime::format_duration(Duration::from_millis(
@@ -228,22 +316,65 @@ fn to_json(key: &LeaseKey, info: Option<&LeaseInfo>) -> String {
         info.is_some()
     );
     if let Some(info) = info {
-        let label = info
-            .label
-            .as_deref()
-            .map_or_else(|| "null".to_owned(), json_string);
-        let token = info
-            .fencing_token
-            .map_or_else(|| "null".to_owned(), |t| t.to_string());
-        let ttl = info
-            .ttl_left
-            .map_or_else(|| "null".to_owned(), |d| d.as_millis().to_string());
-        out.push_str(&format!(
-            ",\"label\":{label},\"fencing_token\":{token},\"ttl_left_ms\":{ttl}"
-        ));
+        out.push(',');
+        out.push_str(&info_json(info));
     }
     out.push('}');
     out
+}
+
+/// `"label":…,"fencing_token":…,"ttl_left_ms":…` of a held lease.
+fn info_json(info: &LeaseInfo) -> String {
+    let label = info
+        .label
+        .as_deref()
+        .map_or_else(|| "null".to_owned(), json_string);
+    let token = info
+        .fencing_token
+        .map_or_else(|| "null".to_owned(), |t| t.to_string());
+    format!(
+        "\"label\":{label},\"fencing_token\":{token},\"ttl_left_ms\":{}",
+        ms_json(info.ttl_left)
+    )
+}
+
+fn ms_json(ttl_left: Option<Duration>) -> String {
+    ttl_left.map_or_else(|| "null".to_owned(), |d| d.as_millis().to_string())
+}
+
+/// One JSON object for a read-write lease: `"writer"` (an object as a held
+/// lease's fields, or null), `"readers"` (a list of them) and
+/// `"waiting_writer"` (`"label"` and `"ttl_left_ms"` of the intent, or null).
+fn rw_json(key: &LeaseKey, info: &RwInfo) -> String {
+    let writer = info
+        .writer
+        .as_ref()
+        .map_or_else(|| "null".to_owned(), |w| format!("{{{}}}", info_json(w)));
+    let readers: Vec<String> = info
+        .readers
+        .iter()
+        .map(|r| format!("{{{}}}", info_json(r)))
+        .collect();
+    let waiting = info.waiting_writer.as_ref().map_or_else(
+        || "null".to_owned(),
+        |WriteIntent {
+             label, ttl_left, ..
+         }| {
+            format!(
+                "{{\"label\":{},\"ttl_left_ms\":{}}}",
+                label
+                    .as_deref()
+                    .map_or_else(|| "null".to_owned(), json_string),
+                ms_json(*ttl_left)
+            )
+        },
+    );
+    format!(
+        "{{\"key\":{},\"held\":{},\"writer\":{writer},\"readers\":[{}],\"waiting_writer\":{waiting}}}",
+        json_string(key.as_str()),
+        info.is_held(),
+        readers.join(",")
+    )
 }
 
 fn json_string(s: &str) -> String {
@@ -280,6 +411,45 @@ mod tests {
             "KEY              STATE  HOLDER    FENCING TOKEN  TTL LEFT\n\
              reports:nightly  held   worker-7  42             29s 873ms\n\
              k                free   -         -              -\n"
+        );
+        Ok(())
+    }
+
+    #[test]
+    fn a_read_write_lease_has_a_row_per_holder_and_one_for_the_waiting_writer()
+    -> Result<(), leasehold_core::Error> {
+        let doc = LeaseKey::new("doc")?;
+        let free = LeaseKey::new("k")?;
+        let held = |label: &str, token, ms| {
+            let mut info = LeaseInfo::default();
+            info.label = Some(label.to_owned());
+            info.fencing_token = Some(FencingToken(token));
+            info.ttl_left = Some(Duration::from_millis(ms));
+            info
+        };
+        let mut info = RwInfo::default();
+        info.readers = vec![held("a", 3, 1_500), held("b", 4, 900)];
+        let mut intent = WriteIntent::default();
+        intent.label = Some("w".to_owned());
+        intent.ttl_left = Some(Duration::from_millis(2_000));
+        info.waiting_writer = Some(intent);
+        assert_eq!(
+            rw_table(&[(&doc, info.clone()), (&free, RwInfo::default())]),
+            "KEY  ROLE            HOLDER  FENCING TOKEN  TTL LEFT\n\
+             doc  reader          a       3              1s 500ms\n\
+             doc  reader          b       4              900ms\n\
+             doc  waiting-writer  w       -              2s\n\
+             k    free            -       -              -\n"
+        );
+        assert_eq!(
+            rw_json(&doc, &info),
+            r#"{"key":"doc","held":true,"writer":null,"readers":[{"label":"a","fencing_token":3,"ttl_left_ms":1500},{"label":"b","fencing_token":4,"ttl_left_ms":900}],"waiting_writer":{"label":"w","ttl_left_ms":2000}}"#
+        );
+        let mut written = RwInfo::default();
+        written.writer = Some(held("w", 5, 30_000));
+        assert_eq!(
+            rw_json(&doc, &written),
+            r#"{"key":"doc","held":true,"writer":{"label":"w","fencing_token":5,"ttl_left_ms":30000},"readers":[],"waiting_writer":null}"#
         );
         Ok(())
     }

@@ -78,7 +78,10 @@ pub(crate) enum Command {
     ///
     /// Exits with 0 when every lease named is held and 1 when one is not.
     /// With --permits, each KEY is a semaphore: one row per permit, and a
-    /// semaphore counts as held while any of its permits is.
+    /// semaphore counts as held while any of its permits is. With --rw, each
+    /// KEY is a read-write lease: a row for its writer, one per reader and
+    /// one for a writer waiting for it, and it counts as held while a writer
+    /// or a reader holds it.
     Status {
         /// The lease keys.
         #[arg(value_parser = parse_key, required = true, value_name = "KEY")]
@@ -87,9 +90,16 @@ pub(crate) enum Command {
         /// `run --permits N`: show who holds each permit
         #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..=100))]
         permits: Option<u32>,
+        /// Each KEY is a read-write lease, as taken with `run --shared` and
+        /// `run --writer`: show its writer, its readers and a waiting
+        /// writer, as the server holds them at one instant
+        #[arg(long, conflicts_with = "permits")]
+        rw: bool,
         /// Print one JSON object per key, one per line, instead of the table:
         /// {"key","held"} and, when held, "label", "fencing_token" and
-        /// "ttl_left_ms".
+        /// "ttl_left_ms"; with --rw, {"key","held","writer","readers",
+        /// "waiting_writer"}, the writer and each reader with those three
+        /// fields and the waiting writer with "label" and "ttl_left_ms".
         #[arg(long)]
         json: bool,
     },

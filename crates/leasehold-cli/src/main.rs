@@ -54,7 +54,8 @@ fn main() -> ExitCode {
                 keys,
                 json,
                 permits,
-            } => admin::status(&cli.url, cli.namespace.as_deref(), &keys, permits, json).await,
+                rw,
+            } => admin::status(&cli.url, cli.namespace.as_deref(), &keys, permits, rw, json).await,
             Command::Release { key, force } => {
                 admin::release(&cli.url, cli.namespace.as_deref(), &key, force).await
             }

@@ -297,6 +297,31 @@ pub trait LeaseBackend: Clone + Send + Sync + 'static {
         }))
     }
 
+    /// Withdraws the intent the waiting writer `holder` left on the
+    /// read-write lease `key` (see
+    /// [`try_acquire_write`](Self::try_acquire_write)), if it is still
+    /// `holder`'s (compare-and-delete): a writer that gives up waiting
+    /// stops holding new readers back at once, rather than when the intent
+    /// expires. Another writer's intent is left alone. Returns whether
+    /// `holder`'s intent was there.
+    ///
+    /// The default has no intents to withdraw (a backend without
+    /// read-write leases) and answers `false`.
+    ///
+    /// # Errors
+    ///
+    /// A [`BackendError`] when the server could not be asked; the intent
+    /// then expires by itself, at most the writer's ttl after its last
+    /// attempt.
+    fn withdraw_write_intent(
+        &self,
+        key: &LeaseKey,
+        holder: &HolderId,
+    ) -> impl Future<Output = Result<bool, BackendError>> + Send {
+        let _ = (key, holder);
+        std::future::ready(Ok(false))
+    }
+
     /// Extends the lease to another `ttl` if `holder` still holds it
     /// (compare-and-pexpire); the key is kept for
     /// [`RenewRequest::expiry`] (ttl + lock-delay).

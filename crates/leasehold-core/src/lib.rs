@@ -60,6 +60,6 @@ pub use lock_delay::LockDelay;
 pub use memory::MemoryBackend;
 pub use notice::ReleaseWatch;
 pub use permit::PermitLimit;
-pub use rw::RwRole;
+pub use rw::{RwInfo, RwRole, WriteIntent};
 pub use timing::{clock_drift, parse_duration};
 pub use ttl::Ttl;

@@ -704,6 +704,25 @@ impl LeaseBackend for MemoryBackend {
         Ok(AcquireOutcome::Acquired(state.grant(&grant, now, sent_at)))
     }
 
+    async fn withdraw_write_intent(
+        &self,
+        key: &LeaseKey,
+        holder: &HolderId,
+    ) -> Result<bool, BackendError> {
+        const OP: &str = "withdraw_write_intent";
+        let (lease, _) = share_keys(OP, key, holder)?;
+        self.gate(OP, key).await?;
+        let now = Instant::now();
+        let mut state = self.state();
+        let mine = state
+            .intent(&lease, now)
+            .is_some_and(|e| e.holder == *holder);
+        if mine {
+            state.intents.remove(&lease);
+        }
+        Ok(mine)
+    }
+
     async fn renew(&self, request: &RenewRequest) -> Result<RenewOutcome, BackendError> {
         self.gate("renew", &request.key).await?;
         Ok(self.renew_now(request))

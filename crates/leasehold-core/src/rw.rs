@@ -16,7 +16,43 @@
 //! [`LeaseBackend::try_acquire_read`]: crate::LeaseBackend::try_acquire_read
 //! [`LeaseBackend::try_acquire_write`]: crate::LeaseBackend::try_acquire_write
 
-use crate::{Error, HolderId, LeaseKey};
+use std::time::Duration;
+
+use crate::{Error, HolderId, LeaseInfo, LeaseKey};
+
+/// Who holds a read-write lease, and who waits to write, as of one instant
+/// on the server. Holder ids are not shown: only labels, fencing tokens
+/// and the time left.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct RwInfo {
+    /// The writer, if one holds the lease.
+    pub writer: Option<LeaseInfo>,
+    /// The readers holding the lease, by rising fencing token.
+    pub readers: Vec<LeaseInfo>,
+    /// The intent a writer refused by the current holders left, so that
+    /// new readers wait behind it; `None` when no writer waits.
+    pub waiting_writer: Option<WriteIntent>,
+}
+
+impl RwInfo {
+    /// Whether anyone holds the lease: a writer or a reader.
+    #[must_use]
+    pub fn is_held(&self) -> bool {
+        self.writer.is_some() || !self.readers.is_empty()
+    }
+}
+
+/// A waiting writer's intent on a read-write lease.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct WriteIntent {
+    /// The waiting writer's public label, if it set one.
+    pub label: Option<String>,
+    /// How long the intent keeps new readers out unless the writer asks
+    /// again; `None` when it has no expiry (not written by leasehold).
+    pub ttl_left: Option<Duration>,
+}
 
 /// Which share of a read-write lease a key is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]

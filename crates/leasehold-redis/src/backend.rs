@@ -11,7 +11,7 @@ use futures_util::future::join_all;
 use leasehold_core::{
     AcquireOutcome, AcquireRequest, BackendError, ChangeWatch, HandoverOutcome, HolderId,
     LeaseBackend, LeaseInfo, LeaseKey, PermitLimit, ReleaseOutcome, ReleaseWatch, RenewOutcome,
-    RenewRequest,
+    RenewRequest, RwInfo,
 };
 use redis::RedisResult;
 use redis::Value;
@@ -218,6 +218,27 @@ impl RedisBackend {
         reply::deleted(&reply).map_err(|f| f.for_key(OP, key))
     }
 
+    /// Reads the read-write lease `key` (as taken with
+    /// [`LeaseBackend::try_acquire_read`] and
+    /// [`LeaseBackend::try_acquire_write`]) at one instant: its writer, its
+    /// live readers and a waiting writer's intent, each with the time the
+    /// server has left for it.
+    ///
+    /// # Errors
+    ///
+    /// A [`BackendError`] when the server did not answer in time, could
+    /// not be reached, or holds a key of the lease with another type.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe: it changes nothing.
+    pub async fn inspect_rw(&self, key: &LeaseKey) -> Result<RwInfo, BackendError> {
+        const OP: &str = "inspect_rw";
+        let call = scripts::inspect_rw(&self.shared.layout, key);
+        let reply = self.eval(&call).await.map_err(|f| f.for_key(OP, key))?;
+        reply::inspected_rw(&reply).map_err(|f| f.for_key(OP, key))
+    }
+
     /// Runs a request under the op timeout.
     async fn bounded<T>(
         &self,
@@ -391,7 +412,7 @@ impl RedisBackend {
         if let Some(tracking) = &self.shared.tracking {
             // A failure is the renewal's too: it reports its own.
             let _ = self.track_renewals(tracking).await;
-            tracking.renewing(batch.len());
+            tracking.renewing(batch);
         }
         let call = scripts::renew(&self.shared.layout, batch);
         let outcomes = self.eval_renewal(&call).await.and_then(|reply| {
@@ -611,6 +632,19 @@ impl LeaseBackend for RedisBackend {
             .map_err(|_| too_long(OP, &request.key))?;
         let call = scripts::write(&self.shared.layout, request);
         self.acquire_share(OP, request, writer, call).await
+    }
+
+    /// One `withdraw.lua` call (compare-and-delete of `P:write-wanted`).
+    async fn withdraw_write_intent(
+        &self,
+        key: &LeaseKey,
+        holder: &HolderId,
+    ) -> Result<bool, BackendError> {
+        const OP: &str = "withdraw_write_intent";
+        not_a_share(OP, key)?;
+        let call = scripts::withdraw(&self.shared.layout, key, holder);
+        let reply = self.eval(&call).await.map_err(|f| f.for_key(OP, key))?;
+        reply::deleted(&reply).map_err(|f| f.for_key(OP, key))
     }
 
     /// Renews in one script call per 1000 leases (in a cluster: per slot,

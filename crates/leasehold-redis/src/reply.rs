@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use leasehold_core::{
     AcquireOutcome, AcquireRequest, BackendError, FencingToken, Grant, HandoverOutcome, LeaseInfo,
-    LeaseKey, ReleaseOutcome, RenewOutcome,
+    LeaseKey, ReleaseOutcome, RenewOutcome, RwInfo, WriteIntent,
 };
 use redis::{ErrorKind, RedisError, RetryMethod, Value};
 use tokio::time::Instant;
@@ -412,6 +412,37 @@ pub(crate) fn inspected(reply: &Value) -> Result<Option<LeaseInfo>, Failure> {
     }
 }
 
+/// The reply of `inspect_rw.lua`: `{writer, pttl, intent label, pttl,
+/// reader, pttl, ...}`, a missing writer or intent being nil with -2.
+pub(crate) fn inspected_rw(reply: &Value) -> Result<RwInfo, Failure> {
+    const SHAPE: &str = "{writer, pttl, intent, pttl, reader, pttl, ...}";
+    let Value::Array(items) = plain(reply) else {
+        return Err(unexpected(SHAPE, reply));
+    };
+    if items.len() < 4 || items.len() % 2 != 0 {
+        return Err(unexpected(SHAPE, reply));
+    }
+    let mut info = RwInfo::default();
+    info.writer = inspected(&Value::Array(items[..2].to_vec()))?;
+    info.waiting_writer = match plain(&items[2]) {
+        Value::Nil | Value::Boolean(false) => None,
+        label => {
+            let label = bytes(label).ok_or_else(|| unexpected("the intent's label", label))?;
+            let mut intent = WriteIntent::default();
+            intent.label = (!label.is_empty()).then(|| String::from_utf8_lossy(label).into_owned());
+            intent.ttl_left = ttl_left(plain(&items[3]))?;
+            Some(intent)
+        }
+    };
+    for pair in items[4..].chunks_exact(2) {
+        if let Some(reader) = inspected(&Value::Array(pair.to_vec()))? {
+            info.readers.push(reader);
+        }
+    }
+    info.readers.sort_by_key(|r| r.fencing_token);
+    Ok(info)
+}
+
 /// The reply of `DEL`: the number of keys deleted.
 pub(crate) fn deleted(reply: &Value) -> Result<bool, Failure> {
     match int(plain(reply)) {
@@ -432,6 +463,48 @@ mod tests {
     }
 
     const HOLDER: &str = "0123456789abcdef0123456789abcdef";
+
+    #[test]
+    fn a_read_write_lease_is_read_without_its_holders() -> TestResult {
+        let reply = Value::Array(vec![
+            Value::Nil,
+            Value::Int(-2),
+            bulk("w"),
+            Value::Int(2000),
+            bulk(&format!("{HOLDER}:9:b")),
+            Value::Int(900),
+            bulk(&format!("{HOLDER}:4:")),
+            Value::Int(1500),
+        ]);
+        let info = inspected_rw(&reply).map_err(|f| format!("{f:?}"))?;
+        assert_eq!(info.writer, None);
+        let intent = info.waiting_writer.ok_or("no intent")?;
+        assert_eq!(intent.label.as_deref(), Some("w"));
+        assert_eq!(intent.ttl_left, Some(Duration::from_millis(2000)));
+        let readers: Vec<_> = info
+            .readers
+            .iter()
+            .map(|r| (r.fencing_token, r.label.clone(), r.ttl_left))
+            .collect();
+        assert_eq!(
+            readers,
+            [
+                (
+                    Some(FencingToken(4)),
+                    None,
+                    Some(Duration::from_millis(1500))
+                ),
+                (
+                    Some(FencingToken(9)),
+                    Some("b".to_owned()),
+                    Some(Duration::from_millis(900))
+                ),
+            ]
+        );
+        // A reader without its pttl is not a reply the script sends.
+        assert!(inspected_rw(&Value::Array(vec![Value::Nil, Value::Int(-2), Value::Nil])).is_err());
+        Ok(())
+    }
 
     #[test]
     fn stored_values_are_read_without_the_holder() {

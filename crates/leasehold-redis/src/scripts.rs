@@ -146,6 +146,16 @@ pub(crate) static HANDOVER: LazyLock<Lua> = LazyLock::new(|| {
 pub(crate) static INSPECT: LazyLock<Lua> =
     LazyLock::new(|| Lua::new(include_str!("scripts/inspect.lua")));
 
+/// Withdraws a waiting writer's intent if it is still that writer's; see
+/// `scripts/withdraw.lua`.
+pub(crate) static WITHDRAW: LazyLock<Lua> =
+    LazyLock::new(|| Lua::new(include_str!("scripts/withdraw.lua")));
+
+/// Reads a read-write lease's writer, readers and waiting writer at one
+/// instant; see `scripts/inspect_rw.lua`.
+pub(crate) static INSPECT_RW: LazyLock<Lua> =
+    LazyLock::new(|| Lua::new(include_str!("scripts/inspect_rw.lua")));
+
 /// The most renewals sent in one script call: bounds how long one call keeps
 /// the (single-threaded) server busy and how large one request grows.
 pub(crate) const RENEW_BATCH: usize = 1000;
@@ -401,6 +411,31 @@ pub(crate) fn inspect(layout: &KeyLayout, key: &LeaseKey) -> Call {
     call
 }
 
+/// `withdraw.lua` for the intent of the writer `holder` on the read-write
+/// lease `key`.
+pub(crate) fn withdraw(layout: &KeyLayout, key: &LeaseKey, holder: &HolderId) -> Call {
+    let mut call = Call::new(&WITHDRAW, 1);
+    let mut wanted = Vec::with_capacity(64);
+    layout.write_lease(key, &mut wanted);
+    wanted.extend_from_slice(b":write-wanted");
+    call.cmd.arg(&wanted[..]).arg(&holder.to_hex_bytes()[..]);
+    call
+}
+
+/// `inspect_rw.lua` for the read-write lease `key`.
+pub(crate) fn inspect_rw(layout: &KeyLayout, key: &LeaseKey) -> Call {
+    let mut call = Call::new(&INSPECT_RW, 3);
+    let mut prefix = Vec::with_capacity(64);
+    layout.write_lease(key, &mut prefix);
+    let stem = prefix.len();
+    for suffix in [&b":write"[..], b":write-wanted", b":readers", b":read:"] {
+        prefix.truncate(stem);
+        prefix.extend_from_slice(suffix);
+        call.cmd.arg(&prefix[..]);
+    }
+    call
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -416,6 +451,8 @@ mod tests {
             ("permit", include_str!("scripts/permit.lua")),
             ("read", include_str!("scripts/read.lua")),
             ("write", include_str!("scripts/write.lua")),
+            ("inspect_rw", include_str!("scripts/inspect_rw.lua")),
+            ("withdraw", include_str!("scripts/withdraw.lua")),
         ] {
             if ["acquire", "handover", "permit", "read", "write"].contains(&name) {
                 assert!(source.contains("grant("), "{name} grants through grant.lua");

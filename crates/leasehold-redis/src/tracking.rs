@@ -55,17 +55,23 @@
 //! key again and evicts another. A second in which at least
 //! [`STORM_MIN_REPORTS`] held leases are reported changed, and more than a
 //! quarter as many as were renewed, is taken for such a storm: tracking is
-//! turned off for the backend, with a warning. Changes the backend made
-//! itself over its other connection, which NOLOOP does not cover, are not
-//! counted (none while tracking is on: its lease writes go over the
-//! tracked one).
+//! turned off for the backend, with a warning. Only reports of leases this
+//! backend renewed in that second or the one before count: the keys a
+//! storm keeps evicting are the ones its renewals keep tracking again,
+//! while on Redis 7.0 a permit's grant also tracks every other permit of
+//! its semaphore (the script names them all), whose holders' writes are
+//! reported here once each and are no sign of overflow. Changes the
+//! backend made itself over its other connection, which NOLOOP does not
+//! cover, are not counted (none while tracking is on: its lease writes go
+//! over the tracked one).
 
 use std::collections::HashSet;
+use std::hash::{BuildHasher, RandomState};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
-use leasehold_core::{ChangeFeed, ChangeWatch, LeaseChange, LeaseKey};
+use leasehold_core::{ChangeFeed, ChangeWatch, LeaseChange, LeaseKey, RenewRequest};
 use redis::{PushInfo, PushKind, Value};
 use tokio::time::Instant;
 use tracing::warn;
@@ -102,6 +108,8 @@ pub(crate) struct Tracking {
     /// One turn-on at a time, so renewals wait for it rather than run
     /// untracked on a connection being set up.
     enabling: tokio::sync::Mutex<()>,
+    /// Hashes the Redis keys of renewed leases, for the overflow guard.
+    hasher: RandomState,
     state: Mutex<State>,
 }
 
@@ -111,6 +119,11 @@ struct State {
     window: Window,
 }
 
+/// The hashes of a window's renewed leases' Redis keys: a `u64` each
+/// rather than the key, so that counting renewals allocates nothing per
+/// lease.
+type Renewed = HashSet<u64>;
+
 /// The overflow guard's counts for the current window.
 #[derive(Default)]
 struct Window {
@@ -119,19 +132,38 @@ struct Window {
     renewed: u64,
     /// Lease keys this backend wrote over its other connection in the window.
     own: HashSet<String>,
+    /// The leases renewed in this window, and in the one just before it.
+    renewed_keys: Renewed,
+    renewed_before: Renewed,
 }
 
 impl Window {
     fn roll(&mut self, now: Instant) {
-        if self
-            .started
-            .is_none_or(|started| now.duration_since(started) >= STORM_WINDOW)
-        {
+        let Some(started) = self.started else {
+            self.started = Some(now);
+            return;
+        };
+        let age = now.duration_since(started);
+        if age >= STORM_WINDOW {
+            // The keys renewed in the window that just ended still count in
+            // the next; older ones do not.
+            let before = if age < STORM_WINDOW * 2 {
+                std::mem::take(&mut self.renewed_keys)
+            } else {
+                Renewed::default()
+            };
             *self = Self {
                 started: Some(now),
+                renewed_before: before,
                 ..Self::default()
             };
         }
+    }
+
+    /// Whether the lease whose Redis key hashes to `hash` was renewed in
+    /// this window or the one before.
+    fn was_renewed(&self, hash: u64) -> bool {
+        self.renewed_keys.contains(&hash) || self.renewed_before.contains(&hash)
     }
 }
 
@@ -153,6 +185,7 @@ impl Tracking {
             generation: AtomicU64::new(0),
             enabled_for: AtomicU64::new(u64::MAX),
             enabling: tokio::sync::Mutex::new(()),
+            hasher: RandomState::new(),
             state: Mutex::new(State::default()),
         }
     }
@@ -228,13 +261,26 @@ impl Tracking {
         }
     }
 
-    /// Counts `leases` renewals sent, for the overflow guard.
-    pub(crate) fn renewing(&self, leases: usize) {
-        if self.is_on() {
-            let mut state = self.state();
-            state.window.roll(Instant::now());
-            state.window.renewed += leases as u64;
+    /// Counts the renewals of `batch` sent, and which leases they renew,
+    /// for the overflow guard.
+    pub(crate) fn renewing(&self, batch: &[RenewRequest]) {
+        if !self.is_on() {
+            return;
         }
+        // Hashed before the lock, into one buffer for the whole batch.
+        let mut redis_key = Vec::with_capacity(64);
+        let hashes: Vec<u64> = batch
+            .iter()
+            .map(|request| {
+                redis_key.clear();
+                self.layout.write_lease(&request.key, &mut redis_key);
+                self.hasher.hash_one(&redis_key[..])
+            })
+            .collect();
+        let mut state = self.state();
+        state.window.roll(Instant::now());
+        state.window.renewed += batch.len() as u64;
+        state.window.renewed_keys.extend(hashes);
     }
 
     /// Notes that this backend itself wrote `lease` (the Redis key) over its
@@ -295,7 +341,14 @@ impl Tracking {
             if leases.is_empty() {
                 continue;
             }
-            if !state.window.own.contains(redis_key) {
+            // Counted only for a lease renewed here lately (see the module
+            // comment): not for another holder's permit, nor for this
+            // backend's own write over its other connection.
+            if state
+                .window
+                .was_renewed(self.hasher.hash_one(redis_key.as_bytes()))
+                && !state.window.own.contains(redis_key)
+            {
                 state.window.reported += 1;
             }
             for lease in leases {
@@ -347,6 +400,44 @@ pub(crate) fn lease_keys(layout: &KeyLayout, redis_key: &str) -> Vec<LeaseKey> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// An `invalidate` push's data naming `keys`.
+    fn invalidated(keys: &[String]) -> Vec<Value> {
+        vec![Value::Array(
+            keys.iter()
+                .map(|k| Value::BulkString(k.clone().into_bytes()))
+                .collect(),
+        )]
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn only_leases_renewed_here_count_towards_a_storm() -> Result<(), leasehold_core::Error> {
+        let layout = KeyLayout::new("ns").expect("valid namespace");
+        let tracking = Tracking::new(layout.clone());
+        let n = usize::try_from(STORM_MIN_REPORTS).unwrap_or(usize::MAX);
+        let ttl = leasehold_core::Ttl::parse("30s")?;
+        let holder = leasehold_core::HolderId::generate()?;
+        let held: Vec<RenewRequest> = (0..n)
+            .map(|i| LeaseKey::new(format!("held:{i}")).map(|k| RenewRequest::new(k, holder, ttl)))
+            .collect::<Result<_, _>>()?;
+        tracking.renewing(&held[..1]);
+        // Others' leases (a semaphore's other permits), reported once each:
+        // as many as a storm, and not one.
+        let others: Vec<String> = (0..n)
+            .map(|i| {
+                layout.lease(&LeaseKey::new(format!("{{sem}}:permit:{i}")).expect("valid key"))
+            })
+            .collect();
+        tracking.on_invalidate(&invalidated(&others));
+        assert!(tracking.is_on(), "reports of leases not renewed here");
+        // The leases renewed here, all reported in the next window: a storm.
+        tokio::time::advance(STORM_WINDOW).await;
+        tracking.renewing(&held);
+        let ours: Vec<String> = held.iter().map(|r| layout.lease(&r.key)).collect();
+        tracking.on_invalidate(&invalidated(&ours));
+        assert!(!tracking.is_on(), "a storm of leases renewed here");
+        Ok(())
+    }
 
     #[test]
     fn redis_keys_map_back_to_the_leases_kept_there() {

@@ -21,11 +21,16 @@
 //!   [`History::acquired_permit`]), the intervals in which more of its
 //!   holders believed at once than its limit, declared with
 //!   [`History::semaphore`], allows;
+//! - **read-write conflicts**: for a read-write lease (holds recorded with
+//!   [`History::acquired_share`]), a writer's hold believed in at the same
+//!   moment as another writer's or any reader's hold of the same lease;
+//!   readers may share;
 //! - **token violations**: an acquisition that began after another one of
 //!   the same key had completed, yet got a fencing token that is not
 //!   greater (or two holds that got the same token); for a semaphore, the
 //!   order is the semaphore's, across all its permit keys, since they share
-//!   one fencing counter;
+//!   one fencing counter; for a read-write lease, across its readers and
+//!   writers;
 //! - **grant order**: a new token the lease server granted (as its witness
 //!   recorded it, in the server's order) that is not greater than one it
 //!   had granted before for the same key, or semaphore: judged from the
@@ -135,6 +140,16 @@ impl Hold {
 /// A hold's index in a [`History`], returned by [`History::acquired`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct HoldId(usize);
+
+/// Which share of a read-write lease a hold is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum Share {
+    /// A shared holder: readers may hold together.
+    Reader,
+    /// The exclusive holder: no other writer and no reader beside it.
+    Writer,
+}
 
 /// Two holders believed they held one key at the same time.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -322,6 +337,10 @@ pub struct Report {
     pub overlaps: Vec<Overlap>,
     /// Semaphores' excesses over their limits, in the order they began.
     pub excesses: Vec<Excess>,
+    /// Read-write leases' writers believed in beside another holder of
+    /// the same lease (a writer, or a reader), in the order the later
+    /// hold began; each names the read-write lease as its `key`.
+    pub rw_conflicts: Vec<Overlap>,
     /// Fencing tokens that did not increase.
     pub token_violations: Vec<TokenViolation>,
     /// New tokens the lease server granted out of order, in its order.
@@ -331,13 +350,15 @@ pub struct Report {
 }
 
 impl Report {
-    /// No overlap, no excess over a semaphore's limit, no token violation, no stale write accepted by fencing,
+    /// No overlap, no excess over a semaphore's limit, no writer beside
+    /// another holder of a read-write lease, no token violation, no stale write accepted by fencing,
     /// no write after its writer's token fired, no write missing from the
     /// unfenced store.
     #[must_use]
     pub fn is_clean(&self) -> bool {
         self.overlaps.is_empty()
             && self.excesses.is_empty()
+            && self.rw_conflicts.is_empty()
             && self.token_violations.is_empty()
             && self.grant_order.is_empty()
             && self.writes.stale_fenced().is_empty()
@@ -383,6 +404,18 @@ impl fmt::Display for Report {
             }
             write!(f, ", ")?;
         }
+        if !self.rw_conflicts.is_empty() {
+            write!(
+                f,
+                "{} writers beside another holder (worst {:?}), ",
+                self.rw_conflicts.len(),
+                self.rw_conflicts
+                    .iter()
+                    .map(|c| c.duration)
+                    .max()
+                    .unwrap_or_default()
+            )?;
+        }
         write!(
             f,
             "{} token violations, {} grants out of order; {}",
@@ -405,6 +438,9 @@ struct Record {
     holds: Vec<Hold>,
     /// The declared limit of each semaphore.
     limits: HashMap<String, usize>,
+    /// For each hold of a read-write lease (by index in `holds`): the
+    /// lease, and whether the hold is its writer's.
+    shares: HashMap<usize, (String, Share)>,
     attempts: Vec<WriteAttempt>,
     /// The lease server's writes of each lease, in its order.
     server: BTreeMap<String, Vec<ServerWrite>>,
@@ -490,6 +526,35 @@ impl History {
             acquired_at,
             ended: None,
         })
+    }
+
+    /// Records that `holder` got a `share` of the read-write lease `rw` on
+    /// the key `key` (its reader's or writer's key) with `token`: its
+    /// request was sent at `requested_at` and the grant reached it at
+    /// `acquired_at`. Its token is ordered with those of every share of
+    /// `rw`, which share one fencing counter.
+    #[allow(clippy::too_many_arguments)]
+    pub fn acquired_share(
+        &self,
+        rw: impl Into<String>,
+        share: Share,
+        key: impl Into<String>,
+        holder: impl Into<String>,
+        token: u64,
+        requested_at: Instant,
+        acquired_at: Instant,
+    ) -> HoldId {
+        let id = self.push(Hold {
+            key: key.into(),
+            semaphore: None,
+            holder: holder.into(),
+            token,
+            requested_at,
+            acquired_at,
+            ended: None,
+        });
+        self.record().shares.insert(id.0, (rw.into(), share));
+        id
     }
 
     fn push(&self, hold: Hold) -> HoldId {
@@ -589,12 +654,20 @@ impl History {
         // its permit keys, or a key's own.
         let mut by_counter: HashMap<&str, Vec<&Hold>> = HashMap::new();
         let mut by_semaphore: HashMap<&str, Vec<&Hold>> = HashMap::new();
-        for hold in &record.holds {
+        let mut by_rw: HashMap<&str, Vec<(&Hold, Share)>> = HashMap::new();
+        for (i, hold) in record.holds.iter().enumerate() {
             by_key.entry(&hold.key).or_default().push(hold);
-            let counter = hold.semaphore.as_deref().unwrap_or(&hold.key);
+            let share = record.shares.get(&i);
+            let counter = share
+                .map(|(rw, _)| rw.as_str())
+                .or(hold.semaphore.as_deref())
+                .unwrap_or(&hold.key);
             by_counter.entry(counter).or_default().push(hold);
             if let Some(semaphore) = &hold.semaphore {
                 by_semaphore.entry(semaphore).or_default().push(hold);
+            }
+            if let Some((rw, share)) = share {
+                by_rw.entry(rw).or_default().push((hold, *share));
             }
         }
         let mut report = Report {
@@ -613,8 +686,13 @@ impl History {
             let limit = record.limits.get(semaphore).copied().unwrap_or(0);
             excesses(semaphore, limit, &holds, now, &mut report.excesses);
         }
+        for (rw, mut shares) in by_rw {
+            shares.sort_by_key(|(h, _)| h.acquired_at);
+            rw_conflicts(rw, &shares, now, &mut report.rw_conflicts);
+        }
         report.grant_order = grant_order(&record);
         report.overlaps.sort_by_key(|o| o.later.acquired_at);
+        report.rw_conflicts.sort_by_key(|o| o.later.acquired_at);
         report.excesses.sort_by_key(|e| e.from);
         report
     }
@@ -694,6 +772,31 @@ fn micros(d: Duration) -> u64 {
     u64::try_from(d.as_micros()).unwrap_or(u64::MAX)
 }
 
+/// Pairs of shares of the read-write lease `rw` (sorted by acquisition)
+/// believed in at the same time, one of them a writer's: readers may
+/// share, a writer may not. An end at the instant of a start does not
+/// overlap it, as in [`overlaps`].
+fn rw_conflicts(rw: &str, shares: &[(&Hold, Share)], now: Instant, out: &mut Vec<Overlap>) {
+    for (i, (earlier, first)) in shares.iter().enumerate() {
+        let earlier_end = earlier.end_or(now);
+        for (later, second) in &shares[i + 1..] {
+            if later.acquired_at >= earlier_end {
+                break; // sorted by start: no later hold starts inside this one
+            }
+            if *first == Share::Reader && *second == Share::Reader {
+                continue;
+            }
+            let end = earlier_end.min(later.end_or(now));
+            out.push(Overlap {
+                key: rw.to_owned(),
+                earlier: (*earlier).clone(),
+                later: (*later).clone(),
+                duration: end.saturating_duration_since(later.acquired_at),
+            });
+        }
+    }
+}
+
 /// Pairs of holds (sorted by acquisition) believed in at the same time.
 fn overlaps(key: &str, holds: &[&Hold], now: Instant, out: &mut Vec<Overlap>) {
     for (i, earlier) in holds.iter().enumerate() {
@@ -721,7 +824,11 @@ fn grant_order(record: &Record) -> Vec<GrantOrder> {
     let semaphores: HashMap<&str, &str> = record
         .holds
         .iter()
-        .filter_map(|h| Some((h.key.as_str(), h.semaphore.as_deref()?)))
+        .enumerate()
+        .filter_map(|(i, h)| {
+            let counter = record.shares.get(&i).map(|(rw, _)| rw.as_str());
+            Some((h.key.as_str(), counter.or(h.semaphore.as_deref())?))
+        })
         .collect();
     let mut writes: Vec<(&str, &ServerWrite)> = record
         .server
@@ -823,5 +930,75 @@ fn token_order(key: &str, holds: &[&Hold], out: &mut Vec<TokenViolation>) {
                 });
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A share of `rw` believed from `from` to `to` ms after `t0`.
+    fn share(h: &History, t0: Instant, share: Share, holder: &str, token: u64, from: u64, to: u64) {
+        let key = match share {
+            Share::Writer => "{rw}:write".to_owned(),
+            Share::Reader => format!("{{rw}}:read:{holder}"),
+        };
+        let at = t0 + Duration::from_millis(from);
+        let id = h.acquired_share("rw", share, key, holder, token, at, at);
+        h.ended(id, HoldEnd::Released, t0 + Duration::from_millis(to));
+    }
+
+    #[test]
+    fn readers_share_and_a_writer_after_them_is_clean() {
+        let (h, t0) = (History::new(), Instant::now());
+        share(&h, t0, Share::Reader, "a", 1, 0, 100);
+        share(&h, t0, Share::Reader, "b", 2, 50, 150);
+        // Starts at the instant the last reader ends: no overlap.
+        share(&h, t0, Share::Writer, "w", 3, 150, 200);
+        share(&h, t0, Share::Reader, "c", 4, 200, 300);
+        let report = h.check_at(t0 + Duration::from_secs(1));
+        assert!(report.is_clean(), "{report}");
+    }
+
+    #[test]
+    fn a_writer_beside_a_reader_or_a_writer_is_a_conflict_with_its_duration() {
+        let (h, t0) = (History::new(), Instant::now());
+        share(&h, t0, Share::Reader, "a", 1, 0, 100);
+        share(&h, t0, Share::Writer, "w", 2, 60, 200);
+        share(&h, t0, Share::Writer, "v", 3, 180, 300);
+        let report = h.check_at(t0 + Duration::from_secs(1));
+        let seen: Vec<_> = report
+            .rw_conflicts
+            .iter()
+            .map(|c| {
+                (
+                    c.key.as_str(),
+                    c.earlier.holder.as_str(),
+                    c.later.holder.as_str(),
+                    c.duration,
+                )
+            })
+            .collect();
+        assert_eq!(
+            seen,
+            [
+                ("rw", "a", "w", Duration::from_millis(40)),
+                ("rw", "w", "v", Duration::from_millis(20)),
+            ]
+        );
+        assert!(!report.is_clean());
+        // The two writers share the writer key: an overlap of it as well.
+        assert_eq!(report.overlaps.len(), 1, "{report}");
+    }
+
+    #[test]
+    fn tokens_are_ordered_across_readers_and_writers_of_one_lease() {
+        let (h, t0) = (History::new(), Instant::now());
+        share(&h, t0, Share::Writer, "w", 5, 0, 100);
+        // Requested after the writer's grant, with a lower token.
+        share(&h, t0, Share::Reader, "a", 4, 150, 200);
+        let report = h.check_at(t0 + Duration::from_secs(1));
+        assert_eq!(report.token_violations.len(), 1, "{report}");
+        assert_eq!(report.token_violations[0].key, "rw");
     }
 }

@@ -193,9 +193,20 @@ impl<B: LeaseBackend> LeaseManager<B> {
         // machines, and proving a caller's future `Send` through all of it
         // for a deep backend type (Redlock's) overflows the compiler's
         // recursion limit. Once per acquisition, beside a round trip.
+        // A writer that gives up withdraws the intent its refusals left.
+        let intent =
+            crate::rw::IntentGuard::new(&self.inner.backend, &key, request.holder, attempt);
         let waiting: Pin<Box<dyn Future<Output = Result<Won, LeaseError>> + Send + '_>> =
             Box::pin(waiting::acquire(manager, &key, request, options, attempt));
-        let won = waiting.await?;
+        let won = match waiting.await {
+            Ok(won) => won,
+            Err(error) => {
+                intent.withdraw().await;
+                return Err(error);
+            }
+        };
+        // Granted: the grant cleared the intent (write.lua, 3).
+        intent.disarm();
         self.took(won, options, attempt).await
     }
 
