@@ -21,11 +21,13 @@
 //!
 //! `Listening` knows how many places are ahead: after that many releases
 //! (one more while the lease is held) it is our turn, and each release
-//! announces itself. Notices can merge (two releases heard as one), so a
-//! waiter asks again one release early, which costs a call and re-reads
-//! the count; and it asks at the latest a third of the place ttl after
-//! the last call, which refreshes the place (and notices a place ahead
-//! that expired). The head, with no notice to wait for, asks on the
+//! announces itself. Notices can merge (releases close together, heard by
+//! a process that was not scheduled in between, wake it once), so a waiter
+//! asks again after half of them, which costs a call and re-reads the
+//! count: a few calls per wait, and a waiter one or two releases from its
+//! turn asks on every notice. It asks at the latest a third of the place
+//! ttl after the last call, which refreshes the place (and notices a place
+//! ahead that expired). The head, with no notice to wait for, asks on the
 //! backoff, and no later than the holder's ttl runs out.
 
 use std::time::Duration;
@@ -152,9 +154,11 @@ fn listen_plan(
         retry_after = retry_after.min(left + Duration::from_millis(1));
     }
     // Our turn comes after `ahead` releases, one more while the lease is
-    // held; ask one early, as two releases may be heard as one notice.
+    // held. Releases close together may be heard as one notice, so ask
+    // again halfway, which re-reads the count: a few calls per wait, and
+    // every notice counts once our turn is one or two releases away.
     let held = u32::from(place.holder.is_some());
-    let releases = place.ahead.saturating_add(held).saturating_sub(1).max(1);
+    let releases = (place.ahead.saturating_add(held) / 2).max(1);
     (now + retry_after, if notices { releases } else { 0 })
 }
 
