@@ -239,3 +239,63 @@ async fn a_backend_without_a_fair_queue_refuses_fair_mode() -> TestResult {
     );
     Ok(())
 }
+
+/// The gauge of places queued on the server, as the last reply to this
+/// process reported it, for lease name `name`.
+fn fair_queued(snapshotter: &metrics_util::debugging::Snapshotter, name: &str) -> Option<f64> {
+    snapshotter
+        .snapshot()
+        .into_vec()
+        .into_iter()
+        .find_map(|(key, _, _, value)| {
+            let key = key.key();
+            let named = key.labels().any(|l| l.key() == "name" && l.value() == name);
+            match value {
+                metrics_util::debugging::DebugValue::Gauge(g)
+                    if key.name() == leasehold_watchdog::metrics::FAIR_QUEUED && named =>
+                {
+                    Some(g.0)
+                }
+                _ => None,
+            }
+        })
+}
+
+/// The gauge of waiters queued on the server follows the queue: three
+/// while three wait behind the holder, none once the last was granted.
+#[tokio::test(start_paused = true)]
+async fn the_queue_gauge_counts_the_waiters_on_the_server() -> TestResult {
+    let recorder = metrics_util::debugging::DebuggingRecorder::new();
+    let snapshotter = recorder.snapshotter();
+    recorder.install()?;
+    let backend = MemoryBackend::new();
+    let lease = key("fair:gauge");
+    let options = LeaseOptions::builder()
+        .ttl(Ttl::parse("2s")?)
+        .wait(Duration::from_secs(60))
+        .backoff(Backoff::fixed(Duration::from_millis(20)))
+        .name("fair-gauge")
+        .fair(true)
+        .build()?;
+    let holder = LeaseManager::new(backend.clone())?;
+    let held = holder.acquire(lease.as_str(), &options).await?;
+    let mut tasks = Vec::new();
+    for _ in 0..3 {
+        let manager = LeaseManager::new(backend.clone())?;
+        let (lease, options) = (lease.clone(), options.clone());
+        tasks.push(tokio::spawn(async move {
+            let won = manager.acquire(lease.as_str(), &options).await?;
+            sleep(Duration::from_millis(5)).await;
+            won.release().await?;
+            Ok::<_, LeaseError>(())
+        }));
+        sleep(Duration::from_millis(1)).await;
+    }
+    assert_eq!(fair_queued(&snapshotter, "fair-gauge"), Some(3.0));
+    held.release().await?;
+    for task in tasks {
+        within(Duration::from_secs(30), "a waiter", task).await??;
+    }
+    assert_eq!(fair_queued(&snapshotter, "fair-gauge"), Some(0.0));
+    Ok(())
+}
