@@ -91,7 +91,6 @@ pub(crate) async fn acquire<B: LeaseBackend>(
                 crate::metrics::fair_queued(options.name(), queued);
                 if in_time(&grant, options) {
                     manager.queues.note_won(key, grant.fencing_token);
-                    orphan.armed = false;
                     return Ok(Won {
                         grant,
                         turn,
