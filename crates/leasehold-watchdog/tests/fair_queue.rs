@@ -299,3 +299,18 @@ async fn the_queue_gauge_counts_the_waiters_on_the_server() -> TestResult {
     assert_eq!(fair_queued(&snapshotter, "fair-gauge"), Some(0.0));
     Ok(())
 }
+
+/// A place ttl out of its bounds is refused when the options are built.
+#[test]
+fn a_place_ttl_out_of_bounds_is_refused() {
+    for bad in [Duration::from_millis(10), Duration::from_secs(120)] {
+        let built = LeaseOptions::builder().fair(true).place_ttl(bad).build();
+        assert!(
+            matches!(&built, Err(LeaseError::Invalid(_))),
+            "{bad:?}: {built:?}"
+        );
+    }
+    let fair = LeaseOptions::builder().fair(true).build().expect("valid");
+    assert_eq!(fair.fair().map(|p| p.get()), Some(Duration::from_secs(2)));
+    assert_eq!(LeaseOptions::default().fair(), None);
+}
