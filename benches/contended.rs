@@ -18,7 +18,23 @@
 //! - `leasehold/16-managers/…`: one manager (connection) per worker, as 16
 //!   processes would have;
 //! - `redis-crate/polling`: the same work written directly with the `redis`
-//!   crate: `SET NX PX`, a compare-and-delete script, and a 10 ms retry sleep.
+//!   crate: `SET NX PX`, a compare-and-delete script, and a 10 ms retry sleep;
+//! - `leasehold/16-managers/fair`: 16 managers with fair mode on
+//!   (`LeaseOptions::fair`): waiters queue on the server in arrival order;
+//! - `processes/16/default` and `processes/16/fair`: 16 OS processes (this
+//!   bench re-executed with `LEASEHOLD_BENCH_CHILD` set), each one manager
+//!   with one worker on one key. Each child prints one line per hold
+//!   (fencing token, and when it asked, got and released the lease, on the
+//!   machine's wall clock that all processes share); the parent merges
+//!   them in token order and fails the run if two holds overlap or a token
+//!   repeats.
+//!
+//! Besides waits, gaps and fairness (fewest / most acquisitions per
+//! worker), each line has `switches_per_second` (acquisitions by another
+//! worker than the one before) and, read from the server's `INFO
+//! commandstats` (reset before each scenario), `evalsha_per_acq` (script
+//! calls, that is round trips that run a script) and `commands_per_acq`
+//! (every command the server ran, those run by scripts included).
 //!
 //! Every scenario checks what it measures: a worker that acquires while
 //! another still believes it holds the key, a fencing token that does not
@@ -41,6 +57,8 @@ const HOLD: Duration = Duration::from_millis(1);
 const POLL: Duration = Duration::from_millis(10);
 /// The scenario written directly with the `redis` crate.
 const RAW: &str = "redis-crate/polling";
+/// Set in a child process of the 16-process scenarios: what it runs.
+const CHILD: &str = "LEASEHOLD_BENCH_CHILD";
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
@@ -59,9 +77,19 @@ struct Record {
     /// The first broken guarantee seen: once a worker stops on one, the
     /// others may trip over the state it left, so this is what is reported.
     violation: Option<String>,
+    /// The worker of the latest acquisition, and how many acquisitions
+    /// went to another worker than the one before.
+    last_worker: Option<usize>,
+    switches: usize,
+    /// The server's command counts over the scenario: script calls, all.
+    evalsha: u64,
+    commands: u64,
 }
 
 fn main() -> Result<(), BoxError> {
+    if let Ok(child) = std::env::var(CHILD) {
+        return processes::child(&child);
+    }
     let full = std::env::args().any(|a| a == "--bench");
     let secs: f64 = match std::env::var("LEASEHOLD_BENCH_SECS") {
         Ok(s) => s.parse()?,
@@ -89,12 +117,22 @@ fn main() -> Result<(), BoxError> {
         }
         let only = std::env::var("LEASEHOLD_BENCH_SCENARIOS").unwrap_or_default();
         let chosen = |name: &str| only.is_empty() || only.split(',').any(|o| o.trim() == name);
-        let scenarios = [(1, true), (1, false), (WORKERS, true), (WORKERS, false)];
+        let scenarios = [
+            (1, true, false),
+            (1, false, false),
+            (WORKERS, true, false),
+            (WORKERS, false, false),
+            (WORKERS, true, true),
+        ];
         let mut results: Vec<(String, Vec<Summary>)> = Vec::new();
         for round in 0..rounds {
             let mut summaries = Vec::new();
-            for (managers, notices) in scenarios {
-                let mode = if notices { "notices" } else { "polling" };
+            for (managers, notices, fair) in scenarios {
+                let mode = match (notices, fair) {
+                    (_, true) => "fair",
+                    (true, false) => "notices",
+                    (false, false) => "polling",
+                };
                 let name = if managers == 1 {
                     format!("leasehold/1-manager/{mode}")
                 } else {
@@ -103,12 +141,29 @@ fn main() -> Result<(), BoxError> {
                 if !chosen(&name) {
                     continue;
                 }
-                let record = leasehold_run(&server, managers, notices, run_for).await?;
+                reset_stats(&server)?;
+                let mut record = leasehold_run(&server, managers, notices, fair, run_for).await?;
+                read_stats(&server, &mut record)?;
                 summaries.push((name, Summary::of(run_for, record)));
             }
             if chosen(RAW) {
-                let record = raw_run(&server, run_for).await?;
+                reset_stats(&server)?;
+                let mut record = raw_run(&server, run_for).await?;
+                read_stats(&server, &mut record)?;
                 summaries.push((RAW.to_owned(), Summary::of(run_for, record)));
+            }
+            for fair in [false, true] {
+                let name = format!(
+                    "processes/{WORKERS}/{}",
+                    if fair { "fair" } else { "default" }
+                );
+                if !chosen(&name) {
+                    continue;
+                }
+                reset_stats(&server)?;
+                let mut record = processes::run(&server, fair, run_for).await?;
+                read_stats(&server, &mut record)?;
+                summaries.push((name, Summary::of(run_for, record)));
             }
             if summaries.is_empty() {
                 return Err(format!("LEASEHOLD_BENCH_SCENARIOS names no scenario: {only}").into());
@@ -132,6 +187,7 @@ async fn leasehold_run(
     server: &RedisServer,
     managers: usize,
     notices: bool,
+    fair: bool,
     run_for: Duration,
 ) -> Result<Record, BoxError> {
     let mut pool = Vec::new();
@@ -143,12 +199,13 @@ async fn leasehold_run(
     let mut options = LeaseOptions::builder()
         .ttl(Ttl::parse("5s")?)
         .wait(Duration::from_secs(30))
-        .release_notices(notices);
+        .release_notices(notices)
+        .fair(fair);
     if !notices {
         options = options.backoff(Backoff::fixed(POLL));
     }
     let options = options.build()?;
-    let key = format!("contended-{managers}-{notices}");
+    let key = format!("contended-{managers}-{notices}-{fair}");
     let record = Arc::new(Mutex::new(Record {
         per_worker: vec![0; WORKERS],
         ..Record::default()
@@ -318,6 +375,39 @@ fn note_acquired(
         r.gaps.push(got.saturating_duration_since(released));
     }
     r.per_worker[worker] += 1;
+    if r.last_worker.is_some_and(|last| last != worker) {
+        r.switches += 1;
+    }
+    r.last_worker = Some(worker);
+    Ok(())
+}
+
+/// Zeroes the server's command counts before a scenario.
+fn reset_stats(server: &RedisServer) -> Result<(), BoxError> {
+    server.cli(&["CONFIG", "RESETSTAT"])?;
+    Ok(())
+}
+
+/// Reads the server's command counts after a scenario: `EVALSHA` calls and
+/// every command (including those scripts ran, and the `INFO` itself).
+fn read_stats(server: &RedisServer, record: &mut Record) -> Result<(), BoxError> {
+    let info = server.cli(&["INFO", "commandstats"])?;
+    for line in info.lines() {
+        let Some((name, stats)) = line.trim().split_once(':') else {
+            continue;
+        };
+        let Some(calls) = stats
+            .split(',')
+            .find_map(|kv| kv.strip_prefix("calls="))
+            .and_then(|n| n.parse::<u64>().ok())
+        else {
+            continue;
+        };
+        record.commands += calls;
+        if name == "cmdstat_evalsha" {
+            record.evalsha += calls;
+        }
+    }
     Ok(())
 }
 
@@ -388,6 +478,9 @@ struct Summary {
     fewest: f64,
     most: f64,
     fairness: f64,
+    switches_per_second: f64,
+    evalsha_per_acq: f64,
+    commands_per_acq: f64,
 }
 
 impl Summary {
@@ -410,6 +503,9 @@ impl Summary {
             } else {
                 fewest as f64 / most as f64
             },
+            switches_per_second: record.switches as f64 / run_for.as_secs_f64(),
+            evalsha_per_acq: record.evalsha as f64 / total.max(1) as f64,
+            commands_per_acq: record.commands as f64 / total.max(1) as f64,
         }
     }
 
@@ -429,12 +525,15 @@ impl Summary {
             fewest: of(|s| s.fewest),
             most: of(|s| s.most),
             fairness: of(|s| s.fairness),
+            switches_per_second: of(|s| s.switches_per_second),
+            evalsha_per_acq: of(|s| s.evalsha_per_acq),
+            commands_per_acq: of(|s| s.commands_per_acq),
         }
     }
 
     fn print(&self, name: &str, run_for: Duration, round: &str) {
         println!(
-            "{{\"scenario\":\"{name}\",\"round\":\"{round}\",\"workers\":{WORKERS},\"hold_ms\":1,\"seconds\":{:.1},\"per_second\":{:.0},\"wait_p50_ms\":{:.2},\"wait_p99_ms\":{:.2},\"gap_p50_ms\":{:.3},\"gap_p99_ms\":{:.3},\"fewest\":{:.0},\"most\":{:.0},\"fairness\":{:.2}}}",
+            "{{\"scenario\":\"{name}\",\"round\":\"{round}\",\"workers\":{WORKERS},\"hold_ms\":1,\"seconds\":{:.1},\"per_second\":{:.0},\"wait_p50_ms\":{:.2},\"wait_p99_ms\":{:.2},\"gap_p50_ms\":{:.3},\"gap_p99_ms\":{:.3},\"fewest\":{:.0},\"most\":{:.0},\"fairness\":{:.2},\"switches_per_second\":{:.0},\"evalsha_per_acq\":{:.2},\"commands_per_acq\":{:.2}}}",
             run_for.as_secs_f64(),
             self.per_second,
             self.wait_p50_ms,
@@ -444,6 +543,167 @@ impl Summary {
             self.fewest,
             self.most,
             self.fairness,
+            self.switches_per_second,
+            self.evalsha_per_acq,
+            self.commands_per_acq,
         );
+    }
+}
+
+/// The 16-process scenarios: the parent's side and the child's.
+mod processes {
+    use std::io::{BufRead, BufReader, Write};
+    use std::process::{Command, Stdio};
+    use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+    use leasehold::redis::RedisBackend;
+    use leasehold::{LeaseManager, LeaseOptions, ReleaseOutcome, Ttl};
+    use leasehold_testkit::RedisServer;
+
+    use super::{BoxError, CHILD, Record, WORKERS, hold};
+
+    /// Nanoseconds on the wall clock, which every process on the machine
+    /// reads alike (unlike `Instant`, which cannot be compared across them).
+    fn now_ns() -> u128 {
+        SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos())
+    }
+
+    /// Starts the children, lets them run `run_for` from a common start,
+    /// and merges their holds in fencing-token order.
+    pub(super) async fn run(
+        server: &RedisServer,
+        fair: bool,
+        run_for: Duration,
+    ) -> Result<Record, BoxError> {
+        let exe = std::env::current_exe()?;
+        // Children connect first; all start together a moment later.
+        let start = now_ns() + 1_500_000_000;
+        let end = start + run_for.as_nanos();
+        let key = format!("processes-{fair}");
+        let mut children = Vec::new();
+        for _ in 0..WORKERS {
+            children.push(
+                Command::new(&exe)
+                    .env(
+                        CHILD,
+                        format!("{} {key} {fair} {start} {end}", server.url()),
+                    )
+                    .stdout(Stdio::piped())
+                    .spawn()?,
+            );
+        }
+        let mut holds = Vec::new();
+        let mut failures = Vec::new();
+        for (worker, mut child) in children.into_iter().enumerate() {
+            let stdout = child.stdout.take().ok_or("no stdout")?;
+            let lines = tokio::task::spawn_blocking(move || {
+                BufReader::new(stdout)
+                    .lines()
+                    .collect::<Result<Vec<_>, _>>()
+            })
+            .await??;
+            let status = tokio::task::spawn_blocking(move || child.wait()).await??;
+            if !status.success() {
+                failures.push(format!("child {worker} exited with {status}"));
+            }
+            for line in lines {
+                let f: Vec<u128> = line
+                    .split_whitespace()
+                    .skip(1)
+                    .map(str::parse)
+                    .collect::<Result<_, _>>()?;
+                if let [token, asked, got, released] = f[..] {
+                    holds.push((token, worker, asked, got, released));
+                }
+            }
+        }
+        holds.sort();
+        let mut record = Record {
+            per_worker: vec![0; WORKERS],
+            ..Record::default()
+        };
+        let mut previous: Option<(u128, usize, u128)> = None;
+        for (token, worker, asked, got, released) in holds {
+            if let Some((last_token, last_worker, last_released)) = previous {
+                if token == last_token {
+                    record.violation.get_or_insert(format!(
+                        "workers {last_worker} and {worker} both got fencing token {token}"
+                    ));
+                }
+                if got < last_released {
+                    record.violation.get_or_insert(format!(
+                        "two holders at once: worker {worker} got the lease (token {token}) {} µs before worker {last_worker} (token {last_token}) released it",
+                        (last_released - got) / 1000
+                    ));
+                }
+                record.gaps.push(Duration::from_nanos(
+                    u64::try_from(got.saturating_sub(last_released)).unwrap_or(u64::MAX),
+                ));
+                if last_worker != worker {
+                    record.switches += 1;
+                }
+            }
+            record.waits.push(Duration::from_nanos(
+                u64::try_from(got - asked.min(got)).unwrap_or(u64::MAX),
+            ));
+            record.per_worker[worker] += 1;
+            previous = Some((token, worker, released));
+        }
+        if let Some(what) = &record.violation {
+            return Err(format!("correctness violation: {what}").into());
+        }
+        if let Some(failure) = failures.first() {
+            return Err(failure.clone().into());
+        }
+        Ok(record)
+    }
+
+    /// A child: one manager, one worker, from `start` to `end` (wall-clock
+    /// nanoseconds); prints `hold <token> <asked> <got> <released>` per
+    /// hold once done, `released` noted before the release is sent.
+    pub(super) fn child(spec: &str) -> Result<(), BoxError> {
+        let parts: Vec<&str> = spec.split_whitespace().collect();
+        let [url, key, fair, start, end] = parts[..] else {
+            return Err(format!("{CHILD} is not \"url key fair start end\": {spec}").into());
+        };
+        let (fair, start, end): (bool, u128, u128) = (fair.parse()?, start.parse()?, end.parse()?);
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()?;
+        let holds = runtime.block_on(async {
+            let manager = LeaseManager::new(RedisBackend::connect(url).await?)?;
+            let options = LeaseOptions::builder()
+                .ttl(Ttl::parse("5s")?)
+                .wait(Duration::from_secs(30))
+                .fair(fair)
+                .build()?;
+            let wait = start.saturating_sub(now_ns());
+            tokio::time::sleep(Duration::from_nanos(u64::try_from(wait)?)).await;
+            let mut holds = Vec::new();
+            while now_ns() < end {
+                let asked = now_ns();
+                let lease = manager.acquire(key, &options).await?;
+                let got = now_ns();
+                hold();
+                if lease.loss_reason().is_some() {
+                    return Err::<_, BoxError>("a lease was lost while held".into());
+                }
+                let released = now_ns();
+                let token = lease.fencing_token().get();
+                if lease.release().await? != ReleaseOutcome::Released {
+                    return Err("a release found its lease gone".into());
+                }
+                holds.push((token, asked, got, released));
+            }
+            manager.shutdown().await;
+            Ok(holds)
+        })?;
+        let mut out = std::io::stdout().lock();
+        for (token, asked, got, released) in holds {
+            writeln!(out, "hold {token} {asked} {got} {released}")?;
+        }
+        Ok(())
     }
 }

@@ -169,6 +169,10 @@ pub(crate) struct RunArgs {
     /// waits, new --shared runs wait behind it
     #[arg(long, conflicts_with = "permits")]
     pub(crate) writer: bool,
+    /// Wait in the server's queue: waiting runs, from every host, get the
+    /// lease in the order they started waiting (fair mode)
+    #[arg(long, conflicts_with_all = ["permits", "shared", "writer"])]
+    pub(crate) fair: bool,
     /// How long to wait while another holder has the lease [default: try once]
     #[arg(long, value_parser = parse_duration, value_name = "DURATION")]
     pub(crate) wait: Option<Duration>,
@@ -268,7 +272,34 @@ mod tests {
         );
         assert_eq!(run.grace, Duration::from_secs(10));
         assert_eq!(run.lock_delay, None);
+        assert!(!run.fair);
         assert_eq!(run.command, ["sh", "-c", "exit 3"]);
+        Ok(())
+    }
+
+    #[test]
+    fn fair_is_for_exclusive_leases() -> Result<(), clap::Error> {
+        let cli = Cli::try_parse_from(["leasehold", "run", "--key", "k", "--fair", "--", "true"])?;
+        let Command::Run(run) = cli.command else {
+            panic!("not run: {cli:?}");
+        };
+        assert!(run.fair);
+        for other in ["--shared", "--writer", "--permits=2"] {
+            let args = [
+                "leasehold",
+                "run",
+                "--key",
+                "k",
+                "--fair",
+                other,
+                "--",
+                "true",
+            ];
+            assert!(
+                Cli::try_parse_from(args).is_err(),
+                "{other} with --fair was accepted"
+            );
+        }
         Ok(())
     }
 

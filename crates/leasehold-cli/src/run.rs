@@ -142,7 +142,8 @@ fn options(args: &RunArgs) -> Result<(LeaseOptions, Fit), Failure> {
         .renew_interval(fit.renew_interval)
         .backoff(Backoff::new(config.backoff_initial, config.backoff_max))
         .name(config.name)
-        .lock_delay(config.lock_delay.get());
+        .lock_delay(config.lock_delay.get())
+        .fair(args.fair);
     if let Some(max) = config.max_renewals {
         builder = builder.max_renewals(max);
     }

@@ -4,8 +4,8 @@ use std::future::Future;
 use std::time::Duration;
 
 use crate::{
-    BackendError, ChangeWatch, Error, FencingToken, Grant, HolderId, LeaseKey, LockDelay,
-    PermitLimit, ReleaseWatch, Ttl,
+    BackendError, ChangeWatch, Error, FairOutcome, FencingToken, Grant, HolderId, LeaseKey,
+    LockDelay, PermitLimit, PlaceTtl, ReleaseWatch, Ttl,
 };
 
 /// A request to acquire a lease.
@@ -320,6 +320,47 @@ pub trait LeaseBackend: Clone + Send + Sync + 'static {
     ) -> impl Future<Output = Result<bool, BackendError>> + Send {
         let _ = (key, holder);
         std::future::ready(Ok(false))
+    }
+
+    /// Fair mode (see [`crate::fair`]): in one atomic operation, drops
+    /// the expired places of `request.key`'s fair queue, takes a place at
+    /// its tail for `request.holder` (or refreshes the one it has) to live
+    /// for `place_ttl`, and grants the lease as
+    /// [`try_acquire`](Self::try_acquire) does only if it is free and this
+    /// place is at the head; the place is then left. A holder that holds
+    /// the lease already gets it refreshed, with the same fencing token.
+    ///
+    /// The grant is an ordinary lease of `request.key`: renew, release and
+    /// inspect it as any other. Its release announces itself as every
+    /// release does, which is what wakes the next head.
+    ///
+    /// # Errors
+    ///
+    /// [`BackendError::Unsupported`] from a backend that has no fair queue
+    /// (the default). Otherwise as [`try_acquire`](Self::try_acquire).
+    fn try_acquire_fair(
+        &self,
+        request: &AcquireRequest,
+        place_ttl: PlaceTtl,
+    ) -> impl Future<Output = Result<FairOutcome, BackendError>> + Send {
+        let _ = place_ttl;
+        std::future::ready(Err(BackendError::Unsupported {
+            op: "acquire_fair",
+            key: request.key.as_str().to_owned(),
+            reason: "this backend has no fair queue; acquire without fair mode",
+        }))
+    }
+
+    /// Leaves `holder`'s place in the fair queue of `key`, if it has one,
+    /// so that the waiters behind it need not wait for the place to expire.
+    /// The default has no queue and does nothing.
+    fn leave_fair_queue(
+        &self,
+        key: &LeaseKey,
+        holder: &HolderId,
+    ) -> impl Future<Output = Result<(), BackendError>> + Send {
+        let _ = (key, holder);
+        std::future::ready(Ok(()))
     }
 
     /// Extends the lease to another `ttl` if `holder` still holds it

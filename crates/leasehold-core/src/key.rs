@@ -17,7 +17,8 @@ use crate::error::excerpt;
 /// semaphore `K` at `K:permits`, so `order:{42}:fence` would name the
 /// counter of `order:{42}`; likewise not with `:readers` or
 /// `:write-wanted`, the reader index and writer intent of a read-write
-/// lease). It is cheap to clone.
+/// lease, nor with `:fair` or `:fair-places`, a lease's fair queue). It is
+/// cheap to clone.
 ///
 /// A key with a hash tag that ends with `:write` or `:read:<32 hex
 /// digits>` is a share of a read-write lease (see [`LeaseKey::rw_of`]):
@@ -94,6 +95,14 @@ impl LeaseKey {
             return Err(Error::InvalidKey {
                 key: excerpt(&key.0),
                 reason: "a lease key with a hash tag must not end with ':readers' or ':write-wanted', the suffixes of a read-write lease's reader index and writer intent; choose another ending",
+            });
+        }
+        if key.hash_tag().is_some() && (key.0.ends_with(":fair") || key.0.ends_with(":fair-places"))
+        {
+            // A fair queue is kept beside its lease with these suffixes.
+            return Err(Error::InvalidKey {
+                key: excerpt(&key.0),
+                reason: "a lease key with a hash tag must not end with ':fair' or ':fair-places', the suffixes of a lease's fair queue; choose another ending",
             });
         }
         if key.hash_tag().is_some() && key.0.ends_with(":permits") {
@@ -205,6 +214,14 @@ mod tests {
             };
             assert!(reason.contains(":permits"), "{reason}");
         }
+        // Nor a lease's fair queue.
+        for bad in ["doc:{42}:fair", "{42}:fair-places"] {
+            let Err(Error::InvalidKey { reason, .. }) = LeaseKey::new(bad) else {
+                panic!("{bad:?} was accepted");
+            };
+            assert!(reason.contains(":fair"), "{reason}");
+        }
+        assert!(LeaseKey::new("doc:fair").is_ok());
         // Nor a read-write lease's reader index or writer intent.
         for bad in ["doc:{42}:readers", "{42}:write-wanted"] {
             let Err(Error::InvalidKey { reason, .. }) = LeaseKey::new(bad) else {

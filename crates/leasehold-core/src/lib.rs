@@ -15,6 +15,8 @@
 //!   to N holders share a semaphore, each on a permit that is a lease;
 //! - [`LeaseKey::writer_key`] and [`LeaseKey::reader_key`]: read-write
 //!   leases, where readers share a key and a writer holds it alone;
+//! - [`PlaceTtl`] and [`LeaseBackend::try_acquire_fair`]: fair mode, where
+//!   waiters of every process queue on the server in arrival order;
 //! - [`MemoryBackend`]: the same semantics in process, on the tokio clock.
 //!
 //! ```
@@ -34,6 +36,7 @@
 mod backend;
 mod change;
 mod error;
+mod fair;
 mod fencing;
 mod grant;
 mod holder;
@@ -52,6 +55,7 @@ pub use backend::{
 };
 pub use change::{ChangeFeed, ChangeWatch, LeaseChange};
 pub use error::{BackendError, Cause, Error};
+pub use fair::{FairOutcome, FairPlace, PlaceTtl};
 pub use fencing::FencingToken;
 pub use grant::{Grant, valid_until};
 pub use holder::HolderId;

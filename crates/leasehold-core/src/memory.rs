@@ -7,10 +7,11 @@ use std::time::Duration;
 use tokio::sync::watch;
 use tokio::time::Instant;
 
+use crate::fair::FairQueue;
 use crate::{
-    AcquireOutcome, AcquireRequest, BackendError, ChangeFeed, ChangeWatch, FencingToken, Grant,
-    HandoverOutcome, HolderId, LeaseBackend, LeaseChange, LeaseInfo, LeaseKey, PermitLimit,
-    ReleaseOutcome, ReleaseWatch, RenewOutcome, RenewRequest, Ttl,
+    AcquireOutcome, AcquireRequest, BackendError, ChangeFeed, ChangeWatch, FairOutcome, FairPlace,
+    FencingToken, Grant, HandoverOutcome, HolderId, LeaseBackend, LeaseChange, LeaseInfo, LeaseKey,
+    PermitLimit, PlaceTtl, ReleaseOutcome, ReleaseWatch, RenewOutcome, RenewRequest, Ttl,
 };
 
 /// A [`LeaseBackend`] kept in this process, on the tokio clock.
@@ -128,6 +129,9 @@ struct State {
     changes: ChangeFeed,
     /// Whether changes go unreported (see `cut_changes`).
     changes_cut: bool,
+    /// The fair queue of each key that has one, as the Redis backend keeps
+    /// it: forgotten once empty.
+    fair: HashMap<LeaseKey, FairQueue<Instant>>,
 }
 
 #[derive(Clone)]
@@ -721,6 +725,66 @@ impl LeaseBackend for MemoryBackend {
             state.intents.remove(&lease);
         }
         Ok(mine)
+    }
+
+    /// The queue is kept as the Redis backend keeps it (`fair.lua`): places
+    /// in arrival order, each expiring unless refreshed.
+    async fn try_acquire_fair(
+        &self,
+        request: &AcquireRequest,
+        place_ttl: PlaceTtl,
+    ) -> Result<FairOutcome, BackendError> {
+        let sent_at = Instant::now();
+        not_a_share("acquire_fair", &request.key)?;
+        self.gate("acquire_fair", &request.key).await?;
+        let now = Instant::now();
+        let mut state = self.state();
+        let key = &request.key;
+        let holder = match state.live(key, now) {
+            Some(entry) if entry.holder == request.holder => {
+                // Ours already (a lost reply): refresh it, as try_acquire does.
+                entry.expires_at = now + request.expiry();
+                entry.label.clone_from(&request.label);
+                let token = entry.token;
+                let queued = state.fair.get(key).map_or(0, FairQueue::len);
+                let grant = Grant::new(key.clone(), request.holder, token, request.ttl, sent_at);
+                return Ok(FairOutcome::Acquired { grant, queued });
+            }
+            Some(entry) => Some(entry.info(now)),
+            None => None,
+        };
+        let queue = state.fair.entry(key.clone()).or_default();
+        let (ahead, queued) = queue.enter(request.holder, now, now + place_ttl.get());
+        if holder.is_some() || ahead > 0 {
+            return Ok(FairOutcome::Waiting(FairPlace {
+                ahead,
+                queued,
+                holder,
+            }));
+        }
+        queue.leave(&request.holder);
+        let queued = queue.len();
+        if queue.is_empty() {
+            state.fair.remove(key);
+        }
+        let grant = state.grant(request, now, sent_at);
+        Ok(FairOutcome::Acquired { grant, queued })
+    }
+
+    async fn leave_fair_queue(
+        &self,
+        key: &LeaseKey,
+        holder: &HolderId,
+    ) -> Result<(), BackendError> {
+        self.gate("leave_fair_queue", key).await?;
+        let mut state = self.state();
+        if let Some(queue) = state.fair.get_mut(key) {
+            queue.leave(holder);
+            if queue.is_empty() {
+                state.fair.remove(key);
+            }
+        }
+        Ok(())
     }
 
     async fn renew(&self, request: &RenewRequest) -> Result<RenewOutcome, BackendError> {

@@ -9,9 +9,9 @@ use std::collections::HashMap;
 
 use futures_util::future::join_all;
 use leasehold_core::{
-    AcquireOutcome, AcquireRequest, BackendError, ChangeWatch, HandoverOutcome, HolderId,
-    LeaseBackend, LeaseInfo, LeaseKey, PermitLimit, ReleaseOutcome, ReleaseWatch, RenewOutcome,
-    RenewRequest, RwInfo,
+    AcquireOutcome, AcquireRequest, BackendError, ChangeWatch, FairOutcome, HandoverOutcome,
+    HolderId, LeaseBackend, LeaseInfo, LeaseKey, PermitLimit, PlaceTtl, ReleaseOutcome,
+    ReleaseWatch, RenewOutcome, RenewRequest, RwInfo,
 };
 use redis::RedisResult;
 use redis::Value;
@@ -601,6 +601,56 @@ impl LeaseBackend for RedisBackend {
             key: request.key.as_str().to_owned(),
             detail: "the semaphore's stored permit limit kept changing; try again".to_owned(),
         })
+    }
+
+    /// One `fair.lua` call (see `fair.rs`), over the connection and with
+    /// the replica acknowledgement of [`try_acquire`](Self::try_acquire).
+    async fn try_acquire_fair(
+        &self,
+        request: &AcquireRequest,
+        place_ttl: PlaceTtl,
+    ) -> Result<FairOutcome, BackendError> {
+        const OP: &str = "acquire_fair";
+        not_a_share(OP, &request.key)?;
+        if let Some(notices) = &self.shared.notices
+            && notices.needs_restore()
+        {
+            // As in try_acquire.
+            Box::pin(notices.restore()).await;
+        }
+        let route = self
+            .lease_writes(true, || self.shared.layout.lease(&request.key))
+            .await
+            .map_err(|f| f.for_key(OP, &request.key))?;
+        let tracked = matches!(route, WriteRoute::Tracked { .. });
+        let call = scripts::fair(&self.shared.layout, request, tracked, place_ttl.as_millis());
+        let sent_at = Instant::now();
+        let reply = self
+            .eval_write(&call, route, self.shared.wait)
+            .await
+            .map_err(|f| f.for_key(OP, &request.key))?;
+        let outcome = crate::fair::outcome(request, sent_at, &reply.value)
+            .map_err(|f| f.for_key(OP, &request.key))?;
+        if matches!(outcome, FairOutcome::Acquired { .. })
+            && let Some(failure) = self.missing_ack(&reply, "; the lease was given back")
+        {
+            // As in try_acquire: give back a grant a failover could lose.
+            let _ = self.release(&request.key, &request.holder).await;
+            return Err(failure.for_key(OP, &request.key));
+        }
+        Ok(outcome)
+    }
+
+    async fn leave_fair_queue(
+        &self,
+        key: &LeaseKey,
+        holder: &HolderId,
+    ) -> Result<(), BackendError> {
+        let call = scripts::fair_leave(&self.shared.layout, key, holder);
+        self.eval(&call)
+            .await
+            .map(drop)
+            .map_err(|f| f.for_key("leave_fair_queue", key))
     }
 
     /// One `read.lua` call, over the connection and with the replica

@@ -116,6 +116,7 @@ mod capabilities;
 mod config;
 mod connection;
 mod error;
+mod fair;
 mod layout;
 mod notices;
 mod redlock;

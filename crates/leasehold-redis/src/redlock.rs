@@ -7,9 +7,9 @@ use std::time::Duration;
 
 use futures_util::future::join_all;
 use leasehold_core::{
-    AcquireOutcome, AcquireRequest, BackendError, FencingToken, Grant, HolderId, LeaseBackend,
-    LeaseInfo, LeaseKey, PermitLimit, ReleaseOutcome, ReleaseWatch, RenewOutcome, RenewRequest,
-    clock_drift,
+    AcquireOutcome, AcquireRequest, BackendError, FairOutcome, FencingToken, Grant, HolderId,
+    LeaseBackend, LeaseInfo, LeaseKey, PermitLimit, PlaceTtl, ReleaseOutcome, ReleaseWatch,
+    RenewOutcome, RenewRequest, clock_drift,
 };
 use tokio::time::Instant;
 
@@ -58,6 +58,13 @@ use crate::{Error, RedisBackend};
 ///   permit key at a time would be safe (at most one holder per key) but
 ///   turns every acquisition into a search over the permits, split votes
 ///   and all. Use a Sentinel or Cluster deployment for semaphores.
+/// - **Fair mode** is refused with [`BackendError::Unsupported`]. Each
+///   master would keep its own queue, in the order requests reached *it*:
+///   a waiter may be first on some masters and not on others, so the
+///   waiters at the heads split the votes and none may reach a majority,
+///   and a place pruned on one master lives on another. Ordering waiters
+///   across independent masters needs a consensus the protocol does not
+///   have; use a standalone, Sentinel or Cluster deployment for fair mode.
 ///
 /// Redlock's safety rests on bounded clock drift between this process and
 /// the masters, and on the masters not losing a lease (persistence with
@@ -355,6 +362,20 @@ impl LeaseBackend for RedlockBackend {
             op: "acquire_permit",
             key: request.key.as_str().to_owned(),
             reason: "Redlock has no counting leases: independent masters would each pick their own free permit, so no majority agrees on one; use a standalone, Sentinel or Cluster deployment for semaphores",
+        })
+    }
+
+    /// Refused: see the type's documentation.
+    async fn try_acquire_fair(
+        &self,
+        request: &AcquireRequest,
+        place_ttl: PlaceTtl,
+    ) -> Result<FairOutcome, BackendError> {
+        let _ = place_ttl;
+        Err(BackendError::Unsupported {
+            op: "acquire_fair",
+            key: request.key.as_str().to_owned(),
+            reason: "Redlock has no fair mode: each independent master would queue waiters in the order they reached it, so the heads split the votes and no majority agrees on whose turn it is; use a standalone, Sentinel or Cluster deployment for fair mode",
         })
     }
 

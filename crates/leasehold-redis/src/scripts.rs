@@ -192,6 +192,63 @@ pub(crate) fn acquire(layout: &KeyLayout, request: &AcquireRequest, tracked: boo
     call
 }
 
+/// Takes or keeps a place in a lease's fair queue, and the lease when it is
+/// free and the place is first; see `scripts/fair.lua`, with
+/// `scripts/grant.lua` in front, as for [`ACQUIRE`].
+pub(crate) static FAIR: LazyLock<Lua> = LazyLock::new(|| {
+    Lua::new(concat!(
+        include_str!("scripts/grant.lua"),
+        include_str!("scripts/fair.lua")
+    ))
+});
+
+/// Leaves a place in a lease's fair queue; see `scripts/fair_leave.lua`.
+pub(crate) static FAIR_LEAVE: LazyLock<Lua> =
+    LazyLock::new(|| Lua::new(include_str!("scripts/fair_leave.lua")));
+
+/// Appends the keys of `key`'s fair queue (`P:fair`, `P:fair-places`).
+fn fair_keys(layout: &KeyLayout, key: &LeaseKey, call: &mut Call) {
+    let mut queue = Vec::with_capacity(64);
+    layout.write_lease(key, &mut queue);
+    queue.extend_from_slice(b":fair");
+    call.cmd.arg(&queue[..]);
+    queue.extend_from_slice(b"-places");
+    call.cmd.arg(&queue[..]);
+}
+
+/// `fair.lua` for `request`, its place to live `place_ttl` milliseconds.
+pub(crate) fn fair(
+    layout: &KeyLayout,
+    request: &AcquireRequest,
+    tracked: bool,
+    place_ttl: u64,
+) -> Call {
+    let mut call = Call::new(&FAIR, 4);
+    let mut key = Vec::with_capacity(64);
+    layout.write_lease(&request.key, &mut key);
+    call.cmd.arg(&key[..]);
+    key.clear();
+    layout.write_counted(&request.key, &mut key);
+    key.extend_from_slice(b":fence");
+    call.cmd.arg(&key[..]);
+    fair_keys(layout, &request.key, &mut call);
+    call.cmd
+        .arg(&request.holder.to_hex_bytes()[..])
+        .arg(request.lock_delay.expiry_millis(request.ttl))
+        .arg(request.label.as_deref().unwrap_or(""))
+        .arg(if tracked { "1" } else { "0" })
+        .arg(place_ttl);
+    call
+}
+
+/// `fair_leave.lua` for `holder`'s place in `key`'s fair queue.
+pub(crate) fn fair_leave(layout: &KeyLayout, key: &LeaseKey, holder: &HolderId) -> Call {
+    let mut call = Call::new(&FAIR_LEAVE, 2);
+    fair_keys(layout, key, &mut call);
+    call.cmd.arg(&holder.to_hex_bytes()[..]);
+    call
+}
+
 /// `renew.lua` for a batch of at most [`RENEW_BATCH`] requests.
 ///
 /// A batch whose leases share one ttl (nearly every batch: a manager's
@@ -453,8 +510,10 @@ mod tests {
             ("write", include_str!("scripts/write.lua")),
             ("inspect_rw", include_str!("scripts/inspect_rw.lua")),
             ("withdraw", include_str!("scripts/withdraw.lua")),
+            ("fair", include_str!("scripts/fair.lua")),
+            ("fair_leave", include_str!("scripts/fair_leave.lua")),
         ] {
-            if ["acquire", "handover", "permit", "read", "write"].contains(&name) {
+            if ["acquire", "handover", "permit", "read", "write", "fair"].contains(&name) {
                 assert!(source.contains("grant("), "{name} grants through grant.lua");
             }
             assert!(source.starts_with(&format!("-- {name}.lua:")), "{name}");

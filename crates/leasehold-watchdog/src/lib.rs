@@ -35,6 +35,7 @@ mod changes;
 mod config;
 mod election;
 mod error;
+mod fair;
 mod handoff;
 mod home;
 mod lease;
@@ -59,6 +60,8 @@ pub use error::LeaseError;
 pub use lease::{Lease, LossReason};
 /// The permit limit of a semaphore, re-exported for [`LeaseManager::acquire_permit`].
 pub use leasehold_core::PermitLimit;
+/// Fair mode's place ttl, re-exported for [`LeaseOptionsBuilder::place_ttl`].
+pub use leasehold_core::PlaceTtl;
 /// The role of a read-write lease's share key, re-exported for
 /// [`LeaseManager::acquire_read`] and [`LeaseManager::acquire_write`].
 pub use leasehold_core::RwRole;

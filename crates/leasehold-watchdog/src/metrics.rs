@@ -74,6 +74,9 @@ pub const SAFETY_MARGIN: &str = "leasehold_lease_safety_margin_seconds";
 /// With [`HELD`], it tells whether an election has a leader: some process
 /// has candidates and none holds a lease of that name.
 pub const CANDIDATES: &str = "leasehold_election_candidates";
+/// Gauge: waiters queued on the server for a lease in fair mode, as the
+/// server last reported it to this process, by name.
+pub const FAIR_QUEUED: &str = "leasehold_fair_queue_waiters";
 
 /// Label: the lease name.
 pub const LABEL_NAME: &str = "name";
@@ -176,6 +179,11 @@ pub fn describe() {
         "The safety margin of the leases of a name."
     );
     describe_gauge!(
+        FAIR_QUEUED,
+        Unit::Count,
+        "Waiters queued on the server for a lease in fair mode, as last reported, by name."
+    );
+    describe_gauge!(
         CANDIDATES,
         Unit::Count,
         "Election candidates alive in this process."
@@ -203,6 +211,10 @@ pub(crate) fn acquired(
         .record(waited);
     gauge!(TTL, LABEL_NAME => name.clone()).set(ttl);
     gauge!(SAFETY_MARGIN, LABEL_NAME => name).set(safety_margin);
+}
+
+pub(crate) fn fair_queued(name: &str, queued: u32) {
+    gauge!(FAIR_QUEUED, LABEL_NAME => name.to_owned()).set(f64::from(queued));
 }
 
 pub(crate) fn candidates(name: &Cow<'static, str>, delta: f64) {

@@ -3,7 +3,7 @@
 use std::borrow::Cow;
 use std::time::Duration;
 
-use leasehold_core::{LockDelay, Ttl, clock_drift};
+use leasehold_core::{LockDelay, PlaceTtl, Ttl, clock_drift};
 
 use crate::{Backoff, LeaseError};
 
@@ -48,6 +48,8 @@ pub struct LeaseOptions {
     label: Option<String>,
     release_notices: bool,
     lock_delay: LockDelay,
+    /// Fair mode's place ttl, when it is on.
+    fair: Option<PlaceTtl>,
 }
 
 impl Default for LeaseOptions {
@@ -89,6 +91,10 @@ impl LeaseOptions {
             release_notices: b.release_notices,
             // Checked in build(); the defaults have none.
             lock_delay: LockDelay::new(b.lock_delay).unwrap_or_default(),
+            // Checked in build(); the default is valid.
+            fair: b
+                .fair
+                .then(|| PlaceTtl::new(b.place_ttl).unwrap_or_default()),
         }
     }
 
@@ -160,6 +166,13 @@ impl LeaseOptions {
         self.lock_delay
     }
 
+    /// Fair mode's place ttl when fair mode is on (see
+    /// [`LeaseOptionsBuilder::fair`]), else `None`.
+    #[must_use]
+    pub fn fair(&self) -> Option<PlaceTtl> {
+        self.fair
+    }
+
     /// These options with another wait.
     pub(crate) fn with_wait(&self, wait: Option<Duration>) -> Self {
         Self {
@@ -194,6 +207,8 @@ pub struct LeaseOptionsBuilder {
     label: Option<String>,
     release_notices: bool,
     lock_delay: Duration,
+    fair: bool,
+    place_ttl: Duration,
 }
 
 impl Default for LeaseOptionsBuilder {
@@ -209,6 +224,8 @@ impl Default for LeaseOptionsBuilder {
             label: None,
             release_notices: true,
             lock_delay: Duration::ZERO,
+            fair: false,
+            place_ttl: PlaceTtl::DEFAULT.get(),
         }
     }
 }
@@ -293,6 +310,31 @@ impl LeaseOptionsBuilder {
         self
     }
 
+    /// Fair mode: waiters of every process queue on the server in arrival
+    /// order, and the lease goes to the first of them when it is free
+    /// (the waiters of one manager still queue locally first, and only
+    /// the first of them holds a place on the server). Without it, waiters
+    /// of one manager are served in order, but across processes the
+    /// release's first retry wins. A lease won this way is an ordinary
+    /// lease. Backends without a fair queue (Redlock) refuse it with
+    /// [`leasehold_core::BackendError::Unsupported`]. Only exclusive
+    /// leases (`acquire`, `with_lease`) queue fairly; permits and
+    /// read-write leases ignore it. Default: off.
+    pub fn fair(mut self, on: bool) -> Self {
+        self.fair = on;
+        self
+    }
+
+    /// In fair mode, how long a waiter's place on the server lives unless
+    /// refreshed: a waiter refreshes it three times per place ttl, and
+    /// one that died (its process killed) holds up the waiters behind it
+    /// at most this long. From [`PlaceTtl::MIN`] to [`PlaceTtl::MAX`], in
+    /// whole milliseconds. Default: [`PlaceTtl::DEFAULT`] (2 s).
+    pub fn place_ttl(mut self, ttl: Duration) -> Self {
+        self.place_ttl = ttl;
+        self
+    }
+
     /// Checks the durations against each other.
     ///
     /// # Errors
@@ -302,9 +344,12 @@ impl LeaseOptionsBuilder {
     /// (renew interval ≥ ttl − clock drift − safety margin), or when the
     /// margin is zero or leaves no validity. [`LeaseError::Invalid`] with
     /// [`leasehold_core::Error::InvalidLockDelay`] for a lock-delay above
-    /// [`LockDelay::MAX`] or not in whole milliseconds.
+    /// [`LockDelay::MAX`] or not in whole milliseconds;
+    /// [`leasehold_core::Error::InvalidDuration`] for a place ttl out of
+    /// its bounds (see [`place_ttl`](Self::place_ttl)).
     pub fn build(self) -> Result<LeaseOptions, LeaseError> {
         LockDelay::new(self.lock_delay)?;
+        PlaceTtl::new(self.place_ttl)?;
         let options = LeaseOptions::from_parts(self);
         let ttl = options.ttl.get();
         let invalid = |reason: String| LeaseError::InvalidOptions { reason };

@@ -41,12 +41,11 @@
 //! `Granted` hands the turn on (with a baton when others wait behind) and
 //! the manager registers the lease with the watchdog.
 //!
-//! Where an opt-in fair mode (waiters of every process queued on the server
-//! in arrival order) would plug in: `Queued` stays local, `Attempting`
-//! becomes "take or keep a place in the server's queue" and `Listening`
-//! waits for the server to say it is this waiter's turn; `Yielding`,
-//! `Deferring` and the local offer are not needed there, as the server's
-//! order already decides.
+//! In fair mode (`LeaseOptions::fair`, for exclusive leases) `Queued` stays
+//! local and the head then waits in the server's queue instead (`fair.rs`):
+//! `Attempting` takes or keeps a place there, and `Listening` waits for the
+//! releases ahead of it; `Yielding`, `Deferring` and the local offer are
+//! not needed there, as the server's order already decides.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -119,6 +118,11 @@ pub(crate) async fn acquire<B: LeaseBackend>(
     let started = Instant::now();
     let give_up_at = options.wait().map(|wait| started + wait);
     let turn = queued(manager.queues, key, started, give_up_at).await?;
+    if let (Some(_), Attempt::Lease) = (options.fair(), attempt) {
+        // Fair mode: the server's queue decides from here (`fair.rs`).
+        return crate::fair::acquire(manager, key, request, options, turn, started, give_up_at)
+            .await;
+    }
     let mut waiter = Waiter {
         watch: None,
         orphan: OrphanGuard {

@@ -1,0 +1,239 @@
+//! Fair mode's server-side queue against real servers, judged by the
+//! server's own state read on a side connection (the queue's sorted sets,
+//! the lease's value, EXISTS/PTTL) and by the order in which this test
+//! asked, which the library does not shape.
+
+mod common;
+
+use std::time::Duration;
+
+use common::{TestResult, acquire, connect, holder, key, storage_key, ttl};
+use leasehold_core::{
+    AcquireRequest, BackendError, FairOutcome, FairPlace, Grant, HolderId, LeaseBackend, LeaseKey,
+    PlaceTtl, ReleaseOutcome,
+};
+use leasehold_redis::{RedisBackend, RedlockBackend};
+use leasehold_testkit::{RedisCluster, RedisServer};
+use tokio::time::{Instant, timeout};
+
+fn place_ttl(ms: u64) -> PlaceTtl {
+    PlaceTtl::new(Duration::from_millis(ms)).expect("a valid place ttl")
+}
+
+async fn fair(
+    backend: &impl LeaseBackend,
+    lease: &LeaseKey,
+    who: HolderId,
+    place: PlaceTtl,
+) -> Result<FairOutcome, BackendError> {
+    let request = AcquireRequest::new(lease.clone(), who, ttl("30s"));
+    timeout(
+        Duration::from_secs(5),
+        backend.try_acquire_fair(&request, place),
+    )
+    .await
+    .expect("the call answers")
+}
+
+fn waiting(outcome: FairOutcome) -> FairPlace {
+    match outcome {
+        FairOutcome::Waiting(place) => place,
+        FairOutcome::Acquired { grant, .. } => panic!("not our turn, yet granted: {grant:?}"),
+    }
+}
+
+fn granted(outcome: FairOutcome) -> Grant {
+    match outcome {
+        FairOutcome::Acquired { grant, .. } => grant,
+        FairOutcome::Waiting(place) => panic!("our turn, yet refused: {place:?}"),
+    }
+}
+
+/// The holder ids in the queue of `lease`, first first, as the server keeps them.
+fn queue(
+    server: &RedisServer,
+    lease: &LeaseKey,
+) -> Result<Vec<String>, Box<dyn std::error::Error>> {
+    let raw = server.cli(&["ZRANGE", &format!("{}:fair", storage_key(lease)), "0", "-1"])?;
+    Ok(raw
+        .lines()
+        .map(str::to_owned)
+        .filter(|l| !l.is_empty() && l != "(empty array)")
+        .collect())
+}
+
+/// The holder (hex) of `lease` on the server, if any.
+fn holder_on_server(
+    server: &RedisServer,
+    lease: &LeaseKey,
+) -> Result<String, Box<dyn std::error::Error>> {
+    let value = server.cli(&["GET", &storage_key(lease)])?;
+    Ok(value.split(':').next().unwrap_or_default().to_owned())
+}
+
+/// Three waiters queue while the lease is held, in an order this test
+/// chooses. After the release the lease stays free while the later ones
+/// ask (the server's EXISTS says so), goes to the first to arrive when it
+/// asks, and on each release to the next: the server's value names each
+/// in arrival order and their fencing tokens rise in that order.
+#[tokio::test]
+async fn the_lease_goes_to_the_waiters_in_arrival_order() -> TestResult {
+    let server = RedisServer::start()?;
+    let backend = connect(&server).await;
+    let lease = key("fair:order");
+    let place = place_ttl(5_000);
+    let first = holder();
+    let mut grant = acquire(&backend, &lease, first, ttl("30s")).await?;
+    let arrivals = [holder(), holder(), holder()];
+    for (i, who) in arrivals.iter().enumerate() {
+        let place = waiting(fair(&backend, &lease, *who, place).await?);
+        assert_eq!((place.ahead, place.queued), (i as u32, i as u32 + 1));
+        assert!(place.holder.is_some(), "{place:?}");
+    }
+    let hex: Vec<String> = arrivals.iter().map(HolderId::to_hex).collect();
+    assert_eq!(queue(&server, &lease)?, hex);
+    for (turn, who) in arrivals.iter().enumerate() {
+        assert_eq!(
+            backend.release(&lease, &grant.holder).await?,
+            ReleaseOutcome::Released
+        );
+        // The later waiters ask first, in reverse: refused, the lease left free.
+        for later in arrivals[turn + 1..].iter().rev() {
+            let place = waiting(fair(&backend, &lease, *later, place).await?);
+            assert!(place.holder.is_none() && place.ahead > 0, "{place:?}");
+            assert_eq!(server.cli(&["EXISTS", &storage_key(&lease)])?, "0");
+        }
+        let next = granted(fair(&backend, &lease, *who, place).await?);
+        assert_eq!(holder_on_server(&server, &lease)?, who.to_hex());
+        assert!(next.fencing_token > grant.fencing_token);
+        assert_eq!(queue(&server, &lease)?, hex[turn + 1..]);
+        grant = next;
+    }
+    Ok(())
+}
+
+/// A waiter that stops asking (it died) holds up the one behind it until
+/// its place expires, and no longer: the one behind is refused while the
+/// dead place lives (the server still lists it) and granted once it has
+/// expired. The queue's keys then expire with the last place in them.
+#[tokio::test]
+async fn a_dead_waiters_place_expires_and_is_skipped() -> TestResult {
+    let server = RedisServer::start()?;
+    let backend = connect(&server).await;
+    let lease = key("fair:dead");
+    let (dead, alive) = (holder(), holder());
+    let first = acquire(&backend, &lease, holder(), ttl("30s")).await?;
+    let placed = Instant::now();
+    waiting(fair(&backend, &lease, dead, place_ttl(400)).await?);
+    waiting(fair(&backend, &lease, alive, place_ttl(5_000)).await?);
+    backend.release(&lease, &first.holder).await?;
+    let mut refused = 0;
+    let grant = loop {
+        match fair(&backend, &lease, alive, place_ttl(5_000)).await? {
+            FairOutcome::Waiting(place) => {
+                assert_eq!(place.ahead, 1, "{place:?}");
+                assert_eq!(queue(&server, &lease)?[0], dead.to_hex());
+                refused += 1;
+            }
+            FairOutcome::Acquired { grant, .. } => break grant,
+        }
+        assert!(placed.elapsed() < Duration::from_secs(3), "never skipped");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    let waited = placed.elapsed();
+    assert!(
+        waited >= Duration::from_millis(400),
+        "granted after {waited:?}, before the dead place expired"
+    );
+    assert!(refused > 0);
+    assert_eq!(holder_on_server(&server, &lease)?, alive.to_hex());
+    assert_eq!(grant.holder, alive);
+    assert!(queue(&server, &lease)?.is_empty());
+    // A queue whose waiter vanished leaves nothing behind once its place expires.
+    let other = key("fair:vanished");
+    acquire(&backend, &other, holder(), ttl("30s")).await?;
+    waiting(fair(&backend, &other, holder(), place_ttl(300)).await?);
+    let fair_key = format!("{}:fair", storage_key(&other));
+    let pttl: i64 = server.cli(&["PTTL", &fair_key])?.parse()?;
+    assert!((1..=300).contains(&pttl), "{pttl}");
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    assert_eq!(
+        server.cli(&["EXISTS", &fair_key, &format!("{fair_key}-places")])?,
+        "0"
+    );
+    Ok(())
+}
+
+/// A waiter that leaves gives its place up at once: the one behind is head.
+#[tokio::test]
+async fn a_waiter_that_leaves_lets_the_next_go_first() -> TestResult {
+    let server = RedisServer::start()?;
+    let backend = connect(&server).await;
+    let lease = key("fair:leave");
+    let grant = acquire(&backend, &lease, holder(), ttl("30s")).await?;
+    let (gone, next) = (holder(), holder());
+    waiting(fair(&backend, &lease, gone, place_ttl(30_000)).await?);
+    waiting(fair(&backend, &lease, next, place_ttl(30_000)).await?);
+    backend.leave_fair_queue(&lease, &gone).await?;
+    assert_eq!(queue(&server, &lease)?, [next.to_hex()]);
+    backend.release(&lease, &grant.holder).await?;
+    granted(fair(&backend, &lease, next, place_ttl(30_000)).await?);
+    assert_eq!(holder_on_server(&server, &lease)?, next.to_hex());
+    Ok(())
+}
+
+/// On a cluster the lease, its counter and both queue keys hash to one
+/// slot (else the script would fail with CROSSSLOT), and the queue works
+/// there: the first waiter is granted, the second waits.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fair_queue_lives_in_its_leases_cluster_slot() -> TestResult {
+    let cluster = tokio::task::block_in_place(|| RedisCluster::start(3, 0))?;
+    let backend = RedisBackend::connect(cluster.url()).await?;
+    for name in ["fair:cluster", "order:{42}"] {
+        let lease = key(name);
+        let (a, b) = (holder(), holder());
+        let grant = granted(fair(&backend, &lease, a, place_ttl(5_000)).await?);
+        let place = waiting(fair(&backend, &lease, b, place_ttl(5_000)).await?);
+        assert_eq!((place.ahead, place.queued), (0, 1));
+        let prefix = backend.layout().lease(&lease);
+        let slot = cluster.keyslot(&prefix)?;
+        let master = &cluster.nodes()[cluster.master_of_slot(slot)?];
+        for redis_key in [
+            prefix.clone(),
+            backend.layout().fence(&lease),
+            format!("{prefix}:fair"),
+            format!("{prefix}:fair-places"),
+        ] {
+            assert_eq!(cluster.keyslot(&redis_key)?, slot, "{redis_key}");
+            assert_eq!(master.cli(&["EXISTS", &redis_key])?, "1", "{redis_key}");
+        }
+        backend.release(&lease, &grant.holder).await?;
+        let next = granted(fair(&backend, &lease, b, place_ttl(5_000)).await?);
+        assert!(next.fencing_token > grant.fencing_token);
+    }
+    Ok(())
+}
+
+/// Redlock refuses fair mode with a typed error, before asking any master.
+#[tokio::test]
+async fn redlock_refuses_fair_mode() -> TestResult {
+    let masters = leasehold_testkit::independent_masters(3)?;
+    let backend = RedlockBackend::builder(masters.iter().map(RedisServer::url))
+        .connect()
+        .await?;
+    let refused = fair(&backend, &key("fair:redlock"), holder(), place_ttl(1_000)).await;
+    assert!(
+        matches!(
+            &refused,
+            Err(BackendError::Unsupported {
+                op: "acquire_fair",
+                ..
+            })
+        ),
+        "{refused:?}"
+    );
+    for master in &masters {
+        assert_eq!(master.cli(&["DBSIZE"])?, "0");
+    }
+    Ok(())
+}

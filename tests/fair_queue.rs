@@ -1,0 +1,174 @@
+//! Fair mode through managers on real servers (standalone and Sentinel),
+//! judged by witnesses the library does not control: the order in which
+//! this test started the waiters, each start confirmed by the server's
+//! queue read on a side connection, against the order of the grants; and
+//! the server's clock (a grant's fencing token is the server's TIME in
+//! microseconds) against the expiry the server recorded for a dead
+//! waiter's place.
+
+#[path = "common/holders.rs"]
+#[allow(dead_code)]
+mod holders;
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use leasehold::redis::RedisBackend;
+use leasehold::{Backoff, FencingToken, LeaseKey, LeaseManager, LeaseOptions, Ttl};
+use leasehold_testkit::{RedisServer, SentinelSet};
+
+use holders::{Error, within};
+
+/// The Redis key of a lease (default namespace).
+fn stored(key: &LeaseKey) -> String {
+    leasehold::redis::KeyLayout::default().lease(key)
+}
+
+type TestResult = Result<(), Error>;
+
+fn fair(place_ttl: Duration) -> LeaseOptions {
+    LeaseOptions::builder()
+        .ttl(Ttl::parse("5s").expect("valid ttl"))
+        .wait(Duration::from_secs(30))
+        .backoff(Backoff::fixed(Duration::from_millis(200)))
+        .fair(true)
+        .place_ttl(place_ttl)
+        .build()
+        .expect("valid options")
+}
+
+/// How many places the server's queue of `key` has.
+fn queued(server: &RedisServer, key: &LeaseKey) -> Result<usize, Error> {
+    Ok(server
+        .cli(&["ZCARD", &format!("{}:fair", stored(key))])?
+        .parse()?)
+}
+
+/// Waits (bounded) until the server's queue of `key` has `n` places.
+async fn until_queued(server: &RedisServer, key: &LeaseKey, n: usize) -> Result<(), Error> {
+    within(Duration::from_secs(10), "a place in the queue", async {
+        while queued(server, key)? != n {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        Ok::<_, Error>(())
+    })
+    .await
+}
+
+/// `waiters` managers, each on its own connection, start waiting one
+/// after another while the lease is held (each start confirmed by the
+/// server's queue growing by one); they get the lease in that order, with
+/// rising fencing tokens.
+async fn grants_follow_arrivals(url: &str, server: &RedisServer, waiters: usize) -> TestResult {
+    let key = LeaseKey::new("fair:arrivals")?;
+    let options = fair(Duration::from_secs(5));
+    let first = LeaseManager::new(RedisBackend::connect(url).await?)?;
+    let held = first.acquire(key.as_str(), &options).await?;
+    let grants: Arc<Mutex<Vec<(usize, FencingToken)>>> = Arc::default();
+    let mut tasks = Vec::new();
+    for i in 0..waiters {
+        let manager = LeaseManager::new(RedisBackend::connect(url).await?)?;
+        let (key2, options, grants) = (key.clone(), options.clone(), Arc::clone(&grants));
+        tasks.push(tokio::spawn(async move {
+            let lease = manager.acquire(key2.as_str(), &options).await?;
+            grants
+                .lock()
+                .expect("not poisoned")
+                .push((i, lease.fencing_token()));
+            tokio::time::sleep(Duration::from_millis(10)).await;
+            lease.release().await?;
+            Ok::<_, Error>(())
+        }));
+        until_queued(server, &key, i + 1).await?;
+    }
+    held.release().await?;
+    for task in tasks {
+        within(Duration::from_secs(30), "a waiter", task).await??;
+    }
+    let grants = grants.lock().expect("not poisoned").clone();
+    let order: Vec<usize> = grants.iter().map(|(i, _)| *i).collect();
+    assert_eq!(
+        order,
+        (0..waiters).collect::<Vec<_>>(),
+        "grants out of arrival order"
+    );
+    assert!(grants.windows(2).all(|w| w[0].1 < w[1].1), "{grants:?}");
+    assert_eq!(queued(server, &key)?, 0);
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn waiters_of_eight_managers_get_the_lease_in_arrival_order() -> TestResult {
+    let server = RedisServer::start()?;
+    grants_follow_arrivals(&server.url(), &server, 8).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn behind_sentinel_waiters_get_the_lease_in_arrival_order() -> TestResult {
+    let set = tokio::task::block_in_place(SentinelSet::start)?;
+    grants_follow_arrivals(&set.url(), set.master(), 4).await
+}
+
+/// A waiter in a process that dies (a runtime of its own, dropped) keeps
+/// its place until it expires on the server, and the waiter behind it gets
+/// the lease after that expiry and within a third of a place ttl (its
+/// refresh) of it, by the server's clock: the grant's fencing token is the
+/// server's TIME in microseconds, the place's expiry its score.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dead_waiter_is_skipped_once_its_place_expires() -> TestResult {
+    let server = RedisServer::start()?;
+    let key = LeaseKey::new("fair:dead")?;
+    let place_ttl = Duration::from_millis(600);
+    let options = fair(place_ttl);
+    let first = LeaseManager::new(RedisBackend::connect(server.url()).await?)?;
+    let held = first.acquire(key.as_str(), &options).await?;
+    // The dying process: it queues, then its runtime is dropped.
+    let (url, key2, options2) = (server.url(), key.clone(), options.clone());
+    let (die_tx, die_rx) = std::sync::mpsc::channel::<()>();
+    let dying = std::thread::spawn(move || -> Result<(), Error> {
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .enable_all()
+            .build()?;
+        runtime.spawn(async move {
+            let manager = LeaseManager::new(RedisBackend::connect(url).await?)?;
+            let lease = manager.acquire(key2.as_str(), &options2).await?;
+            drop(lease);
+            Ok::<_, Error>(())
+        });
+        die_rx.recv()?;
+        drop(runtime);
+        Ok(())
+    });
+    until_queued(&server, &key, 1).await?;
+    die_tx.send(())?;
+    tokio::task::block_in_place(|| dying.join()).map_err(|_| "the dying thread panicked")??;
+    let dead = server.cli(&["ZRANGE", &format!("{}:fair", stored(&key)), "0", "0"])?;
+    let expires_ms: u64 = server
+        .cli(&[
+            "ZSCORE",
+            &format!("{}:fair-places", stored(&key)),
+            dead.trim(),
+        ])?
+        .parse::<f64>()? as u64;
+    let second = LeaseManager::new(RedisBackend::connect(server.url()).await?)?;
+    let (key3, options3) = (key.clone(), options.clone());
+    let waiting = tokio::spawn(async move { second.acquire(key3.as_str(), &options3).await });
+    until_queued(&server, &key, 2).await?;
+    held.release().await?;
+    let lease = within(Duration::from_secs(10), "the waiter behind", waiting).await??;
+    let granted_ms = lease.fencing_token().0 / 1000;
+    assert!(
+        granted_ms >= expires_ms,
+        "granted {} ms before the dead place expired",
+        expires_ms - granted_ms
+    );
+    let late = granted_ms - expires_ms;
+    let bound = u64::try_from((place_ttl / 3).as_millis())? + 150;
+    assert!(
+        late <= bound,
+        "granted {late} ms after the dead place expired"
+    );
+    lease.release().await?;
+    Ok(())
+}
