@@ -15,7 +15,7 @@ use tracing::{Instrument, info_span};
 use crate::home::{BoxFuture, Home};
 use crate::lease::Shared;
 use crate::queue::Queues;
-use crate::renewal::{Command, Timing, Watchdog};
+use crate::renewal::{Registry, Timing, Watchdog};
 use crate::waiting::{self, Attempt, Won};
 use crate::{Lease, LeaseError, LeaseOptions};
 
@@ -260,17 +260,13 @@ impl<B: LeaseBackend> LeaseManager<B> {
             .with_lock_delay(options.lock_delay()),
         ));
         let holder = grant.holder;
-        self.inner
-            .home
-            .commands
-            .send(Command::Register {
-                id,
-                shared: Arc::clone(&shared),
-                key: grant.key,
-                holder,
-                sent_at: grant.sent_at,
-            })
-            .map_err(|_| LeaseError::ManagerStopped)?;
+        self.inner.home.registry.register(
+            id,
+            Arc::clone(&shared),
+            grant.key,
+            holder,
+            grant.sent_at,
+        )?;
         // Counted here, as the handle's release uncounts it on its own task.
         crate::metrics::held(&shared.name, &shared.key, 1.0);
         Ok(Lease::new(shared, id, holder, Arc::clone(&self.inner.home)))
@@ -330,15 +326,18 @@ impl<B: LeaseBackend> LeaseManagerBuilder<B> {
         let shutdown = CancellationToken::new();
         crate::metrics::describe();
         let queues = Arc::new(Queues::new(self.max_waiters));
+        let registry = Arc::new(Registry::new());
         let watchdog = Watchdog::new(
             self.backend.clone(),
             Arc::clone(&queues),
             receiver,
+            Arc::clone(&registry),
             shutdown.clone(),
         );
         let task = runtime.spawn(watchdog.run());
         let home = Arc::new(Home::new(
             commands,
+            registry,
             self.backend.clone(),
             Arc::clone(&queues),
         ));
