@@ -956,7 +956,8 @@ async fn tasks_by_hand(
     let acquire = move |conn: ConnectionManager, key: String, holder: String| async move {
         raw_acquire(conn, &key, &holder, ttl_ms).await
     };
-    let acquire_future = std::mem::size_of_val(&acquire(conn.clone(), String::new(), String::new()));
+    let acquire_future =
+        std::mem::size_of_val(&acquire(conn.clone(), String::new(), String::new()));
     let gate = Arc::new(tokio::sync::Semaphore::new(acquire_gate()));
     let mut task_future = 0;
     let baseline = rss_baseline()?;
@@ -1024,10 +1025,8 @@ async fn tasks_by_hand(
         .collect();
     for chunk in pairs.chunks(RAW_PIPELINE) {
         let keys: Vec<&String> = chunk.iter().map(|(key, _)| key).collect();
-        let values: Vec<Option<String>> = redis::cmd("MGET")
-            .arg(&keys)
-            .query_async(&mut conn)
-            .await?;
+        let values: Vec<Option<String>> =
+            redis::cmd("MGET").arg(&keys).query_async(&mut conn).await?;
         for ((_, holder), value) in chunk.iter().zip(values) {
             match value {
                 None => missing += 1,
