@@ -409,6 +409,16 @@ pub(crate) struct Watchdog<B> {
     changes: Changes,
 }
 
+/// A watchdog that ends for any reason (shutdown, the last handle gone, its
+/// runtime shut down) takes no more registrations: a lease nobody would
+/// renew, or whose token nobody would fire, is refused with
+/// `ManagerStopped` rather than handed out.
+impl<B> Drop for Watchdog<B> {
+    fn drop(&mut self) {
+        self.registry.lock().closed = true;
+    }
+}
+
 /// Renewals gathered for one call.
 #[derive(Default)]
 struct Outgoing {

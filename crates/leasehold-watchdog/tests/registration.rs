@@ -177,3 +177,35 @@ async fn shutdown_releases_a_lease_registered_while_the_watchdog_slept() -> Test
     assert_eq!(long.loss_reason(), Some(LossReason::Shutdown));
     Ok(())
 }
+
+/// A manager whose watchdog is gone (its runtime shut down, without
+/// `shutdown`) hands out no lease that nothing would renew or end: the
+/// acquisition fails with `ManagerStopped`.
+#[test]
+fn no_lease_is_registered_once_the_watchdog_is_gone() -> TestResult {
+    let backend = Recording::default();
+    let first = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    let manager = first.block_on(async { LeaseManager::new(backend.clone()) })?;
+    // Dropping the runtime drops the watchdog task with it.
+    drop(first);
+    let second = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    let acquired = second.block_on(async {
+        timeout(
+            Duration::from_secs(5),
+            manager.acquire("orphaned", &options("30s")),
+        )
+        .await
+    })?;
+    assert!(
+        matches!(
+            acquired,
+            Err(leasehold_watchdog::LeaseError::ManagerStopped)
+        ),
+        "acquired with no watchdog: {acquired:?}"
+    );
+    Ok(())
+}
