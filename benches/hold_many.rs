@@ -16,14 +16,27 @@
 //! `*_untracked` turns tracking off, which is the same work the hand-written
 //! loop does.
 //!
+//! `tasks_leasehold_10k` and `tasks_raw_10k` (run by default;
+//! `tasks_leasehold_10k_untracked` on demand; `*_1k` in the quick
+//! configuration) hold each lease in a task of its own, which awaits the
+//! lease's token: the memory per lease of the usual way to hold one per job,
+//! against the same written by hand (`SET NX PX`, then `INCR` of a fencing
+//! counter, a renewal loop that cancels a task's token when its lease is
+//! lost). Every task starts its acquisition at once;
+//! `LEASEHOLD_BENCH_ACQUIRE_GATE=N` lets only N run at a time, to tell what
+//! a held lease costs from what its acquisition costs in flight. Each
+//! prints `size_of_val` of the acquisition's future and of a task's whole
+//! future, the peak RSS (VmHWM) per lease and the RSS per lease at the end.
+//!
 //! A lease lost during the hold — its token fired, or the server no longer
-//! holds it when the hold ends — fails the run (non-zero exit), in the quick
+//! holds it when the hold ends (or holds it for someone else, in the
+//! per-task scenarios) — fails the run (non-zero exit), in the quick
 //! configuration too; the figures never do.
 
 mod common;
 
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, LazyLock};
+use std::sync::{Arc, LazyLock, Mutex};
 use std::time::{Duration, Instant};
 
 use common::{Json, env_number, quick};
@@ -265,22 +278,30 @@ fn main() -> BenchResult {
     let Some(name) = common::child_scenario() else {
         let only = std::env::var("LEASEHOLD_BENCH_SCENARIOS").unwrap_or_default();
         let chosen: Vec<&str> = if only.is_empty() {
-            scenarios.iter().map(|s| s.name).collect()
+            let tasks = if quick {
+                ["tasks_leasehold_1k", "tasks_raw_1k"]
+            } else {
+                ["tasks_leasehold_10k", "tasks_raw_10k"]
+            };
+            scenarios.iter().map(|s| s.name).chain(tasks).collect()
         } else {
             only.split(',').map(str::trim).collect()
         };
         return common::run_children(&chosen);
     };
-    let scenario = scenarios
-        .iter()
-        .chain(EXTRA_SCENARIOS)
-        .find(|s| s.name == name)
-        .ok_or_else(|| format!("no scenario {name}"))?;
     let hold = Duration::from_secs(if quick {
         5
     } else {
         env_number("LEASEHOLD_BENCH_HOLD_SECS", 120)
     });
+    if let Some(scenario) = TASK_SCENARIOS.iter().find(|s| s.name == name) {
+        return run_task_scenario(scenario, hold, quick);
+    }
+    let scenario = scenarios
+        .iter()
+        .chain(EXTRA_SCENARIOS)
+        .find(|s| s.name == name)
+        .ok_or_else(|| format!("no scenario {name}"))?;
     let server = RedisServer::builder()
         .arg("--tracking-table-max-keys")
         .arg(TRACKING_TABLE_KEYS)
@@ -379,6 +400,11 @@ fn cpu_now(server: &RedisServer) -> BenchResult<(f64, f64)> {
 /// The peak RSS since `reset`, less `baseline`, in bytes.
 fn peak_delta(baseline: u64) -> f64 {
     common::status_bytes("VmHWM").map_or(f64::NAN, |peak| peak.saturating_sub(baseline) as f64)
+}
+
+/// The RSS now, less `baseline`, in bytes.
+fn rss_delta(baseline: u64) -> f64 {
+    common::status_bytes("VmRSS").map_or(f64::NAN, |rss| rss.saturating_sub(baseline) as f64)
 }
 
 /// RSS now, after resetting the peak to it.
@@ -634,4 +660,470 @@ async fn hold_by_hand(
         hold_secs,
         slowest_renewal_ms: slowest.as_secs_f64() * 1000.0,
     })
+}
+
+/// One lease per task: the usual way to hold a lease for a job. Every task
+/// acquires its own key and awaits its lease's token for the whole hold;
+/// the figure is the peak RSS per lease, tasks included, against the same
+/// done by hand (`SET NX PX` then `INCR` of a fencing counter, in its own
+/// task, awaiting a token that a renewal loop cancels on a failed renewal).
+struct TaskScenario {
+    name: &'static str,
+    leasehold: bool,
+    leases: usize,
+    /// Client tracking on leasehold's renewal connection (its default).
+    tracking: bool,
+}
+
+const TASK_SCENARIOS: &[TaskScenario] = &[
+    TaskScenario {
+        name: "tasks_leasehold_10k",
+        leasehold: true,
+        leases: 10_000,
+        tracking: true,
+    },
+    TaskScenario {
+        name: "tasks_leasehold_10k_untracked",
+        leasehold: true,
+        leases: 10_000,
+        tracking: false,
+    },
+    TaskScenario {
+        name: "tasks_raw_10k",
+        leasehold: false,
+        leases: 10_000,
+        tracking: false,
+    },
+    TaskScenario {
+        name: "tasks_leasehold_1k",
+        leasehold: true,
+        leases: 1_000,
+        tracking: true,
+    },
+    TaskScenario {
+        name: "tasks_raw_1k",
+        leasehold: false,
+        leases: 1_000,
+        tracking: false,
+    },
+];
+
+/// Acquisitions the per-task scenarios let run at once: all of them unless
+/// `LEASEHOLD_BENCH_ACQUIRE_GATE` bounds them, which separates what a held
+/// lease costs from what its acquisition costs while in flight.
+fn acquire_gate() -> usize {
+    usize::try_from(env_number("LEASEHOLD_BENCH_ACQUIRE_GATE", 0))
+        .ok()
+        .filter(|n| *n > 0)
+        .unwrap_or(tokio::sync::Semaphore::MAX_PERMITS)
+}
+
+/// The per-task scenarios' ttl: the hold outlasts it, so a lease the server
+/// still holds at the end was renewed.
+const TASK_TTL: &str = "3s";
+
+/// What the tasks of a per-task scenario report, shared with `main`.
+#[derive(Default)]
+struct TaskTally {
+    acquired: AtomicUsize,
+    lost: AtomicUsize,
+    failed: Mutex<Vec<String>>,
+}
+
+/// What a per-task hold measured.
+struct TaskHeld {
+    acquire_secs: f64,
+    peak_rss_delta: f64,
+    /// RSS above the baseline at the end of the hold, in bytes.
+    rss_delta: f64,
+    /// `size_of_val` of the acquisition's future and of a task's whole future.
+    acquire_future: usize,
+    task_future: usize,
+    lost: u64,
+    missing: u64,
+    /// Keys whose holder on the server is not the task that acquired them.
+    foreign: u64,
+}
+
+fn run_task_scenario(scenario: &TaskScenario, hold: Duration, quick: bool) -> BenchResult {
+    let server = RedisServer::builder().start()?;
+    let version = common::server_version(&server);
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()?;
+    let ttl = Ttl::parse(TASK_TTL)?;
+    let held = runtime.block_on(async {
+        if scenario.leasehold {
+            tasks_with_leasehold(&server, scenario, ttl, hold).await
+        } else {
+            tasks_by_hand(&server, scenario.leases, ttl, hold).await
+        }
+    })?;
+    let line = Json::new()
+        .str("bench", "hold_many")
+        .str("scenario", scenario.name)
+        .int("leases", scenario.leases as u64)
+        .str("ttl", TASK_TTL)
+        .str("tracking", if scenario.tracking { "on" } else { "off" })
+        .num("hold_secs", hold.as_secs_f64())
+        .num("acquire_secs", held.acquire_secs)
+        .int("lost", held.lost)
+        .int("missing", held.missing)
+        .int("foreign", held.foreign)
+        .int("acquire_future_bytes", held.acquire_future as u64)
+        .int("task_future_bytes", held.task_future as u64)
+        .num(
+            "client_peak_rss_bytes_per_lease",
+            held.peak_rss_delta / scenario.leases as f64,
+        )
+        .num(
+            "client_end_rss_bytes_per_lease",
+            held.rss_delta / scenario.leases as f64,
+        )
+        .str("cpus", &common::cpus_allowed())
+        .str("redis", &version)
+        .str("quick", if quick { "yes" } else { "no" })
+        .line();
+    println!("{line}");
+    runtime.shutdown_background();
+    drop(server);
+    if held.lost > 0 || held.missing > 0 || held.foreign > 0 {
+        return Err(format!(
+            "hold_many {}: correctness violation: of {} leases, {} reported lost during the \
+             hold, {} missing from the server at its end, {} held there by someone else",
+            scenario.name, scenario.leases, held.lost, held.missing, held.foreign
+        )
+        .into());
+    }
+    Ok(())
+}
+
+/// Waits until every task acquired (or one failed), bounded by `limit`.
+async fn all_acquired(tally: &TaskTally, count: usize, limit: Duration) -> BenchResult {
+    let started = Instant::now();
+    loop {
+        if let Some(failure) = tally
+            .failed
+            .lock()
+            .map_err(|_| "poisoned")?
+            .first()
+            .cloned()
+        {
+            return Err(format!("an acquisition failed: {failure}").into());
+        }
+        if tally.acquired.load(Ordering::Acquire) == count {
+            return Ok(());
+        }
+        if started.elapsed() > limit {
+            return Err(format!(
+                "only {} of {count} leases acquired in {limit:?}",
+                tally.acquired.load(Ordering::Acquire)
+            )
+            .into());
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+async fn tasks_with_leasehold(
+    server: &RedisServer,
+    scenario: &TaskScenario,
+    ttl: Ttl,
+    hold: Duration,
+) -> BenchResult<TaskHeld> {
+    let count = scenario.leases;
+    let backend = RedisBackend::builder(server.url())
+        .track_lease_changes(scenario.tracking)
+        .connect()
+        .await?;
+    let manager = LeaseManager::new(backend)?;
+    let options = Arc::new(
+        LeaseOptions::builder()
+            .ttl(ttl)
+            .wait(Duration::from_secs(60))
+            .build()?,
+    );
+    let tally = Arc::new(TaskTally::default());
+    // Each task's fencing token, written once acquired; allocated before the
+    // baseline, as it is the bench's, not the leases'.
+    let tokens: Arc<Vec<AtomicU64>> = Arc::new((0..count).map(|_| AtomicU64::new(0)).collect());
+    let stop = tokio_util::sync::CancellationToken::new();
+    let acquire_future = std::mem::size_of_val(&manager.acquire("size", &options));
+    let gate = Arc::new(tokio::sync::Semaphore::new(acquire_gate()));
+    let mut task_future = 0;
+    let baseline = rss_baseline()?;
+    let started = Instant::now();
+    let mut tasks = Vec::with_capacity(count);
+    for i in 0..count {
+        let (manager, options, tally, tokens, stop) = (
+            manager.clone(),
+            Arc::clone(&options),
+            Arc::clone(&tally),
+            Arc::clone(&tokens),
+            stop.clone(),
+        );
+        let gate = Arc::clone(&gate);
+        let task = async move {
+            let permit = gate.acquire().await;
+            let lease = match manager.acquire(format!("task:{i}"), &options).await {
+                Ok(lease) => lease,
+                Err(error) => {
+                    if let Ok(mut failed) = tally.failed.lock() {
+                        failed.push(error.to_string());
+                    }
+                    return;
+                }
+            };
+            drop(permit);
+            tokens[i].store(lease.fencing_token().get(), Ordering::Relaxed);
+            tally.acquired.fetch_add(1, Ordering::Release);
+            // The job: runs until the bench stops it, or the lease is lost.
+            let token = lease.token();
+            tokio::select! {
+                biased;
+                () = token.cancelled() => {
+                    tally.lost.fetch_add(1, Ordering::Relaxed);
+                }
+                () = stop.cancelled() => {}
+            }
+            drop(lease);
+        };
+        task_future = std::mem::size_of_val(&task);
+        tasks.push(tokio::spawn(task));
+    }
+    all_acquired(&tally, count, Duration::from_secs(120)).await?;
+    let acquire_secs = started.elapsed().as_secs_f64();
+    tokio::time::sleep(hold).await;
+    let peak_rss_delta = peak_delta(baseline);
+    let rss_delta = rss_delta(baseline);
+    let lost = tally.lost.load(Ordering::Relaxed) as u64;
+    // The server's own view, while every task still holds its lease: each
+    // key held, by the holder of the fencing token its task was given.
+    let backend = manager.backend();
+    let (mut missing, mut foreign) = (0, 0);
+    for (i, token) in tokens.iter().enumerate() {
+        let key = LeaseKey::new(format!("task:{i}"))?;
+        match backend.inspect(&key).await? {
+            None => missing += 1,
+            Some(info) => {
+                if info.fencing_token.map(|t| t.get()) != Some(token.load(Ordering::Relaxed)) {
+                    foreign += 1;
+                }
+            }
+        }
+    }
+    stop.cancel();
+    for task in tasks {
+        task.await?;
+    }
+    Ok(TaskHeld {
+        acquire_secs,
+        peak_rss_delta,
+        rss_delta,
+        acquire_future,
+        task_future,
+        lost,
+        missing,
+        foreign,
+    })
+}
+
+/// A hand-held lease as the renewal loop sees it.
+struct RawHeld {
+    key: String,
+    holder: String,
+    token: tokio_util::sync::CancellationToken,
+}
+
+async fn tasks_by_hand(
+    server: &RedisServer,
+    count: usize,
+    ttl: Ttl,
+    hold: Duration,
+) -> BenchResult<TaskHeld> {
+    let client = redis::Client::open(server.url())?;
+    let config = redis::aio::ConnectionManagerConfig::new().set_response_timeout(None);
+    let mut conn = ConnectionManager::new_with_config(client, config).await?;
+    redis::cmd("SCRIPT")
+        .arg("LOAD")
+        .arg(RAW_RENEW_SOURCE)
+        .query_async::<String>(&mut conn)
+        .await?;
+    let ttl_ms = u64::try_from(ttl.get().as_millis())?;
+    let tally = Arc::new(TaskTally::default());
+    let held: Arc<Mutex<Vec<RawHeld>>> = Arc::new(Mutex::new(Vec::with_capacity(count)));
+    let stop = tokio_util::sync::CancellationToken::new();
+    let acquire = move |conn: ConnectionManager, key: String, holder: String| async move {
+        raw_acquire(conn, &key, &holder, ttl_ms).await
+    };
+    let acquire_future =
+        std::mem::size_of_val(&acquire(conn.clone(), String::new(), String::new()));
+    let gate = Arc::new(tokio::sync::Semaphore::new(acquire_gate()));
+    let mut task_future = 0;
+    let baseline = rss_baseline()?;
+    let started = Instant::now();
+    let mut tasks = Vec::with_capacity(count);
+    for i in 0..count {
+        let (conn, tally, held, stop) = (
+            conn.clone(),
+            Arc::clone(&tally),
+            Arc::clone(&held),
+            stop.clone(),
+        );
+        let gate = Arc::clone(&gate);
+        let task = async move {
+            let permit = gate.acquire().await;
+            let key = format!("task:{i}");
+            let holder = format!("{:032x}", fastrand::u128(..));
+            if let Err(error) = acquire(conn, key.clone(), holder.clone()).await {
+                if let Ok(mut failed) = tally.failed.lock() {
+                    failed.push(error);
+                }
+                return;
+            }
+            drop(permit);
+            let token = tokio_util::sync::CancellationToken::new();
+            if let Ok(mut held) = held.lock() {
+                held.push(RawHeld {
+                    key,
+                    holder,
+                    token: token.clone(),
+                });
+            }
+            tally.acquired.fetch_add(1, Ordering::Release);
+            tokio::select! {
+                biased;
+                () = token.cancelled() => {
+                    tally.lost.fetch_add(1, Ordering::Relaxed);
+                }
+                () = stop.cancelled() => {}
+            }
+        };
+        task_future = std::mem::size_of_val(&task);
+        tasks.push(tokio::spawn(task));
+    }
+    // The renewal loop, from the first acquisition on: every ttl/3, every
+    // lease held so far, in pipelines; a failed renewal fires the token.
+    let renewer = tokio::spawn(raw_renew_loop(
+        conn.clone(),
+        Arc::clone(&held),
+        ttl,
+        stop.clone(),
+    ));
+    all_acquired(&tally, count, Duration::from_secs(120)).await?;
+    let acquire_secs = started.elapsed().as_secs_f64();
+    tokio::time::sleep(hold).await;
+    let peak_rss_delta = peak_delta(baseline);
+    let rss_delta = rss_delta(baseline);
+    let lost = tally.lost.load(Ordering::Relaxed) as u64;
+    let (mut missing, mut foreign) = (0, 0);
+    let pairs: Vec<(String, String)> = held
+        .lock()
+        .map_err(|_| "poisoned")?
+        .iter()
+        .map(|h| (h.key.clone(), h.holder.clone()))
+        .collect();
+    for chunk in pairs.chunks(RAW_PIPELINE) {
+        let keys: Vec<&String> = chunk.iter().map(|(key, _)| key).collect();
+        let values: Vec<Option<String>> =
+            redis::cmd("MGET").arg(&keys).query_async(&mut conn).await?;
+        for ((_, holder), value) in chunk.iter().zip(values) {
+            match value {
+                None => missing += 1,
+                Some(value) if value != *holder => foreign += 1,
+                Some(_) => {}
+            }
+        }
+    }
+    stop.cancel();
+    for task in tasks {
+        task.await?;
+    }
+    renewer.await??;
+    Ok(TaskHeld {
+        acquire_secs,
+        peak_rss_delta,
+        rss_delta,
+        acquire_future,
+        task_future,
+        lost,
+        missing,
+        foreign,
+    })
+}
+
+/// `SET key holder NX PX ttl`, then the fencing counter's `INCR`.
+async fn raw_acquire(
+    mut conn: ConnectionManager,
+    key: &str,
+    holder: &str,
+    ttl_ms: u64,
+) -> Result<u64, String> {
+    let set: Option<String> = redis::cmd("SET")
+        .arg(key)
+        .arg(holder)
+        .arg("NX")
+        .arg("PX")
+        .arg(ttl_ms)
+        .query_async(&mut conn)
+        .await
+        .map_err(|e| e.to_string())?;
+    if set.is_none() {
+        return Err(format!("{key} is held by someone else"));
+    }
+    redis::cmd("INCR")
+        .arg(format!("{key}:fence"))
+        .query_async(&mut conn)
+        .await
+        .map_err(|e| e.to_string())
+}
+
+async fn raw_renew_loop(
+    mut conn: ConnectionManager,
+    held: Arc<Mutex<Vec<RawHeld>>>,
+    ttl: Ttl,
+    stop: tokio_util::sync::CancellationToken,
+) -> Result<(), String> {
+    let ttl_ms = u64::try_from(ttl.get().as_millis()).map_err(|e| e.to_string())?;
+    let sha = RAW_RENEW.get_hash();
+    let mut tick = tokio::time::interval(ttl.get() / 3);
+    tick.tick().await;
+    loop {
+        tokio::select! {
+            biased;
+            () = stop.cancelled() => return Ok(()),
+            _ = tick.tick() => {}
+        }
+        let (pipes, tokens) = {
+            let held = held.lock().map_err(|_| "poisoned".to_owned())?;
+            let mut pipes = Vec::new();
+            for chunk in held.chunks(RAW_PIPELINE) {
+                let mut pipe = redis::pipe();
+                for lease in chunk {
+                    pipe.cmd("EVALSHA")
+                        .arg(sha)
+                        .arg(1)
+                        .arg(&lease.key)
+                        .arg(&lease.holder)
+                        .arg(ttl_ms);
+                }
+                pipes.push(pipe);
+            }
+            let tokens: Vec<_> = held.iter().map(|l| l.token.clone()).collect();
+            (pipes, tokens)
+        };
+        let mut i = 0;
+        for pipe in pipes {
+            let renewed: Vec<i64> = pipe
+                .query_async(&mut conn)
+                .await
+                .map_err(|e| e.to_string())?;
+            for outcome in renewed {
+                if outcome != 1 {
+                    tokens[i].cancel();
+                }
+                i += 1;
+            }
+        }
+    }
 }

@@ -18,7 +18,7 @@ use leasehold_core::{BackendError, HolderId, LeaseBackend, LeaseKey, PermitLimit
 use tokio::sync::mpsc;
 
 use crate::queue::Queues;
-use crate::renewal::Command;
+use crate::renewal::{Command, Registry};
 
 /// A boxed, sendable future: the release future's type cannot be named
 /// through the type-erased backend.
@@ -28,17 +28,21 @@ pub(crate) type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
 /// handle, whatever the backend's type).
 pub(crate) struct Home {
     pub(crate) commands: mpsc::UnboundedSender<Command>,
+    /// New leases, and leases released here, for the watchdog.
+    pub(crate) registry: Arc<Registry>,
     releaser: Box<dyn Releaser>,
 }
 
 impl Home {
     pub(crate) fn new<B: LeaseBackend>(
         commands: mpsc::UnboundedSender<Command>,
+        registry: Arc<Registry>,
         backend: B,
         queues: Arc<Queues>,
     ) -> Self {
         Self {
             commands,
+            registry,
             releaser: Box::new(Direct { backend, queues }),
         }
     }

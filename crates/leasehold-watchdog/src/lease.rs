@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use leasehold_core::{FencingToken, Grant, HolderId, LeaseKey, ReleaseOutcome, Ttl};
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::oneshot;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tracing::{Instrument, debug, debug_span};
@@ -13,7 +13,7 @@ use tracing::{Instrument, debug, debug_span};
 use crate::LeaseError;
 use crate::home::{Home, OrphanGuard};
 use crate::record::Record;
-use crate::renewal::{Command, Timing};
+use crate::renewal::{Command, Registry, Timing};
 
 /// Why a lease's token was cancelled.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -265,7 +265,7 @@ impl Lease {
         // ignored, as the release is claimed. If the watchdog is gone, the
         // lease is still ours on the server and is released all the same.
         let _forget = Forget {
-            commands: &home.commands,
+            registry: &home.registry,
             id: self.id,
         };
         crate::metrics::ended(
@@ -298,13 +298,13 @@ impl Lease {
 /// Tells the watchdog to forget a lease whose release the handle ran,
 /// when dropped: after the release, whether it finished or was abandoned.
 struct Forget<'a> {
-    commands: &'a mpsc::UnboundedSender<Command>,
+    registry: &'a Registry,
     id: u64,
 }
 
 impl Drop for Forget<'_> {
     fn drop(&mut self) {
-        let _ = self.commands.send(Command::Forget { id: self.id });
+        self.registry.forget(self.id);
     }
 }
 

@@ -19,11 +19,23 @@
 //! ended and the timer moves to the next deadline. Backend calls run as
 //! futures inside this task, so a slow batch never delays a deadline: the
 //! timer branch of the loop fires on time whatever the backend does.
+//!
+//! A new lease, and a lease its handle released, reach the watchdog through
+//! a [`Registry`] rather than its command channel: a note the watchdog reads
+//! whenever it wakes, before anything else. The watchdog publishes, each
+//! time it goes to sleep, when it will wake at the latest; a registration
+//! wakes it only if the new lease's first renewal (or its deadline) is due
+//! before that. Most leases are renewed at the same interval as those before
+//! them, so a steady flow of acquisitions and releases wakes the watchdog
+//! only when renewals fall due, not twice per lease. A release that has to
+//! reach the server (a dropped handle, an ended lease) still goes by the
+//! channel, and the watchdog reads the notes before every command, so it
+//! always knows the lease a command names.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, btree_map};
 use std::hash::{BuildHasherDefault, Hasher};
 use std::pin::Pin;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use futures_util::stream::FuturesUnordered;
@@ -32,7 +44,7 @@ use leasehold_core::{
     BackendError, HolderId, LeaseBackend, LeaseKey, LockDelay, ReleaseOutcome, RenewOutcome,
     RenewRequest, Ttl, valid_until,
 };
-use tokio::sync::{Semaphore, mpsc, oneshot};
+use tokio::sync::{Notify, Semaphore, mpsc, oneshot};
 use tokio::time::{Instant, Sleep};
 use tokio_util::sync::CancellationToken;
 use tracing::{Instrument, debug, debug_span, warn};
@@ -63,8 +75,21 @@ pub(crate) const RENEW_WINDOW_DIVISOR: u32 = 16;
 /// A reply channel for a release.
 pub(crate) type ReleaseReply = oneshot::Sender<Result<ReleaseOutcome, LeaseError>>;
 
-/// What handles and the manager tell the watchdog.
+/// What handles and the manager tell the watchdog, and wake it for.
 pub(crate) enum Command {
+    /// Stop keeping a lease and release it on the server.
+    Release {
+        id: u64,
+        reply: Option<ReleaseReply>,
+    },
+    /// Release a lease that may exist on the server with no handle, after an
+    /// acquisition whose outcome is unknown was abandoned.
+    ReleaseOrphan { key: LeaseKey, holder: HolderId },
+}
+
+/// What the manager and handles leave for the watchdog to read when it
+/// next wakes.
+enum Note {
     /// Start keeping a freshly acquired lease; `sent_at` is when its
     /// acquisition was sent.
     Register {
@@ -74,16 +99,106 @@ pub(crate) enum Command {
         holder: HolderId,
         sent_at: Instant,
     },
-    /// Stop keeping a lease: its handle releases it.
+    /// Stop keeping a lease: its handle released it.
     Forget { id: u64 },
-    /// Stop keeping a lease and release it on the server.
-    Release {
+}
+
+/// The notes waiting for the watchdog, and when it reads them at the latest.
+struct Notes {
+    notes: Vec<Note>,
+    /// When the watchdog wakes at the latest (its timer); `None` when only
+    /// a command or a wake brings it. Set under this lock as the watchdog
+    /// goes to sleep with no note left, so a note left after that sees it.
+    reads_by: Option<Instant>,
+    /// Shut down: no lease is registered any more.
+    closed: bool,
+}
+
+/// New and released leases on their way to the watchdog (see the module
+/// comment). Shared by the manager, the handles and the watchdog.
+pub(crate) struct Registry {
+    notes: Mutex<Notes>,
+    wake: Notify,
+}
+
+impl Registry {
+    pub(crate) fn new() -> Self {
+        Self {
+            notes: Mutex::new(Notes {
+                notes: Vec::new(),
+                reads_by: None,
+                closed: false,
+            }),
+            wake: Notify::new(),
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Notes> {
+        // Nothing panics while holding it; a poisoned lock still holds
+        // whole notes.
+        self.notes.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Hands a freshly acquired lease to the watchdog, waking it only if
+    /// the lease needs it before it wakes anyway.
+    ///
+    /// # Errors
+    ///
+    /// [`LeaseError::ManagerStopped`] after shutdown.
+    pub(crate) fn register(
+        &self,
         id: u64,
-        reply: Option<ReleaseReply>,
-    },
-    /// Release a lease that may exist on the server with no handle, after an
-    /// acquisition whose outcome is unknown was abandoned.
-    ReleaseOrphan { key: LeaseKey, holder: HolderId },
+        shared: Arc<Shared>,
+        key: LeaseKey,
+        holder: HolderId,
+        sent_at: Instant,
+    ) -> Result<(), LeaseError> {
+        let needed_at = first_due(&shared, sent_at);
+        let wake = {
+            let mut notes = self.lock();
+            if notes.closed {
+                return Err(LeaseError::ManagerStopped);
+            }
+            notes.notes.push(Note::Register {
+                id,
+                shared,
+                key,
+                holder,
+                sent_at,
+            });
+            let wake = notes.reads_by.is_none_or(|at| needed_at < at);
+            if wake {
+                // Woken now: the leases registered before it reads the
+                // notes need no other wake.
+                notes.reads_by = Some(Instant::now());
+            }
+            wake
+        };
+        if wake {
+            self.wake.notify_one();
+        }
+        Ok(())
+    }
+
+    /// Tells the watchdog, without waking it, that a lease's handle released
+    /// it: the watchdog drops the lease before it next renews anything.
+    pub(crate) fn forget(&self, id: u64) {
+        let mut notes = self.lock();
+        if !notes.closed {
+            notes.notes.push(Note::Forget { id });
+        }
+    }
+}
+
+/// The earliest the watchdog may have to act on a lease acquired at
+/// `sent_at`: a grid step before its first renewal (which the grid may move
+/// back by less than that), or its deadline if that comes first.
+fn first_due(shared: &Shared, sent_at: Instant) -> Instant {
+    let timing = shared.timing;
+    let interval = timing.renew_interval();
+    let step = interval / RENEW_WINDOW_DIVISOR;
+    let deadline = valid_until(sent_at, shared.ttl) - timing.safety_margin();
+    (sent_at + (interval - step)).min(deadline)
 }
 
 /// How one lease is kept, fixed at acquisition. Durations are kept in
@@ -285,11 +400,23 @@ pub(crate) struct Watchdog<B> {
     timer_at: Option<Instant>,
     work: FuturesUnordered<Work>,
     commands: mpsc::UnboundedReceiver<Command>,
+    /// New and released leases, read before every event.
+    registry: Arc<Registry>,
     shutdown: CancellationToken,
     /// Where the renewal grid starts.
     epoch: Instant,
     /// Changes the backend reports, and the leases each one names.
     changes: Changes,
+}
+
+/// A watchdog that ends for any reason (shutdown, the last handle gone, its
+/// runtime shut down) takes no more registrations: a lease nobody would
+/// renew, or whose token nobody would fire, is refused with
+/// `ManagerStopped` rather than handed out.
+impl<B> Drop for Watchdog<B> {
+    fn drop(&mut self) {
+        self.registry.lock().closed = true;
+    }
 }
 
 /// Renewals gathered for one call.
@@ -305,6 +432,7 @@ impl<B: LeaseBackend> Watchdog<B> {
         backend: B,
         queues: Arc<Queues>,
         commands: mpsc::UnboundedReceiver<Command>,
+        registry: Arc<Registry>,
         shutdown: CancellationToken,
     ) -> Self {
         let epoch = Instant::now();
@@ -323,6 +451,7 @@ impl<B: LeaseBackend> Watchdog<B> {
             timer_at: None,
             work: FuturesUnordered::new(),
             commands,
+            registry,
             shutdown,
             epoch,
             changes: Changes::none(),
@@ -360,6 +489,9 @@ impl<B: LeaseBackend> Watchdog<B> {
         let mut stopping = false;
         let mut commands_open = true;
         loop {
+            if !stopping {
+                self.read_notes_and_sleep();
+            }
             self.arm_timer();
             tokio::select! {
                 biased;
@@ -367,6 +499,8 @@ impl<B: LeaseBackend> Watchdog<B> {
                     stopping = true;
                     // Take what was sent before the shutdown (a lease acquired
                     // just before it must be released too); later sends fail.
+                    self.registry.lock().closed = true;
+                    self.read_notes();
                     self.commands.close();
                     while let Ok(command) = self.commands.try_recv() {
                         self.on_command(command);
@@ -374,16 +508,26 @@ impl<B: LeaseBackend> Watchdog<B> {
                     self.stop_all();
                 }
                 command = self.commands.recv(), if commands_open && !stopping => match command {
-                    Some(command) => self.on_command(command),
+                    Some(command) => {
+                        // The lease a command names may still be in a note.
+                        self.read_notes();
+                        self.on_command(command);
+                    }
                     None => commands_open = false,
                 },
+                () = self.registry.wake.notified(), if commands_open && !stopping => {
+                    self.read_notes();
+                }
                 () = &mut self.timer, if self.timer_at.is_some() => {
                     self.timer_at = None;
+                    // A lease released meanwhile is dropped before it is renewed.
+                    self.read_notes();
                     self.on_timer(Instant::now());
                 }
                 Some(done) = self.work.next(), if !self.work.is_empty() => self.on_done(done),
                 change = self.changes.next(), if self.changes.is_open() && !stopping => {
                     if let Some(change) = change {
+                        self.read_notes();
                         let ids = self.changes.affected(change);
                         self.renew_now(&ids);
                     }
@@ -393,6 +537,50 @@ impl<B: LeaseBackend> Watchdog<B> {
             self.catch_up();
             if stopping && self.work.is_empty() {
                 break;
+            }
+        }
+    }
+
+    /// Reads the registry's notes until none is left, then tells it when
+    /// this task wakes at the latest: under the same lock, so that a note
+    /// left after this read sees the new time and wakes the task if it
+    /// cannot wait until then.
+    fn read_notes_and_sleep(&mut self) {
+        loop {
+            let notes = {
+                let mut notes = self.registry.lock();
+                if notes.notes.is_empty() {
+                    notes.reads_by = self.next_due();
+                    return;
+                }
+                std::mem::take(&mut notes.notes)
+            };
+            self.on_notes(notes);
+        }
+    }
+
+    /// Reads the registry's notes.
+    fn read_notes(&mut self) {
+        let notes = std::mem::take(&mut self.registry.lock().notes);
+        self.on_notes(notes);
+    }
+
+    fn on_notes(&mut self, notes: Vec<Note>) {
+        for note in notes {
+            match note {
+                Note::Register {
+                    id,
+                    shared,
+                    key,
+                    holder,
+                    sent_at,
+                } => self.on_register(id, shared, key, holder, sent_at),
+                Note::Forget { id } => {
+                    // The handle recorded the hold time when it took the release.
+                    if let Some(entry) = self.take(id) {
+                        self.changes.remove(&entry.key, id);
+                    }
+                }
             }
         }
     }
@@ -430,6 +618,7 @@ impl<B: LeaseBackend> Watchdog<B> {
         if let Some(due) = self.next_due() {
             let now = Instant::now();
             if due <= now {
+                self.read_notes();
                 self.on_timer(now);
             }
         }
@@ -438,63 +627,66 @@ impl<B: LeaseBackend> Watchdog<B> {
         }
     }
 
+    /// Starts keeping a freshly acquired lease.
+    fn on_register(
+        &mut self,
+        id: u64,
+        shared: Arc<Shared>,
+        key: LeaseKey,
+        holder: HolderId,
+        sent_at: Instant,
+    ) {
+        let timing = shared.timing;
+        let deadline = valid_until(sent_at, shared.ttl) - timing.safety_margin();
+        let entry = Entry {
+            ttl: shared.ttl,
+            shared,
+            key,
+            holder,
+            deadline,
+            ended: false,
+            renewals_left: timing.renewals_cap,
+            failures: 0,
+            in_flight: false,
+            again: false,
+        };
+        let slot = match self.free.pop() {
+            Some(slot) => slot,
+            None => {
+                let Ok(slot) = u32::try_from(self.slots.len()) else {
+                    // Four billion leases in one manager: refuse
+                    // to keep it rather than renew the wrong one.
+                    let mut entry = entry;
+                    if entry.shared.end(LossReason::Deadline) {
+                        entry.finish(LossReason::Deadline.as_str());
+                        metrics::lost(
+                            &entry.shared.name,
+                            &entry.shared.key,
+                            LossReason::Deadline.as_str(),
+                        );
+                    }
+                    self.release(&entry.key, Some(&entry.shared.name), entry.holder, None);
+                    return;
+                };
+                self.slots.push(Slot {
+                    generation: 0,
+                    entry: None,
+                });
+                slot
+            }
+        };
+        self.changes.insert(&entry.key, id);
+        self.slots[slot as usize].entry = Some(entry);
+        self.ids.insert(id, slot);
+        if let Some((when, place)) =
+            self.schedule(slot, sent_at + timing.renew_interval(), Instant::now())
+        {
+            self.buckets.entry(when).or_default().push(place);
+        }
+    }
+
     fn on_command(&mut self, command: Command) {
         match command {
-            Command::Register {
-                id,
-                shared,
-                key,
-                holder,
-                sent_at,
-            } => {
-                let timing = shared.timing;
-                let deadline = valid_until(sent_at, shared.ttl) - timing.safety_margin();
-                let entry = Entry {
-                    ttl: shared.ttl,
-                    shared,
-                    key,
-                    holder,
-                    deadline,
-                    ended: false,
-                    renewals_left: timing.renewals_cap,
-                    failures: 0,
-                    in_flight: false,
-                    again: false,
-                };
-                let slot = match self.free.pop() {
-                    Some(slot) => slot,
-                    None => {
-                        let Ok(slot) = u32::try_from(self.slots.len()) else {
-                            // Four billion leases in one manager: refuse
-                            // to keep it rather than renew the wrong one.
-                            let mut entry = entry;
-                            if entry.shared.end(LossReason::Deadline) {
-                                entry.finish(LossReason::Deadline.as_str());
-                                metrics::lost(
-                                    &entry.shared.name,
-                                    &entry.shared.key,
-                                    LossReason::Deadline.as_str(),
-                                );
-                            }
-                            self.release(&entry.key, Some(&entry.shared.name), entry.holder, None);
-                            return;
-                        };
-                        self.slots.push(Slot {
-                            generation: 0,
-                            entry: None,
-                        });
-                        slot
-                    }
-                };
-                self.changes.insert(&entry.key, id);
-                self.slots[slot as usize].entry = Some(entry);
-                self.ids.insert(id, slot);
-                if let Some((when, place)) =
-                    self.schedule(slot, sent_at + timing.renew_interval(), Instant::now())
-                {
-                    self.buckets.entry(when).or_default().push(place);
-                }
-            }
             Command::Release { id, reply } => match self.take(id) {
                 Some(mut entry) => {
                     self.changes.remove(&entry.key, id);
@@ -512,12 +704,6 @@ impl<B: LeaseBackend> Watchdog<B> {
                     }
                 }
             },
-            Command::Forget { id } => {
-                // The handle recorded the hold time when it took the release.
-                if let Some(entry) = self.take(id) {
-                    self.changes.remove(&entry.key, id);
-                }
-            }
             Command::ReleaseOrphan { key, holder } => self.release(&key, None, holder, None),
         }
     }
