@@ -254,19 +254,38 @@ impl<'a, B: LeaseBackend> Waiter<'a, B> {
         if let Some(give_up_at) = self.give_up_at
             && let Some(until) = self.manager.queues.yield_until(self.key)
         {
-            self.yielding(until.min(give_up_at)).await;
+            self.yielding(until.min(give_up_at), give_up_at).await;
         }
         Step::Attempting
     }
 
     /// `Yielding`: this manager released the key a moment ago and a waiter
     /// elsewhere heard it: let that waiter take it first. Listen meanwhile,
-    /// so that this one is heard of when that one releases.
-    async fn yielding(&mut self, until: Instant) {
-        if self.options.release_notices() {
-            self.watch = Some(self.subscribe().await);
+    /// so that this one is heard of when that one releases. That notice
+    /// announces the release of the holder after ours, so from it on this
+    /// waiter takes its turn as after any notice (`Deferring`), without
+    /// having asked the backend: a process that takes a key in a loop makes
+    /// one attempt per acquisition, not one per release.
+    async fn yielding(&mut self, until: Instant, give_up_at: Instant) {
+        if !self.options.release_notices() {
+            tokio::time::sleep_until(until).await;
+            return;
         }
-        tokio::time::sleep_until(until).await;
+        let mut watch = self.subscribe().await;
+        let heard = tokio::select! {
+            () = tokio::time::sleep_until(until) => false,
+            () = watch.released() => true,
+        };
+        self.watch = Some(watch);
+        if heard {
+            self.manager.queues.note_notice(self.key);
+            self.holder_token = self
+                .manager
+                .queues
+                .last_won(self.key)
+                .map(|won| FencingToken(won.0.saturating_add(1)));
+            self.deferring(give_up_at).await;
+        }
     }
 
     /// `Attempting`: one `try_acquire`. `Granted` if the lease came in time
@@ -382,6 +401,7 @@ impl<'a, B: LeaseBackend> Waiter<'a, B> {
             () = poll => (None, false),
             () = notice => {
                 debug!("release notice");
+                self.manager.queues.note_notice(self.key);
                 (None, true)
             }
             grant = answer => (Some(grant), true),
@@ -408,23 +428,56 @@ impl<'a, B: LeaseBackend> Waiter<'a, B> {
             self.orphan.armed = true;
         }
         self.attempt = self.attempt.saturating_add(1);
-        if released {
-            self.deferring(poll_at).await;
+        if released && let Some(give_up_at) = self.give_up_at {
+            self.deferring(give_up_at).await;
         }
         Step::Attempting
     }
 
-    /// `Deferring`: after a release, holds back one measured moment per
-    /// process that waited longer than this one (see the module
-    /// documentation), never past the poll.
-    async fn deferring(&self, poll_at: Instant) {
-        let Some(rank) = self.rank() else {
-            return;
-        };
-        let moment = self.manager.queues.round_trip().unwrap_or(YIELD);
-        let until = Instant::now() + moment.saturating_mul(rank);
-        debug!(rank, ?moment, "waiters elsewhere waited longer; deferring");
-        tokio::time::sleep_until(until.min(poll_at)).await;
+    /// `Deferring`: after a release, holds back while processes that
+    /// waited longer than this one take their turns (see the module
+    /// documentation): each next release notice means one of them did, and
+    /// the rank is counted again; at rank 0, or when no notice comes within
+    /// two turns and one measured moment per rank, it tries. The fallback
+    /// poll starts again with each notice (the notices are flowing), and
+    /// bounds every hold-back, as the end of the wait does.
+    async fn deferring(&mut self, give_up_at: Instant) {
+        loop {
+            let Some(rank) = self.rank() else {
+                return;
+            };
+            let now = Instant::now();
+            let poll_at = (now + self.options.backoff().delay(self.attempt)).min(give_up_at);
+            let moment = self.manager.queues.round_trip().unwrap_or(YIELD);
+            let turns = self
+                .manager
+                .queues
+                .turn(self.key, now)
+                .map_or(Duration::ZERO, |turn| turn.saturating_mul(2));
+            let until = (now + turns + moment.saturating_mul(rank)).min(poll_at);
+            debug!(
+                rank,
+                ?moment,
+                ?turns,
+                "waiters elsewhere waited longer; deferring"
+            );
+            let notice = async {
+                match self.watch.as_mut() {
+                    Some(watch) => watch.released().await,
+                    None => std::future::pending().await,
+                }
+            };
+            tokio::select! {
+                () = tokio::time::sleep_until(until) => return,
+                () = notice => {}
+            }
+            // One of those that went first released: the next notice
+            // announces the release of the holder after it.
+            self.manager.queues.note_notice(self.key);
+            self.holder_token = self
+                .holder_token
+                .map(|token| FencingToken(token.0.saturating_add(1)));
+        }
     }
 
     /// How many listening processes held the key longer ago than this one
