@@ -186,7 +186,12 @@ fn commandstats(info: &str) -> BTreeMap<String, u64> {
     info.lines()
         .filter_map(|line| {
             let (name, rest) = line.strip_prefix("cmdstat_")?.split_once(':')?;
-            let calls = rest.strip_prefix("calls=")?.split(',').next()?.parse().ok()?;
+            let calls = rest
+                .strip_prefix("calls=")?
+                .split(',')
+                .next()?
+                .parse()
+                .ok()?;
             Some((name.to_owned(), calls))
         })
         .collect()
@@ -294,7 +299,9 @@ impl Worker {
             waits.push(asked.elapsed());
             self.hold().await?;
             if let Some(reason) = lease.loss_reason() {
-                return Err(format!("correctness violation: lease lost while held: {reason:?}").into());
+                return Err(
+                    format!("correctness violation: lease lost while held: {reason:?}").into(),
+                );
             }
             if lease.release().await? != ReleaseOutcome::Released {
                 return Err("correctness violation: the release found the lease gone".into());
