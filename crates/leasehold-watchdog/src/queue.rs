@@ -402,6 +402,49 @@ mod tests {
         assert_eq!(queues.yield_until(&key()), Some(fresh_at + YIELD));
     }
 
+    /// A turn is the interval between the last two notices of a key, used
+    /// only while the last notice is less than two turns old, and never
+    /// longer than [`MAX_TURN`].
+    #[tokio::test(start_paused = true)]
+    async fn a_turn_is_the_interval_between_two_notices_while_fresh() {
+        let queues = Queues::new(3);
+        let ms = Duration::from_millis;
+        queues.note_notice(&key());
+        assert_eq!(queues.turn(&key(), Instant::now()), None, "one notice");
+        tokio::time::advance(ms(3)).await;
+        queues.note_notice(&key());
+        let last = Instant::now();
+        assert_eq!(queues.turn(&key(), last), Some(ms(3)));
+        assert_eq!(queues.turn(&key(), last + ms(5)), Some(ms(3)));
+        assert_eq!(queues.turn(&key(), last + ms(6)), None, "stale");
+        let other = LeaseKey::new("other").expect("valid key");
+        assert_eq!(queues.turn(&other, last), None, "per key");
+        tokio::time::advance(MAX_TURN + ms(1)).await;
+        queues.note_notice(&key());
+        assert_eq!(queues.turn(&key(), Instant::now()), None, "too long a gap");
+    }
+
+    /// While processes take turns, a heard release holds the next
+    /// acquisition back two turns (the next holder's notice comes first);
+    /// otherwise [`YIELD`].
+    #[tokio::test(start_paused = true)]
+    async fn a_heard_release_yields_two_turns_while_processes_take_turns() {
+        let queues = Queues::new(3);
+        let ms = Duration::from_millis;
+        queues.note_notice(&key());
+        tokio::time::advance(ms(4)).await;
+        queues.note_notice(&key());
+        tokio::time::advance(ms(4)).await;
+        let heard_at = Instant::now();
+        queues.note_heard(&key());
+        assert_eq!(queues.yield_until(&key()), Some(heard_at + ms(8)));
+        // Past two turns after the last notice, the turns are over.
+        tokio::time::advance(ms(5)).await;
+        let heard_at = Instant::now();
+        queues.note_heard(&key());
+        assert_eq!(queues.yield_until(&key()), Some(heard_at + YIELD));
+    }
+
     /// The last win of each key is remembered (the latest one), and past
     /// [`WON_KEYS`] keys the map starts over instead of growing.
     #[test]
