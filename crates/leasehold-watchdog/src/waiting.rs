@@ -6,7 +6,8 @@
 //!    │ head of the key's local queue (queue.rs)
 //!    ├── baton from the previous head ──────────────► Refused (no attempt)
 //!    ▼
-//!  Yielding   only after a release here that a waiter elsewhere heard
+//!  Yielding   only after a release here that a waiter elsewhere heard:
+//!    │        listens for the next holder's notice (then Deferring)
 //!    ▼
 //!  Attempting ──Acquired──────────────────────────────────────────► Granted
 //!    │ Held, or a transient error
@@ -19,22 +20,29 @@
 //!    ├── the offer answered with the lease ───────────────────────► Granted
 //!    ├── poll ─────────────────────────────────────────► Attempting
 //!    ▼ notice, or the offer answered "released"
-//!  Deferring  when waiters elsewhere waited longer ─────► Attempting
+//!  Deferring  while waiters elsewhere waited longer: counts their
+//!             releases' notices until its turn ─────────► Attempting
 //! ```
 //!
-//! `Deferring` is what keeps processes taking turns. After a release every
-//! listening process retries at once, and the one the server told first
-//! would win nearly every time (and the server's order is its own: Redis
-//! 7.0 tells subscribers in subscription order, Valkey 8 in an order that
-//! does not change). So a waiter ranks its process by how recently it held
-//! the key, counted in acquisitions (the released holder's fencing token
-//! minus this process's last one), against the number of processes that
-//! listen (the server's subscriber count, carried by the watch): the
-//! process that held it longest ago has rank 0 and tries at once, the one
-//! that released it has the highest rank, and each rank holds back one
-//! measured attempt round trip more (tokio's timer rounds it up to the next
-//! millisecond). The ones that hold back would lose anyway; if the first
-//! does not want the lease any more, the next takes it a moment later. A
+//! `Deferring` is what keeps processes taking turns, and makes a release
+//! lead to about one attempt across processes, not one per process. A
+//! waiter ranks its process by how recently it held the key, counted in
+//! acquisitions (the released holder's fencing token minus this process's
+//! last one), against the number of processes that listen (the server's
+//! subscriber count, carried by the watch): the process that held it
+//! longest ago has rank 0 and tries at once, the one that released it has
+//! the highest rank. A waiter of a higher rank does not try: it waits for
+//! the next notice (one of those ahead of it took the lease and released
+//! it), counts the holder after the released one as released by it, and
+//! ranks again, one lower each time, until its turn. If no notice comes
+//! within two turns (the interval between the last two notices heard
+//! here, `queue.rs`) and one measured attempt round trip per rank (tokio's
+//! timer rounds it up to the next millisecond), or by the fallback poll,
+//! which starts again with each notice, it tries anyway: the one ahead may
+//! not want the lease any more, or hold it longer than others did, and a
+//! refusal tells the true holder again. `Yielding` enters the same count
+//! from its own release: the process that just released has the highest
+//! rank, and waits for the next holder's notice before it asks at all. A
 //! process that waits alone, or a backend without the count (memory,
 //! cluster), never holds back.
 //!
