@@ -476,7 +476,10 @@ impl<'a, B: LeaseBackend> Waiter<'a, B> {
                 }
             };
             tokio::select! {
-                () = tokio::time::sleep_until(until) => return,
+                () = tokio::time::sleep_until(until) => {
+                    debug!(rank, "no release notice within the window; trying");
+                    return;
+                }
                 () = notice => {}
             }
             // One of those that went first released: the next notice
