@@ -76,16 +76,20 @@ const CLIENT_SENT: &[&str] = &[
     "sunsubscribe",
     "pubsub|numsub",
     "hello",
-    "client|setname",
-    "client|tracking",
-    "client|id",
-    "client|info",
-    "script|load",
     "ping",
     "select",
-    "command|info",
     "command",
 ];
+
+/// Whether the server's name for a command is one only a client sends.
+fn is_client_sent(name: &str) -> bool {
+    // Connection set-up: `CLIENT SETNAME`, `CLIENT SETINFO` (Valkey),
+    // `CLIENT TRACKING`, `SCRIPT LOAD`, `COMMAND INFO`, ...
+    CLIENT_SENT.contains(&name)
+        || ["client|", "script|", "command|"]
+            .iter()
+            .any(|family| name.starts_with(family))
+}
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
@@ -403,7 +407,7 @@ impl Summary {
                 continue;
             }
             all += calls;
-            if CLIENT_SENT.contains(&name.as_str()) || (scenario == RAW && name == "set") {
+            if is_client_sent(name) || (scenario == RAW && name == "set") {
                 client_sent += calls;
             }
             breakdown.insert(name.clone(), calls as f64 / acquisitions);
