@@ -280,6 +280,11 @@ impl<'a, B: LeaseBackend> Waiter<'a, B> {
             return;
         }
         let mut watch = self.subscribe().await;
+        if !self.counts_turns() {
+            self.watch = Some(watch);
+            tokio::time::sleep_until(until).await;
+            return;
+        }
         let heard = tokio::select! {
             () = tokio::time::sleep_until(until) => false,
             () = watch.released() => true,
@@ -409,7 +414,9 @@ impl<'a, B: LeaseBackend> Waiter<'a, B> {
             () = poll => (None, false),
             () = notice => {
                 debug!("release notice");
-                self.manager.queues.note_notice(self.key);
+                if self.counts_turns() {
+                    self.manager.queues.note_notice(self.key);
+                }
                 (None, true)
             }
             grant = answer => (Some(grant), true),
@@ -419,6 +426,9 @@ impl<'a, B: LeaseBackend> Waiter<'a, B> {
             // was only released (then try, as after a notice).
             Some(grant) => {
                 offer.answer = None;
+                if grant.is_none() {
+                    self.skip_answered_notice().await;
+                }
                 grant
             }
             None => offer.settle().await,
@@ -442,6 +452,21 @@ impl<'a, B: LeaseBackend> Waiter<'a, B> {
         Step::Attempting
     }
 
+    /// After an offer answered "released": that release was announced to
+    /// this waiter's watch too. Takes its notice now (it may still be on its
+    /// way: for up to one measured round trip), so that `Deferring` does
+    /// not count it as the release of the holder after it.
+    async fn skip_answered_notice(&mut self) {
+        if !self.counts_turns() {
+            return;
+        }
+        let Some(watch) = self.watch.as_mut() else {
+            return;
+        };
+        let moment = self.manager.queues.round_trip().unwrap_or(YIELD);
+        let _ = tokio::time::timeout(moment, watch.released()).await;
+    }
+
     /// `Deferring`: after a release, holds back while processes that
     /// waited longer than this one take their turns (see the module
     /// documentation): each next release notice means one of them did, and
@@ -462,7 +487,15 @@ impl<'a, B: LeaseBackend> Waiter<'a, B> {
                 .queues
                 .turn(self.key, now)
                 .map_or(Duration::ZERO, |turn| turn.saturating_mul(2));
-            let until = (now + turns + moment.saturating_mul(rank)).min(poll_at);
+            let hold_back = now + moment.saturating_mul(rank);
+            if !self.counts_turns() {
+                // One moment per rank, then try: a release of a permit or
+                // a share may make room for several.
+                debug!(rank, ?moment, "waiters elsewhere waited longer; deferring");
+                tokio::time::sleep_until(hold_back.min(poll_at)).await;
+                return;
+            }
+            let until = (hold_back + turns).min(poll_at);
             debug!(
                 rank,
                 ?moment,
@@ -537,6 +570,14 @@ impl<'a, B: LeaseBackend> Waiter<'a, B> {
 
     /// Whether this waiter takes part in the local handover.
     fn hands_over(&self) -> bool {
+        matches!(self.kind, Attempt::Lease)
+    }
+
+    /// Whether this waiter counts turns by release notices (`Deferring`,
+    /// `Yielding`): only for the exclusive lease, where each release is
+    /// followed by one grant. A permit's or a share's release may make
+    /// room for several waiters at once.
+    fn counts_turns(&self) -> bool {
         matches!(self.kind, Attempt::Lease)
     }
 
