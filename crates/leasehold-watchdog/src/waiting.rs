@@ -42,9 +42,11 @@
 //! not want the lease any more, or hold it longer than others did, and a
 //! refusal tells the true holder again. `Yielding` enters the same count
 //! from its own release: the process that just released has the highest
-//! rank, and waits for the next holder's notice before it asks at all. A
-//! process that waits alone, or a backend without the count (memory,
-//! cluster), never holds back.
+//! rank, and waits for the next holder's notice before it asks at all.
+//! Only the exclusive lease counts turns this way: a permit's or a share's
+//! release may make room for several waiters, so their heads hold back
+//! one moment per rank and then try. A process that waits alone, or a
+//! backend without the count (memory, cluster), never holds back.
 //!
 //! `Granted` hands the turn on (with a baton when others wait behind) and
 //! the manager registers the lease with the watchdog.
