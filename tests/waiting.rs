@@ -475,3 +475,159 @@ async fn a_local_handoff_takes_one_script_call() -> TestResult {
     lease.release().await?;
     Ok(())
 }
+
+/// Calls of each command since the last `CONFIG RESETSTAT`, as the server
+/// counts them (client-sent and script-internal alike).
+fn calls(
+    server: &RedisServer,
+    command: &str,
+) -> Result<u64, Box<dyn std::error::Error + Send + Sync>> {
+    let stats = server.cli(&["INFO", "commandstats"])?;
+    let prefix = format!("cmdstat_{command}:calls=");
+    Ok(stats
+        .lines()
+        .find_map(|l| l.strip_prefix(prefix.as_str()))
+        .and_then(|rest| rest.split(',').next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(0))
+}
+
+/// The server's count of a channel's subscribers.
+fn subscribers(
+    server: &RedisServer,
+    channel: &str,
+) -> Result<String, Box<dyn std::error::Error + Send + Sync>> {
+    let reply = server.cli(&["PUBSUB", "NUMSUB", channel])?;
+    Ok(reply.lines().nth(1).unwrap_or_default().to_owned())
+}
+
+#[tokio::test]
+async fn a_process_that_waits_again_keeps_its_subscription() -> TestResult {
+    let server = RedisServer::start()?;
+    let backend = RedisBackend::connect(server.url()).await?;
+    let key = LeaseKey::new("linger")?;
+    let channel = "leasehold:{linger}:released";
+    drop(backend.watch_releases(&key).await?);
+    // No watch left: the channel stays subscribed on the server.
+    assert_eq!(subscribers(&server, channel)?, "1");
+    server.cli(&["CONFIG", "RESETSTAT"])?;
+    let mut again = backend.watch_releases(&key).await?;
+    assert_eq!(
+        (calls(&server, "subscribe")?, calls(&server, "unsubscribe")?),
+        (0, 0),
+        "a second wait for the same key subscribes anew"
+    );
+    assert_eq!(subscribers(&server, channel)?, "1");
+    // And the lingering subscription still delivers notices.
+    let other = RedisBackend::connect(server.url()).await?;
+    let holder = HolderId::generate()?;
+    let request = AcquireRequest::new(key.clone(), holder, Ttl::parse("10s")?);
+    assert!(matches!(
+        other.try_acquire(&request).await?,
+        AcquireOutcome::Acquired(_)
+    ));
+    other.release(&key, &holder).await?;
+    within(Duration::from_secs(5), "the notice", again.released()).await;
+    drop(again);
+    // Watching another key unsubscribes the one no one watches.
+    let _elsewhere = backend.watch_releases(&LeaseKey::new("elsewhere")?).await?;
+    assert_eq!(subscribers(&server, channel)?, "0");
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_process_does_not_hear_its_own_release_while_no_waiter_listens() -> TestResult {
+    let server = RedisServer::start()?;
+    let backend = RedisBackend::connect(server.url()).await?;
+    let other = RedisBackend::connect(server.url()).await?;
+    let key = LeaseKey::new("own")?;
+    let ttl = Ttl::parse("10s")?;
+    // A wait here ended: the channel lingers with no watch.
+    drop(backend.watch_releases(&key).await?);
+    let ours = HolderId::generate()?;
+    assert!(matches!(
+        backend
+            .try_acquire(&AcquireRequest::new(key.clone(), ours, ttl))
+            .await?,
+        AcquireOutcome::Acquired(_)
+    ));
+    // Someone elsewhere listens, so the release is announced; a wait here
+    // that starts while the notice is on its way (joined after the release
+    // is sent, so its watch exists before the notice can arrive) must not
+    // take it for the next holder's release.
+    let mut theirs = other.watch_releases(&key).await?;
+    let (released, next) = tokio::join!(
+        backend.release_heard(&key, &ours),
+        backend.watch_releases(&key)
+    );
+    assert_eq!(released?, (ReleaseOutcome::Released, true));
+    let mut next = next?;
+    // The other process's watch shows the notice went out; ours would
+    // have it within milliseconds.
+    within(Duration::from_secs(5), "their notice", theirs.released()).await;
+    assert!(
+        tokio::time::timeout(Duration::from_millis(300), next.released())
+            .await
+            .is_err(),
+        "the process heard its own release"
+    );
+    // The next release, by someone else, is heard.
+    let theirs_holder = HolderId::generate()?;
+    other
+        .try_acquire(&AcquireRequest::new(key.clone(), theirs_holder, ttl))
+        .await?;
+    other.release(&key, &theirs_holder).await?;
+    within(Duration::from_secs(5), "the next notice", next.released()).await;
+    Ok(())
+}
+
+/// Four managers (processes) of one worker each take one key in turns:
+/// after a release only the process whose turn it is asks for the lease,
+/// so refused attempts stay well under one per acquisition (every waiting
+/// process tried after every release before: three per acquisition here),
+/// and no process subscribes more than once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_release_leads_to_about_one_attempt_across_processes() -> TestResult {
+    let server = RedisServer::start()?;
+    let options = LeaseOptions::builder()
+        .ttl(Ttl::parse("10s")?)
+        .wait(Duration::from_secs(30))
+        .build()?;
+    const MANAGERS: usize = 4;
+    const ROUNDS: usize = 100;
+    let mut managers = Vec::new();
+    for _ in 0..MANAGERS {
+        managers.push(manager(&server).await?);
+    }
+    server.cli(&["CONFIG", "RESETSTAT"])?;
+    let acquired = Arc::new(AtomicUsize::new(0));
+    let mut tasks = Vec::new();
+    for manager in managers {
+        let (options, acquired) = (options.clone(), Arc::clone(&acquired));
+        tasks.push(tokio::spawn(async move {
+            while acquired.load(Ordering::SeqCst) < ROUNDS * MANAGERS {
+                let lease = manager.acquire("turns", &options).await?;
+                acquired.fetch_add(1, Ordering::SeqCst);
+                tokio::time::sleep(Duration::from_millis(2)).await;
+                lease.release().await?;
+            }
+            manager.shutdown().await;
+            Ok::<_, Box<dyn std::error::Error + Send + Sync>>(())
+        }));
+    }
+    for task in tasks {
+        within(Duration::from_secs(120), "a worker", task).await??;
+    }
+    let acquisitions = acquired.load(Ordering::SeqCst) as u64;
+    // One script call per acquisition and one per release; the rest were
+    // refused.
+    let refused = evalsha_succeeded(&server)?.saturating_sub(2 * acquisitions);
+    let subscribed = calls(&server, "subscribe")?;
+    println!("{acquisitions} acquisitions, {refused} refused attempts, {subscribed} SUBSCRIBEs");
+    assert!(
+        refused * 2 <= acquisitions,
+        "{refused} refused attempts for {acquisitions} acquisitions"
+    );
+    assert!(subscribed <= MANAGERS as u64, "{subscribed} SUBSCRIBEs");
+    Ok(())
+}

@@ -20,13 +20,20 @@
 //! a reconnect the redis crate subscribes again, and every waiter is woken
 //! once, since notices may have been missed meanwhile.
 //!
-//! Unsubscribing needs a round trip, which a `Drop` cannot make: channels no
-//! one watches any more are unsubscribed by the next subscription.
+//! Unsubscribing needs a round trip, which a `Drop` cannot make: a channel
+//! no one watches any more stays subscribed (it lingers) until the next
+//! subscription to another channel unsubscribes it. A process that waits
+//! for the same key again, as a worker that takes a key in a loop does
+//! after each release, finds its channel still subscribed and sends no
+//! `SUBSCRIBE` (nor `UNSUBSCRIBE` when it stopped waiting). While its
+//! channel lingers with no watch, the process's own release of the key is
+//! announced to no one here: that one notice is dropped on arrival, so a
+//! waiter that starts listening right after its release does not take its
+//! own notice for the next holder's.
 //!
 //! Redis 7.0 sends a message to a channel's subscribers in the order they
-//! subscribed, so a process that subscribes again goes to the end of that
-//! order; Valkey 8 keeps no such order. Waiters therefore do not rely on
-//! it: each watch carries the channel's subscriber count when it
+//! subscribed; Valkey 8 keeps no such order. Waiters therefore do not rely
+//! on it: each watch carries the channel's subscriber count when it
 //! subscribed (`PUBSUB NUMSUB`, one more round trip on this connection;
 //! not on a cluster), and the waiters of the process that waited longest
 //! go first (see the watchdog's `waiting.rs`).
@@ -34,7 +41,7 @@
 use std::collections::HashMap;
 use std::convert::Infallible;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use leasehold_core::ReleaseWatch;
 use redis::aio::{ConnectionManager, ConnectionManagerConfig, MultiplexedConnection};
@@ -132,9 +139,14 @@ impl Subscriber {
 
 #[derive(Default)]
 struct Channels {
+    /// Channels watched, and subscribed ones that linger with no watch.
     watched: HashMap<Vec<u8>, Channel>,
-    /// Channels no one watches any more, still subscribed on the server.
+    /// Channels no one watches any more, still subscribed on the server
+    /// (lingering), to unsubscribe when another channel is subscribed.
     stale: Vec<Vec<u8>>,
+    /// How long a notice of this process's own release is waited for, to
+    /// be dropped (see [`Channel::own_release`]).
+    own_bound: Duration,
     /// The connection broke since it last subscribed (Sentinel: nothing
     /// subscribes again by itself).
     lost: bool,
@@ -142,8 +154,14 @@ struct Channels {
 
 struct Channel {
     notices: watch::Sender<u64>,
+    /// Watches alive; 0 while the channel lingers.
     watchers: usize,
     subscribed: bool,
+    /// When this process released the key while the channel lingered with
+    /// no watch: the notice of that release, the next to arrive, is for no
+    /// one here and is dropped (unless it is later than `own_bound`, as
+    /// when the release found the lease gone and announced nothing).
+    own_release: Option<Instant>,
 }
 
 fn lock(channels: &Mutex<Channels>) -> MutexGuard<'_, Channels> {
@@ -165,10 +183,11 @@ impl Drop for Subscription {
         };
         channel.watchers -= 1;
         if channel.watchers == 0 {
-            let was_subscribed = channel.subscribed;
-            channels.watched.remove(&self.name);
-            if was_subscribed {
+            if channel.subscribed {
+                // Lingers: a new watch of it sends nothing.
                 channels.stale.push(std::mem::take(&mut self.name));
+            } else {
+                channels.watched.remove(&self.name);
             }
         }
     }
@@ -191,7 +210,10 @@ impl Notices {
             op_timeout,
             conn: OnceCell::new(),
             sentinel_conn: Mutex::new(None),
-            channels: Arc::default(),
+            channels: Arc::new(Mutex::new(Channels {
+                own_bound: op_timeout.max(connect_timeout),
+                ..Channels::default()
+            })),
         }
     }
 
@@ -207,7 +229,10 @@ impl Notices {
             op_timeout,
             conn: OnceCell::new(),
             sentinel_conn: Mutex::new(None),
-            channels: Arc::default(),
+            channels: Arc::new(Mutex::new(Channels {
+                own_bound: op_timeout.max(connect_timeout),
+                ..Channels::default()
+            })),
         }
     }
 
@@ -224,7 +249,10 @@ impl Notices {
             op_timeout,
             conn: OnceCell::new(),
             sentinel_conn: Mutex::new(None),
-            channels: Arc::default(),
+            channels: Arc::new(Mutex::new(Channels {
+                own_bound: op_timeout.max(connect_timeout),
+                ..Channels::default()
+            })),
         }
     }
 
@@ -296,19 +324,20 @@ impl Notices {
                     notices: watch::Sender::new(0),
                     watchers: 0,
                     subscribed: false,
+                    own_release: None,
                 });
             entry.watchers += 1;
             let receiver = entry.notices.subscribe();
             let subscribe = !entry.subscribed;
-            // Our own channel too, if it is still subscribed from an earlier
-            // wait: unsubscribing and subscribing again moves this process
-            // to the end of the server's subscriber list, which is the order
-            // notices go out in. Otherwise the process that subscribed first
-            // would hear of every release first and win nearly every handoff.
-            let stale: Vec<Vec<u8>> = std::mem::take(&mut channels.stale)
-                .into_iter()
-                .filter(|c| *c == name || !channels.watched.contains_key(c))
-                .collect();
+            // Lingering channels go, but this one (subscribed still, so
+            // nothing to send) and any another waiter took up meanwhile.
+            let mut stale = Vec::new();
+            for c in std::mem::take(&mut channels.stale) {
+                if c != name && channels.watched.get(&c).is_none_or(|w| w.watchers == 0) {
+                    channels.watched.remove(&c);
+                    stale.push(c);
+                }
+            }
             (receiver, subscribe, stale)
         };
         // From here on a dropped future still gives the interest back.
@@ -340,13 +369,21 @@ impl Notices {
     /// backend's notices connection: 1 while any watch holds it, else 0.
     /// The channel's name is built only when something is watched: a
     /// release with no waiter in this process (the usual one) builds none.
+    ///
+    /// Called just before the release is sent: with the channel lingering
+    /// (no watch), the notice of this release is dropped on arrival.
     pub(crate) fn own_subscription(&self, channel: impl FnOnce() -> String) -> u8 {
-        let channels = lock(&self.channels);
+        let mut channels = lock(&self.channels);
         if channels.watched.is_empty() {
             return 0;
         }
-        match channels.watched.get(channel().as_bytes()) {
-            Some(c) if c.subscribed => 1,
+        match channels.watched.get_mut(channel().as_bytes()) {
+            Some(c) if c.subscribed => {
+                if c.watchers == 0 {
+                    c.own_release = Some(Instant::now());
+                }
+                1
+            }
             _ => 0,
         }
     }
@@ -465,9 +502,18 @@ fn dispatch(channels: &Mutex<Channels>, push: &PushInfo) {
     let mut channels = lock(channels);
     match push.kind {
         PushKind::Message | PushKind::SMessage => {
+            let bound = channels.own_bound;
             if let Some(Value::BulkString(name)) = push.data.first()
-                && let Some(channel) = channels.watched.get(name)
+                && let Some(channel) = channels.watched.get_mut(name)
             {
+                // This process's own release, announced to no one here.
+                if channel
+                    .own_release
+                    .take()
+                    .is_some_and(|at| at.elapsed() < bound)
+                {
+                    return;
+                }
                 channel.notices.send_modify(|n| *n = n.wrapping_add(1));
             }
         }
@@ -475,7 +521,8 @@ fn dispatch(channels: &Mutex<Channels>, push: &PushInfo) {
         // every waiter look again.
         PushKind::Disconnection => {
             channels.lost = true;
-            for channel in channels.watched.values() {
+            for channel in channels.watched.values_mut() {
+                channel.own_release = None;
                 channel.notices.send_modify(|n| *n = n.wrapping_add(1));
             }
         }

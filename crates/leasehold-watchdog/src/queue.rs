@@ -38,7 +38,23 @@ pub(crate) struct Queues {
     won: Mutex<HashMap<LeaseKey, FencingToken>>,
     /// The latest acquisition attempt's round trip, in nanoseconds (0: none yet).
     round_trip: AtomicU64,
+    /// When a waiter here last heard a release notice of each key, and
+    /// the interval before it (see [`Queues::turn`]).
+    turns: Mutex<HashMap<LeaseKey, Turns>>,
 }
+
+/// Release notices of one key lately: when the last came, and how long
+/// after the one before it (none when that was longer than [`MAX_TURN`]).
+#[derive(Clone, Copy)]
+struct Turns {
+    at: Instant,
+    turn: Option<Duration>,
+}
+
+/// Intervals between notices longer than this are not a holder's turn
+/// (the key sat free, or the waiters came and went): a window built from
+/// one could keep a process from a free key that long.
+const MAX_TURN: Duration = Duration::from_millis(100);
 
 /// How long a new acquisition in this manager lets a waiter elsewhere go
 /// first, after a release here that it heard. The waiter's attempt and
@@ -102,7 +118,43 @@ impl Queues {
             heard: Mutex::new(HashMap::new()),
             won: Mutex::new(HashMap::new()),
             round_trip: AtomicU64::new(0),
+            turns: Mutex::new(HashMap::new()),
         }
+    }
+
+    /// Notes that a waiter here heard a release notice of `key` now.
+    pub(crate) fn note_notice(&self, key: &LeaseKey) {
+        let now = Instant::now();
+        let mut turns = self.turns.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some(last) = turns.get_mut(key) {
+            let gap = now.saturating_duration_since(last.at);
+            *last = Turns {
+                at: now,
+                turn: (gap <= MAX_TURN).then_some(gap),
+            };
+            return;
+        }
+        if turns.len() >= WON_KEYS {
+            turns.clear();
+        }
+        turns.insert(
+            key.clone(),
+            Turns {
+                at: now,
+                turn: None,
+            },
+        );
+    }
+
+    /// How long one holder keeps `key` lately, as the interval between the
+    /// last two release notices heard here: `None` when it was not
+    /// measured, or when the last notice came more than two such turns
+    /// before `at` (the processes that took turns may have stopped).
+    pub(crate) fn turn(&self, key: &LeaseKey, at: Instant) -> Option<Duration> {
+        let turns = self.turns.lock().unwrap_or_else(PoisonError::into_inner);
+        let last = turns.get(key)?;
+        let turn = last.turn?;
+        (at.saturating_duration_since(last.at) < turn.saturating_mul(2)).then_some(turn)
     }
 
     /// Notes that this manager was granted `key` with `token`.
@@ -154,8 +206,10 @@ impl Queues {
     }
 
     /// Until when a new acquisition of `key` should hold back its first
-    /// attempt: [`YIELD`] after this manager's last release of it that a
-    /// waiter elsewhere heard, if that is still ahead. Otherwise the release
+    /// attempt, if that is still ahead: after this manager's last release
+    /// of it that a waiter elsewhere heard, [`YIELD`], or two turns (see
+    /// [`Queues::turn`]) while processes take turns: long enough for the
+    /// next holder's release notice to come first. Otherwise the release
     /// and the next acquisition run back to back on one task, and the
     /// releasing process takes the lease again before the waiter that heard
     /// it can even ask: a worker that releases and re-acquires in a loop
@@ -166,7 +220,10 @@ impl Queues {
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
             .remove(key)?;
-        let until = at + YIELD;
+        let turns = self
+            .turn(key, at)
+            .map_or(Duration::ZERO, |t| t.saturating_mul(2));
+        let until = at + YIELD.max(turns);
         (Instant::now() < until).then_some(until)
     }
 
@@ -343,6 +400,49 @@ mod tests {
         queues.note_heard(&name(HEARD_KEYS));
         assert_eq!(heard(&queues), 2);
         assert_eq!(queues.yield_until(&key()), Some(fresh_at + YIELD));
+    }
+
+    /// A turn is the interval between the last two notices of a key, used
+    /// only while the last notice is less than two turns old, and never
+    /// longer than [`MAX_TURN`].
+    #[tokio::test(start_paused = true)]
+    async fn a_turn_is_the_interval_between_two_notices_while_fresh() {
+        let queues = Queues::new(3);
+        let ms = Duration::from_millis;
+        queues.note_notice(&key());
+        assert_eq!(queues.turn(&key(), Instant::now()), None, "one notice");
+        tokio::time::advance(ms(3)).await;
+        queues.note_notice(&key());
+        let last = Instant::now();
+        assert_eq!(queues.turn(&key(), last), Some(ms(3)));
+        assert_eq!(queues.turn(&key(), last + ms(5)), Some(ms(3)));
+        assert_eq!(queues.turn(&key(), last + ms(6)), None, "stale");
+        let other = LeaseKey::new("other").expect("valid key");
+        assert_eq!(queues.turn(&other, last), None, "per key");
+        tokio::time::advance(MAX_TURN + ms(1)).await;
+        queues.note_notice(&key());
+        assert_eq!(queues.turn(&key(), Instant::now()), None, "too long a gap");
+    }
+
+    /// While processes take turns, a heard release holds the next
+    /// acquisition back two turns (the next holder's notice comes first);
+    /// otherwise [`YIELD`].
+    #[tokio::test(start_paused = true)]
+    async fn a_heard_release_yields_two_turns_while_processes_take_turns() {
+        let queues = Queues::new(3);
+        let ms = Duration::from_millis;
+        queues.note_notice(&key());
+        tokio::time::advance(ms(4)).await;
+        queues.note_notice(&key());
+        tokio::time::advance(ms(4)).await;
+        let heard_at = Instant::now();
+        queues.note_heard(&key());
+        assert_eq!(queues.yield_until(&key()), Some(heard_at + ms(8)));
+        // Past two turns after the last notice, the turns are over.
+        tokio::time::advance(ms(5)).await;
+        let heard_at = Instant::now();
+        queues.note_heard(&key());
+        assert_eq!(queues.yield_until(&key()), Some(heard_at + YIELD));
     }
 
     /// The last win of each key is remembered (the latest one), and past

@@ -6,7 +6,8 @@
 //!    │ head of the key's local queue (queue.rs)
 //!    ├── baton from the previous head ──────────────► Refused (no attempt)
 //!    ▼
-//!  Yielding   only after a release here that a waiter elsewhere heard
+//!  Yielding   only after a release here that a waiter elsewhere heard:
+//!    │        listens for the next holder's notice (then Deferring)
 //!    ▼
 //!  Attempting ──Acquired──────────────────────────────────────────► Granted
 //!    │ Held, or a transient error
@@ -19,24 +20,33 @@
 //!    ├── the offer answered with the lease ───────────────────────► Granted
 //!    ├── poll ─────────────────────────────────────────► Attempting
 //!    ▼ notice, or the offer answered "released"
-//!  Deferring  when waiters elsewhere waited longer ─────► Attempting
+//!  Deferring  while waiters elsewhere waited longer: counts their
+//!             releases' notices until its turn ─────────► Attempting
 //! ```
 //!
-//! `Deferring` is what keeps processes taking turns. After a release every
-//! listening process retries at once, and the one the server told first
-//! would win nearly every time (and the server's order is its own: Redis
-//! 7.0 tells subscribers in subscription order, Valkey 8 in an order that
-//! does not change). So a waiter ranks its process by how recently it held
-//! the key, counted in acquisitions (the released holder's fencing token
-//! minus this process's last one), against the number of processes that
-//! listen (the server's subscriber count, carried by the watch): the
-//! process that held it longest ago has rank 0 and tries at once, the one
-//! that released it has the highest rank, and each rank holds back one
-//! measured attempt round trip more (tokio's timer rounds it up to the next
-//! millisecond). The ones that hold back would lose anyway; if the first
-//! does not want the lease any more, the next takes it a moment later. A
-//! process that waits alone, or a backend without the count (memory,
-//! cluster), never holds back.
+//! `Deferring` is what keeps processes taking turns, and makes a release
+//! lead to about one attempt across processes, not one per process. A
+//! waiter ranks its process by how recently it held the key, counted in
+//! acquisitions (the released holder's fencing token minus this process's
+//! last one), against the number of processes that listen (the server's
+//! subscriber count, carried by the watch): the process that held it
+//! longest ago has rank 0 and tries at once, the one that released it has
+//! the highest rank. A waiter of a higher rank does not try: it waits for
+//! the next notice (one of those ahead of it took the lease and released
+//! it), counts the holder after the released one as released by it, and
+//! ranks again, one lower each time, until its turn. If no notice comes
+//! within two turns (the interval between the last two notices heard
+//! here, `queue.rs`) and one measured attempt round trip per rank (tokio's
+//! timer rounds it up to the next millisecond), or by the fallback poll,
+//! which starts again with each notice, it tries anyway: the one ahead may
+//! not want the lease any more, or hold it longer than others did, and a
+//! refusal tells the true holder again. `Yielding` enters the same count
+//! from its own release: the process that just released has the highest
+//! rank, and waits for the next holder's notice before it asks at all.
+//! Only the exclusive lease counts turns this way: a permit's or a share's
+//! release may make room for several waiters, so their heads hold back
+//! one moment per rank and then try. A process that waits alone, or a
+//! backend without the count (memory, cluster), never holds back.
 //!
 //! `Granted` hands the turn on (with a baton when others wait behind) and
 //! the manager registers the lease with the watchdog.
@@ -258,19 +268,43 @@ impl<'a, B: LeaseBackend> Waiter<'a, B> {
         if let Some(give_up_at) = self.give_up_at
             && let Some(until) = self.manager.queues.yield_until(self.key)
         {
-            self.yielding(until.min(give_up_at)).await;
+            self.yielding(until.min(give_up_at), give_up_at).await;
         }
         Step::Attempting
     }
 
     /// `Yielding`: this manager released the key a moment ago and a waiter
     /// elsewhere heard it: let that waiter take it first. Listen meanwhile,
-    /// so that this one is heard of when that one releases.
-    async fn yielding(&mut self, until: Instant) {
-        if self.options.release_notices() {
-            self.watch = Some(self.subscribe().await);
+    /// so that this one is heard of when that one releases. That notice
+    /// announces the release of the holder after ours, so from it on this
+    /// waiter takes its turn as after any notice (`Deferring`), without
+    /// having asked the backend: a process that takes a key in a loop makes
+    /// one attempt per acquisition, not one per release.
+    async fn yielding(&mut self, until: Instant, give_up_at: Instant) {
+        if !self.options.release_notices() {
+            tokio::time::sleep_until(until).await;
+            return;
         }
-        tokio::time::sleep_until(until).await;
+        let mut watch = self.subscribe().await;
+        if !self.counts_turns() {
+            self.watch = Some(watch);
+            tokio::time::sleep_until(until).await;
+            return;
+        }
+        let heard = tokio::select! {
+            () = tokio::time::sleep_until(until) => false,
+            () = watch.released() => true,
+        };
+        self.watch = Some(watch);
+        if heard {
+            self.manager.queues.note_notice(self.key);
+            self.holder_token = self
+                .manager
+                .queues
+                .last_won(self.key)
+                .map(|won| FencingToken(won.0.saturating_add(1)));
+            self.deferring(give_up_at).await;
+        }
     }
 
     /// `Attempting`: one `try_acquire`. `Granted` if the lease came in time
@@ -386,6 +420,9 @@ impl<'a, B: LeaseBackend> Waiter<'a, B> {
             () = poll => (None, false),
             () = notice => {
                 debug!("release notice");
+                if self.counts_turns() {
+                    self.manager.queues.note_notice(self.key);
+                }
                 (None, true)
             }
             grant = answer => (Some(grant), true),
@@ -395,6 +432,9 @@ impl<'a, B: LeaseBackend> Waiter<'a, B> {
             // was only released (then try, as after a notice).
             Some(grant) => {
                 offer.answer = None;
+                if grant.is_none() {
+                    self.skip_answered_notice().await;
+                }
                 grant
             }
             None => offer.settle().await,
@@ -412,23 +452,82 @@ impl<'a, B: LeaseBackend> Waiter<'a, B> {
             self.orphan.armed = true;
         }
         self.attempt = self.attempt.saturating_add(1);
-        if released {
-            self.deferring(poll_at).await;
+        if released && let Some(give_up_at) = self.give_up_at {
+            self.deferring(give_up_at).await;
         }
         Step::Attempting
     }
 
-    /// `Deferring`: after a release, holds back one measured moment per
-    /// process that waited longer than this one (see the module
-    /// documentation), never past the poll.
-    async fn deferring(&self, poll_at: Instant) {
-        let Some(rank) = self.rank() else {
+    /// After an offer answered "released": that release was announced to
+    /// this waiter's watch too. Takes its notice now (it may still be on its
+    /// way: for up to one measured round trip), so that `Deferring` does
+    /// not count it as the release of the holder after it.
+    async fn skip_answered_notice(&mut self) {
+        if !self.counts_turns() {
+            return;
+        }
+        let Some(watch) = self.watch.as_mut() else {
             return;
         };
         let moment = self.manager.queues.round_trip().unwrap_or(YIELD);
-        let until = Instant::now() + moment.saturating_mul(rank);
-        debug!(rank, ?moment, "waiters elsewhere waited longer; deferring");
-        tokio::time::sleep_until(until.min(poll_at)).await;
+        let _ = tokio::time::timeout(moment, watch.released()).await;
+    }
+
+    /// `Deferring`: after a release, holds back while processes that
+    /// waited longer than this one take their turns (see the module
+    /// documentation): each next release notice means one of them did, and
+    /// the rank is counted again; at rank 0, or when no notice comes within
+    /// two turns and one measured moment per rank, it tries. The fallback
+    /// poll starts again with each notice (the notices are flowing), and
+    /// bounds every hold-back, as the end of the wait does.
+    async fn deferring(&mut self, give_up_at: Instant) {
+        loop {
+            let Some(rank) = self.rank() else {
+                return;
+            };
+            let now = Instant::now();
+            let poll_at = (now + self.options.backoff().delay(self.attempt)).min(give_up_at);
+            let moment = self.manager.queues.round_trip().unwrap_or(YIELD);
+            let turns = self
+                .manager
+                .queues
+                .turn(self.key, now)
+                .map_or(Duration::ZERO, |turn| turn.saturating_mul(2));
+            let hold_back = now + moment.saturating_mul(rank);
+            if !self.counts_turns() {
+                // One moment per rank, then try: a release of a permit or
+                // a share may make room for several.
+                debug!(rank, ?moment, "waiters elsewhere waited longer; deferring");
+                tokio::time::sleep_until(hold_back.min(poll_at)).await;
+                return;
+            }
+            let until = (hold_back + turns).min(poll_at);
+            debug!(
+                rank,
+                ?moment,
+                ?turns,
+                "waiters elsewhere waited longer; deferring"
+            );
+            let notice = async {
+                match self.watch.as_mut() {
+                    Some(watch) => watch.released().await,
+                    None => std::future::pending().await,
+                }
+            };
+            tokio::select! {
+                () = tokio::time::sleep_until(until) => {
+                    debug!(rank, "no release notice within the window; trying");
+                    return;
+                }
+                () = notice => {}
+            }
+            // One of those that went first released: the next notice
+            // announces the release of the holder after it.
+            self.manager.queues.note_notice(self.key);
+            self.holder_token = self
+                .holder_token
+                .map(|token| FencingToken(token.0.saturating_add(1)));
+        }
     }
 
     /// How many listening processes held the key longer ago than this one
@@ -477,6 +576,14 @@ impl<'a, B: LeaseBackend> Waiter<'a, B> {
 
     /// Whether this waiter takes part in the local handover.
     fn hands_over(&self) -> bool {
+        matches!(self.kind, Attempt::Lease)
+    }
+
+    /// Whether this waiter counts turns by release notices (`Deferring`,
+    /// `Yielding`): only for the exclusive lease, where each release is
+    /// followed by one grant. A permit's or a share's release may make
+    /// room for several waiters at once.
+    fn counts_turns(&self) -> bool {
         matches!(self.kind, Attempt::Lease)
     }
 

@@ -287,6 +287,57 @@ async fn the_process_that_released_defers_to_the_one_that_waited_longer() -> Tes
     Ok(())
 }
 
+/// Four processes (managers, one worker each) take one key in a loop:
+/// after each release only the process whose turn it is asks. The others
+/// count the releases they hear until their turn comes, and the one that
+/// released waits for the next holder's notice before it asks again. So
+/// refused attempts stay well under one per acquisition (with every
+/// process trying after every release they were about three), and every
+/// process gets its share.
+#[tokio::test(start_paused = true)]
+async fn processes_taking_turns_ask_about_once_per_release() -> TestResult {
+    const PROCESSES: usize = 4;
+    const ACQUISITIONS: usize = 200;
+    let backend = Counting::with_listeners(PROCESSES);
+    let done = Arc::new(AtomicUsize::new(0));
+    let mut workers = Vec::new();
+    for _ in 0..PROCESSES {
+        let manager = LeaseManager::new(backend.clone())?;
+        let done = Arc::clone(&done);
+        workers.push(tokio::spawn(async move {
+            let mut mine = 0usize;
+            while done.load(Ordering::SeqCst) < ACQUISITIONS {
+                let lease = manager.acquire("job", &patient()).await?;
+                done.fetch_add(1, Ordering::SeqCst);
+                mine += 1;
+                sleep(OP / 2).await;
+                lease.release().await?;
+            }
+            Ok::<_, leasehold_watchdog::LeaseError>(mine)
+        }));
+    }
+    let mut counts = Vec::new();
+    for worker in workers {
+        counts.push(within(WAITER_LIMIT, "a worker", worker).await??);
+    }
+    let acquisitions: usize = counts.iter().sum();
+    let refused = backend.acquires() - acquisitions;
+    println!("{acquisitions} acquisitions {counts:?}, {refused} refused attempts");
+    assert!(
+        refused * 2 <= acquisitions,
+        "{refused} refused attempts for {acquisitions} acquisitions"
+    );
+    assert!(
+        counts.iter().all(|&n| n * PROCESSES * 2 >= acquisitions),
+        "a process was passed over: {counts:?}"
+    );
+    // One subscription per wait at most, and no local handover (one
+    // worker per process).
+    assert!(backend.watches() <= acquisitions + PROCESSES);
+    assert_eq!(backend.counts.handed_over.load(Ordering::SeqCst), 0);
+    Ok(())
+}
+
 #[tokio::test(start_paused = true)]
 async fn a_release_heard_elsewhere_is_not_taken_straight_back() -> TestResult {
     let backend = Counting::new();
