@@ -20,6 +20,13 @@
 //! - a *reader* looks at the lease as a holder would (`Lease::lost`,
 //!   `valid_until`, `renewals`).
 //!
+//! `Forget` (and the registration) reach the real watchdog through its
+//! registry, which it reads before each command, rather than through the
+//! command channel as modelled here. The model's order is still faithful:
+//! a handle sends `Forget` or `Release`, never both, and `ReleaseOrphan`
+//! does not touch the entry, so reading a `Forget` ahead of the commands
+//! sent before it changes no outcome.
+//!
 //! The cancellation token is not loom-aware, so it is modelled by an atomic
 //! flag set with release ordering by whoever's `end` returned true: no real
 //! token promises less.
