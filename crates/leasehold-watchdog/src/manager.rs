@@ -166,7 +166,7 @@ impl<B: LeaseBackend> LeaseManager<B> {
                 Err(_) => "error",
             };
             crate::metrics::acquired(
-                options.name(),
+                options.shared_name(),
                 kind,
                 outcome,
                 started.elapsed(),

@@ -196,21 +196,20 @@ fn label(name: &Cow<'static, str>) -> ::metrics::SharedString {
 }
 
 pub(crate) fn acquired(
-    name: &str,
+    name: &Cow<'static, str>,
     kind: Kind,
     outcome: &'static str,
     waited: Duration,
     ttl: Duration,
     safety_margin: Duration,
 ) {
-    let name = name.to_owned();
     let kind = kind.as_str();
-    counter!(ACQUISITIONS, LABEL_NAME => name.clone(), LABEL_KIND => kind, LABEL_OUTCOME => outcome)
+    counter!(ACQUISITIONS, LABEL_NAME => label(name), LABEL_KIND => kind, LABEL_OUTCOME => outcome)
         .increment(1);
-    histogram!(ACQUIRE_WAIT, LABEL_NAME => name.clone(), LABEL_KIND => kind, LABEL_OUTCOME => outcome)
+    histogram!(ACQUIRE_WAIT, LABEL_NAME => label(name), LABEL_KIND => kind, LABEL_OUTCOME => outcome)
         .record(waited);
-    gauge!(TTL, LABEL_NAME => name.clone()).set(ttl);
-    gauge!(SAFETY_MARGIN, LABEL_NAME => name).set(safety_margin);
+    gauge!(TTL, LABEL_NAME => label(name)).set(ttl);
+    gauge!(SAFETY_MARGIN, LABEL_NAME => label(name)).set(safety_margin);
 }
 
 pub(crate) fn fair_queued(name: &str, queued: u32) {
