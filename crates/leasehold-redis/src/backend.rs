@@ -388,12 +388,14 @@ impl RedisBackend {
     /// One `renew.lua` call for at most [`scripts::RENEW_BATCH`] requests,
     /// all in one cluster slot.
     async fn renew_batch(&self, batch: &[RenewRequest]) -> Vec<Result<RenewOutcome, BackendError>> {
+        let mut tracked = false;
         if let Some(tracking) = &self.shared.tracking {
             // A failure is the renewal's too: it reports its own.
             let _ = self.track_renewals(tracking).await;
             tracking.renewing(batch.len());
+            tracked = tracking.is_on();
         }
-        let call = scripts::renew(&self.shared.layout, batch);
+        let call = scripts::renew(&self.shared.layout, batch, tracked);
         let outcomes = self.eval_renewal(&call).await.and_then(|reply| {
             // An unacknowledged renewal is unknown: a failover could lose it.
             match self.missing_ack(&reply, "") {

@@ -182,13 +182,15 @@ pub(crate) fn acquire(layout: &KeyLayout, request: &AcquireRequest, tracked: boo
     call
 }
 
-/// `renew.lua` for a batch of at most [`RENEW_BATCH`] requests.
+/// `renew.lua` for a batch of at most [`RENEW_BATCH`] requests, over a
+/// connection that tracks when `tracked`: only there is the batch read
+/// again after it is renewed, to track it.
 ///
 /// A batch whose leases share one ttl (nearly every batch: a manager's
 /// leases mostly share their options) sends it once; a mixed batch sends an
 /// empty shared ttl and then one per lease. The ttl sent is the key's
 /// expiry, ttl + lock-delay: leases that differ in either differ here.
-pub(crate) fn renew(layout: &KeyLayout, requests: &[RenewRequest]) -> Call {
+pub(crate) fn renew(layout: &KeyLayout, requests: &[RenewRequest], tracked: bool) -> Call {
     let expiry = |r: &RenewRequest| r.lock_delay.expiry_millis(r.ttl);
     let shared = requests
         .first()
@@ -202,7 +204,7 @@ pub(crate) fn renew(layout: &KeyLayout, requests: &[RenewRequest]) -> Call {
         .map(|r| layout.namespace().len() + r.key.as_str().len() + 3 + 32)
         .sum::<usize>()
         + 8 * (per_lease + 1);
-    let args = 2 * requests.len() + 1 + per_lease;
+    let args = 2 * requests.len() + 2 + per_lease;
     let mut call = Call::with_capacity(&RENEW, requests.len(), args, bytes);
     // One scratch buffer for every key of the batch.
     let mut key = Vec::with_capacity(64);
@@ -223,6 +225,7 @@ pub(crate) fn renew(layout: &KeyLayout, requests: &[RenewRequest]) -> Call {
             call.cmd.arg(expiry(request));
         }
     }
+    call.cmd.arg(if tracked { "1" } else { "0" });
     call
 }
 
@@ -447,8 +450,8 @@ mod tests {
         let (hex1, hex2) = (h1.to_hex(), h2.to_hex());
         let minute = leasehold_core::Ttl::parse("1m")?;
         for (second, tail) in [
-            (ttl, vec!["3000", &hex1, &hex2]),
-            (minute, vec!["", &hex1, &hex2, "3000", "60000"]),
+            (ttl, vec!["3000", &hex1, &hex2, "1"]),
+            (minute, vec!["", &hex1, &hex2, "3000", "60000", "1"]),
         ] {
             let call = renew(
                 &layout,
@@ -456,6 +459,7 @@ mod tests {
                     RenewRequest::new(a.clone(), h1, ttl),
                     RenewRequest::new(b.clone(), h2, second),
                 ],
+                true,
             );
             let mut expected = vec![
                 "EVALSHA",
@@ -586,14 +590,14 @@ mod tests {
 
         let delayed = RenewRequest::new(a.clone(), h1, ttl).with_lock_delay(delay);
         let plain = RenewRequest::new(b.clone(), h2, ttl);
-        let call = renew(&layout, &[delayed.clone(), plain]);
+        let call = renew(&layout, &[delayed.clone(), plain], true);
         assert_eq!(
             args(call.evalsha())[5..],
-            ["", &hex1, &hex2, "3000", "1000"]
+            ["", &hex1, &hex2, "3000", "1000", "1"]
         );
         let three = RenewRequest::new(b, h2, leasehold_core::Ttl::parse("3s")?);
-        let call = renew(&layout, &[delayed, three]);
-        assert_eq!(args(call.evalsha())[5..], ["3000", &hex1, &hex2]);
+        let call = renew(&layout, &[delayed, three], false);
+        assert_eq!(args(call.evalsha())[5..], ["3000", &hex1, &hex2, "0"]);
         Ok(())
     }
 
