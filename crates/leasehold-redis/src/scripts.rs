@@ -150,6 +150,12 @@ pub(crate) static INSPECT: LazyLock<Lua> =
 /// the (single-threaded) server busy and how large one request grows.
 pub(crate) const RENEW_BATCH: usize = 1000;
 
+/// The most acquisitions, or releases, sent in one script call when they
+/// are in flight together: a grant costs the server several times what a
+/// renewal does, so a batch is kept shorter than [`RENEW_BATCH`] to bound
+/// how long it keeps the server from a renewal.
+pub(crate) const WRITE_BATCH: usize = 256;
+
 /// The length of `key`'s Redis key (`P`): the namespace, braces, the key.
 /// Its counter's and channel's (a permit's are its semaphore's) are no
 /// longer, before their suffix.
@@ -161,24 +167,45 @@ fn lease_len(layout: &KeyLayout, key: &LeaseKey) -> usize {
 /// tracking on) when `tracked`: only there is a granted lease read again
 /// after it is written, to track it.
 pub(crate) fn acquire(layout: &KeyLayout, request: &AcquireRequest, tracked: bool) -> Call {
-    // Sized up front, so that the command is not copied as it grows: two
-    // keys, a holder id, a ttl (at most 20 digits), the label, the flag.
-    let label = request.label.as_deref().unwrap_or("");
-    let bytes = 2 * lease_len(layout, &request.key) + ":fence".len() + 32 + 20 + label.len() + 1;
-    let mut call = Call::with_capacity(&ACQUIRE, 2, 6, bytes);
+    acquire_many(layout, std::slice::from_ref(request), tracked)
+}
+
+/// `acquire.lua` for a batch of at most [`WRITE_BATCH`] requests, all in
+/// one cluster slot; one request makes exactly the call of [`acquire`].
+pub(crate) fn acquire_many(layout: &KeyLayout, requests: &[AcquireRequest], tracked: bool) -> Call {
+    // Sized up front, so that the command is not copied as it grows: per
+    // lease two keys, a holder id, a ttl (at most 20 digits), the label;
+    // then the flag.
+    let bytes: usize = requests
+        .iter()
+        .map(|r| {
+            2 * lease_len(layout, &r.key)
+                + ":fence".len()
+                + 32
+                + 20
+                + r.label.as_deref().map_or(0, str::len)
+        })
+        .sum::<usize>()
+        + 1;
+    let mut call = Call::with_capacity(&ACQUIRE, 2 * requests.len(), 5 * requests.len() + 1, bytes);
     let mut key = Vec::with_capacity(64);
-    layout.write_lease(&request.key, &mut key);
-    call.cmd.arg(&key[..]);
-    key.clear();
-    // A permit key's counter is its semaphore's.
-    layout.write_counted(&request.key, &mut key);
-    key.extend_from_slice(b":fence");
-    call.cmd
-        .arg(&key[..])
-        .arg(&request.holder.to_hex_bytes()[..])
-        .arg(request.lock_delay.expiry_millis(request.ttl))
-        .arg(label)
-        .arg(if tracked { "1" } else { "0" });
+    for request in requests {
+        key.clear();
+        layout.write_lease(&request.key, &mut key);
+        call.cmd.arg(&key[..]);
+        key.clear();
+        // A permit key's counter is its semaphore's.
+        layout.write_counted(&request.key, &mut key);
+        key.extend_from_slice(b":fence");
+        call.cmd.arg(&key[..]);
+    }
+    for request in requests {
+        call.cmd
+            .arg(&request.holder.to_hex_bytes()[..])
+            .arg(request.lock_delay.expiry_millis(request.ttl))
+            .arg(request.label.as_deref().unwrap_or(""));
+    }
+    call.cmd.arg(if tracked { "1" } else { "0" });
     call
 }
 
@@ -229,11 +256,22 @@ pub(crate) fn renew(layout: &KeyLayout, requests: &[RenewRequest], tracked: bool
     call
 }
 
-/// `release.lua` for `key` and `holder`.
+/// One release of a [`release_many`] batch: the lease, its holder, and
+/// how many of its channel's subscribers are the backend's own connection.
+#[derive(Debug, Clone)]
+pub(crate) struct Release {
+    pub(crate) key: LeaseKey,
+    pub(crate) holder: HolderId,
+    pub(crate) own: u8,
+}
+
+/// `release.lua` for `key` and `holder`: the one-lease form of
+/// [`release_many`], through which the backend sends every release.
 ///
 /// With `notify`, the release is announced on `P:released`, with `SPUBLISH`
 /// when `sharded` (a cluster) and `PUBLISH` otherwise, for waiters
 /// subscribed to it; without, nothing is published.
+#[cfg_attr(not(test), allow(dead_code))]
 pub(crate) fn release(
     layout: &KeyLayout,
     key: &LeaseKey,
@@ -242,25 +280,51 @@ pub(crate) fn release(
     sharded: bool,
     own: u8,
 ) -> Call {
-    // Sized up front, as for acquire: a key, a holder id, a channel, the
-    // publish command, `own`.
-    let bytes = 2 * lease_len(layout, key) + ":released".len() + 32 + "SPUBLISH".len() + 1;
-    let mut call = Call::with_capacity(&RELEASE, 1, 5, bytes);
+    let one = Release {
+        key: key.clone(),
+        holder: *holder,
+        own,
+    };
+    release_many(layout, std::slice::from_ref(&one), notify, sharded)
+}
+
+/// `release.lua` for a batch of at most [`WRITE_BATCH`] releases, all in
+/// one cluster slot, announced as [`release`] says; one release makes
+/// exactly the call of [`release`].
+pub(crate) fn release_many(
+    layout: &KeyLayout,
+    releases: &[Release],
+    notify: bool,
+    sharded: bool,
+) -> Call {
+    // Sized up front, as for acquire: per lease a key, a holder id, a
+    // channel, the publish command, `own`.
+    let bytes: usize = releases
+        .iter()
+        .map(|r| 2 * lease_len(layout, &r.key) + ":released".len() + 32 + "SPUBLISH".len() + 1)
+        .sum();
+    let mut call = Call::with_capacity(&RELEASE, releases.len(), 5 * releases.len(), bytes);
     let mut lease = Vec::with_capacity(64);
-    layout.write_lease(key, &mut lease);
-    call.cmd.arg(&lease[..]).arg(&holder.to_hex_bytes()[..]);
-    if notify {
-        // A permit's release is announced to its semaphore's waiters.
+    for release in releases {
         lease.clear();
-        layout.write_counted(key, &mut lease);
-        lease.extend_from_slice(b":released");
+        layout.write_lease(&release.key, &mut lease);
         call.cmd.arg(&lease[..]);
-    } else {
-        call.cmd.arg("");
     }
-    call.cmd
-        .arg(if sharded { "SPUBLISH" } else { "PUBLISH" })
-        .arg(own);
+    for release in releases {
+        call.cmd.arg(&release.holder.to_hex_bytes()[..]);
+        if notify {
+            // A permit's release is announced to its semaphore's waiters.
+            lease.clear();
+            layout.write_counted(&release.key, &mut lease);
+            lease.extend_from_slice(b":released");
+            call.cmd.arg(&lease[..]);
+        } else {
+            call.cmd.arg("");
+        }
+        call.cmd
+            .arg(if sharded { "SPUBLISH" } else { "PUBLISH" })
+            .arg(release.own);
+    }
     call
 }
 

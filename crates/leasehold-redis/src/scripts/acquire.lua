@@ -1,5 +1,6 @@
--- acquire.lua: take a free lease, or refresh one this holder already has.
+-- acquire.lua: take free leases, or refresh ones their holders already have.
 --
+-- One lease (the usual call):
 -- KEYS[1]  P        the lease: "<holder hex>:<fencing token>:<label>", with a PX expiry
 -- KEYS[2]  P:fence  the lease's fencing counter (same hash tag, so same cluster slot)
 -- ARGV[1]  holder   the holder id, 32 lowercase hex digits
@@ -9,46 +10,77 @@
 --                   then not read again once written (see grant.lua);
 --                   anything else, or left out, reads it
 --
--- Returns token            when the lease is ours (the fencing token, a decimal string:
+-- A batch of n leases (acquisitions in flight together, all in one slot):
+-- KEYS[2i-1], KEYS[2i]            lease i and its counter, as above
+-- ARGV[3i-2], ARGV[3i-1], ARGV[3i] lease i's holder, ttl and label
+-- ARGV[3n+1]                      track, for the whole batch
+--
+-- Returns, per lease:
+--         token            when the lease is ours (the fencing token, a decimal string:
 --                          a bare string, which costs the server and the client less
 --                          to convert than a table would)
---      or {0, value, pttl}  when someone else holds it (their stored value and PTTL).
+--      or {0, value, pttl}  when someone else holds it (their stored value and PTTL)
+--      or an error          when the key has another type or its counter is not a number.
+-- One lease gets its reply bare (an error as the call's own error reply); a batch
+-- gets an array of n replies, in KEYS order, an error as {-1, message}, so that one
+-- bad key fails only its own acquisition.
+--
+-- The leases are taken in order: the same key twice in a batch (two holders of one
+-- process) goes to the first, and the second sees it held, as two calls would.
 
-local holder, ttl, label = ARGV[1], ARGV[2], ARGV[3]
-local track = ARGV[4] ~= '0'
-local mine = holder .. ':'
+local n = #KEYS / 2
+local track = ARGV[3 * n + 1] ~= '0'
 
--- 1. Read the lease. A key of another type gives WRONGTYPE, passed on as the reply's
---    own error (not wrapped as a script error, as Redis 6 would), so the client sees its code.
-local current = redis.pcall('GET', KEYS[1])
-if type(current) == 'table' and current.err then
-  return redis.error_reply(current.err)
-end
+local function acquire(lease, fence, holder, ttl, label)
+  local mine = holder .. ':'
 
-if current then
-  if string.sub(current, 1, 33) == mine then
-    -- 2a. Ours already (idempotent re-acquire): keep the token, take the new label and ttl.
-    local rest = string.sub(current, 34)
-    local colon = string.find(rest, ':', 1, true)
-    local token = colon and string.sub(rest, 1, colon - 1) or rest
-    redis.call('SET', KEYS[1], mine .. token .. ':' .. label, 'PX', ttl)
-    -- The SET dropped the lease's client tracking; read it to track it again
-    -- (see grant.lua).
-    if track then
-      redis.pcall('PTTL', KEYS[1])
-    end
-    return token
+  -- 1. Read the lease. A key of another type gives WRONGTYPE, passed on as the reply's
+  --    own error (not wrapped as a script error, as Redis 6 would), so the client sees its code.
+  local current = redis.pcall('GET', lease)
+  if type(current) == 'table' and current.err then
+    return redis.error_reply(current.err)
   end
-  -- 2b. Someone else's: report their public value and how long it still lives.
-  --     (On a tracking connection this tracks their lease too: the holder's
-  --     next write reports it, and the backend, holding no lease there, has
-  --     nothing to do.)
-  return {0, current, redis.call('PTTL', KEYS[1])}
+
+  if current then
+    if string.sub(current, 1, 33) == mine then
+      -- 2a. Ours already (idempotent re-acquire): keep the token, take the new label and ttl.
+      local rest = string.sub(current, 34)
+      local colon = string.find(rest, ':', 1, true)
+      local token = colon and string.sub(rest, 1, colon - 1) or rest
+      redis.call('SET', lease, mine .. token .. ':' .. label, 'PX', ttl)
+      -- The SET dropped the lease's client tracking; read it to track it again
+      -- (see grant.lua).
+      if track then
+        redis.pcall('PTTL', lease)
+      end
+      return token
+    end
+    -- 2b. Someone else's: report their public value and how long it still lives.
+    --     (On a tracking connection this tracks their lease too: the holder's
+    --     next write reports it, and the backend, holding no lease there, has
+    --     nothing to do.)
+    return {0, current, redis.call('PTTL', lease)}
+  end
+
+  -- 3. Free: grant it (grant.lua, sent in front of this script).
+  local token, refused = grant(lease, fence, holder, ttl, label, track)
+  if not token then
+    return refused
+  end
+  return token
 end
 
--- 3. Free: grant it (grant.lua, sent in front of this script).
-local token, refused = grant(KEYS[1], KEYS[2], holder, ttl, label, track)
-if not token then
-  return refused
+if n == 1 then
+  return acquire(KEYS[1], KEYS[2], ARGV[1], ARGV[2], ARGV[3])
 end
-return token
+local replies = {}
+for i = 1, n do
+  local reply = acquire(KEYS[2 * i - 1], KEYS[2 * i], ARGV[3 * i - 2], ARGV[3 * i - 1], ARGV[3 * i])
+  if type(reply) == 'table' and reply.err then
+    -- An error inside an array would fail the whole reply in clients that
+    -- check nested errors: sent as {-1, message} instead.
+    reply = {-1, reply.err}
+  end
+  replies[i] = reply
+end
+return replies
