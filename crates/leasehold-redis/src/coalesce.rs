@@ -318,3 +318,165 @@ impl<R, O> Drop for Driver<'_, R, O> {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Mutex;
+
+    use futures_util::FutureExt;
+    use tokio::sync::Semaphore;
+
+    use super::*;
+
+    const PATIENCE: Duration = Duration::from_secs(60);
+
+    /// What the calls sent, and a gate that holds each call until a permit
+    /// is added.
+    struct Calls {
+        sent: Mutex<Vec<Vec<u32>>>,
+        gate: Semaphore,
+    }
+
+    impl Calls {
+        fn new() -> Self {
+            Self {
+                sent: Mutex::new(Vec::new()),
+                gate: Semaphore::new(0),
+            }
+        }
+
+        fn sent(&self) -> Vec<Vec<u32>> {
+            self.sent.lock().unwrap().clone()
+        }
+    }
+
+    /// One call: logs its batch, waits at the gate, answers ten times each request.
+    fn call(calls: &Calls) -> impl AsyncFnOnce(Vec<u32>) -> Vec<u32> + '_ {
+        async move |batch: Vec<u32>| {
+            calls.sent.lock().unwrap().push(batch.clone());
+            calls.gate.acquire().await.unwrap().forget();
+            batch.into_iter().map(|x| x * 10).collect()
+        }
+    }
+
+    #[tokio::test]
+    async fn a_lone_request_goes_alone_and_the_others_go_together_up_to_the_cap() {
+        let (coalescer, calls) = (Coalescer::new(2), Calls::new());
+        let mut runs: Vec<_> = (0..5)
+            .map(|i| Box::pin(coalescer.run(None, i, PATIENCE, call(&calls))))
+            .collect();
+        for run in &mut runs {
+            assert!(run.now_or_never().is_none());
+        }
+        // Only the first went out, alone; the others wait for its reply.
+        assert_eq!(calls.sent(), [vec![0]]);
+        calls.gate.add_permits(10);
+        let outcomes = futures_util::future::join_all(runs).await;
+        assert_eq!(outcomes, [Ok(0), Ok(10), Ok(20), Ok(30), Ok(40)]);
+        assert_eq!(calls.sent(), [vec![0], vec![1, 2], vec![3, 4]]);
+        // The lane is idle again: the next one goes at once, alone.
+        let next = Box::pin(coalescer.run(None, 5, PATIENCE, call(&calls)));
+        assert_eq!(next.now_or_never(), Some(Ok(50)));
+        assert_eq!(calls.sent().last(), Some(&vec![5]));
+    }
+
+    #[tokio::test]
+    async fn lanes_do_not_wait_for_each_other() {
+        let (coalescer, calls) = (Coalescer::new(8), Calls::new());
+        let (a, b) = (Some(Slot::for_key("a")), Some(Slot::for_key("b")));
+        let mut first = Box::pin(coalescer.run(a, 1, PATIENCE, call(&calls)));
+        let mut second = Box::pin(coalescer.run(b, 2, PATIENCE, call(&calls)));
+        assert!((&mut first).now_or_never().is_none());
+        assert!((&mut second).now_or_never().is_none());
+        // Each went out at once, alone, though the other is still out.
+        assert_eq!(calls.sent(), [vec![1], vec![2]]);
+        calls.gate.add_permits(2);
+        assert_eq!((first.await, second.await), (Ok(10), Ok(20)));
+    }
+
+    #[tokio::test]
+    async fn a_waiting_request_whose_caller_is_gone_is_never_sent() {
+        let (coalescer, calls) = (Coalescer::new(8), Calls::new());
+        let mut runs: Vec<_> = (0..3)
+            .map(|i| Box::pin(coalescer.run(None, i, PATIENCE, call(&calls))))
+            .collect();
+        for run in &mut runs {
+            assert!(run.now_or_never().is_none());
+        }
+        let last = runs.pop().unwrap();
+        drop(runs.pop());
+        calls.gate.add_permits(10);
+        assert_eq!(runs.pop().unwrap().await, Ok(0));
+        assert_eq!(last.await, Ok(20));
+        assert_eq!(calls.sent(), [vec![0], vec![2]]);
+    }
+
+    #[tokio::test]
+    async fn a_caller_gone_when_picked_to_send_passes_its_turn_on() {
+        let (coalescer, calls) = (Coalescer::new(8), Calls::new());
+        let mut runs: Vec<_> = (0..3)
+            .map(|i| Box::pin(coalescer.run(None, i, PATIENCE, call(&calls))))
+            .collect();
+        for run in &mut runs {
+            assert!(run.now_or_never().is_none());
+        }
+        calls.gate.add_permits(1);
+        let last = runs.pop().unwrap();
+        let picked = runs.pop().unwrap();
+        // The first call's reply: the second caller is picked to send the
+        // next batch, and is gone before it could.
+        assert_eq!(runs.pop().unwrap().await, Ok(0));
+        drop(picked);
+        calls.gate.add_permits(10);
+        assert_eq!(
+            tokio::time::timeout(Duration::from_secs(10), last).await,
+            Ok(Ok(20))
+        );
+        assert_eq!(calls.sent(), [vec![0], vec![2]]);
+    }
+
+    #[tokio::test]
+    async fn a_call_dropped_while_out_leaves_its_batch_unknown_and_frees_the_lane() {
+        let (coalescer, calls) = (Coalescer::new(8), Calls::new());
+        let mut runs: Vec<_> = (0..4)
+            .map(|i| Box::pin(coalescer.run(None, i, PATIENCE, call(&calls))))
+            .collect();
+        for run in &mut runs {
+            assert!(run.now_or_never().is_none());
+        }
+        calls.gate.add_permits(1);
+        let mut rest = runs.split_off(1);
+        assert_eq!(runs.pop().unwrap().await, Ok(0));
+        // The second caller sends the batch of the three, then is gone
+        // with the call out.
+        assert!((&mut rest[0]).now_or_never().is_none());
+        assert_eq!(calls.sent(), [vec![0], vec![1, 2, 3]]);
+        drop(rest.remove(0));
+        for run in rest {
+            let outcome = tokio::time::timeout(Duration::from_secs(10), run).await;
+            assert_eq!(outcome, Ok(Err(Abandoned::Unknown)));
+        }
+        // The lane is free: the next request goes at once.
+        calls.gate.add_permits(1);
+        let next = coalescer.run(None, 4, PATIENCE, call(&calls));
+        assert_eq!(
+            tokio::time::timeout(Duration::from_secs(10), next).await,
+            Ok(Ok(40))
+        );
+        assert_eq!(calls.sent().last(), Some(&vec![4]));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_request_that_waits_too_long_gives_up_unsent() {
+        let (coalescer, calls) = (Coalescer::new(8), Calls::new());
+        let mut first = Box::pin(coalescer.run(None, 0, PATIENCE, call(&calls)));
+        assert!((&mut first).now_or_never().is_none());
+        let waited = coalescer
+            .run(None, 1, Duration::from_secs(1), call(&calls))
+            .await;
+        assert_eq!(waited, Err(Abandoned::NotSent));
+        calls.gate.add_permits(10);
+        assert_eq!(first.await, Ok(0));
+        assert_eq!(calls.sent(), [vec![0]]);
+    }
+}
