@@ -604,13 +604,6 @@ impl RedisBackend {
         let Some(first) = batch.first() else {
             return Vec::new();
         };
-        let notices = self.shared.notices.as_ref();
-        let call = scripts::release_many(
-            &self.shared.layout,
-            batch,
-            notices.is_some(),
-            notices.is_some_and(Notices::sharded),
-        );
         let route = match self
             .lease_writes(false, || self.shared.layout.lease(&first.key))
             .await
@@ -618,6 +611,14 @@ impl RedisBackend {
             Ok(route) => route,
             Err(failure) => return fail(&failure),
         };
+        let notices = self.shared.notices.as_ref();
+        let call = scripts::release_many(
+            &self.shared.layout,
+            batch,
+            notices.is_some(),
+            notices.is_some_and(Notices::sharded),
+            matches!(route, WriteRoute::Tracked { .. }),
+        );
         if matches!(route, WriteRoute::Untracked)
             && let Some(tracking) = &self.shared.tracking
         {

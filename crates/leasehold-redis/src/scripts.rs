@@ -285,17 +285,20 @@ pub(crate) fn release(
         holder: *holder,
         own,
     };
-    release_many(layout, std::slice::from_ref(&one), notify, sharded)
+    release_many(layout, std::slice::from_ref(&one), notify, sharded, false)
 }
 
 /// `release.lua` for a batch of at most [`WRITE_BATCH`] releases, all in
-/// one cluster slot, announced as [`release`] says; one release makes
-/// exactly the call of [`release`].
+/// one cluster slot, announced as [`release`] says, over a connection that
+/// tracks when `tracked` (a batch then reads its leases with a write
+/// command: see `release.lua`); one release makes exactly the call of
+/// [`release`].
 pub(crate) fn release_many(
     layout: &KeyLayout,
     releases: &[Release],
     notify: bool,
     sharded: bool,
+    tracked: bool,
 ) -> Call {
     // Sized up front, as for acquire: per lease a key, a holder id, a
     // channel, the publish command, `own`.
@@ -324,6 +327,9 @@ pub(crate) fn release_many(
         call.cmd
             .arg(if sharded { "SPUBLISH" } else { "PUBLISH" })
             .arg(release.own);
+    }
+    if releases.len() > 1 {
+        call.cmd.arg(if tracked { "1" } else { "0" });
     }
     call
 }

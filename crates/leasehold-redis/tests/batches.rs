@@ -477,3 +477,51 @@ async fn a_batch_whose_reply_is_lost_times_out_for_every_caller() -> TestResult 
     again?;
     Ok(())
 }
+
+/// The number of keys in the server's tracking table: the server's own
+/// count, which the backend does not shape.
+fn tracked_keys(server: &RedisServer) -> Result<u64, Box<dyn std::error::Error>> {
+    let stats = server.cli(&["INFO", "stats"])?;
+    let count = stats
+        .lines()
+        .find_map(|l| l.strip_prefix("tracking_total_keys:"))
+        .ok_or("no tracking_total_keys in INFO stats")?;
+    Ok(count.trim().parse()?)
+}
+
+/// Over a tracking connection, a batch's grants leave each lease tracked
+/// and no counter (the server's tracking table counts one key per lease),
+/// and a write behind a holder of a batched grant is reported for it.
+#[tokio::test]
+async fn a_batch_over_a_tracking_connection_tracks_its_leases_not_their_counters() -> TestResult {
+    let server = RedisServer::start()?;
+    let backend = connect(&server).await;
+    assert!(backend.tracks_lease_changes());
+    warm_up(&backend, &[&server], &[key("warm")]).await?;
+    let mut watch = backend.watch_changes().await?;
+    let before = tracked_keys(&server)?;
+    let keys: Vec<LeaseKey> = (0..5).map(|i| key(&format!("watched-{i}"))).collect();
+    let requests: Vec<AcquireRequest> = keys.iter().map(|k| request(k, holder())).collect();
+    let outcomes = tokio::time::timeout(
+        BOUND,
+        join_all(requests.iter().map(|r| backend.try_acquire(r))),
+    )
+    .await?;
+    for outcome in outcomes {
+        assert!(matches!(outcome?, AcquireOutcome::Acquired(_)));
+    }
+    assert_eq!(calls(&server, "evalsha")?, 2);
+    assert_eq!(tracked_keys(&server)? - before, 5);
+    // The last lease came in the batch: overwritten behind its holder, it
+    // is reported.
+    let last = &keys[4];
+    assert_eq!(
+        server.cli(&["SET", &storage_key(last), "someone-else", "PX", "60000"])?,
+        "OK"
+    );
+    let change = tokio::time::timeout(BOUND, watch.next())
+        .await?
+        .ok_or("the backend stopped reporting changes")?;
+    assert_eq!(change, leasehold_core::LeaseChange::Changed(last.clone()));
+    Ok(())
+}

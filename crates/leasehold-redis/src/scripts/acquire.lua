@@ -31,12 +31,34 @@
 local n = #KEYS / 2
 local track = ARGV[3 * n + 1] ~= '0'
 
+-- Client tracking in a batch: Redis 7.0 tracks every key a script call names
+-- on every read-only command the script runs (Redis 7.2 and Valkey: the keys
+-- that command names), so a GET or PTTL per lease would cost a batch of n
+-- leases n tracking entries per lease. A batch over a tracking connection
+-- therefore reads the leases and counters with GETEX (a write command, which
+-- tracks nothing; GET where the server has no GETEX), skips the read after
+-- each grant, reads every lease once at the end with one EXISTS (which
+-- tracks the batch), and writes the granted counters again after it, which
+-- drops the counters' tracking on Redis 7.0 (see grant.lua). A refused
+-- acquisition's PTTL still tracks the whole call's keys, as a lone one's
+-- tracks its two.
+local quiet = n > 1 and track
+local read = 'GET'
+if quiet then
+  read = 'GETEX'
+  local probe = redis.pcall('GETEX', KEYS[1])
+  if type(probe) == 'table' and probe.err and not string.find(probe.err, 'WRONGTYPE', 1, true) then
+    read = 'GET'
+  end
+end
+local granted = {}
+
 local function acquire(lease, fence, holder, ttl, label)
   local mine = holder .. ':'
 
   -- 1. Read the lease. A key of another type gives WRONGTYPE, passed on as the reply's
   --    own error (not wrapped as a script error, as Redis 6 would), so the client sees its code.
-  local current = redis.pcall('GET', lease)
+  local current = redis.pcall(read, lease)
   if type(current) == 'table' and current.err then
     return redis.error_reply(current.err)
   end
@@ -50,7 +72,7 @@ local function acquire(lease, fence, holder, ttl, label)
       redis.call('SET', lease, mine .. token .. ':' .. label, 'PX', ttl)
       -- The SET dropped the lease's client tracking; read it to track it again
       -- (see grant.lua).
-      if track then
+      if track and not quiet then
         redis.pcall('PTTL', lease)
       end
       return token
@@ -63,9 +85,13 @@ local function acquire(lease, fence, holder, ttl, label)
   end
 
   -- 3. Free: grant it (grant.lua, sent in front of this script).
-  local token, refused = grant(lease, fence, holder, ttl, label, track)
+  local token, refused = grant(lease, fence, holder, ttl, label, track and not quiet, read)
   if not token then
     return refused
+  end
+  if quiet then
+    granted[#granted + 1] = fence
+    granted[#granted + 1] = token
   end
   return token
 end
@@ -82,5 +108,17 @@ for i = 1, n do
     reply = {-1, reply.err}
   end
   replies[i] = reply
+end
+if quiet then
+  -- Track the batch's leases with one read, then write the counters again
+  -- (in grant order: a counter shared by two grants keeps the later token).
+  local leases = {}
+  for i = 1, n do
+    leases[i] = KEYS[2 * i - 1]
+  end
+  redis.pcall('EXISTS', unpack(leases))
+  for i = 1, #granted, 2 do
+    redis.call('SET', granted[i], granted[i + 1])
+  end
 end
 return replies

@@ -15,6 +15,9 @@
 -- A batch of n leases (releases in flight together, all in one slot):
 -- KEYS[i]                  lease i
 -- ARGV[4i-3] .. ARGV[4i]   lease i's holder, channel, publish and own, as above
+-- ARGV[4n+1]               '1' when the connection tracks: the leases are then
+--                          read with GETEX (see acquire.lua: a GET per lease
+--                          would track the whole batch once per lease on Redis 7.0)
 --
 -- Returns, per lease, 0 when the lease was not ours, 1 when it was ours and
 -- is now deleted, and 2 when, besides, the notice reached a subscriber other
@@ -23,10 +26,20 @@
 -- the call's own error reply); a batch gets an array of n replies, in KEYS
 -- order, an error as {-1, message}.
 
+local n = #KEYS
+local read = 'GET'
+if n > 1 and ARGV[4 * n + 1] == '1' then
+  read = 'GETEX'
+  local probe = redis.pcall('GETEX', KEYS[1])
+  if type(probe) == 'table' and probe.err and not string.find(probe.err, 'WRONGTYPE', 1, true) then
+    read = 'GET'
+  end
+end
+
 local function release(lease, holder, channel, publish, own)
   -- 1. Read the lease. A key of another type gives WRONGTYPE, passed on as the reply's
   --    own error (not wrapped as a script error, as Redis 6 would), so the client sees its code.
-  local v = redis.pcall('GET', lease)
+  local v = redis.pcall(read, lease)
   if type(v) == 'table' and v.err then
     return redis.error_reply(v.err)
   end
@@ -51,7 +64,6 @@ local function release(lease, holder, channel, publish, own)
   return 1
 end
 
-local n = #KEYS
 if n == 1 then
   return release(KEYS[1], ARGV[1], ARGV[2], ARGV[3], ARGV[4])
 end
