@@ -124,6 +124,20 @@ pub(crate) static WRITE: LazyLock<Lua> = LazyLock::new(|| {
     ))
 });
 
+/// [`ACQUIRE`] for a batch of leases in one slot; see
+/// `scripts/acquire_many.lua`, with `scripts/grant.lua` in front.
+pub(crate) static ACQUIRE_MANY: LazyLock<Lua> = LazyLock::new(|| {
+    Lua::new(concat!(
+        include_str!("scripts/grant.lua"),
+        include_str!("scripts/acquire_many.lua")
+    ))
+});
+
+/// [`RELEASE`] for a batch of leases in one slot; see
+/// `scripts/release_many.lua`.
+pub(crate) static RELEASE_MANY: LazyLock<Lua> =
+    LazyLock::new(|| Lua::new(include_str!("scripts/release_many.lua")));
+
 /// Compare-and-pexpire for a batch of leases; see `scripts/renew.lua`.
 pub(crate) static RENEW: LazyLock<Lua> =
     LazyLock::new(|| Lua::new(include_str!("scripts/renew.lua")));
@@ -170,8 +184,8 @@ pub(crate) fn acquire(layout: &KeyLayout, request: &AcquireRequest, tracked: boo
     acquire_many(layout, std::slice::from_ref(request), tracked)
 }
 
-/// `acquire.lua` for a batch of at most [`WRITE_BATCH`] requests, all in
-/// one cluster slot; one request makes exactly the call of [`acquire`].
+/// `acquire_many.lua` for a batch of at most [`WRITE_BATCH`] requests, all
+/// in one cluster slot; one request makes exactly the call of [`acquire`].
 pub(crate) fn acquire_many(layout: &KeyLayout, requests: &[AcquireRequest], tracked: bool) -> Call {
     // Sized up front, so that the command is not copied as it grows: per
     // lease two keys, a holder id, a ttl (at most 20 digits), the label;
@@ -187,7 +201,13 @@ pub(crate) fn acquire_many(layout: &KeyLayout, requests: &[AcquireRequest], trac
         })
         .sum::<usize>()
         + 1;
-    let mut call = Call::with_capacity(&ACQUIRE, 2 * requests.len(), 5 * requests.len() + 1, bytes);
+    // One lease: acquire.lua itself, which sends exactly what it always did.
+    let script = if requests.len() == 1 {
+        &*ACQUIRE
+    } else {
+        &*ACQUIRE_MANY
+    };
+    let mut call = Call::with_capacity(script, 2 * requests.len(), 5 * requests.len() + 1, bytes);
     let mut key = Vec::with_capacity(64);
     for request in requests {
         key.clear();
@@ -288,10 +308,10 @@ pub(crate) fn release(
     release_many(layout, std::slice::from_ref(&one), notify, sharded, false)
 }
 
-/// `release.lua` for a batch of at most [`WRITE_BATCH`] releases, all in
-/// one cluster slot, announced as [`release`] says, over a connection that
-/// tracks when `tracked` (a batch then reads its leases with a write
-/// command: see `release.lua`); one release makes exactly the call of
+/// `release_many.lua` for a batch of at most [`WRITE_BATCH`] releases, all
+/// in one cluster slot, announced as [`release`] says, over a connection
+/// that tracks when `tracked` (a batch then reads its leases with a write
+/// command: see `release_many.lua`); one release makes exactly the call of
 /// [`release`].
 pub(crate) fn release_many(
     layout: &KeyLayout,
@@ -306,7 +326,13 @@ pub(crate) fn release_many(
         .iter()
         .map(|r| 2 * lease_len(layout, &r.key) + ":released".len() + 32 + "SPUBLISH".len() + 1)
         .sum();
-    let mut call = Call::with_capacity(&RELEASE, releases.len(), 5 * releases.len(), bytes);
+    // One release: release.lua itself, which sends exactly what it always did.
+    let script = if releases.len() == 1 {
+        &*RELEASE
+    } else {
+        &*RELEASE_MANY
+    };
+    let mut call = Call::with_capacity(script, releases.len(), 5 * releases.len() + 1, bytes);
     let mut lease = Vec::with_capacity(64);
     for release in releases {
         lease.clear();
@@ -489,8 +515,19 @@ mod tests {
             ("permit", include_str!("scripts/permit.lua")),
             ("read", include_str!("scripts/read.lua")),
             ("write", include_str!("scripts/write.lua")),
+            ("acquire_many", include_str!("scripts/acquire_many.lua")),
+            ("release_many", include_str!("scripts/release_many.lua")),
         ] {
-            if ["acquire", "handover", "permit", "read", "write"].contains(&name) {
+            if [
+                "acquire",
+                "acquire_many",
+                "handover",
+                "permit",
+                "read",
+                "write",
+            ]
+            .contains(&name)
+            {
                 assert!(source.contains("grant("), "{name} grants through grant.lua");
             }
             assert!(source.starts_with(&format!("-- {name}.lua:")), "{name}");
@@ -680,6 +717,8 @@ mod tests {
             INSPECT.get_hash(),
             HANDOVER.get_hash(),
             PERMIT.get_hash(),
+            ACQUIRE_MANY.get_hash(),
+            RELEASE_MANY.get_hash(),
         ];
         for (i, a) in hashes.iter().enumerate() {
             assert_eq!(a.len(), 40);

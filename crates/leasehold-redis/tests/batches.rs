@@ -37,8 +37,9 @@ fn calls(server: &RedisServer, command: &str) -> Result<u64, Box<dyn std::error:
         .map_or(Ok(0), str::parse)?)
 }
 
-/// Loads the scripts (a first call answers NOSCRIPT and loads them), then
-/// clears the server's command counts.
+/// Loads the scripts, the one-lease ones and the batch ones (a first call
+/// answers NOSCRIPT and loads them), in the slot of each of `keys`, then
+/// clears the servers' command counts.
 async fn warm_up(
     backend: &RedisBackend,
     servers: &[&RedisServer],
@@ -46,8 +47,15 @@ async fn warm_up(
 ) -> TestResult {
     for k in keys {
         let me = holder();
-        acquire(backend, k, me, ttl("30s")).await?;
-        assert_eq!(backend.release(k, &me).await?, ReleaseOutcome::Released);
+        let three: Vec<LeaseKey> = (0..3).map(|i| key(&format!("{k}-{i}"))).collect();
+        let acquired = join_all(three.iter().map(|k| acquire(backend, k, me, ttl("30s")))).await;
+        for grant in acquired {
+            grant?;
+        }
+        let released = join_all(three.iter().map(|k| backend.release(k, &me))).await;
+        for outcome in released {
+            assert_eq!(outcome?, ReleaseOutcome::Released);
+        }
     }
     for server in servers {
         assert_eq!(server.cli(&["CONFIG", "RESETSTAT"])?, "OK");
