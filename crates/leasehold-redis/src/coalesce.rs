@@ -397,18 +397,18 @@ mod tests {
     #[tokio::test]
     async fn a_waiting_request_whose_caller_is_gone_is_never_sent() {
         let (coalescer, calls) = (Coalescer::new(8), Calls::new());
-        let mut runs: Vec<_> = (0..3)
+        let mut runs: Vec<_> = (0..4)
             .map(|i| Box::pin(coalescer.run(None, i, PATIENCE, call(&calls))))
             .collect();
         for run in &mut runs {
             assert!(run.now_or_never().is_none());
         }
-        let last = runs.pop().unwrap();
-        drop(runs.pop());
+        // The middle one of the three waiting is gone.
+        drop(runs.remove(2));
         calls.gate.add_permits(10);
-        assert_eq!(runs.pop().unwrap().await, Ok(0));
-        assert_eq!(last.await, Ok(20));
-        assert_eq!(calls.sent(), [vec![0], vec![2]]);
+        let outcomes = futures_util::future::join_all(runs).await;
+        assert_eq!(outcomes, [Ok(0), Ok(10), Ok(30)]);
+        assert_eq!(calls.sent(), [vec![0], vec![1, 3]]);
     }
 
     #[tokio::test]
