@@ -19,7 +19,11 @@
 //! - `LEASEHOLD_PROFILE_SERVER_PID`: a redis-server run under callgrind,
 //!   zeroed (`callgrind_control -z`) before the measured cycles and dumped
 //!   (`-d`) after them;
-//! - `LEASEHOLD_PROFILE_LEASES`: leases held at once by `hold` (default 1000).
+//! - `LEASEHOLD_PROFILE_LEASES`: leases held at once by `hold` (default 1000);
+//! - `LEASEHOLD_PROFILE_TASKS`: cycles run at once by `cycles`, each task on
+//!   a key of its own (default 1: one cycle after the other), so that the
+//!   cost per cycle of acquisitions and releases in flight together (which
+//!   the backend sends as one call) is counted too.
 //!
 //! The measured cycles run inside `measured_cycles`, so a client profile
 //! counts them alone with `valgrind --tool=callgrind --collect-atstart=no
@@ -239,9 +243,25 @@ fn measured_cycles(
     client: Client,
     cycles: u64,
 ) -> ProfileResult {
+    let tasks = env_number("LEASEHOLD_PROFILE_TASKS", 1).max(1);
     runtime.block_on(async {
-        for _ in 0..cycles {
-            cycle(clients, client, "profile").await?;
+        if tasks == 1 {
+            for _ in 0..cycles {
+                cycle(clients, client, "profile").await?;
+            }
+            return Ok(());
+        }
+        // `tasks` loops on one thread, `cycles` in all.
+        let keys: Vec<String> = (0..tasks).map(|i| format!("profile:{i}")).collect();
+        let loops = keys.iter().enumerate().map(|(i, key)| async move {
+            let share = cycles / tasks + u64::from((i as u64) < cycles % tasks);
+            for _ in 0..share {
+                cycle(clients, client, key).await?;
+            }
+            Ok::<_, Box<dyn std::error::Error>>(())
+        });
+        for result in futures_util::future::join_all(loops).await {
+            result?;
         }
         Ok(())
     })

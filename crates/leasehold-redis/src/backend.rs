@@ -19,6 +19,7 @@ use redis::cluster_routing::Slot;
 use tokio::time::Instant;
 
 use crate::capabilities::ServerInfo;
+use crate::coalesce::{Coalescer, Lane};
 use crate::connection::{Conn, Reply, Wait};
 use crate::layout::KeyLayout;
 use crate::notices::Notices;
@@ -40,6 +41,17 @@ use crate::url::Topology;
 /// when it runs out, the operation returns [`BackendError::Timeout`] and
 /// its outcome is unknown. A reply that arrives later is matched to the
 /// request that asked for it and dropped, never handed to a later request.
+///
+/// Acquisitions and releases that are in flight together share one script
+/// call: one that finds no other of its kind in flight on its connection
+/// (on a cluster: in its slot) is sent at once, alone; those that come
+/// while it is out wait for its reply and then go out together, at most
+/// 256 to a call, each with its own outcome. A waiting request gives up
+/// unsent after twice the op timeout; once sent, its call is bounded by the
+/// op timeout, and a call that fails gives its error to every request in
+/// it. Acquisitions that wait for replicas (see
+/// [`RedisBackendBuilder::wait_for_replicas`](crate::RedisBackendBuilder::wait_for_replicas))
+/// are sent one by one.
 ///
 /// # Cancel safety
 ///
@@ -73,6 +85,10 @@ struct Shared {
     write_places: tokio::sync::Semaphore,
     /// The server's name and version, as read at connect.
     server_info: Option<ServerInfo>,
+    /// Acquisitions in flight together on a lane, sent as one call.
+    acquires: Coalescer<AcquireRequest, Result<AcquireOutcome, BackendError>>,
+    /// Releases in flight together on a lane, sent as one call.
+    releases: Coalescer<scripts::Release, Result<(ReleaseOutcome, bool), BackendError>>,
 }
 
 impl RedisBackend {
@@ -97,6 +113,8 @@ impl RedisBackend {
                 tracking: None,
                 write_places: tokio::sync::Semaphore::new(WRITES_IN_FLIGHT),
                 server_info: None,
+                acquires: Coalescer::new(scripts::WRITE_BATCH),
+                releases: Coalescer::new(scripts::WRITE_BATCH),
             }),
         }
     }
@@ -409,12 +427,14 @@ impl RedisBackend {
     /// One `renew.lua` call for at most [`scripts::RENEW_BATCH`] requests,
     /// all in one cluster slot.
     async fn renew_batch(&self, batch: &[RenewRequest]) -> Vec<Result<RenewOutcome, BackendError>> {
+        let mut tracked = false;
         if let Some(tracking) = &self.shared.tracking {
             // A failure is the renewal's too: it reports its own.
             let _ = self.track_renewals(tracking).await;
             tracking.renewing(batch);
+            tracked = tracking.is_on();
         }
-        let call = scripts::renew(&self.shared.layout, batch);
+        let call = scripts::renew(&self.shared.layout, batch, tracked);
         let outcomes = self.eval_renewal(&call).await.and_then(|reply| {
             // An unacknowledged renewal is unknown: a failover could lose it.
             match self.missing_ack(&reply, "") {
@@ -433,6 +453,220 @@ impl RedisBackend {
 }
 
 impl RedisBackend {
+    /// The lane of `key`'s acquisitions and releases: its slot on a
+    /// cluster (one script call may only touch one slot), else the one
+    /// connection's.
+    fn lane(&self, key: &LeaseKey) -> Lane {
+        self.shared
+            .conn
+            .is_cluster()
+            .then(|| Slot::for_key(self.shared.layout.lease(key)))
+    }
+
+    /// The replies of a batch call: an array of `count` entries, each a
+    /// reply of its own or `{-1, message}`, an error (say, WRONGTYPE) for
+    /// its lease only.
+    fn each(&self, count: usize, reply: Value) -> Result<Vec<Result<Value, Failure>>, Failure> {
+        let reply = match reply {
+            Value::Attribute { data, .. } => *data,
+            other => other,
+        };
+        match reply {
+            Value::Array(items) if items.len() == count => {
+                Ok(items.into_iter().map(|item| self.entry(item)).collect())
+            }
+            Value::Array(items) => Err(Failure::Unexpected(format!(
+                "expected an array of {count} replies, got an array of {} items",
+                items.len()
+            ))),
+            _ => Err(Failure::Unexpected(format!(
+                "expected an array of {count} replies, got another reply"
+            ))),
+        }
+    }
+
+    /// One entry of a batch reply: `{-1, message}` is the error reply the
+    /// script would have answered for this lease alone, rebuilt as the
+    /// server would have sent it, so that it is told apart by its code as
+    /// any other.
+    fn entry(&self, item: Value) -> Result<Value, Failure> {
+        let Value::Array(parts) = &item else {
+            return Ok(item);
+        };
+        let (Some(Value::Int(-1)), Some(Value::BulkString(message)), 2) =
+            (parts.first(), parts.get(1), parts.len())
+        else {
+            return Ok(item);
+        };
+        // Redis 7 sends the message with the leading '-', Redis 6 without;
+        // a line break would end the reply early.
+        let message = message.strip_prefix(b"-").unwrap_or(message);
+        let mut wire = Vec::with_capacity(message.len() + 3);
+        wire.push(b'-');
+        wire.extend(
+            message
+                .iter()
+                .map(|&b| if b == b'\r' || b == b'\n' { b' ' } else { b }),
+        );
+        wire.extend_from_slice(b"\r\n");
+        let err = match redis::parse_redis_value(&wire).and_then(Value::extract_error) {
+            Err(err) => err,
+            Ok(_) => {
+                return Err(Failure::Unexpected(
+                    "a batch entry's error did not read as an error".to_owned(),
+                ));
+            }
+        };
+        Err(Failure::from_redis(err, self.shared.op_timeout))
+    }
+
+    /// One `acquire.lua` call for a batch of requests, all in one slot:
+    /// each request's outcome, in order. A call that fails gives its error
+    /// to every request in it; its effect is then unknown for each.
+    async fn acquire_batch(
+        &self,
+        batch: &[AcquireRequest],
+    ) -> Vec<Result<AcquireOutcome, BackendError>> {
+        const OP: &str = "acquire";
+        let fail = |failure: &Failure| {
+            batch
+                .iter()
+                .map(|r| Err(failure.for_key(OP, &r.key)))
+                .collect()
+        };
+        let Some(first) = batch.first() else {
+            return Vec::new();
+        };
+        let route = match self
+            .lease_writes(true, || self.shared.layout.lease(&first.key))
+            .await
+        {
+            Ok(route) => route,
+            Err(failure) => return fail(&failure),
+        };
+        let tracked = matches!(route, WriteRoute::Tracked { .. });
+        if !tracked && let Some(tracking) = &self.shared.tracking {
+            for request in &batch[1..] {
+                tracking.own_write(self.shared.layout.lease(&request.key));
+            }
+        }
+        let call = scripts::acquire_many(&self.shared.layout, batch, tracked);
+        let sent_at = Instant::now();
+        let reply = match self.eval_write(&call, route, None).await {
+            Ok(reply) => reply.value,
+            Err(failure) => return fail(&failure),
+        };
+        if let [request] = batch {
+            return vec![
+                reply::acquired(request, sent_at, &reply).map_err(|f| f.for_key(OP, &request.key)),
+            ];
+        }
+        match self.each(batch.len(), reply) {
+            Ok(items) => batch
+                .iter()
+                .zip(items)
+                .map(|(request, item)| {
+                    item.and_then(|value| reply::acquired(request, sent_at, &value))
+                        .map_err(|f| f.for_key(OP, &request.key))
+                })
+                .collect(),
+            Err(failure) => fail(&failure),
+        }
+    }
+
+    /// One acquisition acknowledged by the replicas (see
+    /// [`RedisBackendBuilder::wait_for_replicas`](crate::RedisBackendBuilder::wait_for_replicas)),
+    /// given back when too few acknowledge it.
+    async fn acquire_acked(
+        &self,
+        request: &AcquireRequest,
+    ) -> Result<AcquireOutcome, BackendError> {
+        const OP: &str = "acquire";
+        let route = self
+            .lease_writes(true, || self.shared.layout.lease(&request.key))
+            .await
+            .map_err(|f| f.for_key(OP, &request.key))?;
+        let tracked = matches!(route, WriteRoute::Tracked { .. });
+        let call = scripts::acquire(&self.shared.layout, request, tracked);
+        let sent_at = Instant::now();
+        let reply = self
+            .eval_write(&call, route, self.shared.wait)
+            .await
+            .map_err(|f| f.for_key(OP, &request.key))?;
+        let outcome = reply::acquired(request, sent_at, &reply.value)
+            .map_err(|f| f.for_key(OP, &request.key))?;
+        if matches!(outcome, AcquireOutcome::Acquired(_))
+            && let Some(failure) = self.missing_ack(&reply, "; the lease was given back")
+        {
+            // A failover now could hand the lease to a second holder: give
+            // it back rather than hold it on a write that may be lost. If
+            // the release fails too, the lease runs out after its ttl.
+            let _ = self.release(&request.key, &request.holder).await;
+            return Err(failure.for_key(OP, &request.key));
+        }
+        Ok(outcome)
+    }
+
+    /// One `release.lua` call for a batch of releases, all in one slot:
+    /// each release's outcome, and whether a waiter elsewhere heard its
+    /// notice, in order. A call that fails gives its error to every
+    /// release in it.
+    async fn release_batch(
+        &self,
+        batch: &[scripts::Release],
+    ) -> Vec<Result<(ReleaseOutcome, bool), BackendError>> {
+        const OP: &str = "release";
+        let fail = |failure: &Failure| {
+            batch
+                .iter()
+                .map(|r| Err(failure.for_key(OP, &r.key)))
+                .collect()
+        };
+        let Some(first) = batch.first() else {
+            return Vec::new();
+        };
+        let route = match self
+            .lease_writes(false, || self.shared.layout.lease(&first.key))
+            .await
+        {
+            Ok(route) => route,
+            Err(failure) => return fail(&failure),
+        };
+        let notices = self.shared.notices.as_ref();
+        let call = scripts::release_many(
+            &self.shared.layout,
+            batch,
+            notices.is_some(),
+            notices.is_some_and(Notices::sharded),
+            matches!(route, WriteRoute::Tracked { .. }),
+        );
+        if matches!(route, WriteRoute::Untracked)
+            && let Some(tracking) = &self.shared.tracking
+        {
+            for release in &batch[1..] {
+                tracking.own_write(self.shared.layout.lease(&release.key));
+            }
+        }
+        let reply = match self.eval_write(&call, route, None).await {
+            Ok(reply) => reply.value,
+            Err(failure) => return fail(&failure),
+        };
+        if let [release] = batch {
+            return vec![reply::released_heard(&reply).map_err(|f| f.for_key(OP, &release.key))];
+        }
+        match self.each(batch.len(), reply) {
+            Ok(items) => batch
+                .iter()
+                .zip(items)
+                .map(|(release, item)| {
+                    item.and_then(|value| reply::released_heard(&value))
+                        .map_err(|f| f.for_key(OP, &release.key))
+                })
+                .collect(),
+            Err(failure) => fail(&failure),
+        }
+    }
+
     /// One `read.lua` or `write.lua` call for `request` (granted on the
     /// share key `share`), over the connection and with the replica
     /// acknowledgement of `try_acquire`.
@@ -507,31 +741,23 @@ impl LeaseBackend for RedisBackend {
             // acquisition future does not carry the reconnection's.
             Box::pin(notices.restore()).await;
         }
-        let route = self
-            .lease_writes(true, || self.shared.layout.lease(&request.key))
-            .await
-            .map_err(|f| f.for_key(OP, &request.key))?;
-        let tracked = matches!(route, WriteRoute::Tracked { .. });
-        let call = scripts::acquire(&self.shared.layout, request, tracked);
-        let sent_at = Instant::now();
-        let reply = self
-            .eval_write(&call, route, self.shared.wait)
-            .await
-            .map_err(|f| f.for_key(OP, &request.key))?;
-        let outcome = reply::acquired(request, sent_at, &reply.value)
-            .map_err(|f| f.for_key(OP, &request.key))?;
-        if matches!(outcome, AcquireOutcome::Acquired(_))
-            && let Some(failure) = self.missing_ack(&reply, "; the lease was given back")
-        {
-            // A failover now could hand the lease to a second holder: give
-            // it back rather than hold it on a write that may be lost. If
-            // the release fails too, the lease runs out after its ttl.
-            let _ = self.release(&request.key, &request.holder).await;
-            return Err(failure.for_key(OP, &request.key));
+        if self.shared.wait.is_some() {
+            // Each grant waits for its own acknowledgement (and is given
+            // back without one): not batched.
+            return self.acquire_acked(request).await;
         }
-        Ok(outcome)
+        let limit = self.shared.op_timeout;
+        self.shared
+            .acquires
+            .run(
+                self.lane(&request.key),
+                request.clone(),
+                patience(limit),
+                async |batch: Vec<AcquireRequest>| self.acquire_batch(&batch).await,
+            )
+            .await
+            .unwrap_or_else(|_| Err(Failure::Timeout(limit).for_key(OP, &request.key)))
     }
-
     /// One `permit.lua` call (two when the semaphore is stored with a
     /// larger limit than asked, whose permits must be checked too), over
     /// the connection and with the replica acknowledgement of
@@ -764,27 +990,25 @@ impl LeaseBackend for RedisBackend {
         holder: &HolderId,
     ) -> Result<(ReleaseOutcome, bool), BackendError> {
         const OP: &str = "release";
-        let notices = self.shared.notices.as_ref();
-        let call = scripts::release(
-            &self.shared.layout,
-            key,
-            holder,
-            notices.is_some(),
-            notices.is_some_and(Notices::sharded),
-            notices.map_or(0, |n| {
-                n.own_subscription(|| self.shared.layout.released(key))
-            }),
-        );
-        let route = self
-            .lease_writes(false, || self.shared.layout.lease(key))
+        let own = self.shared.notices.as_ref().map_or(0, |n| {
+            n.own_subscription(|| self.shared.layout.released(key))
+        });
+        let release = scripts::Release {
+            key: key.clone(),
+            holder: *holder,
+            own,
+        };
+        let limit = self.shared.op_timeout;
+        self.shared
+            .releases
+            .run(
+                self.lane(key),
+                release,
+                patience(limit),
+                async |batch: Vec<scripts::Release>| self.release_batch(&batch).await,
+            )
             .await
-            .map_err(|f| f.for_key(OP, key))?;
-        let reply = self
-            .eval_write(&call, route, None)
-            .await
-            .map(|reply| reply.value)
-            .map_err(|f| f.for_key(OP, key))?;
-        reply::released_heard(&reply).map_err(|f| f.for_key(OP, key))
+            .unwrap_or_else(|_| Err(Failure::Timeout(limit).for_key(OP, key)))
     }
 
     /// One `handover.lua` call: hands over only while the key's release
@@ -878,6 +1102,14 @@ impl LeaseBackend for RedisBackend {
 /// them waits for at most this many scripts (about 15 µs of server time
 /// each), and as many in flight keep one connection's pipeline full.
 pub(crate) const WRITES_IN_FLIGHT: usize = 64;
+
+/// How long an acquisition or release waits for its turn behind the call
+/// of its kind in flight on its lane (bounded by the op timeout) before it
+/// gives up unsent: twice the op timeout, so that a call that times out
+/// still lets the requests queued behind it go out.
+fn patience(op_timeout: Duration) -> Duration {
+    op_timeout.saturating_mul(2)
+}
 
 /// The connection a lease write goes over.
 enum WriteRoute<'a> {

@@ -113,6 +113,7 @@
 
 mod backend;
 mod capabilities;
+mod coalesce;
 mod config;
 mod connection;
 mod error;

@@ -124,6 +124,20 @@ pub(crate) static WRITE: LazyLock<Lua> = LazyLock::new(|| {
     ))
 });
 
+/// [`ACQUIRE`] for a batch of leases in one slot; see
+/// `scripts/acquire_many.lua`, with `scripts/grant.lua` in front.
+pub(crate) static ACQUIRE_MANY: LazyLock<Lua> = LazyLock::new(|| {
+    Lua::new(concat!(
+        include_str!("scripts/grant.lua"),
+        include_str!("scripts/acquire_many.lua")
+    ))
+});
+
+/// [`RELEASE`] for a batch of leases in one slot; see
+/// `scripts/release_many.lua`.
+pub(crate) static RELEASE_MANY: LazyLock<Lua> =
+    LazyLock::new(|| Lua::new(include_str!("scripts/release_many.lua")));
+
 /// Compare-and-pexpire for a batch of leases; see `scripts/renew.lua`.
 pub(crate) static RENEW: LazyLock<Lua> =
     LazyLock::new(|| Lua::new(include_str!("scripts/renew.lua")));
@@ -160,6 +174,12 @@ pub(crate) static INSPECT_RW: LazyLock<Lua> =
 /// the (single-threaded) server busy and how large one request grows.
 pub(crate) const RENEW_BATCH: usize = 1000;
 
+/// The most acquisitions, or releases, sent in one script call when they
+/// are in flight together: a grant costs the server several times what a
+/// renewal does, so a batch is kept shorter than [`RENEW_BATCH`] to bound
+/// how long it keeps the server from a renewal.
+pub(crate) const WRITE_BATCH: usize = 256;
+
 /// The length of `key`'s Redis key (`P`): the namespace, braces, the key.
 /// Its counter's and channel's (a permit's are its semaphore's) are no
 /// longer, before their suffix.
@@ -171,24 +191,51 @@ fn lease_len(layout: &KeyLayout, key: &LeaseKey) -> usize {
 /// tracking on) when `tracked`: only there is a granted lease read again
 /// after it is written, to track it.
 pub(crate) fn acquire(layout: &KeyLayout, request: &AcquireRequest, tracked: bool) -> Call {
-    // Sized up front, so that the command is not copied as it grows: two
-    // keys, a holder id, a ttl (at most 20 digits), the label, the flag.
-    let label = request.label.as_deref().unwrap_or("");
-    let bytes = 2 * lease_len(layout, &request.key) + ":fence".len() + 32 + 20 + label.len() + 1;
-    let mut call = Call::with_capacity(&ACQUIRE, 2, 6, bytes);
+    acquire_many(layout, std::slice::from_ref(request), tracked)
+}
+
+/// `acquire_many.lua` for a batch of at most [`WRITE_BATCH`] requests, all
+/// in one cluster slot; one request makes exactly the call of [`acquire`].
+pub(crate) fn acquire_many(layout: &KeyLayout, requests: &[AcquireRequest], tracked: bool) -> Call {
+    // Sized up front, so that the command is not copied as it grows: per
+    // lease two keys, a holder id, a ttl (at most 20 digits), the label;
+    // then the flag.
+    let bytes: usize = requests
+        .iter()
+        .map(|r| {
+            2 * lease_len(layout, &r.key)
+                + ":fence".len()
+                + 32
+                + 20
+                + r.label.as_deref().map_or(0, str::len)
+        })
+        .sum::<usize>()
+        + 1;
+    // One lease: acquire.lua itself, which sends exactly what it always did.
+    let script = if requests.len() == 1 {
+        &*ACQUIRE
+    } else {
+        &*ACQUIRE_MANY
+    };
+    let mut call = Call::with_capacity(script, 2 * requests.len(), 5 * requests.len() + 1, bytes);
     let mut key = Vec::with_capacity(64);
-    layout.write_lease(&request.key, &mut key);
-    call.cmd.arg(&key[..]);
-    key.clear();
-    // A permit key's counter is its semaphore's.
-    layout.write_counted(&request.key, &mut key);
-    key.extend_from_slice(b":fence");
-    call.cmd
-        .arg(&key[..])
-        .arg(&request.holder.to_hex_bytes()[..])
-        .arg(request.lock_delay.expiry_millis(request.ttl))
-        .arg(label)
-        .arg(if tracked { "1" } else { "0" });
+    for request in requests {
+        key.clear();
+        layout.write_lease(&request.key, &mut key);
+        call.cmd.arg(&key[..]);
+        key.clear();
+        // A permit key's counter is its semaphore's.
+        layout.write_counted(&request.key, &mut key);
+        key.extend_from_slice(b":fence");
+        call.cmd.arg(&key[..]);
+    }
+    for request in requests {
+        call.cmd
+            .arg(&request.holder.to_hex_bytes()[..])
+            .arg(request.lock_delay.expiry_millis(request.ttl))
+            .arg(request.label.as_deref().unwrap_or(""));
+    }
+    call.cmd.arg(if tracked { "1" } else { "0" });
     call
 }
 
@@ -249,13 +296,15 @@ pub(crate) fn fair_leave(layout: &KeyLayout, key: &LeaseKey, holder: &HolderId) 
     call
 }
 
-/// `renew.lua` for a batch of at most [`RENEW_BATCH`] requests.
+/// `renew.lua` for a batch of at most [`RENEW_BATCH`] requests, over a
+/// connection that tracks when `tracked`: only there is the batch read
+/// again after it is renewed, to track it.
 ///
 /// A batch whose leases share one ttl (nearly every batch: a manager's
 /// leases mostly share their options) sends it once; a mixed batch sends an
 /// empty shared ttl and then one per lease. The ttl sent is the key's
 /// expiry, ttl + lock-delay: leases that differ in either differ here.
-pub(crate) fn renew(layout: &KeyLayout, requests: &[RenewRequest]) -> Call {
+pub(crate) fn renew(layout: &KeyLayout, requests: &[RenewRequest], tracked: bool) -> Call {
     let expiry = |r: &RenewRequest| r.lock_delay.expiry_millis(r.ttl);
     let shared = requests
         .first()
@@ -269,7 +318,7 @@ pub(crate) fn renew(layout: &KeyLayout, requests: &[RenewRequest]) -> Call {
         .map(|r| layout.namespace().len() + r.key.as_str().len() + 3 + 32)
         .sum::<usize>()
         + 8 * (per_lease + 1);
-    let args = 2 * requests.len() + 1 + per_lease;
+    let args = 2 * requests.len() + 2 + per_lease;
     let mut call = Call::with_capacity(&RENEW, requests.len(), args, bytes);
     // One scratch buffer for every key of the batch.
     let mut key = Vec::with_capacity(64);
@@ -290,14 +339,26 @@ pub(crate) fn renew(layout: &KeyLayout, requests: &[RenewRequest]) -> Call {
             call.cmd.arg(expiry(request));
         }
     }
+    call.cmd.arg(if tracked { "1" } else { "0" });
     call
 }
 
-/// `release.lua` for `key` and `holder`.
+/// One release of a [`release_many`] batch: the lease, its holder, and
+/// how many of its channel's subscribers are the backend's own connection.
+#[derive(Debug, Clone)]
+pub(crate) struct Release {
+    pub(crate) key: LeaseKey,
+    pub(crate) holder: HolderId,
+    pub(crate) own: u8,
+}
+
+/// `release.lua` for `key` and `holder`: the one-lease form of
+/// [`release_many`], through which the backend sends every release.
 ///
 /// With `notify`, the release is announced on `P:released`, with `SPUBLISH`
 /// when `sharded` (a cluster) and `PUBLISH` otherwise, for waiters
 /// subscribed to it; without, nothing is published.
+#[cfg_attr(not(test), allow(dead_code))]
 pub(crate) fn release(
     layout: &KeyLayout,
     key: &LeaseKey,
@@ -306,25 +367,63 @@ pub(crate) fn release(
     sharded: bool,
     own: u8,
 ) -> Call {
-    // Sized up front, as for acquire: a key, a holder id, a channel, the
-    // publish command, `own`.
-    let bytes = 2 * lease_len(layout, key) + ":released".len() + 32 + "SPUBLISH".len() + 1;
-    let mut call = Call::with_capacity(&RELEASE, 1, 5, bytes);
-    let mut lease = Vec::with_capacity(64);
-    layout.write_lease(key, &mut lease);
-    call.cmd.arg(&lease[..]).arg(&holder.to_hex_bytes()[..]);
-    if notify {
-        // A permit's release is announced to its semaphore's waiters.
-        lease.clear();
-        layout.write_counted(key, &mut lease);
-        lease.extend_from_slice(b":released");
-        call.cmd.arg(&lease[..]);
+    let one = Release {
+        key: key.clone(),
+        holder: *holder,
+        own,
+    };
+    release_many(layout, std::slice::from_ref(&one), notify, sharded, false)
+}
+
+/// `release_many.lua` for a batch of at most [`WRITE_BATCH`] releases, all
+/// in one cluster slot, announced as [`release`] says, over a connection
+/// that tracks when `tracked` (a batch then reads its leases with a write
+/// command: see `release_many.lua`); one release makes exactly the call of
+/// [`release`].
+pub(crate) fn release_many(
+    layout: &KeyLayout,
+    releases: &[Release],
+    notify: bool,
+    sharded: bool,
+    tracked: bool,
+) -> Call {
+    // Sized up front, as for acquire: per lease a key, a holder id, a
+    // channel, the publish command, `own`.
+    let bytes: usize = releases
+        .iter()
+        .map(|r| 2 * lease_len(layout, &r.key) + ":released".len() + 32 + "SPUBLISH".len() + 1)
+        .sum();
+    // One release: release.lua itself, which sends exactly what it always did.
+    let script = if releases.len() == 1 {
+        &*RELEASE
     } else {
-        call.cmd.arg("");
+        &*RELEASE_MANY
+    };
+    let mut call = Call::with_capacity(script, releases.len(), 5 * releases.len() + 1, bytes);
+    let mut lease = Vec::with_capacity(64);
+    for release in releases {
+        lease.clear();
+        layout.write_lease(&release.key, &mut lease);
+        call.cmd.arg(&lease[..]);
     }
-    call.cmd
-        .arg(if sharded { "SPUBLISH" } else { "PUBLISH" })
-        .arg(own);
+    for release in releases {
+        call.cmd.arg(&release.holder.to_hex_bytes()[..]);
+        if notify {
+            // A permit's release is announced to its semaphore's waiters.
+            lease.clear();
+            layout.write_counted(&release.key, &mut lease);
+            lease.extend_from_slice(b":released");
+            call.cmd.arg(&lease[..]);
+        } else {
+            call.cmd.arg("");
+        }
+        call.cmd
+            .arg(if sharded { "SPUBLISH" } else { "PUBLISH" })
+            .arg(release.own);
+    }
+    if releases.len() > 1 {
+        call.cmd.arg(if tracked { "1" } else { "0" });
+    }
     call
 }
 
@@ -512,8 +611,20 @@ mod tests {
             ("withdraw", include_str!("scripts/withdraw.lua")),
             ("fair", include_str!("scripts/fair.lua")),
             ("fair_leave", include_str!("scripts/fair_leave.lua")),
+            ("acquire_many", include_str!("scripts/acquire_many.lua")),
+            ("release_many", include_str!("scripts/release_many.lua")),
         ] {
-            if ["acquire", "handover", "permit", "read", "write", "fair"].contains(&name) {
+            if [
+                "acquire",
+                "acquire_many",
+                "handover",
+                "permit",
+                "read",
+                "write",
+                "fair",
+            ]
+            .contains(&name)
+            {
                 assert!(source.contains("grant("), "{name} grants through grant.lua");
             }
             assert!(source.starts_with(&format!("-- {name}.lua:")), "{name}");
@@ -543,8 +654,8 @@ mod tests {
         let (hex1, hex2) = (h1.to_hex(), h2.to_hex());
         let minute = leasehold_core::Ttl::parse("1m")?;
         for (second, tail) in [
-            (ttl, vec!["3000", &hex1, &hex2]),
-            (minute, vec!["", &hex1, &hex2, "3000", "60000"]),
+            (ttl, vec!["3000", &hex1, &hex2, "1"]),
+            (minute, vec!["", &hex1, &hex2, "3000", "60000", "1"]),
         ] {
             let call = renew(
                 &layout,
@@ -552,6 +663,7 @@ mod tests {
                     RenewRequest::new(a.clone(), h1, ttl),
                     RenewRequest::new(b.clone(), h2, second),
                 ],
+                true,
             );
             let mut expected = vec![
                 "EVALSHA",
@@ -682,14 +794,14 @@ mod tests {
 
         let delayed = RenewRequest::new(a.clone(), h1, ttl).with_lock_delay(delay);
         let plain = RenewRequest::new(b.clone(), h2, ttl);
-        let call = renew(&layout, &[delayed.clone(), plain]);
+        let call = renew(&layout, &[delayed.clone(), plain], true);
         assert_eq!(
             args(call.evalsha())[5..],
-            ["", &hex1, &hex2, "3000", "1000"]
+            ["", &hex1, &hex2, "3000", "1000", "1"]
         );
         let three = RenewRequest::new(b, h2, leasehold_core::Ttl::parse("3s")?);
-        let call = renew(&layout, &[delayed, three]);
-        assert_eq!(args(call.evalsha())[5..], ["3000", &hex1, &hex2]);
+        let call = renew(&layout, &[delayed, three], false);
+        assert_eq!(args(call.evalsha())[5..], ["3000", &hex1, &hex2, "0"]);
         Ok(())
     }
 
@@ -702,6 +814,8 @@ mod tests {
             INSPECT.get_hash(),
             HANDOVER.get_hash(),
             PERMIT.get_hash(),
+            ACQUIRE_MANY.get_hash(),
+            RELEASE_MANY.get_hash(),
         ];
         for (i, a) in hashes.iter().enumerate() {
             assert_eq!(a.len(), 40);

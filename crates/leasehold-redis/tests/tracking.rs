@@ -290,3 +290,37 @@ async fn behind_sentinel_a_grant_on_a_new_connection_is_tracked() -> TestResult 
     only(&changes(&mut watch).await?, &k);
     Ok(())
 }
+
+/// Without tracking, a renewal batch is not read again once renewed (the
+/// read only tracks it); with tracking it is, once per batch. The server's
+/// own command counts tell.
+#[tokio::test]
+async fn an_untracked_renewal_does_not_read_its_batch_again() -> TestResult {
+    let server = RedisServer::start()?;
+    for track in [false, true] {
+        let backend = RedisBackend::builder(server.url())
+            .track_lease_changes(track)
+            .connect()
+            .await?;
+        let (a, b, me) = (key("renew-a"), key("renew-b"), holder());
+        acquire(&backend, &a, me, ttl("30s")).await?;
+        acquire(&backend, &b, me, ttl("30s")).await?;
+        assert_eq!(server.cli(&["CONFIG", "RESETSTAT"])?, "OK");
+        let batch = [
+            RenewRequest::new(a.clone(), me, ttl("30s")),
+            RenewRequest::new(b.clone(), me, ttl("30s")),
+        ];
+        let outcomes = backend.renew_many(&batch).await;
+        assert_eq!(outcomes.len(), 2);
+        for outcome in outcomes {
+            assert_eq!(outcome?, RenewOutcome::Renewed);
+        }
+        assert_eq!(calls(&server, "pexpire")?, 2);
+        assert_eq!(calls(&server, "exists")?, u64::from(track), "track={track}");
+        assert_eq!(
+            server.cli(&["DEL", &storage_key(&a), &storage_key(&b)])?,
+            "2"
+        );
+    }
+    Ok(())
+}

@@ -21,11 +21,16 @@
 -- lease is gone. On a connection that does not track, the read would only
 -- cost the server a lookup, so the caller can skip it.
 --
+-- `read`, when given, is the command that reads the counter in place of GET:
+-- a batch on a tracking connection passes a write command (GETEX), since on
+-- Redis 7.0 every read-only command in a script tracks every key of the
+-- call, which for a batch of n leases costs n entries per read.
+--
 -- Numbers go to redis.call only as strings built here (string.format('%.0f',
 -- n) where arithmetic is needed): Redis may render a large Lua number in
 -- exponent form.
 
-local function grant(lease, fence, holder, ttl, label, track)
+local function grant(lease, fence, holder, ttl, label, track, read)
   -- 1. A floor from the server clock, in microseconds, so tokens keep
   --    rising even if a restart lost the counter: TIME's seconds, then its
   --    microseconds padded to six digits. Built as a string, it costs no
@@ -37,7 +42,7 @@ local function grant(lease, fence, holder, ttl, label, track)
   --    another type fails the GET with WRONGTYPE; one that is not a number
   --    is refused, as INCR would: nothing is written either way.
   local token = floor
-  local before = redis.call('GET', fence)
+  local before = redis.call(read or 'GET', fence)
   -- A counter of plain digits (no sign, no leading zero: as this script
   --   writes it) and fewer of them, or as many and smaller in text order, is
   --   below the floor: the floor is the token, no number read. Anything

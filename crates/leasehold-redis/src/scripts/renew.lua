@@ -5,6 +5,9 @@
 --                         empty when the batch's leases differ (then see ARGV[1+n+i])
 -- ARGV[1+i]     holder_i  the holder id expected in lease i, 32 lowercase hex digits
 -- ARGV[1+n+i]   ttl_i     lease i's new time to live, only when ARGV[1] is empty
+-- ARGV[last]    track     after the holders (and ttls): '0' when the connection
+--                         does not track, so the batch is not read again (step 3);
+--                         anything else, or left out, reads it
 --
 -- Returns the positions (from 1, ascending) of the leases lost; every other
 -- lease was renewed. A batch nearly always shares one ttl and loses nothing,
@@ -20,10 +23,11 @@
 -- batch, once, where a GET per lease would track it once per lease on
 -- Redis 7.0 (quadratic in the batch size) and a single PTTL would track
 -- one lease of the batch on Valkey. Without tracking on the connection it
--- costs one lookup per lease.
+-- would cost one lookup per lease, so the caller says so and it is skipped.
 
 local n = #KEYS
 local shared = ARGV[1]
+local track = ARGV[(shared ~= '' and 2 + n) or 2 + 2 * n] ~= '0'
 local lost = {}
 for i = 1, n do
   local holder = ARGV[1 + i]
@@ -51,7 +55,7 @@ for i = 1, n do
 end
 -- 3. Track the batch (see above); an error here changes no outcome. A
 --    batch holds at most 1000 leases, well within what unpack can pass.
-if n > 0 then
+if track and n > 0 then
   redis.pcall('EXISTS', unpack(KEYS))
 end
 return lost
