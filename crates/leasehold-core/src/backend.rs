@@ -322,7 +322,7 @@ pub trait LeaseBackend: Clone + Send + Sync + 'static {
         std::future::ready(Ok(false))
     }
 
-    /// Fair mode (see [`crate::fair`]): in one atomic operation, drops
+    /// Fair mode (see [`PlaceTtl`]): in one atomic operation, drops
     /// the expired places of `request.key`'s fair queue, takes a place at
     /// its tail for `request.holder` (or refreshes the one it has) to live
     /// for `place_ttl`, and grants the lease as
