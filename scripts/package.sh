@@ -44,6 +44,17 @@ for crate in "${published[@]}"; do
 done
 [ "$missing" -eq 0 ] || exit 1
 
+# cargo unpacks the sibling tarballs it builds against into
+# $CARGO_HOME/registry/src/<the temporary registry's hash>/ by name and
+# version, and reuses that copy on the next run even when the tarball has
+# changed since: a second run on one machine would verify against the
+# first run's sources. Those copies are removed first (a local registry's
+# folder name starts with '-'; crates.io's does not).
+cargo_home=${CARGO_HOME:-$HOME/.cargo}
+for crate in "${published[@]}"; do
+  rm -rf "$cargo_home"/registry/src/-*/"$crate"-[0-9]*
+done
+
 # --allow-dirty: the check is about what goes into the packages, so it also
 # runs on a working tree with uncommitted changes; `cargo publish` checks the
 # tree itself.
