@@ -246,12 +246,24 @@ async fn a_try_given_up_after_a_late_reply_releases_its_permit() -> TestResult {
     let _b = others
         .acquire_permit("late", limit, &options("30s", Duration::ZERO))
         .await?;
-    // The server has the release script now: the late try's release runs
-    // as its first EVALSHA, with no round trip to load it over the slow link.
+    // The server has the release scripts now, the one-lease script and the
+    // batch one (a lone release goes alone; releases in flight together,
+    // as the late try's three are, share one call): they run as their
+    // first EVALSHA, with no round trip to load a script over the slow link.
     let loaded = others
         .acquire_permit("late", limit, &options("30s", Duration::ZERO))
         .await?;
     loaded.release().await?;
+    let primer = options("30s", Duration::ZERO);
+    let (p1, p2, p3) = tokio::try_join!(
+        others.acquire("primer-1", &primer),
+        others.acquire("primer-2", &primer),
+        others.acquire("primer-3", &primer),
+    )?;
+    let (r1, r2, r3) = tokio::join!(p1.release(), p2.release(), p3.release());
+    r1?;
+    r2?;
+    r3?;
     // Each way 500 ms: the request reaches the server after the 300 ms
     // timeout, and is carried out there.
     link.set_mode(leasehold_testkit::ProxyMode::Delay(Duration::from_millis(
