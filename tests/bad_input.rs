@@ -289,6 +289,14 @@ async fn backend_urls_and_settings_are_refused_before_connecting() {
             "InvalidConfig(namespace)",
         ),
         (
+            RedisBackend::builder("redis://127.0.0.1:1").calls_in_flight(0),
+            "InvalidConfig(calls_in_flight)",
+        ),
+        (
+            RedisBackend::builder("redis://127.0.0.1:1").calls_in_flight(1025),
+            "InvalidConfig(calls_in_flight)",
+        ),
+        (
             RedisBackend::builder("redis://:pw-hunter2@127.0.0.1:1").connect_timeout(ms(200)),
             "Connect",
         ),

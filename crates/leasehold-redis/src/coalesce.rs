@@ -7,8 +7,11 @@
 //! kind in flight on its lane waits; when that call's reply is in, the
 //! requests that waited meanwhile (at most `cap`) go out together as the
 //! lane's next call, and each caller gets its own outcome. So the server
-//! runs one script and writes one reply for many requests, and a lane has
-//! at most one call in flight.
+//! runs one script and writes one reply for many requests. A lane has at
+//! most `calls` calls in flight (see [`Coalescer::calls_in_flight`]): with
+//! one, a request that arrives just after a call went out waits for that
+//! call's whole round trip before its own starts; with two, the client and
+//! the server work at the same time, as a pipeline does.
 //!
 //! No task is spawned: each call is sent by the future of one of its own
 //! callers, the *driver* (the lone caller, or the first of a batch). When
@@ -50,13 +53,23 @@ pub(crate) struct Coalescer<R, O> {
     lanes: Mutex<Lanes<R, O>>,
     /// The most requests in one call.
     cap: usize,
+    /// The most calls in flight on one lane.
+    calls: usize,
 }
 
 struct Lanes<R, O> {
     /// Lanes with a call in flight; an idle lane has no entry.
-    busy: HashMap<Lane, VecDeque<Waiting<R, O>>>,
+    busy: HashMap<Lane, Busy<R, O>>,
     /// Names each waiting request, so that a dropped caller can find its own.
     next_id: u64,
+}
+
+/// A lane with calls in flight.
+struct Busy<R, O> {
+    /// Calls in flight (or about to be sent by a caller picked to drive).
+    calls: usize,
+    /// Requests waiting for a call of their own.
+    queue: VecDeque<Waiting<R, O>>,
 }
 
 struct Waiting<R, O> {
@@ -81,7 +94,14 @@ impl<R, O> Coalescer<R, O> {
                 next_id: 0,
             }),
             cap: cap.max(1),
+            calls: 1,
         }
+    }
+
+    /// Lets each lane have up to `calls` calls in flight (at least one).
+    pub(crate) fn calls_in_flight(mut self, calls: usize) -> Self {
+        self.calls = calls.max(1);
+        self
     }
 
     fn lanes(&self) -> MutexGuard<'_, Lanes<R, O>> {
@@ -115,10 +135,21 @@ impl<R, O> Coalescer<R, O> {
             let Lanes { busy, next_id } = &mut *lanes;
             match busy.get_mut(&lane) {
                 None => {
-                    busy.insert(lane, VecDeque::new());
+                    busy.insert(
+                        lane,
+                        Busy {
+                            calls: 1,
+                            queue: VecDeque::new(),
+                        },
+                    );
                     Err(request)
                 }
-                Some(queue) => {
+                // Room for another call: this one goes at once, alone.
+                Some(lane) if lane.calls < self.calls => {
+                    lane.calls += 1;
+                    Err(request)
+                }
+                Some(Busy { queue, .. }) => {
                     let (tx, rx) = oneshot::channel();
                     let id = *next_id;
                     *next_id += 1;
@@ -132,7 +163,7 @@ impl<R, O> Coalescer<R, O> {
             }
         };
         match queued {
-            // The lane was idle: sent at once, alone.
+            // The lane had room: sent at once, alone.
             Err(request) => self.drive(lane, request, Vec::new(), send).await,
             Ok((id, rx)) => self.wait(lane, id, rx, patience, send).await,
         }
@@ -215,8 +246,9 @@ impl<R, O> Coalescer<R, O> {
         own.ok_or(Abandoned::Unknown)
     }
 
-    /// Gives the lane to the first waiting caller with the others that
-    /// wait (up to the cap), or makes it idle.
+    /// Gives the call that ended the lane's place to the first waiting
+    /// caller with the others that wait (up to the cap), or frees it (the
+    /// lane is idle when no call is left).
     fn hand_on(&self, lane: Lane) {
         let mut lanes = self.lanes();
         self.hand_on_locked(&mut lanes, lane, Vec::new());
@@ -227,15 +259,18 @@ impl<R, O> Coalescer<R, O> {
     fn hand_on_locked(&self, lanes: &mut Lanes<R, O>, lane: Lane, mut batch: Vec<Waiting<R, O>>) {
         loop {
             if batch.is_empty() {
-                let Some(queue) = lanes.busy.get_mut(&lane) else {
+                let Some(busy) = lanes.busy.get_mut(&lane) else {
                     return;
                 };
-                if queue.is_empty() {
-                    lanes.busy.remove(&lane);
+                if busy.queue.is_empty() {
+                    busy.calls = busy.calls.saturating_sub(1);
+                    if busy.calls == 0 {
+                        lanes.busy.remove(&lane);
+                    }
                     return;
                 }
-                let take = queue.len().min(self.cap);
-                batch = queue.drain(..take).collect();
+                let take = busy.queue.len().min(self.cap);
+                batch = busy.queue.drain(..take).collect();
             }
             // Sent under the lock: a waiter being dropped takes the lock
             // before it looks for its turn, so it finds this one.
@@ -270,12 +305,12 @@ impl<R, O> Waiter<'_, R, O> {
     /// Takes the request out of its lane if it is still waiting there.
     fn withdraw(&mut self) -> bool {
         let mut lanes = self.coalescer.lanes();
-        let Some(queue) = lanes.busy.get_mut(&self.lane) else {
+        let Some(busy) = lanes.busy.get_mut(&self.lane) else {
             return false;
         };
-        match queue.iter().position(|w| w.id == self.id) {
+        match busy.queue.iter().position(|w| w.id == self.id) {
             Some(at) => {
-                queue.remove(at);
+                busy.queue.remove(at);
                 self.rx = None;
                 true
             }
@@ -290,10 +325,10 @@ impl<R, O> Drop for Waiter<'_, R, O> {
             return;
         };
         let mut lanes = self.coalescer.lanes();
-        if let Some(queue) = lanes.busy.get_mut(&self.lane)
-            && let Some(at) = queue.iter().position(|w| w.id == self.id)
+        if let Some(busy) = lanes.busy.get_mut(&self.lane)
+            && let Some(at) = busy.queue.iter().position(|w| w.id == self.id)
         {
-            queue.remove(at);
+            busy.queue.remove(at);
             return;
         }
         // Picked already. A turn to drive must not be lost with this
@@ -378,6 +413,30 @@ mod tests {
         let next = Box::pin(coalescer.run(None, 5, PATIENCE, call(&calls)));
         assert_eq!(next.now_or_never(), Some(Ok(50)));
         assert_eq!(calls.sent().last(), Some(&vec![5]));
+    }
+
+    #[tokio::test]
+    async fn with_two_calls_in_flight_the_second_goes_at_once_and_the_rest_together() {
+        let (coalescer, calls) = (Coalescer::new(8).calls_in_flight(2), Calls::new());
+        let mut runs: Vec<_> = (0..5)
+            .map(|i| Box::pin(coalescer.run(None, i, PATIENCE, call(&calls))))
+            .collect();
+        for run in &mut runs {
+            assert!(run.now_or_never().is_none());
+        }
+        // Two calls out, each alone; the others wait for one of them.
+        assert_eq!(calls.sent(), [vec![0], vec![1]]);
+        calls.gate.add_permits(10);
+        let outcomes = futures_util::future::join_all(runs).await;
+        assert_eq!(outcomes, [Ok(0), Ok(10), Ok(20), Ok(30), Ok(40)]);
+        assert_eq!(calls.sent(), [vec![0], vec![1], vec![2, 3, 4]]);
+        // Idle again: two more go at once, each alone.
+        let (a, b) = (
+            Box::pin(coalescer.run(None, 5, PATIENCE, call(&calls))),
+            Box::pin(coalescer.run(None, 6, PATIENCE, call(&calls))),
+        );
+        assert_eq!(futures_util::future::join(a, b).await, (Ok(50), Ok(60)));
+        assert_eq!(calls.sent()[3..], [vec![5], vec![6]]);
     }
 
     #[tokio::test]

@@ -45,6 +45,7 @@ pub struct RedisBackendBuilder {
     namespace: String,
     wait: Option<Wait>,
     track: bool,
+    calls_in_flight: usize,
 }
 
 enum Target {
@@ -92,7 +93,24 @@ impl RedisBackendBuilder {
             namespace: KeyLayout::DEFAULT_NAMESPACE.to_owned(),
             wait: None,
             track: true,
+            calls_in_flight: Self::DEFAULT_CALLS_IN_FLIGHT,
         }
+    }
+
+    /// The default [`calls_in_flight`](Self::calls_in_flight): 16.
+    pub const DEFAULT_CALLS_IN_FLIGHT: usize = crate::backend::CALLS_IN_FLIGHT;
+
+    /// How many acquisition calls, and as many release calls, may be in
+    /// flight at once on one connection (on a cluster, per slot). An
+    /// acquisition or release that finds that many out waits, and goes out
+    /// together with the others that waited, as one script call, when one
+    /// comes back; with fewer out it is sent at once, alone. The default,
+    /// 16, keeps the client and the server busy together; 1 batches the
+    /// most, which suits a server that is itself the bottleneck
+    /// (docs/performance.md, acquire_release). Accepted: 1 to 1024.
+    pub fn calls_in_flight(mut self, calls: usize) -> Self {
+        self.calls_in_flight = calls;
+        self
     }
 
     /// Whether the renewal connection asks the server to report changes to
@@ -188,6 +206,15 @@ impl RedisBackendBuilder {
         let layout = KeyLayout::new(&self.namespace)?;
         check_timeout("op_timeout", self.op_timeout)?;
         check_timeout("connect_timeout", self.connect_timeout)?;
+        if !(1..=1024).contains(&self.calls_in_flight) {
+            return Err(Error::InvalidConfig {
+                field: "calls_in_flight",
+                reason: format!(
+                    "{} is out of range: at least 1 call must be allowed in flight, and at most 1024",
+                    self.calls_in_flight
+                ),
+            });
+        }
         if let Some(wait) = self.wait {
             check_timeout("wait_for_replicas timeout", wait.timeout)?;
             if wait.replicas == 0 {
@@ -216,7 +243,8 @@ impl RedisBackendBuilder {
                         shown,
                         self.wait,
                     )
-                    .with_server_info(server_info));
+                    .with_server_info(server_info)
+                    .with_calls_in_flight(self.calls_in_flight));
                 }
                 Kind::Sentinel {
                     sentinels,
@@ -264,6 +292,7 @@ impl RedisBackendBuilder {
                     )
                     .with_tracking(tracking)
                     .with_server_info(server_info)
+                    .with_calls_in_flight(self.calls_in_flight)
                     .start_tracking()
                     .await);
                 }
@@ -334,6 +363,7 @@ impl RedisBackendBuilder {
         )
         .with_tracking(tracking)
         .with_server_info(server_info)
+        .with_calls_in_flight(self.calls_in_flight)
         .start_tracking()
         .await)
     }

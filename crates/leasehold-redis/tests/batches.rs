@@ -22,6 +22,17 @@ use leasehold_core::{
 use leasehold_redis::{KeyLayout, RedisBackend};
 use leasehold_testkit::{Proxy, ProxyMode, RedisCluster, RedisServer, redis_cli_binary};
 
+/// A backend with one call of each kind in flight, so that requests sent
+/// together while it is out wait and go as one batch (the default lets
+/// 16 go alone first).
+async fn batching(server: &RedisServer) -> RedisBackend {
+    RedisBackend::builder(server.url())
+        .calls_in_flight(1)
+        .connect()
+        .await
+        .expect("connect to the test server")
+}
+
 /// Far above any reply on an idle server: only a missing one reaches it.
 const BOUND: Duration = Duration::from_secs(10);
 
@@ -94,7 +105,7 @@ fn counter(server: &RedisServer, k: &LeaseKey) -> Result<u64, Box<dyn std::error
 #[tokio::test]
 async fn a_batch_grants_the_free_keys_and_reports_the_held_ones() -> TestResult {
     let server = RedisServer::start()?;
-    let backend = connect(&server).await;
+    let backend = batching(&server).await;
     warm_up(&backend, &[&server], &[key("warm")]).await?;
     let other = connect(&server).await;
     let keys: Vec<LeaseKey> = (0..6).map(|i| key(&format!("mixed-{i}"))).collect();
@@ -150,7 +161,7 @@ async fn a_batch_grants_the_free_keys_and_reports_the_held_ones() -> TestResult 
 #[tokio::test]
 async fn fencing_tokens_rise_across_a_batch_and_across_batches() -> TestResult {
     let server = RedisServer::start()?;
-    let backend = connect(&server).await;
+    let backend = batching(&server).await;
     warm_up(&backend, &[&server], &[key("warm")]).await?;
     let contested = key("contested");
     let others: Vec<LeaseKey> = (0..3).map(|i| key(&format!("side-{i}"))).collect();
@@ -227,7 +238,7 @@ async fn fencing_tokens_rise_across_a_batch_and_across_batches() -> TestResult {
 #[tokio::test]
 async fn batched_releases_publish_their_notices() -> TestResult {
     let server = RedisServer::start()?;
-    let backend = connect(&server).await;
+    let backend = batching(&server).await;
     warm_up(&backend, &[&server], &[key("warm")]).await?;
     let keys: Vec<LeaseKey> = (0..4).map(|i| key(&format!("noticed-{i}"))).collect();
     let (me, them) = (holder(), holder());
@@ -338,7 +349,7 @@ impl Drop for Monitor {
 #[tokio::test]
 async fn a_lone_acquisition_is_sent_at_once_alone() -> TestResult {
     let server = RedisServer::start()?;
-    let backend = connect(&server).await;
+    let backend = batching(&server).await;
     warm_up(&backend, &[&server], &[key("warm")]).await?;
     let monitor = Monitor::start(&server)?;
     acquire(&backend, &key("lone"), holder(), ttl("30s")).await?;
@@ -366,7 +377,10 @@ async fn a_lone_acquisition_is_sent_at_once_alone() -> TestResult {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_batch_split_across_slots_is_granted_on_each_master() -> TestResult {
     let cluster = RedisCluster::start(3, 0)?;
-    let backend = RedisBackend::connect(cluster.url()).await?;
+    let backend = RedisBackend::builder(cluster.url())
+        .calls_in_flight(1)
+        .connect()
+        .await?;
     // Two hash tags whose slots live on different masters.
     let mut tags: Vec<(String, usize)> = Vec::new();
     for tag in ["a", "b", "c", "d", "e", "f", "g", "h"] {
@@ -429,6 +443,7 @@ async fn a_batch_whose_reply_is_lost_times_out_for_every_caller() -> TestResult 
     let proxy = Proxy::start(server.addr()).await?;
     let op_timeout = Duration::from_millis(300);
     let backend = RedisBackend::builder(proxy.url())
+        .calls_in_flight(1)
         .op_timeout(op_timeout)
         .connect()
         .await?;
@@ -503,7 +518,7 @@ fn tracked_keys(server: &RedisServer) -> Result<u64, Box<dyn std::error::Error>>
 #[tokio::test]
 async fn a_batch_over_a_tracking_connection_tracks_its_leases_not_their_counters() -> TestResult {
     let server = RedisServer::start()?;
-    let backend = connect(&server).await;
+    let backend = batching(&server).await;
     assert!(backend.tracks_lease_changes());
     warm_up(&backend, &[&server], &[key("warm")]).await?;
     let mut watch = backend.watch_changes().await?;
