@@ -10,7 +10,9 @@
 //! the pinning). Prints one JSON line per scenario. Settings:
 //! `LEASEHOLD_BENCH_SECS` (seconds per run, default 3), `LEASEHOLD_BENCH_REPEATS`
 //! (default 5), `LEASEHOLD_BENCH_QUICK=1` (a few cycles, to check it runs),
-//! `LEASEHOLD_BENCH_CLIENTS` (a comma-separated subset of the client names).
+//! `LEASEHOLD_BENCH_CLIENTS` (a comma-separated subset of the client names),
+//! `LEASEHOLD_BENCH_CALLS_IN_FLIGHT` (the backend's `calls_in_flight`,
+//! default the backend's own).
 //!
 //! A broken cycle — a free key not granted, a lease lost while held, a
 //! release that finds it gone, a fencing token that does not rise, a
@@ -360,7 +362,14 @@ fn main() -> BenchResult {
         .build()?;
     runtime.block_on(async {
         let ttl = Ttl::parse("30s")?;
-        let backend = RedisBackend::connect(server.url()).await?;
+        let calls = env_number(
+            "LEASEHOLD_BENCH_CALLS_IN_FLIGHT",
+            leasehold::redis::RedisBackendBuilder::DEFAULT_CALLS_IN_FLIGHT as u64,
+        );
+        let backend = RedisBackend::builder(server.url())
+            .calls_in_flight(usize::try_from(calls)?)
+            .connect()
+            .await?;
         let client = redis::Client::open(server.url())?;
         let clients = Clients {
             manager: LeaseManager::new(backend.clone())?,
