@@ -530,7 +530,8 @@ impl RedisBackend {
         Err(Failure::from_redis(err, self.shared.op_timeout))
     }
 
-    /// One `acquire.lua` call for a batch of requests, all in one slot:
+    /// One script call for a batch of requests, all in one slot
+    /// (`acquire.lua` for one, `acquire_many.lua` for more):
     /// each request's outcome, in order. A call that fails gives its error
     /// to every request in it; its effect is then unknown for each.
     async fn acquire_batch(
@@ -617,7 +618,8 @@ impl RedisBackend {
         Ok(outcome)
     }
 
-    /// One `release.lua` call for a batch of releases, all in one slot:
+    /// One script call for a batch of releases, all in one slot
+    /// (`release.lua` for one, `release_many.lua` for more):
     /// each release's outcome, and whether a waiter elsewhere heard its
     /// notice, in order. A call that fails gives its error to every
     /// release in it.
