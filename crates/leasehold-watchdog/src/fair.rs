@@ -88,7 +88,7 @@ pub(crate) async fn acquire<B: LeaseBackend>(
         let (failure, retry_at, releases) = match outcome {
             Ok(FairOutcome::Acquired { grant, queued }) => {
                 orphan.armed = false;
-                crate::metrics::fair_queued(options.name(), queued);
+                crate::metrics::fair_queued(options.shared_name(), queued);
                 if in_time(&grant, options) {
                     manager.queues.note_won(key, grant.fencing_token);
                     return Ok(Won {
@@ -105,7 +105,7 @@ pub(crate) async fn acquire<B: LeaseBackend>(
             }
             Ok(FairOutcome::Waiting(place)) => {
                 orphan.armed = false;
-                crate::metrics::fair_queued(options.name(), place.queued);
+                crate::metrics::fair_queued(options.shared_name(), place.queued);
                 let (retry_at, releases) =
                     listen_plan(&place, options, notices, attempt, now, refresh);
                 let holder = place.holder.unwrap_or_default();

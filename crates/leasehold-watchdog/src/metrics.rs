@@ -212,8 +212,8 @@ pub(crate) fn acquired(
     gauge!(SAFETY_MARGIN, LABEL_NAME => label(name)).set(safety_margin);
 }
 
-pub(crate) fn fair_queued(name: &str, queued: u32) {
-    gauge!(FAIR_QUEUED, LABEL_NAME => name.to_owned()).set(f64::from(queued));
+pub(crate) fn fair_queued(name: &Cow<'static, str>, queued: u32) {
+    gauge!(FAIR_QUEUED, LABEL_NAME => label(name)).set(f64::from(queued));
 }
 
 pub(crate) fn candidates(name: &Cow<'static, str>, delta: f64) {
