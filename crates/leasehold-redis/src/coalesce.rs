@@ -530,10 +530,18 @@ mod tests {
         let (coalescer, calls) = (Coalescer::new(8), Calls::new());
         let mut first = Box::pin(coalescer.run(None, 0, PATIENCE, call(&calls)));
         assert!((&mut first).now_or_never().is_none());
+        let started = tokio::time::Instant::now();
         let waited = coalescer
             .run(None, 1, Duration::from_secs(1), call(&calls))
             .await;
         assert_eq!(waited, Err(Abandoned::NotSent));
+        // It gave up at its patience (the paused clock jumps to the timer),
+        // not at some later bound.
+        let gave_up_after = started.elapsed();
+        assert!(
+            gave_up_after >= Duration::from_secs(1) && gave_up_after < Duration::from_secs(2),
+            "gave up after {gave_up_after:?}"
+        );
         calls.gate.add_permits(10);
         assert_eq!(first.await, Ok(0));
         assert_eq!(calls.sent(), [vec![0]]);
