@@ -4,8 +4,8 @@ use std::future::Future;
 use std::time::Duration;
 
 use crate::{
-    BackendError, ChangeWatch, Error, FairOutcome, FencingToken, Grant, HolderId, LeaseKey,
-    LockDelay, PermitLimit, PlaceTtl, ReleaseWatch, Ttl,
+    BackendError, ChangeWatch, Error, FairOutcome, FencingToken, Grant, HandoverWatch, HolderId,
+    LeaseKey, LockDelay, PermitLimit, PlaceTtl, ReleaseWatch, Ttl,
 };
 
 /// A request to acquire a lease.
@@ -338,17 +338,59 @@ pub trait LeaseBackend: Clone + Send + Sync + 'static {
     ///
     /// [`BackendError::Unsupported`] from a backend that has no fair queue
     /// (the default). Otherwise as [`try_acquire`](Self::try_acquire).
+    ///
+    /// `handover`, when given, asks that a release of the lease by a fair
+    /// holder ([`release_fair`](Self::release_fair)) hand it straight to
+    /// this waiter when its place is first: the server then keeps the
+    /// lease for `handover` from this call (or from the waiter's latest
+    /// call) and announces it to [`watch_handover`](Self::watch_handover),
+    /// so that the waiter need not ask again. A waiter that died while
+    /// first holds the queue up for at most `handover` after its last call.
+    /// A backend that does not hand over ignores it.
     fn try_acquire_fair(
         &self,
         request: &AcquireRequest,
         place_ttl: PlaceTtl,
+        handover: Option<Duration>,
     ) -> impl Future<Output = Result<FairOutcome, BackendError>> + Send {
-        let _ = place_ttl;
+        let _ = (place_ttl, handover);
         std::future::ready(Err(BackendError::Unsupported {
             op: "acquire_fair",
             key: request.key.as_str().to_owned(),
             reason: "this backend has no fair queue; acquire without fair mode",
         }))
+    }
+
+    /// Frees the lease as [`release`](Self::release) does and, in the same
+    /// atomic operation, grants it to the first live place of the key's
+    /// fair queue when that waiter asked for a handover (see
+    /// [`try_acquire_fair`](Self::try_acquire_fair)), announcing the grant
+    /// to the waiter's [`watch_handover`](Self::watch_handover). Otherwise
+    /// the release is announced as any other, and the head asks for the
+    /// lease itself. A lease taken in fair mode is released this way.
+    ///
+    /// The default never hands over: it calls [`release`](Self::release).
+    fn release_fair(
+        &self,
+        key: &LeaseKey,
+        holder: &HolderId,
+    ) -> impl Future<Output = Result<ReleaseOutcome, BackendError>> + Send {
+        self.release(key, holder)
+    }
+
+    /// Listens for a release that hands the lease `key` to `holder`, a
+    /// waiter in its fair queue (see [`release_fair`](Self::release_fair)).
+    /// Called before the waiter's first place call, so that no handover
+    /// after that call goes unheard.
+    ///
+    /// The default never hands over ([`HandoverWatch::unsupported`]).
+    fn watch_handover(
+        &self,
+        key: &LeaseKey,
+        holder: &HolderId,
+    ) -> impl Future<Output = Result<HandoverWatch, BackendError>> + Send {
+        let _ = (key, holder);
+        std::future::ready(Ok(HandoverWatch::unsupported()))
     }
 
     /// Leaves `holder`'s place in the fair queue of `key`, if it has one,

@@ -19,7 +19,9 @@
 
 use std::time::Duration;
 
-use crate::{Error, Grant, HolderId, LeaseInfo};
+use tokio::sync::oneshot;
+
+use crate::{Error, FencingToken, Grant, HolderId, LeaseInfo};
 
 /// How long a waiter's place in a fair queue lives without being refreshed:
 /// the bound on how long a waiter that died holds up the ones behind it.
@@ -117,6 +119,77 @@ pub enum FairOutcome {
     },
     /// Not our turn yet (or the lease is held): our place is kept.
     Waiting(FairPlace),
+}
+
+/// Where a waiter in a fair queue learns that a release handed it the
+/// lease ([`LeaseBackend::release_fair`]): the fencing token of the grant.
+///
+/// A release that hands over grants the lease to the queue's head on the
+/// server, in the same atomic operation, and tells the head's process; the
+/// head then holds the lease without asking again. A backend that never
+/// hands over returns [`HandoverWatch::unsupported`], whose
+/// [`handed_over`](Self::handed_over) never completes.
+///
+/// [`LeaseBackend::release_fair`]: crate::LeaseBackend::release_fair
+pub struct HandoverWatch {
+    grant: Option<oneshot::Receiver<FencingToken>>,
+    _registration: Option<Box<dyn Send + Sync>>,
+}
+
+impl HandoverWatch {
+    /// A watch completed by `grant`; `registration` is kept as long as the
+    /// watch and dropped with it (a backend uses it to stop listening).
+    pub fn new(
+        grant: oneshot::Receiver<FencingToken>,
+        registration: impl Send + Sync + 'static,
+    ) -> Self {
+        Self {
+            grant: Some(grant),
+            _registration: Some(Box::new(registration)),
+        }
+    }
+
+    /// A watch that never completes, for a backend that never hands over.
+    #[must_use]
+    pub fn unsupported() -> Self {
+        Self {
+            grant: None,
+            _registration: None,
+        }
+    }
+
+    /// Whether a handover can be announced to this watch at all.
+    #[must_use]
+    pub fn is_supported(&self) -> bool {
+        self.grant.is_some()
+    }
+
+    /// Waits until a release hands the lease to this waiter, and returns
+    /// the grant's fencing token. Never completes for an unsupported watch,
+    /// once the backend dropped its side, or after it completed once.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe: a handover announced while no one waits is kept and
+    /// completes the next call.
+    pub async fn handed_over(&mut self) -> FencingToken {
+        if let Some(grant) = self.grant.as_mut()
+            && let Ok(token) = grant.await
+        {
+            self.grant = None;
+            return token;
+        }
+        self.grant = None;
+        std::future::pending().await
+    }
+}
+
+impl std::fmt::Debug for HandoverWatch {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("HandoverWatch")
+            .field("supported", &self.is_supported())
+            .finish()
+    }
 }
 
 /// One fair queue, as the in-memory backend keeps it: places in arrival

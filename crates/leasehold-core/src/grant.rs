@@ -46,6 +46,36 @@ impl Grant {
     }
 }
 
+impl Grant {
+    /// Builds the grant of a lease that a release handed to a waiter in a
+    /// fair queue (see [`LeaseBackend::release_fair`]). The server kept it
+    /// for `hold` from when it last saw the waiter's place call, which this
+    /// process sent at `placed_at`; so the lease is certainly held until
+    /// `placed_at + hold`, less the [`clock_drift`] allowance of the ttl,
+    /// however late the handover came. Its renewals then extend it to the
+    /// full `ttl`.
+    ///
+    /// [`LeaseBackend::release_fair`]: crate::LeaseBackend::release_fair
+    #[must_use]
+    pub fn handed_over(
+        key: LeaseKey,
+        holder: HolderId,
+        fencing_token: FencingToken,
+        ttl: Ttl,
+        placed_at: Instant,
+        hold: std::time::Duration,
+    ) -> Self {
+        Self {
+            valid_until: placed_at + hold.saturating_sub(clock_drift(ttl.get())),
+            sent_at: placed_at,
+            key,
+            holder,
+            fencing_token,
+            ttl,
+        }
+    }
+}
+
 /// The end of a lease's certain validity for a request sent at `sent_at`.
 #[must_use]
 pub fn valid_until(sent_at: Instant, ttl: Ttl) -> Instant {

@@ -17,7 +17,8 @@ use crate::error::excerpt;
 /// semaphore `K` at `K:permits`, so `order:{42}:fence` would name the
 /// counter of `order:{42}`; likewise not with `:readers` or
 /// `:write-wanted`, the reader index and writer intent of a read-write
-/// lease, nor with `:fair` or `:fair-places`, a lease's fair queue). It is
+/// lease, nor with `:fair`, `:fair-places` or `:fair-asks`, a lease's
+/// fair queue). It is
 /// cheap to clone.
 ///
 /// A key with a hash tag that ends with `:write` or `:read:<32 hex
@@ -97,12 +98,15 @@ impl LeaseKey {
                 reason: "a lease key with a hash tag must not end with ':readers' or ':write-wanted', the suffixes of a read-write lease's reader index and writer intent; choose another ending",
             });
         }
-        if key.hash_tag().is_some() && (key.0.ends_with(":fair") || key.0.ends_with(":fair-places"))
+        if key.hash_tag().is_some()
+            && [":fair", ":fair-places", ":fair-asks"]
+                .iter()
+                .any(|suffix| key.0.ends_with(suffix))
         {
             // A fair queue is kept beside its lease with these suffixes.
             return Err(Error::InvalidKey {
                 key: excerpt(&key.0),
-                reason: "a lease key with a hash tag must not end with ':fair' or ':fair-places', the suffixes of a lease's fair queue; choose another ending",
+                reason: "a lease key with a hash tag must not end with ':fair', ':fair-places' or ':fair-asks', the suffixes of a lease's fair queue; choose another ending",
             });
         }
         if key.hash_tag().is_some() && key.0.ends_with(":permits") {
@@ -215,7 +219,7 @@ mod tests {
             assert!(reason.contains(":permits"), "{reason}");
         }
         // Nor a lease's fair queue.
-        for bad in ["doc:{42}:fair", "{42}:fair-places"] {
+        for bad in ["doc:{42}:fair", "{42}:fair-places", "{42}:fair-asks"] {
             let Err(Error::InvalidKey { reason, .. }) = LeaseKey::new(bad) else {
                 panic!("{bad:?} was accepted");
             };

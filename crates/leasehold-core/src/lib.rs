@@ -55,7 +55,7 @@ pub use backend::{
 };
 pub use change::{ChangeFeed, ChangeWatch, LeaseChange};
 pub use error::{BackendError, Cause, Error};
-pub use fair::{FairOutcome, FairPlace, PlaceTtl};
+pub use fair::{FairOutcome, FairPlace, HandoverWatch, PlaceTtl};
 pub use fencing::FencingToken;
 pub use grant::{Grant, valid_until};
 pub use holder::HolderId;

@@ -10,8 +10,8 @@ use std::collections::HashMap;
 use futures_util::future::join_all;
 use leasehold_core::{
     AcquireOutcome, AcquireRequest, BackendError, ChangeWatch, FairOutcome, HandoverOutcome,
-    HolderId, LeaseBackend, LeaseInfo, LeaseKey, PermitLimit, PlaceTtl, ReleaseOutcome,
-    ReleaseWatch, RenewOutcome, RenewRequest, RwInfo,
+    HandoverWatch, HolderId, LeaseBackend, LeaseInfo, LeaseKey, PermitLimit, PlaceTtl,
+    ReleaseOutcome, ReleaseWatch, RenewOutcome, RenewRequest, RwInfo,
 };
 use redis::RedisResult;
 use redis::Value;
@@ -843,10 +843,14 @@ impl LeaseBackend for RedisBackend {
 
     /// One `fair.lua` call (see `fair.rs`), over the connection and with
     /// the replica acknowledgement of [`try_acquire`](Self::try_acquire).
+    /// A handover is asked for only where the head can be told of it (the
+    /// backend has release notices) and its grant needs no acknowledgement
+    /// (no replicas are waited for).
     async fn try_acquire_fair(
         &self,
         request: &AcquireRequest,
         place_ttl: PlaceTtl,
+        handover: Option<Duration>,
     ) -> Result<FairOutcome, BackendError> {
         const OP: &str = "acquire_fair";
         not_a_share(OP, &request.key)?;
@@ -861,7 +865,21 @@ impl LeaseBackend for RedisBackend {
             .await
             .map_err(|f| f.for_key(OP, &request.key))?;
         let tracked = matches!(route, WriteRoute::Tracked { .. });
-        let call = scripts::fair(&self.shared.layout, request, tracked, place_ttl.as_millis());
+        let handover = handover
+            .filter(|_| self.shared.notices.is_some() && self.shared.wait.is_none())
+            .map_or(0, |hold| {
+                // The key is kept for the lock-delay beyond the validity, as
+                // for any grant.
+                let kept = hold.min(request.ttl.get()) + request.lock_delay.get();
+                u64::try_from(kept.as_millis()).unwrap_or(u64::MAX).max(1)
+            });
+        let call = scripts::fair(
+            &self.shared.layout,
+            request,
+            tracked,
+            place_ttl.as_millis(),
+            handover,
+        );
         let sent_at = Instant::now();
         let reply = self
             .eval_write(&call, route, self.shared.wait)
@@ -877,6 +895,59 @@ impl LeaseBackend for RedisBackend {
             return Err(failure.for_key(OP, &request.key));
         }
         Ok(outcome)
+    }
+
+    /// One `release_fair.lua` call, on the connection releases take: a
+    /// notice names the new holder when the queue's head got the lease.
+    async fn release_fair(
+        &self,
+        key: &LeaseKey,
+        holder: &HolderId,
+    ) -> Result<ReleaseOutcome, BackendError> {
+        const OP: &str = "release";
+        if key.permit_of().is_some() || key.rw_of().is_some() {
+            // Fair mode queues exclusive leases only.
+            return self.release(key, holder).await;
+        }
+        let notices = self.shared.notices.as_ref();
+        if let Some(notices) = notices {
+            // With the channel lingering here, this release's notice is
+            // dropped on arrival (see `Notices::own_subscription`).
+            notices.own_subscription(|| self.shared.layout.released(key));
+        }
+        let call = scripts::release_fair(
+            &self.shared.layout,
+            key,
+            holder,
+            notices.is_some(),
+            notices.is_some_and(Notices::sharded),
+        );
+        let route = self
+            .lease_writes(false, || self.shared.layout.lease(key))
+            .await
+            .map_err(|f| f.for_key(OP, key))?;
+        let reply = self
+            .eval_write(&call, route, None)
+            .await
+            .map_err(|f| f.for_key(OP, key))?;
+        reply::released_heard(&reply.value)
+            .map(|(outcome, _)| outcome)
+            .map_err(|f| f.for_key(OP, key))
+    }
+
+    /// Listens on the backend's subscription connection (the waiter's
+    /// release watch keeps the lease's channel subscribed); without release
+    /// notices nothing is handed over, and the watch is unsupported.
+    async fn watch_handover(
+        &self,
+        key: &LeaseKey,
+        holder: &HolderId,
+    ) -> Result<HandoverWatch, BackendError> {
+        let _ = key;
+        Ok(match &self.shared.notices {
+            Some(notices) if self.shared.wait.is_none() => notices.watch_handover(holder),
+            _ => HandoverWatch::unsupported(),
+        })
     }
 
     async fn leave_fair_queue(

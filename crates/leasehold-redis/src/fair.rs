@@ -7,10 +7,16 @@
 //! |-----------------|------------------------------------------------------------------|
 //! | `P:fair`        | the waiters' holder ids, scored by arrival (server microseconds) |
 //! | `P:fair-places` | the same ids, scored by when each place expires (server milliseconds) |
+//! | `P:fair-asks`   | a hash: id → `<call ms>:<handover ms>:<label>`, for waiters that asked for a handover |
 //!
-//! Both expire with the last place in them. One script call prunes the
-//! expired places, takes or refreshes the caller's, and grants the lease
-//! only when it is free and the caller's place is first; see `fair.lua`.
+//! All three expire with the last place in them. One script call prunes
+//! the expired places, takes or refreshes the caller's, and grants the
+//! lease only when it is free and the caller's place is first; see
+//! `fair.lua`. A lease taken in fair mode is released by
+//! `release_fair.lua`, which hands it to the head in the same script when
+//! the head asked for it: kept until the server time of the head's latest
+//! call plus its handover ms, and announced on the release channel as
+//! `<holder hex>:<token>`, which the head's process reads (`notices.rs`).
 
 use leasehold_core::{AcquireOutcome, AcquireRequest, FairOutcome, FairPlace};
 use redis::Value;

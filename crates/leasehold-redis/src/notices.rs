@@ -43,13 +43,13 @@ use std::convert::Infallible;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
-use leasehold_core::ReleaseWatch;
+use leasehold_core::{FencingToken, HandoverWatch, HolderId, ReleaseWatch};
 use redis::aio::{ConnectionManager, ConnectionManagerConfig, MultiplexedConnection};
 use redis::cluster::ClusterClientBuilder;
 use redis::cluster_async::ClusterConnection;
 use redis::sentinel::SentinelClient;
 use redis::{Client, ConnectionInfo, ProtocolVersion, PushInfo, PushKind, Value};
-use tokio::sync::{OnceCell, watch};
+use tokio::sync::{OnceCell, oneshot, watch};
 
 use crate::reply::Failure;
 
@@ -150,6 +150,9 @@ struct Channels {
     /// The connection broke since it last subscribed (Sentinel: nothing
     /// subscribes again by itself).
     lost: bool,
+    /// Waiters in fair queues listening for a release that hands them the
+    /// lease, by holder id in hex (see [`Notices::watch_handover`]).
+    handovers: HashMap<[u8; 32], oneshot::Sender<FencingToken>>,
 }
 
 struct Channel {
@@ -190,6 +193,18 @@ impl Drop for Subscription {
                 channels.watched.remove(&self.name);
             }
         }
+    }
+}
+
+/// Keeps one fair waiter's interest in a handover alive.
+struct HandoverInterest {
+    channels: Arc<Mutex<Channels>>,
+    holder: [u8; 32],
+}
+
+impl Drop for HandoverInterest {
+    fn drop(&mut self) {
+        lock(&self.channels).handovers.remove(&self.holder);
     }
 }
 
@@ -365,6 +380,23 @@ impl Notices {
         }
     }
 
+    /// Listens for a release that hands a lease to `holder`: the release's
+    /// notice then names the holder and the grant's fencing token
+    /// (`release_fair.lua`). The waiter's own [`watch`](Self::watch) of the
+    /// lease's channel keeps the channel subscribed.
+    pub(crate) fn watch_handover(&self, holder: &HolderId) -> HandoverWatch {
+        let (sender, receiver) = oneshot::channel();
+        let holder = holder.to_hex_bytes();
+        lock(&self.channels).handovers.insert(holder, sender);
+        HandoverWatch::new(
+            receiver,
+            HandoverInterest {
+                channels: Arc::clone(&self.channels),
+                holder,
+            },
+        )
+    }
+
     /// How many of `channel`'s subscribers on the server are this
     /// backend's notices connection: 1 while any watch holds it, else 0.
     /// The channel's name is built only when something is watched: a
@@ -497,6 +529,17 @@ impl Notices {
     }
 }
 
+/// The new holder and fencing token a handover's notice names:
+/// `<holder hex, 32 digits>:<token>` (a plain release says `1`).
+fn handover(payload: &Value) -> Option<([u8; 32], FencingToken)> {
+    let Value::BulkString(payload) = payload else {
+        return None;
+    };
+    let (holder, rest) = payload.split_first_chunk::<32>()?;
+    let token = std::str::from_utf8(rest.strip_prefix(b":")?).ok()?;
+    Some((*holder, FencingToken(token.parse().ok()?)))
+}
+
 /// Runs on the connection's I/O task for every push: must not block.
 fn dispatch(channels: &Mutex<Channels>, push: &PushInfo) {
     let mut channels = lock(channels);
@@ -506,6 +549,15 @@ fn dispatch(channels: &Mutex<Channels>, push: &PushInfo) {
             if let Some(Value::BulkString(name)) = push.data.first()
                 && let Some(channel) = channels.watched.get_mut(name)
             {
+                if let Some((holder, token)) = push.data.get(1).and_then(handover) {
+                    // A release that handed the lease over: the lease is
+                    // not free, so no waiter is woken but the new holder.
+                    channel.own_release = None;
+                    if let Some(sender) = channels.handovers.remove(&holder) {
+                        let _ = sender.send(token);
+                    }
+                    return;
+                }
                 // This process's own release, announced to no one here.
                 if channel
                     .own_release

@@ -370,8 +370,9 @@ impl LeaseBackend for RedlockBackend {
         &self,
         request: &AcquireRequest,
         place_ttl: PlaceTtl,
+        handover: Option<std::time::Duration>,
     ) -> Result<FairOutcome, BackendError> {
-        let _ = place_ttl;
+        let _ = (place_ttl, handover);
         Err(BackendError::Unsupported {
             op: "acquire_fair",
             key: request.key.as_str().to_owned(),

@@ -253,24 +253,41 @@ pub(crate) static FAIR: LazyLock<Lua> = LazyLock::new(|| {
 pub(crate) static FAIR_LEAVE: LazyLock<Lua> =
     LazyLock::new(|| Lua::new(include_str!("scripts/fair_leave.lua")));
 
-/// Appends the keys of `key`'s fair queue (`P:fair`, `P:fair-places`).
+/// Releases a lease taken in fair mode, handing it to the head of its fair
+/// queue when that waiter asked; see `scripts/release_fair.lua`, with
+/// `scripts/grant.lua` in front, as for [`ACQUIRE`].
+pub(crate) static RELEASE_FAIR: LazyLock<Lua> = LazyLock::new(|| {
+    Lua::new(concat!(
+        include_str!("scripts/grant.lua"),
+        include_str!("scripts/release_fair.lua")
+    ))
+});
+
+/// Appends the keys of `key`'s fair queue (`P:fair`, `P:fair-places`,
+/// `P:fair-asks`).
 fn fair_keys(layout: &KeyLayout, key: &LeaseKey, call: &mut Call) {
     let mut queue = Vec::with_capacity(64);
     layout.write_lease(key, &mut queue);
     queue.extend_from_slice(b":fair");
     call.cmd.arg(&queue[..]);
+    let stem = queue.len();
     queue.extend_from_slice(b"-places");
+    call.cmd.arg(&queue[..]);
+    queue.truncate(stem);
+    queue.extend_from_slice(b"-asks");
     call.cmd.arg(&queue[..]);
 }
 
-/// `fair.lua` for `request`, its place to live `place_ttl` milliseconds.
+/// `fair.lua` for `request`, its place to live `place_ttl` milliseconds;
+/// a lease handed to it is kept `handover` from the call (0: none asked).
 pub(crate) fn fair(
     layout: &KeyLayout,
     request: &AcquireRequest,
     tracked: bool,
     place_ttl: u64,
+    handover: u64,
 ) -> Call {
-    let mut call = Call::new(&FAIR, 4);
+    let mut call = Call::new(&FAIR, 5);
     let mut key = Vec::with_capacity(64);
     layout.write_lease(&request.key, &mut key);
     call.cmd.arg(&key[..]);
@@ -284,13 +301,42 @@ pub(crate) fn fair(
         .arg(request.lock_delay.expiry_millis(request.ttl))
         .arg(request.label.as_deref().unwrap_or(""))
         .arg(if tracked { "1" } else { "0" })
-        .arg(place_ttl);
+        .arg(place_ttl)
+        .arg(handover);
+    call
+}
+
+/// `release_fair.lua` for `holder`'s lease `key`; `channel` false where no
+/// one can listen for notices (then nothing is handed over either).
+pub(crate) fn release_fair(
+    layout: &KeyLayout,
+    key: &LeaseKey,
+    holder: &HolderId,
+    channel: bool,
+    sharded: bool,
+) -> Call {
+    let mut call = Call::new(&RELEASE_FAIR, 5);
+    let mut lease = Vec::with_capacity(64);
+    layout.write_lease(key, &mut lease);
+    call.cmd.arg(&lease[..]);
+    lease.clear();
+    layout.write_counted(key, &mut lease);
+    let stem = lease.len();
+    lease.extend_from_slice(b":fence");
+    call.cmd.arg(&lease[..]);
+    fair_keys(layout, key, &mut call);
+    lease.truncate(stem);
+    lease.extend_from_slice(b":released");
+    call.cmd
+        .arg(&holder.to_hex_bytes()[..])
+        .arg(if channel { &lease[..] } else { &b""[..] })
+        .arg(if sharded { "SPUBLISH" } else { "PUBLISH" });
     call
 }
 
 /// `fair_leave.lua` for `holder`'s place in `key`'s fair queue.
 pub(crate) fn fair_leave(layout: &KeyLayout, key: &LeaseKey, holder: &HolderId) -> Call {
-    let mut call = Call::new(&FAIR_LEAVE, 2);
+    let mut call = Call::new(&FAIR_LEAVE, 3);
     fair_keys(layout, key, &mut call);
     call.cmd.arg(&holder.to_hex_bytes()[..]);
     call
@@ -611,6 +657,7 @@ mod tests {
             ("withdraw", include_str!("scripts/withdraw.lua")),
             ("fair", include_str!("scripts/fair.lua")),
             ("fair_leave", include_str!("scripts/fair_leave.lua")),
+            ("release_fair", include_str!("scripts/release_fair.lua")),
             ("acquire_many", include_str!("scripts/acquire_many.lua")),
             ("release_many", include_str!("scripts/release_many.lua")),
         ] {
@@ -622,6 +669,7 @@ mod tests {
                 "read",
                 "write",
                 "fair",
+                "release_fair",
             ]
             .contains(&name)
             {

@@ -26,13 +26,36 @@ async fn fair(
     who: HolderId,
     place: PlaceTtl,
 ) -> Result<FairOutcome, BackendError> {
+    asking(backend, lease, who, place, None).await
+}
+
+/// A place call that asks for a handover kept `handover` from the call.
+async fn asking(
+    backend: &impl LeaseBackend,
+    lease: &LeaseKey,
+    who: HolderId,
+    place: PlaceTtl,
+    handover: Option<Duration>,
+) -> Result<FairOutcome, BackendError> {
     let request = AcquireRequest::new(lease.clone(), who, ttl("30s"));
     timeout(
         Duration::from_secs(5),
-        backend.try_acquire_fair(&request, place),
+        backend.try_acquire_fair(&request, place, handover),
     )
     .await
     .expect("the call answers")
+}
+
+/// The holder (hex) and fencing token stored in `lease` on the server.
+fn stored_on_server(
+    server: &RedisServer,
+    lease: &LeaseKey,
+) -> Result<(String, String), Box<dyn std::error::Error>> {
+    let value = server.cli(&["GET", &storage_key(lease)])?;
+    let mut parts = value.split(':');
+    let holder = parts.next().unwrap_or_default().to_owned();
+    let token = parts.next().unwrap_or_default().to_owned();
+    Ok((holder, token))
 }
 
 fn waiting(outcome: FairOutcome) -> FairPlace {
@@ -235,5 +258,130 @@ async fn redlock_refuses_fair_mode() -> TestResult {
     for master in &masters {
         assert_eq!(master.cli(&["DBSIZE"])?, "0");
     }
+    Ok(())
+}
+
+/// A fair release hands the lease to the head that asked for it, in the
+/// same script: the server's value names the head and the token its
+/// process was told, the head leaves the queue, and the next waiter is not
+/// told anything. That one's turn comes with the next fair release; with
+/// no one left, a fair release only frees the lease (EXISTS 0) and leaves
+/// no queue key behind.
+#[tokio::test]
+async fn a_fair_release_hands_the_lease_to_the_head_that_asked() -> TestResult {
+    let server = RedisServer::start()?;
+    let backend = connect(&server).await;
+    let lease = key("fair:handover");
+    let first = acquire(&backend, &lease, holder(), ttl("30s")).await?;
+    let (a, b) = (holder(), holder());
+    // The waiters' process listens on the lease's channel, as a waiter does.
+    let _channel = backend.watch_releases(&lease).await?;
+    let mut told_a = backend.watch_handover(&lease, &a).await?;
+    let mut told_b = backend.watch_handover(&lease, &b).await?;
+    let hold = Some(Duration::from_secs(5));
+    waiting(asking(&backend, &lease, a, place_ttl(2_000), hold).await?);
+    waiting(asking(&backend, &lease, b, place_ttl(2_000), hold).await?);
+
+    let released = backend.release_fair(&lease, &first.holder).await?;
+    assert_eq!(released, ReleaseOutcome::Released);
+    let token_a = timeout(Duration::from_secs(5), told_a.handed_over())
+        .await
+        .map_err(|_| "the head was never told of a handover")?;
+    assert_eq!(
+        stored_on_server(&server, &lease)?,
+        (a.to_hex(), token_a.0.to_string())
+    );
+    assert!(token_a > first.fencing_token);
+    let pttl: i64 = server.cli(&["PTTL", &storage_key(&lease)])?.parse()?;
+    assert!((1..=5_000).contains(&pttl), "kept {pttl} ms");
+    assert_eq!(queue(&server, &lease)?, [b.to_hex()]);
+    assert!(
+        timeout(Duration::from_millis(200), told_b.handed_over())
+            .await
+            .is_err(),
+        "the second waiter was told of a handover that was not its own"
+    );
+
+    backend.release_fair(&lease, &a).await?;
+    let token_b = timeout(Duration::from_secs(5), told_b.handed_over())
+        .await
+        .map_err(|_| "the second waiter was never told")?;
+    assert_eq!(
+        stored_on_server(&server, &lease)?,
+        (b.to_hex(), token_b.0.to_string())
+    );
+    assert!(token_b > token_a);
+    assert!(queue(&server, &lease)?.is_empty());
+
+    assert_eq!(
+        backend.release_fair(&lease, &b).await?,
+        ReleaseOutcome::Released
+    );
+    let prefix = storage_key(&lease);
+    assert_eq!(
+        server.cli(&[
+            "EXISTS",
+            &prefix,
+            &format!("{prefix}:fair"),
+            &format!("{prefix}:fair-places"),
+            &format!("{prefix}:fair-asks"),
+        ])?,
+        "0"
+    );
+    // Not ours any more: nothing changes.
+    assert_eq!(
+        backend.release_fair(&lease, &b).await?,
+        ReleaseOutcome::NotHeld
+    );
+    Ok(())
+}
+
+/// A handed-over lease, released late (400 ms after the head's call), is
+/// still on the server when the head's validity ends (the grant's
+/// `valid_until`, counted from when the head sent its call), and gone
+/// within its handover time of the head's call: a head that died is not
+/// waited for longer. Both read on the server (EXISTS), not computed.
+#[tokio::test]
+async fn a_handed_over_lease_outlives_the_heads_validity_and_no_more() -> TestResult {
+    let server = RedisServer::start()?;
+    let backend = connect(&server).await;
+    let lease = key("fair:handover-time");
+    let first = acquire(&backend, &lease, holder(), ttl("30s")).await?;
+    let head = holder();
+    let hold = Duration::from_millis(1_500);
+    let _channel = backend.watch_releases(&lease).await?;
+    let mut told = backend.watch_handover(&lease, &head).await?;
+    let sent = Instant::now();
+    waiting(asking(&backend, &lease, head, place_ttl(2_000), Some(hold)).await?);
+    let answered = Instant::now();
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    backend.release_fair(&lease, &first.holder).await?;
+    let token = timeout(Duration::from_secs(5), told.handed_over())
+        .await
+        .map_err(|_| "the head was never told of a handover")?;
+    let grant = Grant::handed_over(lease.clone(), head, token, ttl("30s"), sent, hold);
+    assert!(
+        grant.valid_until <= sent + hold,
+        "a validity beyond the handover time"
+    );
+    tokio::time::sleep_until(grant.valid_until - Duration::from_millis(20)).await;
+    assert_eq!(
+        server.cli(&["EXISTS", &storage_key(&lease)])?,
+        "1",
+        "the lease was gone before the head's validity ended"
+    );
+    let gone = timeout(Duration::from_secs(5), async {
+        while server.cli(&["EXISTS", &storage_key(&lease)])? != "0" {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        Ok::<_, Box<dyn std::error::Error>>(Instant::now())
+    })
+    .await
+    .map_err(|_| "the handed-over lease never expired")??;
+    assert!(
+        gone <= answered + hold + Duration::from_millis(60),
+        "kept {:?} after the head's call answered",
+        gone - answered
+    );
     Ok(())
 }

@@ -29,12 +29,25 @@
 //! ttl after the last call, which refreshes the place (and notices a place
 //! ahead that expired). The head, with no notice to wait for, asks on the
 //! backoff, and no later than the holder's ttl runs out.
+//!
+//! Handovers: where the backend can announce them
+//! ([`LeaseBackend::watch_handover`]), a waiter asks in each call that a
+//! release hand it the lease when its place is first, and the release of a
+//! lease taken in fair mode ([`LeaseBackend::release_fair`]) grants it to
+//! the head on the server, in the same atomic step. The head, Listening,
+//! then holds the lease without another call: an owner switch costs the
+//! release and its notice only. The server keeps a handed-over lease for
+//! [`handover_hold`] from the head's latest call, and the head counts its
+//! validity from when it sent that call ([`Grant::handed_over`]); its first
+//! renewal, at once, extends it to the full ttl. While Listening the lease
+//! may become ours at any moment, so a wait given up (or dropped) then
+//! releases it, as an attempt of unknown outcome is released.
 
 use std::time::Duration;
 
 use leasehold_core::{
-    AcquireRequest, BackendError, FairOutcome, FairPlace, Grant, LeaseBackend, LeaseInfo, LeaseKey,
-    ReleaseWatch,
+    AcquireRequest, BackendError, FairOutcome, FairPlace, FencingToken, Grant, HandoverWatch,
+    LeaseBackend, LeaseInfo, LeaseKey, PlaceTtl, ReleaseWatch, clock_drift,
 };
 use tokio::time::Instant;
 use tracing::debug;
@@ -78,12 +91,24 @@ pub(crate) async fn acquire<B: LeaseBackend>(
         None
     };
     let notices = watch.as_ref().is_some_and(ReleaseWatch::is_supported);
+    // Listening for a handover before the first call, as for notices.
+    let mut handover = if notices && options.fair_handover() {
+        watch_handover(manager.backend, key, &request).await
+    } else {
+        HandoverWatch::unsupported()
+    };
+    let hold = handover
+        .is_supported()
+        .then(|| handover_hold(options, place_ttl));
     let refresh = place_ttl.get() / 3;
     let mut attempt = 0u32;
+    // When the latest call the server answered was sent.
+    let mut placed_at = None;
     loop {
         // Placing.
         orphan.armed = true;
-        let outcome = Box::pin(manager.backend.try_acquire_fair(&request, place_ttl)).await;
+        let sent_at = Instant::now();
+        let outcome = Box::pin(manager.backend.try_acquire_fair(&request, place_ttl, hold)).await;
         let now = Instant::now();
         let (failure, retry_at, releases) = match outcome {
             Ok(FairOutcome::Acquired { grant, queued }) => {
@@ -104,7 +129,9 @@ pub(crate) async fn acquire<B: LeaseBackend>(
                 (not_acquired(key, started, LeaseInfo::default()), now, 0)
             }
             Ok(FairOutcome::Waiting(place)) => {
-                orphan.armed = false;
+                // Asked for a handover, the lease may be ours from now on.
+                orphan.armed = hold.is_some();
+                placed_at = Some(sent_at);
                 crate::metrics::fair_queued(options.shared_name(), place.queued);
                 let (retry_at, releases) =
                     listen_plan(&place, options, notices, attempt, now, refresh);
@@ -126,7 +153,32 @@ pub(crate) async fn acquire<B: LeaseBackend>(
             return Err(failure);
         };
         debug!(attempt, releases, "waiting in the fair queue");
-        listen(watch.as_mut(), retry_at.min(give_up_at), releases).await;
+        let until = retry_at.min(give_up_at);
+        if let Some(token) = listen(watch.as_mut(), &mut handover, until, releases).await
+            && let (Some(placed_at), Some(hold)) = (placed_at, hold)
+        {
+            // Granted.
+            let grant = Grant::handed_over(
+                key.clone(),
+                request.holder,
+                token,
+                request.ttl,
+                placed_at,
+                hold,
+            );
+            if in_time(&grant, options) {
+                orphan.armed = false;
+                manager.queues.note_won(key, grant.fencing_token);
+                return Ok(Won {
+                    grant,
+                    turn,
+                    watch,
+                    handed_over: false,
+                });
+            }
+            // Too late to use: the next call finds it ours and refreshes it.
+            debug!("a handover came too late to use; asking for the lease");
+        }
         attempt = attempt.saturating_add(1);
     }
 }
@@ -161,8 +213,40 @@ fn listen_plan(
     (now + retry_after, if notices { releases } else { 0 })
 }
 
-/// `Listening`: until `until`, or until `releases` notices (if any) came.
-async fn listen(watch: Option<&mut ReleaseWatch>, until: Instant, releases: u32) {
+/// How long the server keeps a lease a release hands to a waiter, counted
+/// from the waiter's latest call: long enough that, when the handover comes
+/// as late as a place can live (a place ttl after that call, plus a third
+/// for the renewal that follows), the lease is still valid beyond the
+/// safety margin and the clock-drift allowance; never more than the ttl.
+/// This is also how long a waiter that died at the head holds the queue up.
+fn handover_hold(options: &LeaseOptions, place_ttl: PlaceTtl) -> Duration {
+    let ttl = options.ttl().get();
+    let place = place_ttl.get();
+    (place + place / 3 + options.safety_margin() + clock_drift(ttl)).min(ttl)
+}
+
+async fn watch_handover<B: LeaseBackend>(
+    backend: &B,
+    key: &LeaseKey,
+    request: &AcquireRequest,
+) -> HandoverWatch {
+    // Boxed, as in waiting.rs.
+    let watch: Result<HandoverWatch, BackendError> =
+        Box::pin(backend.watch_handover(key, &request.holder)).await;
+    watch.unwrap_or_else(|error| {
+        debug!(%error, "no handovers; asking for the lease");
+        HandoverWatch::unsupported()
+    })
+}
+
+/// `Listening`: until `until`, until `releases` notices (if any) came, or
+/// until a release hands us the lease (its fencing token).
+async fn listen(
+    watch: Option<&mut ReleaseWatch>,
+    handover: &mut HandoverWatch,
+    until: Instant,
+    releases: u32,
+) -> Option<FencingToken> {
     let poll = tokio::time::sleep_until(until);
     let notices = async {
         match watch {
@@ -175,9 +259,14 @@ async fn listen(watch: Option<&mut ReleaseWatch>, until: Instant, releases: u32)
         }
     };
     tokio::select! {
+        token = handover.handed_over() => {
+            debug!("a release handed the lease over");
+            return Some(token);
+        }
         () = poll => {}
         () = notices => debug!("release notice; asking the fair queue"),
     }
+    None
 }
 
 /// Leaves the place on the server, so the waiters behind need not wait for

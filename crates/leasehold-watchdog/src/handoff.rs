@@ -149,7 +149,13 @@ pub(crate) async fn release<B: LeaseBackend, W: Waiters + ?Sized>(
     queues: &W,
     key: &LeaseKey,
     holder: &HolderId,
+    fair: bool,
 ) -> Result<ReleaseOutcome, BackendError> {
+    if fair {
+        // Fair mode's turns are the server's queue: the release hands the
+        // lease to its head there, never to a local waiter.
+        return backend.release_fair(key, holder).await;
+    }
     // A permit is never handed over: its key's waiters here (if any) wait
     // for an exclusive lease of that name, not for a permit.
     let handoff = queues.handoff(key).filter(|_| key.permit_of().is_none());

@@ -48,13 +48,15 @@ impl Home {
     }
 
     /// Frees `key` for `holder` on the server, handing it to this
-    /// manager's next waiter where [`crate::handoff`] can.
+    /// manager's next waiter where [`crate::handoff`] can, or, for a lease
+    /// taken in fair mode (`fair`), to the head of the server's queue.
     pub(crate) fn release<'a>(
         &'a self,
         key: &'a LeaseKey,
         holder: &'a HolderId,
+        fair: bool,
     ) -> BoxFuture<'a, Result<ReleaseOutcome, BackendError>> {
-        self.releaser.release(key, holder)
+        self.releaser.release(key, holder, fair)
     }
 }
 
@@ -64,6 +66,7 @@ trait Releaser: Send + Sync {
         &'a self,
         key: &'a LeaseKey,
         holder: &'a HolderId,
+        fair: bool,
     ) -> BoxFuture<'a, Result<ReleaseOutcome, BackendError>>;
 }
 
@@ -77,12 +80,14 @@ impl<B: LeaseBackend> Releaser for Direct<B> {
         &'a self,
         key: &'a LeaseKey,
         holder: &'a HolderId,
+        fair: bool,
     ) -> BoxFuture<'a, Result<ReleaseOutcome, BackendError>> {
         Box::pin(crate::handoff::release(
             &self.backend,
             &self.queues,
             key,
             holder,
+            fair,
         ))
     }
 }

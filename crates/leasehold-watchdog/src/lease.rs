@@ -286,7 +286,10 @@ impl Lease {
             share: None,
         };
         let span = debug_span!("release", key = %key, name = %self.shared.name);
-        let outcome = home.release(key, &self.holder).instrument(span).await;
+        let outcome = home
+            .release(key, &self.holder, self.shared.timing.fair)
+            .instrument(span)
+            .await;
         abandoned.armed = false;
         if let Err(error) = &outcome {
             debug!(%key, %error, "release failed; the lease expires by itself");

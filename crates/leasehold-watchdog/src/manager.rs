@@ -268,7 +268,8 @@ impl<B: LeaseBackend> LeaseManager<B> {
                 options.safety_margin(),
                 options.max_renewals(),
             )
-            .with_lock_delay(options.lock_delay()),
+            .with_lock_delay(options.lock_delay())
+            .with_fair(options.fair().is_some()),
         ));
         let holder = grant.holder;
         self.inner.home.registry.register(

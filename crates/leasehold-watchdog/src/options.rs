@@ -50,6 +50,8 @@ pub struct LeaseOptions {
     lock_delay: LockDelay,
     /// Fair mode's place ttl, when it is on.
     fair: Option<PlaceTtl>,
+    /// In fair mode, whether a release may hand the lease to the head.
+    fair_handover: bool,
 }
 
 impl Default for LeaseOptions {
@@ -95,6 +97,7 @@ impl LeaseOptions {
             fair: b
                 .fair
                 .then(|| PlaceTtl::new(b.place_ttl).unwrap_or_default()),
+            fair_handover: b.fair_handover,
         }
     }
 
@@ -173,6 +176,13 @@ impl LeaseOptions {
         self.fair
     }
 
+    /// In fair mode, whether a release hands the lease to the head of the
+    /// queue (see [`LeaseOptionsBuilder::fair_handover`]).
+    #[must_use]
+    pub fn fair_handover(&self) -> bool {
+        self.fair_handover
+    }
+
     /// These options with another wait.
     pub(crate) fn with_wait(&self, wait: Option<Duration>) -> Self {
         Self {
@@ -209,6 +219,7 @@ pub struct LeaseOptionsBuilder {
     lock_delay: Duration,
     fair: bool,
     place_ttl: Duration,
+    fair_handover: bool,
 }
 
 impl Default for LeaseOptionsBuilder {
@@ -226,6 +237,7 @@ impl Default for LeaseOptionsBuilder {
             lock_delay: Duration::ZERO,
             fair: false,
             place_ttl: PlaceTtl::DEFAULT.get(),
+            fair_handover: true,
         }
     }
 }
@@ -332,6 +344,22 @@ impl LeaseOptionsBuilder {
     /// whole milliseconds. Default: [`PlaceTtl::DEFAULT`] (2 s).
     pub fn place_ttl(mut self, ttl: Duration) -> Self {
         self.place_ttl = ttl;
+        self
+    }
+
+    /// In fair mode, whether the release of a lease hands it to the head of
+    /// the server's queue in the same step, so that the head holds it
+    /// without asking (an owner switch then costs the release and its
+    /// notice, not a third call). The price: the server keeps a handed-over
+    /// lease for the head's *handover time* from its latest call (four
+    /// thirds of the place ttl, plus the safety margin and the clock-drift
+    /// allowance, at most the ttl), so a waiter that died while first holds
+    /// the queue up that long instead of its place ttl. Off, the head asks
+    /// for the lease itself after the release notice. Only backends with
+    /// release notices hand over (Redis, not behind replica
+    /// acknowledgements). Default: on.
+    pub fn fair_handover(mut self, on: bool) -> Self {
+        self.fair_handover = on;
         self
     }
 

@@ -195,10 +195,25 @@ impl Registry {
 /// back by less than that), or its deadline if that comes first.
 fn first_due(shared: &Shared, sent_at: Instant) -> Instant {
     let timing = shared.timing;
-    let interval = timing.renew_interval();
-    let step = interval / RENEW_WINDOW_DIVISOR;
-    let deadline = valid_until(sent_at, shared.ttl) - timing.safety_margin();
-    (sent_at + (interval - step)).min(deadline)
+    let step = timing.renew_interval() / RENEW_WINDOW_DIVISOR;
+    let deadline = shared.valid_until() - timing.safety_margin();
+    first_renewal(shared, sent_at)
+        .checked_sub(step)
+        .unwrap_or(sent_at)
+        .min(deadline)
+}
+
+/// When a lease acquired at `sent_at` is first renewed: a renew interval
+/// later, or at once when its grant is valid for less than its ttl would
+/// make it (a lease a release handed over from a fair queue, which the
+/// server keeps only for a while after the waiter's last call:
+/// `Grant::handed_over`), so that it is extended to its full ttl.
+fn first_renewal(shared: &Shared, sent_at: Instant) -> Instant {
+    if shared.valid_until() < valid_until(sent_at, shared.ttl) {
+        sent_at
+    } else {
+        sent_at + shared.timing.renew_interval()
+    }
 }
 
 /// How one lease is kept, fixed at acquisition. Durations are kept in
@@ -214,6 +229,9 @@ pub(crate) struct Timing {
     renewals_cap: u32,
     /// Sent with every renewal: the server keeps the key for ttl + this.
     pub(crate) lock_delay: LockDelay,
+    /// Taken in fair mode: released by `LeaseBackend::release_fair`, which
+    /// may hand it to the head of the server's queue.
+    pub(crate) fair: bool,
 }
 
 impl Timing {
@@ -228,7 +246,14 @@ impl Timing {
             safety_margin_ns: ns(safety_margin),
             renewals_cap: max_renewals.unwrap_or(u32::MAX),
             lock_delay: LockDelay::ZERO,
+            fair: false,
         }
+    }
+
+    /// This timing for a lease taken in fair mode (when `fair`).
+    pub(crate) fn with_fair(mut self, fair: bool) -> Self {
+        self.fair = fair;
+        self
     }
 
     /// This timing for a lease with a lock-delay. The delay lengthens the
@@ -637,7 +662,9 @@ impl<B: LeaseBackend> Watchdog<B> {
         sent_at: Instant,
     ) {
         let timing = shared.timing;
-        let deadline = valid_until(sent_at, shared.ttl) - timing.safety_margin();
+        // The grant's validity, as recorded (no renewal has run yet).
+        let deadline = shared.valid_until() - timing.safety_margin();
+        let renew_at = first_renewal(&shared, sent_at);
         let entry = Entry {
             ttl: shared.ttl,
             shared,
@@ -665,7 +692,7 @@ impl<B: LeaseBackend> Watchdog<B> {
                             LossReason::Deadline.as_str(),
                         );
                     }
-                    self.release(&entry.key, Some(&entry.shared.name), entry.holder, None);
+                    self.release(&entry.key, Some(&entry.shared), entry.holder, None);
                     return;
                 };
                 self.slots.push(Slot {
@@ -678,9 +705,7 @@ impl<B: LeaseBackend> Watchdog<B> {
         self.changes.insert(&entry.key, id);
         self.slots[slot as usize].entry = Some(entry);
         self.ids.insert(id, slot);
-        if let Some((when, place)) =
-            self.schedule(slot, sent_at + timing.renew_interval(), Instant::now())
-        {
+        if let Some((when, place)) = self.schedule(slot, renew_at, Instant::now()) {
             self.buckets.entry(when).or_default().push(place);
         }
     }
@@ -695,7 +720,7 @@ impl<B: LeaseBackend> Watchdog<B> {
                     } else {
                         "dropped"
                     });
-                    self.release(&entry.key, Some(&entry.shared.name), entry.holder, reply);
+                    self.release(&entry.key, Some(&entry.shared), entry.holder, reply);
                 }
                 None => {
                     // Released at shutdown already.
@@ -1106,24 +1131,28 @@ impl<B: LeaseBackend> Watchdog<B> {
                     LossReason::Shutdown.as_str(),
                 );
             }
-            self.release(&entry.key, Some(&entry.shared.name), entry.holder, None);
+            self.release(&entry.key, Some(&entry.shared), entry.holder, None);
         }
     }
 
+    /// Releases `key` for `holder` in the background: the lease `shared`
+    /// (none for an orphan, released as an exclusive lease).
     fn release(
         &mut self,
         key: &LeaseKey,
-        name: Option<&str>,
+        shared: Option<&Shared>,
         holder: HolderId,
         reply: Option<ReleaseReply>,
     ) {
         let backend = self.backend.clone();
         let queues = Arc::clone(&self.queues);
+        let name = shared.map(|s| &*s.name);
+        let fair = shared.is_some_and(|s| s.timing.fair);
         let span = debug_span!("release", key = %key, name);
         let key = key.clone();
         self.work.push(Box::pin(
             async move {
-                let outcome = crate::handoff::release(&backend, &queues, &key, &holder).await;
+                let outcome = crate::handoff::release(&backend, &queues, &key, &holder, fair).await;
                 if let Err(error) = &outcome {
                     debug!(%key, %error, "release failed; the lease expires by itself");
                 }

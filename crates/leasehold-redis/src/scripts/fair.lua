@@ -6,13 +6,20 @@
 --                         time in microseconds), so ZRANK is the number of places ahead
 -- KEYS[4]  P:fair-places  the same holder ids scored by when their place expires (server
 --                         time in milliseconds)
+-- KEYS[5]  P:fair-asks    a hash: holder id -> "<call ms>:<handover ms>:<label>" for the
+--                         places that asked for a handover (see release_fair.lua): when
+--                         the server last saw the waiter's call, and how long from then
+--                         a lease handed to it is kept
 -- ARGV[1]  holder         the holder id, 32 lowercase hex digits
 -- ARGV[2]  ttl            the lease's time to live, in milliseconds
 -- ARGV[3]  label          a public label shown to others (may be empty)
 -- ARGV[4]  track          '0' when the connection does not track (see acquire.lua)
 -- ARGV[5]  place_ttl      how long the caller's place lives unless refreshed, in milliseconds
+-- ARGV[6]  handover       how long a lease handed to this waiter by a release is kept, in
+--                         milliseconds from this call (lock-delay included); '0' or left
+--                         out: no handover, the waiter asks for the lease itself
 --
--- All keys share the hash tag of P, so they sit in one cluster slot. Both queue keys expire
+-- All keys share the hash tag of P, so they sit in one cluster slot. The queue keys expire
 -- with the last place in them, so a queue whose waiters all vanished leaves nothing behind.
 --
 -- Returns {1, token, queued}            when the lease is ours (`queued` places are left)
@@ -43,6 +50,7 @@ if current and string.sub(current, 1, 33) == mine then
   end
   redis.call('ZREM', KEYS[3], holder)
   redis.call('ZREM', KEYS[4], holder)
+  redis.call('HDEL', KEYS[5], holder)
   return {1, token, redis.call('ZCARD', KEYS[3])}
 end
 
@@ -53,6 +61,7 @@ local now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local expired = redis.call('ZRANGEBYSCORE', KEYS[4], '-inf', string.format('%.0f', now_ms))
 for i = 1, #expired do
   redis.call('ZREM', KEYS[3], expired[i])
+  redis.call('HDEL', KEYS[5], expired[i])
 end
 if #expired > 0 then
   redis.call('ZREMRANGEBYSCORE', KEYS[4], '-inf', string.format('%.0f', now_ms))
@@ -65,6 +74,11 @@ if not redis.call('ZSCORE', KEYS[3], holder) then
 end
 local until_ms = string.format('%.0f', now_ms + place_ttl)
 redis.call('ZADD', KEYS[4], until_ms, holder)
+if ARGV[6] and ARGV[6] ~= '0' then
+  redis.call('HSET', KEYS[5], holder, string.format('%.0f', now_ms) .. ':' .. ARGV[6] .. ':' .. label)
+else
+  redis.call('HDEL', KEYS[5], holder)
+end
 local ahead = redis.call('ZRANK', KEYS[3], holder)
 local queued = redis.call('ZCARD', KEYS[3])
 
@@ -75,6 +89,7 @@ local function keep_queue()
     local left = string.format('%.0f', math.max(1, tonumber(last[2]) - now_ms))
     redis.call('PEXPIRE', KEYS[3], left)
     redis.call('PEXPIRE', KEYS[4], left)
+    redis.call('PEXPIRE', KEYS[5], left)
   end
 end
 
@@ -95,6 +110,7 @@ end
 local token, refused
 redis.call('ZREM', KEYS[3], holder)
 redis.call('ZREM', KEYS[4], holder)
+redis.call('HDEL', KEYS[5], holder)
 keep_queue()
 token, refused = grant(KEYS[1], KEYS[2], holder, ttl, label, track)
 if not token then

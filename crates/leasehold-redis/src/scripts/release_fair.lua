@@ -1,0 +1,84 @@
+-- release_fair.lua: compare-and-delete, then hand the lease to the head of its fair queue
+-- in the same script, when that waiter asked for it (fair.lua's ARGV[6]).
+--
+-- KEYS[1]  P              the lease: "<holder hex>:<fencing token>:<label>", with a PX expiry
+-- KEYS[2]  P:fence        the lease's fencing counter
+-- KEYS[3]  P:fair         the queue, by arrival (see fair.lua)
+-- KEYS[4]  P:fair-places  the places, by expiry
+-- KEYS[5]  P:fair-asks    the handovers asked for: holder id -> "<call ms>:<handover ms>:<label>"
+-- ARGV[1]  holder         the releasing holder id expected in the lease, 32 lowercase hex digits
+-- ARGV[2]  channel        P:released; empty where no one can listen (then nothing is
+--                         handed over: the head could not be told)
+-- ARGV[3]  publish        the publish command: PUBLISH, or SPUBLISH on a cluster
+--
+-- Returns 0 when the lease was not ours (nothing changed), 1 when it was ours and is now
+-- free, announced on the channel with '1', and 2 when it was ours and now belongs to the
+-- queue's head, announced on the channel with "<head's holder hex>:<token>".
+--
+-- Why the handed-over lease is safe to use: fair.lua stored, with the head's place, the
+-- server time of the head's latest call. The head's process sent that call earlier, and
+-- counts its validity from when it sent it; the lease is kept until that server time plus
+-- the handover ms, so it outlives the head's validity however late the release came. A
+-- head that died is not kept waiting for: the lease runs out at that same time.
+
+-- 1. Read the lease; a key of another type gives its WRONGTYPE error back.
+local v = redis.pcall('GET', KEYS[1])
+if type(v) == 'table' and v.err then
+  return redis.error_reply(v.err)
+end
+
+-- 2. Not ours (gone, or another holder's): leave it alone.
+if not v or string.sub(v, 1, 33) ~= ARGV[1] .. ':' then
+  return 0
+end
+
+-- 3. Ours: delete it. The fencing counter (P:fence) stays, so tokens keep rising.
+redis.call('DEL', KEYS[1])
+if not ARGV[2] or ARGV[2] == '' then
+  return 1
+end
+
+-- 4. Drop the places that expired (as fair.lua does), then look at the head.
+local t = redis.call('TIME')
+local now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local now = string.format('%.0f', now_ms)
+local expired = redis.call('ZRANGEBYSCORE', KEYS[4], '-inf', now)
+for i = 1, #expired do
+  redis.call('ZREM', KEYS[3], expired[i])
+  redis.call('HDEL', KEYS[5], expired[i])
+end
+if #expired > 0 then
+  redis.call('ZREMRANGEBYSCORE', KEYS[4], '-inf', now)
+end
+local head = redis.call('ZRANGE', KEYS[3], 0, 0)[1]
+local ask = head and redis.call('HGET', KEYS[5], head)
+
+-- 5. A head that asked for a handover, whose lease would still outlive this moment: grant
+--    it (grant.lua, sent in front of this script) for what is left of its handover time.
+--    The grant is not read back (track false): the head's own renewal tracks it.
+if ask then
+  local first = string.find(ask, ':', 1, true)
+  local second = first and string.find(ask, ':', first + 1, true)
+  if second then
+    local called = tonumber(string.sub(ask, 1, first - 1))
+    local hold = tonumber(string.sub(ask, first + 1, second - 1))
+    local label = string.sub(ask, second + 1)
+    local left = called and hold and (called + hold - now_ms)
+    if left and left >= 1 then
+      local token = grant(KEYS[1], KEYS[2], head, string.format('%.0f', left), label, false)
+      if token then
+        redis.call('ZREM', KEYS[3], head)
+        redis.call('ZREM', KEYS[4], head)
+        redis.call('HDEL', KEYS[5], head)
+        redis.call(ARGV[3], ARGV[2], head .. ':' .. token)
+        return 2
+      end
+      -- A counter that is not a number: the lease stays free, announced below; the head
+      -- asks for it and is told of the counter.
+    end
+  end
+end
+
+-- 6. No handover: announce the release, as release.lua does.
+redis.call(ARGV[3], ARGV[2], '1')
+return 1
