@@ -109,17 +109,50 @@ async fn behind_sentinel_waiters_get_the_lease_in_arrival_order() -> TestResult 
     grants_follow_arrivals(&set.url(), set.master(), 4).await
 }
 
-/// A waiter in a process that dies (a runtime of its own, dropped) keeps
-/// its place until it expires on the server, and the waiter behind it gets
-/// the lease after that expiry and within a third of a place ttl (its
-/// refresh) of it, by the server's clock: the grant's fencing token is the
-/// server's TIME in microseconds, the place's expiry its score.
+/// Without handovers, a waiter in a process that dies (a runtime of its
+/// own, dropped) keeps its place until it expires on the server, and the
+/// waiter behind it gets the lease after that expiry and within a third of
+/// a place ttl (its refresh) of it, by the server's clock: the grant's
+/// fencing token is the server's TIME in microseconds, the place's expiry
+/// its score.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_dead_waiter_is_skipped_once_its_place_expires() -> TestResult {
+    dead_waiter_is_skipped(false).await
+}
+
+/// With handovers (the default), the release hands the lease to the dead
+/// waiter at the head, and the server keeps it for the handover time from
+/// that waiter's last call (four thirds of the place ttl, plus the safety
+/// margin and the drift allowance: 800 + 500 + 52 ms here), read from the
+/// server's own record of the call and the lease's PTTL; the waiter behind
+/// gets the lease after that expiry, by the server's clock, and within a
+/// third of a place ttl of it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dead_head_handed_the_lease_holds_the_queue_up_for_its_handover_time() -> TestResult {
+    dead_waiter_is_skipped(true).await
+}
+
+/// The server's clock, in milliseconds.
+fn server_ms(server: &RedisServer) -> Result<u64, Error> {
+    let time = server.cli(&["TIME"])?;
+    let mut parts = time.lines().map(str::trim);
+    let secs: u64 = parts.next().ok_or("no seconds")?.parse()?;
+    let micros: u64 = parts.next().ok_or("no microseconds")?.parse()?;
+    Ok(secs * 1000 + micros / 1000)
+}
+
+async fn dead_waiter_is_skipped(handover: bool) -> TestResult {
     let server = RedisServer::start()?;
     let key = LeaseKey::new("fair:dead")?;
     let place_ttl = Duration::from_millis(600);
-    let options = fair(place_ttl);
+    let options = LeaseOptions::builder()
+        .ttl(Ttl::parse("5s")?)
+        .wait(Duration::from_secs(30))
+        .backoff(Backoff::fixed(Duration::from_millis(200)))
+        .fair(true)
+        .place_ttl(place_ttl)
+        .fair_handover(handover)
+        .build()?;
     let first = LeaseManager::new(RedisBackend::connect(server.url()).await?)?;
     let held = first.acquire(key.as_str(), &options).await?;
     // The dying process: it queues, then its runtime is dropped.
@@ -144,18 +177,35 @@ async fn a_dead_waiter_is_skipped_once_its_place_expires() -> TestResult {
     die_tx.send(())?;
     tokio::task::block_in_place(|| dying.join()).map_err(|_| "the dying thread panicked")??;
     let dead = server.cli(&["ZRANGE", &format!("{}:fair", stored(&key)), "0", "0"])?;
-    let expires_ms: u64 = server
-        .cli(&[
-            "ZSCORE",
-            &format!("{}:fair-places", stored(&key)),
-            dead.trim(),
-        ])?
+    let dead = dead.trim().to_owned();
+    let mut expires_ms: u64 = server
+        .cli(&["ZSCORE", &format!("{}:fair-places", stored(&key)), &dead])?
         .parse::<f64>()? as u64;
+    let asked = server.cli(&["HGET", &format!("{}:fair-asks", stored(&key)), &dead])?;
     let second = LeaseManager::new(RedisBackend::connect(server.url()).await?)?;
     let (key3, options3) = (key.clone(), options.clone());
     let waiting = tokio::spawn(async move { second.acquire(key3.as_str(), &options3).await });
     until_queued(&server, &key, 2).await?;
     held.release().await?;
+    if handover {
+        // The lease went to the dead head; it expires a handover time
+        // after the head's last call, as the server recorded that call.
+        let value = server.cli(&["GET", &stored(&key)])?;
+        assert!(value.starts_with(&dead), "not handed to the head: {value}");
+        let pttl: u64 = server.cli(&["PTTL", &stored(&key)])?.parse()?;
+        expires_ms = server_ms(&server)? + pttl;
+        let called_ms: u64 = asked.split(':').next().ok_or("no call time")?.parse()?;
+        let hold_ms = expires_ms - called_ms;
+        assert!(
+            (1_350..=1_356).contains(&hold_ms),
+            "kept {hold_ms} ms after the dead head's last call"
+        );
+    } else {
+        assert!(
+            asked.is_empty() || asked == "(nil)",
+            "a handover asked for: {asked}"
+        );
+    }
     let lease = within(Duration::from_secs(10), "the waiter behind", waiting).await??;
     let granted_ms = lease.fencing_token().0 / 1000;
     assert!(
@@ -170,5 +220,58 @@ async fn a_dead_waiter_is_skipped_once_its_place_expires() -> TestResult {
         "granted {late} ms after the dead place expired"
     );
     lease.release().await?;
+    Ok(())
+}
+
+/// How many times the server ran `command` since its stats were reset.
+fn calls(server: &RedisServer, command: &str) -> Result<u64, Error> {
+    let stats = server.cli(&["INFO", "commandstats"])?;
+    let prefix = format!("cmdstat_{command}:calls=");
+    Ok(stats
+        .lines()
+        .find_map(|line| line.trim().strip_prefix(&prefix))
+        .and_then(|rest| rest.split(',').next())
+        .map_or(Ok(0), str::parse)?)
+}
+
+/// With handovers, the head of the queue holds the lease after the fair
+/// release without a call of its own: from the release on, the server runs
+/// no place call (every `fair.lua` call adds a place with `ZADD`; the
+/// release does not), and the lease it holds is the one the server stores.
+/// The head polls no sooner than the holder's ttl (5 s) or its backoff
+/// (30 s), so only the release's notice or handover can wake it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_handed_over_head_holds_the_lease_without_asking_again() -> TestResult {
+    for handover in [true, false] {
+        let server = RedisServer::start()?;
+        let key = LeaseKey::new("fair:no-call")?;
+        let options = LeaseOptions::builder()
+            .ttl(Ttl::parse("5s")?)
+            .wait(Duration::from_secs(30))
+            .backoff(Backoff::fixed(Duration::from_secs(30)))
+            .fair(true)
+            .place_ttl(Duration::from_secs(30))
+            .fair_handover(handover)
+            .build()?;
+        let first = LeaseManager::new(RedisBackend::connect(server.url()).await?)?;
+        let held = first.acquire(key.as_str(), &options).await?;
+        let second = LeaseManager::new(RedisBackend::connect(server.url()).await?)?;
+        let (key2, options2) = (key.clone(), options.clone());
+        let waiting = tokio::spawn(async move { second.acquire(key2.as_str(), &options2).await });
+        until_queued(&server, &key, 1).await?;
+        server.cli(&["CONFIG", "RESETSTAT"])?;
+        held.release().await?;
+        let lease = within(Duration::from_secs(10), "the head", waiting).await??;
+        let value = server.cli(&["GET", &stored(&key)])?;
+        let token = value.split(':').nth(1).ok_or("no token stored")?;
+        assert_eq!(token, lease.fencing_token().0.to_string());
+        let places = calls(&server, "zadd")?;
+        if handover {
+            assert_eq!(places, 0, "the head asked again after the release");
+        } else {
+            assert!(places > 0, "without handovers the head asks");
+        }
+        lease.release().await?;
+    }
     Ok(())
 }
