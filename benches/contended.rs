@@ -20,7 +20,10 @@
 //! - `redis-crate/polling`: the same work written directly with the `redis`
 //!   crate: `SET NX PX`, a compare-and-delete script, and a 10 ms retry sleep;
 //! - `leasehold/16-managers/fair`: 16 managers with fair mode on
-//!   (`LeaseOptions::fair`): waiters queue on the server in arrival order;
+//!   (`LeaseOptions::fair`): waiters queue on the server in arrival order,
+//!   and a release hands the lease to the queue's head on the server;
+//! - `leasehold/16-managers/fair-no-handover`: the same with
+//!   `fair_handover(false)`: the head asks for the lease after the notice;
 //! - `processes/16/default` and `processes/16/fair`: 16 OS processes (this
 //!   bench re-executed with `LEASEHOLD_BENCH_CHILD` set), each one manager
 //!   with one worker on one key. Each child prints one line per hold
@@ -117,21 +120,24 @@ fn main() -> Result<(), BoxError> {
         }
         let only = std::env::var("LEASEHOLD_BENCH_SCENARIOS").unwrap_or_default();
         let chosen = |name: &str| only.is_empty() || only.split(',').any(|o| o.trim() == name);
+        // (managers, release notices, fair mode, fair handovers)
         let scenarios = [
-            (1, true, false),
-            (1, false, false),
-            (WORKERS, true, false),
-            (WORKERS, false, false),
-            (WORKERS, true, true),
+            (1, true, false, false),
+            (1, false, false, false),
+            (WORKERS, true, false, false),
+            (WORKERS, false, false, false),
+            (WORKERS, true, true, true),
+            (WORKERS, true, true, false),
         ];
         let mut results: Vec<(String, Vec<Summary>)> = Vec::new();
         for round in 0..rounds {
             let mut summaries = Vec::new();
-            for (managers, notices, fair) in scenarios {
-                let mode = match (notices, fair) {
-                    (_, true) => "fair",
-                    (true, false) => "notices",
-                    (false, false) => "polling",
+            for (managers, notices, fair, handover) in scenarios {
+                let mode = match (notices, fair, handover) {
+                    (_, true, true) => "fair",
+                    (_, true, false) => "fair-no-handover",
+                    (true, false, _) => "notices",
+                    (false, false, _) => "polling",
                 };
                 let name = if managers == 1 {
                     format!("leasehold/1-manager/{mode}")
@@ -142,7 +148,8 @@ fn main() -> Result<(), BoxError> {
                     continue;
                 }
                 reset_stats(&server)?;
-                let mut record = leasehold_run(&server, managers, notices, fair, run_for).await?;
+                let mut record =
+                    leasehold_run(&server, managers, notices, (fair, handover), run_for).await?;
                 read_stats(&server, &mut record)?;
                 summaries.push((name, Summary::of(run_for, record)));
             }
@@ -187,7 +194,7 @@ async fn leasehold_run(
     server: &RedisServer,
     managers: usize,
     notices: bool,
-    fair: bool,
+    (fair, handover): (bool, bool),
     run_for: Duration,
 ) -> Result<Record, BoxError> {
     let mut pool = Vec::new();
@@ -200,12 +207,13 @@ async fn leasehold_run(
         .ttl(Ttl::parse("5s")?)
         .wait(Duration::from_secs(30))
         .release_notices(notices)
-        .fair(fair);
+        .fair(fair)
+        .fair_handover(handover);
     if !notices {
         options = options.backoff(Backoff::fixed(POLL));
     }
     let options = options.build()?;
-    let key = format!("contended-{managers}-{notices}-{fair}");
+    let key = format!("contended-{managers}-{notices}-{fair}-{handover}");
     let record = Arc::new(Mutex::new(Record {
         per_worker: vec![0; WORKERS],
         ..Record::default()
