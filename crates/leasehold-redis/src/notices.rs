@@ -581,3 +581,30 @@ fn dispatch(channels: &Mutex<Channels>, push: &PushInfo) {
         _ => {}
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A handover's notice names the holder and token; a plain release's
+    /// `1`, or anything malformed, is no handover.
+    #[test]
+    fn a_handover_notice_names_its_holder_and_token() {
+        let bulk = |s: &str| Value::BulkString(s.as_bytes().to_vec());
+        let hex = "0123456789abcdef0123456789abcdef";
+        let (holder, token) =
+            handover(&bulk(&format!("{hex}:1700000000123456"))).expect("a handover notice");
+        assert_eq!(&holder, hex.as_bytes());
+        assert_eq!(token, FencingToken(1_700_000_000_123_456));
+        for plain in [
+            "1",
+            "",
+            &format!("{hex}:"),
+            &format!("{hex}-12"),
+            &hex[..31],
+        ] {
+            assert!(handover(&bulk(plain)).is_none(), "{plain:?}");
+        }
+        assert!(handover(&Value::Int(1)).is_none());
+    }
+}

@@ -115,13 +115,7 @@ pub(crate) async fn acquire<B: LeaseBackend>(
                 orphan.armed = false;
                 crate::metrics::fair_queued(options.shared_name(), queued);
                 if in_time(&grant, options) {
-                    manager.queues.note_won(key, grant.fencing_token);
-                    return Ok(Won {
-                        grant,
-                        turn,
-                        watch,
-                        handed_over: false,
-                    });
+                    return Ok(granted(&manager, key, grant, turn, watch));
                 }
                 // Too late to use: the next call (same holder) refreshes it;
                 // given up on, the guard releases it.
@@ -168,18 +162,29 @@ pub(crate) async fn acquire<B: LeaseBackend>(
             );
             if in_time(&grant, options) {
                 orphan.armed = false;
-                manager.queues.note_won(key, grant.fencing_token);
-                return Ok(Won {
-                    grant,
-                    turn,
-                    watch,
-                    handed_over: false,
-                });
+                return Ok(granted(&manager, key, grant, turn, watch));
             }
             // Too late to use: the next call finds it ours and refreshes it.
             debug!("a handover came too late to use; asking for the lease");
         }
         attempt = attempt.saturating_add(1);
+    }
+}
+
+/// `Granted`: the lease is ours, by a call or a handover.
+fn granted<B: LeaseBackend>(
+    manager: &Manager<'_, B>,
+    key: &LeaseKey,
+    grant: Grant,
+    turn: Turn,
+    watch: Option<ReleaseWatch>,
+) -> Won {
+    manager.queues.note_won(key, grant.fencing_token);
+    Won {
+        grant,
+        turn,
+        watch,
+        handed_over: false,
     }
 }
 

@@ -125,6 +125,18 @@ impl Shared {
         self.record.loss()
     }
 
+    /// This state for a lease taken in fair mode (when `fair`).
+    pub(crate) fn with_fair(mut self, fair: bool) -> Self {
+        self.record = self.record.with_fair(fair);
+        self
+    }
+
+    /// Whether the lease was taken in fair mode (and so is released by
+    /// `LeaseBackend::release_fair`).
+    pub(crate) fn fair(&self) -> bool {
+        self.record.fair()
+    }
+
     pub(crate) fn valid_until(&self) -> Instant {
         self.acquired_at + Duration::from_nanos(self.record.valid_for_ns())
     }
@@ -287,7 +299,7 @@ impl Lease {
         };
         let span = debug_span!("release", key = %key, name = %self.shared.name);
         let outcome = home
-            .release(key, &self.holder, self.shared.timing.fair)
+            .release(key, &self.holder, self.shared.fair())
             .instrument(span)
             .await;
         abandoned.armed = false;

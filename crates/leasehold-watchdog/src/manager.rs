@@ -260,17 +260,19 @@ impl<B: LeaseBackend> LeaseManager<B> {
 
     fn register(&self, grant: Grant, options: &LeaseOptions) -> Result<Lease, LeaseError> {
         let id = self.inner.next_id.fetch_add(1, Ordering::Relaxed);
-        let shared = Arc::new(Shared::new(
-            &grant,
-            options.shared_name().clone(),
-            Timing::new(
-                options.renew_interval(),
-                options.safety_margin(),
-                options.max_renewals(),
+        let shared = Arc::new(
+            Shared::new(
+                &grant,
+                options.shared_name().clone(),
+                Timing::new(
+                    options.renew_interval(),
+                    options.safety_margin(),
+                    options.max_renewals(),
+                )
+                .with_lock_delay(options.lock_delay()),
             )
-            .with_lock_delay(options.lock_delay())
             .with_fair(options.fair().is_some()),
-        ));
+        );
         let holder = grant.holder;
         self.inner.home.registry.register(
             id,

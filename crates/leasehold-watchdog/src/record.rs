@@ -25,6 +25,11 @@ pub(crate) struct Record {
     /// Why the lease ended: 0 while it has not, [`RELEASED`] once the handle
     /// took the release, else a [`LossReason`] code.
     loss: AtomicU8,
+    /// Taken in fair mode: released by `LeaseBackend::release_fair`, which
+    /// may hand it to the head of the server's queue. Fixed at acquisition;
+    /// kept here, in the room the atomics leave, so that per-lease state
+    /// does not grow.
+    fair: bool,
 }
 
 impl LossReason {
@@ -62,7 +67,19 @@ impl Record {
             valid_for_ns: AtomicU64::new(valid_for_ns),
             renewals: AtomicU32::new(0),
             loss: AtomicU8::new(0),
+            fair: false,
         }
+    }
+
+    /// This record for a lease taken in fair mode (when `fair`).
+    pub(crate) fn with_fair(mut self, fair: bool) -> Self {
+        self.fair = fair;
+        self
+    }
+
+    /// Whether the lease was taken in fair mode.
+    pub(crate) fn fair(&self) -> bool {
+        self.fair
     }
 
     /// Records a successful renewal. Only the watchdog writes, so plain

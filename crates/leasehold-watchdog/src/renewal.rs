@@ -229,9 +229,6 @@ pub(crate) struct Timing {
     renewals_cap: u32,
     /// Sent with every renewal: the server keeps the key for ttl + this.
     pub(crate) lock_delay: LockDelay,
-    /// Taken in fair mode: released by `LeaseBackend::release_fair`, which
-    /// may hand it to the head of the server's queue.
-    pub(crate) fair: bool,
 }
 
 impl Timing {
@@ -246,14 +243,7 @@ impl Timing {
             safety_margin_ns: ns(safety_margin),
             renewals_cap: max_renewals.unwrap_or(u32::MAX),
             lock_delay: LockDelay::ZERO,
-            fair: false,
         }
-    }
-
-    /// This timing for a lease taken in fair mode (when `fair`).
-    pub(crate) fn with_fair(mut self, fair: bool) -> Self {
-        self.fair = fair;
-        self
     }
 
     /// This timing for a lease with a lock-delay. The delay lengthens the
@@ -1147,7 +1137,7 @@ impl<B: LeaseBackend> Watchdog<B> {
         let backend = self.backend.clone();
         let queues = Arc::clone(&self.queues);
         let name = shared.map(|s| &*s.name);
-        let fair = shared.is_some_and(|s| s.timing.fair);
+        let fair = shared.is_some_and(Shared::fair);
         let span = debug_span!("release", key = %key, name);
         let key = key.clone();
         self.work.push(Box::pin(
