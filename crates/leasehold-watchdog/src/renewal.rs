@@ -204,15 +204,20 @@ fn first_due(shared: &Shared, sent_at: Instant) -> Instant {
 }
 
 /// When a lease acquired at `sent_at` is first renewed: a renew interval
-/// later, or at once when its grant is valid for less than its ttl would
-/// make it (a lease a release handed over from a fair queue, which the
-/// server keeps only for a while after the waiter's last call:
-/// `Grant::handed_over`), so that it is extended to its full ttl.
+/// later. A grant valid for less than its ttl would make it (a lease a
+/// release handed over from a fair queue, which the server keeps only for
+/// a while after the waiter's last call: `Grant::handed_over`) is renewed
+/// no later than halfway from `sent_at` to its deadline, at once if that
+/// has passed, which leaves the other half for retries before its token
+/// would fire; the renewal extends it to the full ttl.
 fn first_renewal(shared: &Shared, sent_at: Instant) -> Instant {
+    let interval = sent_at + shared.timing.renew_interval();
     if shared.valid_until() < valid_until(sent_at, shared.ttl) {
-        sent_at
+        let deadline = shared.valid_until() - shared.timing.safety_margin();
+        let halfway = sent_at + deadline.saturating_duration_since(sent_at) / 2;
+        interval.min(halfway)
     } else {
-        sent_at + shared.timing.renew_interval()
+        interval
     }
 }
 
