@@ -14,8 +14,8 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use leasehold::redis::RedisBackend;
-use leasehold::{Backoff, FencingToken, LeaseKey, LeaseManager, LeaseOptions, Ttl};
-use leasehold_testkit::{RedisServer, SentinelSet};
+use leasehold::{Backoff, FencingToken, LeaseKey, LeaseManager, LeaseOptions, LossReason, Ttl};
+use leasehold_testkit::{Proxy, ProxyMode, RedisServer, SentinelSet};
 
 use holders::{Error, within};
 
@@ -273,5 +273,74 @@ async fn a_handed_over_head_holds_the_lease_without_asking_again() -> TestResult
         }
         lease.release().await?;
     }
+    Ok(())
+}
+
+/// A head handed the lease and then cut off (its link blackholed, so its
+/// first renewal never lands) fires its token before the server drops the
+/// lease: the handed-over grant's validity, counted from the head's last
+/// place call, ends before the server's key does. Judged on the wall
+/// clock against a side connection polling `EXISTS` on the server itself
+/// (the last instant the key was certainly there).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_handed_over_head_cut_off_fires_its_token_before_the_server_drops_the_lease() -> TestResult
+{
+    let server = RedisServer::start()?;
+    let key = LeaseKey::new("fair:cut-off")?;
+    let options = LeaseOptions::builder()
+        .ttl(Ttl::parse("3s")?)
+        .wait(Duration::from_secs(30))
+        .backoff(Backoff::fixed(Duration::from_secs(30)))
+        .fair(true)
+        .place_ttl(Duration::from_secs(1))
+        .build()?;
+    let first = LeaseManager::new(RedisBackend::connect(server.url()).await?)?;
+    let held = first.acquire(key.as_str(), &options).await?;
+    let link = Proxy::start(server.addr()).await?;
+    let head = LeaseManager::new(RedisBackend::connect(link.url()).await?)?;
+    let (key2, options2) = (key.clone(), options.clone());
+    let waiting = tokio::spawn(async move { head.acquire(key2.as_str(), &options2).await });
+    until_queued(&server, &key, 1).await?;
+    held.release().await?;
+    let lease = within(Duration::from_secs(10), "the head", waiting).await??;
+    link.set_mode(ProxyMode::Blackhole);
+    let token = lease.token();
+    let fired = tokio::spawn(async move {
+        tokio::time::timeout(Duration::from_secs(10), token.cancelled())
+            .await
+            .ok()
+            .map(|()| std::time::SystemTime::now())
+    });
+    let mut side = redis::Client::open(server.url())?
+        .get_multiplexed_async_connection()
+        .await?;
+    let stored_key = stored(&key);
+    let gone = within(Duration::from_secs(10), "the lease to expire", async {
+        let mut still_there = std::time::SystemTime::now();
+        loop {
+            let sent = std::time::SystemTime::now();
+            let exists: bool = redis::cmd("EXISTS")
+                .arg(&stored_key)
+                .query_async(&mut side)
+                .await?;
+            if !exists {
+                return Ok::<_, Error>(still_there);
+            }
+            still_there = sent;
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+    })
+    .await?;
+    let fired = fired.await?.ok_or("the token never fired")?;
+    assert_eq!(lease.loss_reason(), Some(LossReason::Deadline));
+    let margin = gone.duration_since(fired).map_err(|late| {
+        format!(
+            "the token fired {:?} after the server dropped the lease",
+            late.duration()
+        )
+    })?;
+    assert!(margin > Duration::ZERO);
+    drop(lease);
+    drop(link);
     Ok(())
 }
