@@ -873,12 +873,19 @@ impl LeaseBackend for RedisBackend {
                 let kept = hold.min(request.ttl.get()) + request.lock_delay.get();
                 u64::try_from(kept.as_millis()).unwrap_or(u64::MAX).max(1)
             });
+        // Where the handover is announced: this backend's own channel.
+        let process = self
+            .shared
+            .notices
+            .as_ref()
+            .and_then(Notices::process)
+            .filter(|_| handover > 0);
         let call = scripts::fair(
             &self.shared.layout,
             request,
             tracked,
             place_ttl.as_millis(),
-            handover,
+            (handover, process.map_or(&[][..], |p| &p[..])),
         );
         let sent_at = Instant::now();
         let reply = self
@@ -943,11 +950,13 @@ impl LeaseBackend for RedisBackend {
         key: &LeaseKey,
         holder: &HolderId,
     ) -> Result<HandoverWatch, BackendError> {
-        let _ = key;
-        Ok(match &self.shared.notices {
-            Some(notices) if self.shared.wait.is_none() => notices.watch_handover(holder),
-            _ => HandoverWatch::unsupported(),
-        })
+        match &self.shared.notices {
+            Some(notices) if self.shared.wait.is_none() => notices
+                .watch_handover(self.shared.layout.released(key), holder)
+                .await
+                .map_err(|f| f.for_key("watch_handover", key)),
+            _ => Ok(HandoverWatch::unsupported()),
+        }
     }
 
     async fn leave_fair_queue(

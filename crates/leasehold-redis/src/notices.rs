@@ -54,6 +54,11 @@ use tokio::sync::{OnceCell, oneshot, watch};
 use crate::reply::Failure;
 
 pub(crate) struct Notices {
+    /// This backend's own name among the processes that wait (32 random
+    /// hex digits, drawn on first use): a handover to one of its waiters
+    /// is announced on `P:released:<name>`, which only it subscribes to,
+    /// rather than to every process listening on `P:released`.
+    process: std::sync::OnceLock<[u8; 32]>,
     source: Source,
     connect_timeout: Duration,
     op_timeout: Duration,
@@ -225,6 +230,7 @@ impl Notices {
             op_timeout,
             conn: OnceCell::new(),
             sentinel_conn: Mutex::new(None),
+            process: std::sync::OnceLock::new(),
             channels: Arc::new(Mutex::new(Channels {
                 own_bound: op_timeout.max(connect_timeout),
                 ..Channels::default()
@@ -244,6 +250,7 @@ impl Notices {
             op_timeout,
             conn: OnceCell::new(),
             sentinel_conn: Mutex::new(None),
+            process: std::sync::OnceLock::new(),
             channels: Arc::new(Mutex::new(Channels {
                 own_bound: op_timeout.max(connect_timeout),
                 ..Channels::default()
@@ -264,6 +271,7 @@ impl Notices {
             op_timeout,
             conn: OnceCell::new(),
             sentinel_conn: Mutex::new(None),
+            process: std::sync::OnceLock::new(),
             channels: Arc::new(Mutex::new(Channels {
                 own_bound: op_timeout.max(connect_timeout),
                 ..Channels::default()
@@ -327,8 +335,15 @@ impl Notices {
         }
     }
 
-    /// Subscribes to `channel` and returns a watch that fires on each notice.
+    /// Subscribes to `channel` and returns a watch that fires on each
+    /// notice, knowing how many processes listen on it.
     pub(crate) async fn watch(&self, channel: String) -> Result<ReleaseWatch, Failure> {
+        self.watch_counted(channel, true).await
+    }
+
+    /// Subscribes to `channel`; with `count`, the watch carries the
+    /// channel's subscriber count (one more round trip).
+    async fn watch_counted(&self, channel: String, count: bool) -> Result<ReleaseWatch, Failure> {
         let name = channel.into_bytes();
         let (receiver, subscribe, stale) = {
             let mut channels = lock(&self.channels);
@@ -344,14 +359,22 @@ impl Notices {
             entry.watchers += 1;
             let receiver = entry.notices.subscribe();
             let subscribe = !entry.subscribed;
-            // Lingering channels go, but this one (subscribed still, so
-            // nothing to send) and any another waiter took up meanwhile.
+            // A new subscription sends the lingering channels away, but
+            // any another waiter took up meanwhile. Watching a lingering
+            // channel again sends nothing, and leaves the others lingering:
+            // a fair waiter watches two channels of its key each time
+            // (`P:released` and its process's handover channel), which
+            // must not send each other away.
             let mut stale = Vec::new();
-            for c in std::mem::take(&mut channels.stale) {
-                if c != name && channels.watched.get(&c).is_none_or(|w| w.watchers == 0) {
-                    channels.watched.remove(&c);
-                    stale.push(c);
+            if subscribe {
+                for c in std::mem::take(&mut channels.stale) {
+                    if c != name && channels.watched.get(&c).is_none_or(|w| w.watchers == 0) {
+                        channels.watched.remove(&c);
+                        stale.push(c);
+                    }
                 }
+            } else {
+                channels.stale.retain(|c| *c != name);
             }
             (receiver, subscribe, stale)
         };
@@ -372,6 +395,9 @@ impl Notices {
             }
         }
         let watch = ReleaseWatch::new(receiver, subscription);
+        if !count {
+            return Ok(watch);
+        }
         // Best effort: without the count, waiters race on every notice as
         // before.
         match self.bounded(conn.listeners(&name)).await {
@@ -380,21 +406,46 @@ impl Notices {
         }
     }
 
+    /// This backend's name among waiting processes, once a waiter of it
+    /// has listened for a handover (see [`Self::watch_handover`]).
+    pub(crate) fn process(&self) -> Option<&[u8; 32]> {
+        self.process.get()
+    }
+
     /// Listens for a release that hands a lease to `holder`: the release's
-    /// notice then names the holder and the grant's fencing token
-    /// (`release_fair.lua`). The waiter's own [`watch`](Self::watch) of the
-    /// lease's channel keeps the channel subscribed.
-    pub(crate) fn watch_handover(&self, holder: &HolderId) -> HandoverWatch {
+    /// notice names the holder and the grant's fencing token
+    /// (`release_fair.lua`), on `<released>:<process>`, this backend's own
+    /// channel for the lease (`released` is the lease's release channel).
+    /// Subscribed on first use, it lingers between waits as any channel.
+    pub(crate) async fn watch_handover(
+        &self,
+        released: String,
+        holder: &HolderId,
+    ) -> Result<HandoverWatch, Failure> {
+        let process = match self.process.get() {
+            Some(process) => process,
+            None => {
+                let drawn = HolderId::generate()
+                    .map_err(|e| Failure::Unexpected(format!("no random process name: {e}")))?;
+                // Another waiter may have drawn one meanwhile: the first stays.
+                let _ = self.process.set(drawn.to_hex_bytes());
+                self.process.get().ok_or_else(|| {
+                    Failure::Unexpected("no process name after drawing one".to_owned())
+                })?
+            }
+        };
+        let mut channel = released;
+        channel.push(':');
+        channel.push_str(std::str::from_utf8(process).unwrap_or_default());
         let (sender, receiver) = oneshot::channel();
         let holder = holder.to_hex_bytes();
         lock(&self.channels).handovers.insert(holder, sender);
-        HandoverWatch::new(
-            receiver,
-            HandoverInterest {
-                channels: Arc::clone(&self.channels),
-                holder,
-            },
-        )
+        let interest = HandoverInterest {
+            channels: Arc::clone(&self.channels),
+            holder,
+        };
+        let subscription = self.watch_counted(channel, false).await?;
+        Ok(HandoverWatch::new(receiver, (interest, subscription)))
     }
 
     /// How many of `channel`'s subscribers on the server are this

@@ -279,13 +279,15 @@ fn fair_keys(layout: &KeyLayout, key: &LeaseKey, call: &mut Call) {
 }
 
 /// `fair.lua` for `request`, its place to live `place_ttl` milliseconds;
-/// a lease handed to it is kept `handover` from the call (0: none asked).
+/// a lease handed to it is kept `handover.0` from the call (0: none asked)
+/// and announced on the release channel with `:<handover.1>` appended (the
+/// waiting process's name; empty: the release channel itself).
 pub(crate) fn fair(
     layout: &KeyLayout,
     request: &AcquireRequest,
     tracked: bool,
     place_ttl: u64,
-    handover: u64,
+    handover: (u64, &[u8]),
 ) -> Call {
     let mut call = Call::new(&FAIR, 5);
     let mut key = Vec::with_capacity(64);
@@ -302,7 +304,8 @@ pub(crate) fn fair(
         .arg(request.label.as_deref().unwrap_or(""))
         .arg(if tracked { "1" } else { "0" })
         .arg(place_ttl)
-        .arg(handover);
+        .arg(handover.0)
+        .arg(handover.1);
     call
 }
 

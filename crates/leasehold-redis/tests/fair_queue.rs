@@ -8,6 +8,7 @@ mod common;
 use std::time::Duration;
 
 use common::{TestResult, acquire, connect, holder, key, storage_key, ttl};
+use futures_util::StreamExt;
 use leasehold_core::{
     AcquireRequest, BackendError, FairOutcome, FairPlace, Grant, HolderId, LeaseBackend, LeaseKey,
     PlaceTtl, ReleaseOutcome,
@@ -266,7 +267,8 @@ async fn redlock_refuses_fair_mode() -> TestResult {
 /// process was told, the head leaves the queue, and the next waiter is not
 /// told anything. That one's turn comes with the next fair release; with
 /// no one left, a fair release only frees the lease (EXISTS 0) and leaves
-/// no queue key behind.
+/// no queue key behind. A process listening on the lease's release
+/// channel (a side subscriber) hears no handover, only that last release.
 #[tokio::test]
 async fn a_fair_release_hands_the_lease_to_the_head_that_asked() -> TestResult {
     let server = RedisServer::start()?;
@@ -281,6 +283,12 @@ async fn a_fair_release_hands_the_lease_to_the_head_that_asked() -> TestResult {
     let hold = Some(Duration::from_secs(5));
     waiting(asking(&backend, &lease, a, place_ttl(2_000), hold).await?);
     waiting(asking(&backend, &lease, b, place_ttl(2_000), hold).await?);
+
+    let mut side = redis::Client::open(server.url())?
+        .get_async_pubsub()
+        .await?;
+    side.subscribe(backend.layout().released(&lease)).await?;
+    let mut heard = side.on_message();
 
     let released = backend.release_fair(&lease, &first.holder).await?;
     assert_eq!(released, ReleaseOutcome::Released);
@@ -316,6 +324,16 @@ async fn a_fair_release_hands_the_lease_to_the_head_that_asked() -> TestResult {
     assert_eq!(
         backend.release_fair(&lease, &b).await?,
         ReleaseOutcome::Released
+    );
+    // The side subscriber heard one message: the last, plain release.
+    let message = timeout(Duration::from_secs(5), heard.next())
+        .await?
+        .ok_or("the subscription ended")?;
+    assert_eq!(message.get_payload::<String>()?, "1");
+    assert!(
+        timeout(Duration::from_millis(200), heard.next())
+            .await
+            .is_err()
     );
     let prefix = storage_key(&lease);
     assert_eq!(

@@ -6,10 +6,10 @@
 --                         time in microseconds), so ZRANK is the number of places ahead
 -- KEYS[4]  P:fair-places  the same holder ids scored by when their place expires (server
 --                         time in milliseconds)
--- KEYS[5]  P:fair-asks    a hash: holder id -> "<call ms>:<handover ms>:<label>" for the
---                         places that asked for a handover (see release_fair.lua): when
---                         the server last saw the waiter's call, and how long from then
---                         a lease handed to it is kept
+-- KEYS[5]  P:fair-asks    a hash: holder id -> "<call ms>:<handover ms>:<process>:<label>"
+--                         for the places that asked for a handover (see release_fair.lua):
+--                         when the server last saw the waiter's call, how long from then a
+--                         lease handed to it is kept, and where its process hears of it
 -- ARGV[1]  holder         the holder id, 32 lowercase hex digits
 -- ARGV[2]  ttl            the lease's time to live, in milliseconds
 -- ARGV[3]  label          a public label shown to others (may be empty)
@@ -18,6 +18,9 @@
 -- ARGV[6]  handover       how long a lease handed to this waiter by a release is kept, in
 --                         milliseconds from this call (lock-delay included); '0' or left
 --                         out: no handover, the waiter asks for the lease itself
+-- ARGV[7]  process        the waiting process's name (hex digits): a handover is announced
+--                         on "<P:released>:<process>", which only that process hears;
+--                         empty, on P:released itself
 --
 -- All keys share the hash tag of P, so they sit in one cluster slot. The queue keys expire
 -- with the last place in them, so a queue whose waiters all vanished leaves nothing behind.
@@ -75,7 +78,8 @@ end
 local until_ms = string.format('%.0f', now_ms + place_ttl)
 redis.call('ZADD', KEYS[4], until_ms, holder)
 if ARGV[6] and ARGV[6] ~= '0' then
-  redis.call('HSET', KEYS[5], holder, string.format('%.0f', now_ms) .. ':' .. ARGV[6] .. ':' .. label)
+  local ask = string.format('%.0f', now_ms) .. ':' .. ARGV[6] .. ':' .. (ARGV[7] or '')
+  redis.call('HSET', KEYS[5], holder, ask .. ':' .. label)
 else
   redis.call('HDEL', KEYS[5], holder)
 end

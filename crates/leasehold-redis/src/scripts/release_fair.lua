@@ -5,7 +5,8 @@
 -- KEYS[2]  P:fence        the lease's fencing counter
 -- KEYS[3]  P:fair         the queue, by arrival (see fair.lua)
 -- KEYS[4]  P:fair-places  the places, by expiry
--- KEYS[5]  P:fair-asks    the handovers asked for: holder id -> "<call ms>:<handover ms>:<label>"
+-- KEYS[5]  P:fair-asks    the handovers asked for: holder id ->
+--                         "<call ms>:<handover ms>:<process>:<label>"
 -- ARGV[1]  holder         the releasing holder id expected in the lease, 32 lowercase hex digits
 -- ARGV[2]  channel        P:released; empty where no one can listen (then nothing is
 --                         handed over: the head could not be told)
@@ -13,7 +14,10 @@
 --
 -- Returns 0 when the lease was not ours (nothing changed), 1 when it was ours and is now
 -- free, announced on the channel with '1', and 2 when it was ours and now belongs to the
--- queue's head, announced on the channel with "<head's holder hex>:<token>".
+-- queue's head, announced with "<head's holder hex>:<token>" on "<channel>:<process>",
+-- the channel of the head's process alone (on the channel itself if it named none): a
+-- handover is news to no other process, and each message to a subscriber costs the
+-- server a write.
 --
 -- Why the handed-over lease is safe to use: fair.lua stored, with the head's place, the
 -- server time of the head's latest call. The head's process sent that call earlier, and
@@ -59,10 +63,12 @@ local ask = head and redis.call('HGET', KEYS[5], head)
 if ask then
   local first = string.find(ask, ':', 1, true)
   local second = first and string.find(ask, ':', first + 1, true)
-  if second then
+  local third = second and string.find(ask, ':', second + 1, true)
+  if third then
     local called = tonumber(string.sub(ask, 1, first - 1))
     local hold = tonumber(string.sub(ask, first + 1, second - 1))
-    local label = string.sub(ask, second + 1)
+    local process = string.sub(ask, second + 1, third - 1)
+    local label = string.sub(ask, third + 1)
     local left = called and hold and (called + hold - now_ms)
     if left and left >= 1 then
       local token = grant(KEYS[1], KEYS[2], head, string.format('%.0f', left), label, false)
@@ -70,7 +76,11 @@ if ask then
         redis.call('ZREM', KEYS[3], head)
         redis.call('ZREM', KEYS[4], head)
         redis.call('HDEL', KEYS[5], head)
-        redis.call(ARGV[3], ARGV[2], head .. ':' .. token)
+        local channel = ARGV[2]
+        if process ~= '' then
+          channel = channel .. ':' .. process
+        end
+        redis.call(ARGV[3], channel, head .. ':' .. token)
         return 2
       end
       -- A counter that is not a number: the lease stays free, announced below; the head
