@@ -501,6 +501,19 @@ pub trait LeaseBackend: Clone + Send + Sync + 'static {
         std::future::ready(Ok(ReleaseWatch::unsupported()))
     }
 
+    /// Subscribes to the release notices of `key` as
+    /// [`watch_releases`](Self::watch_releases) does, for a waiter that has
+    /// no use for [`ReleaseWatch::listeners`] (a waiter in a fair queue,
+    /// whose turn the server decides): a backend that counts listeners with
+    /// a round trip of its own may skip it. The default calls
+    /// `watch_releases`.
+    fn watch_releases_uncounted(
+        &self,
+        key: &LeaseKey,
+    ) -> impl Future<Output = Result<ReleaseWatch, BackendError>> + Send {
+        self.watch_releases(key)
+    }
+
     /// Subscribes to the changes of the leases this backend renews, so a
     /// holder can renew at once when its lease was changed behind its back
     /// (deleted, overwritten, taken over) instead of learning at its next

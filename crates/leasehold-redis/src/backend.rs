@@ -1187,6 +1187,18 @@ impl LeaseBackend for RedisBackend {
             .await
             .map_err(|f| f.for_key("watch_releases", key))
     }
+
+    /// As [`watch_releases`](Self::watch_releases), without the `PUBSUB
+    /// NUMSUB` round trip that counts the listeners.
+    async fn watch_releases_uncounted(&self, key: &LeaseKey) -> Result<ReleaseWatch, BackendError> {
+        let Some(notices) = &self.shared.notices else {
+            return Ok(ReleaseWatch::unsupported());
+        };
+        notices
+            .watch_uncounted(self.shared.layout.released(key))
+            .await
+            .map_err(|f| f.for_key("watch_releases", key))
+    }
 }
 
 /// The most lease writes (acquisitions, handovers, releases) in flight at

@@ -341,6 +341,12 @@ impl Notices {
         self.watch_counted(channel, true).await
     }
 
+    /// Subscribes to `channel` and returns a watch that fires on each
+    /// notice, without counting the listeners.
+    pub(crate) async fn watch_uncounted(&self, channel: String) -> Result<ReleaseWatch, Failure> {
+        self.watch_counted(channel, false).await
+    }
+
     /// Subscribes to `channel`; with `count`, the watch carries the
     /// channel's subscriber count (one more round trip).
     async fn watch_counted(&self, channel: String, count: bool) -> Result<ReleaseWatch, Failure> {

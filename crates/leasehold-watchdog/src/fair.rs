@@ -283,8 +283,10 @@ async fn leave<B: LeaseBackend>(backend: &B, key: &LeaseKey, request: &AcquireRe
 }
 
 async fn subscribe<B: LeaseBackend>(backend: &B, key: &LeaseKey) -> ReleaseWatch {
-    // Boxed, as in waiting.rs.
-    let watch: Result<ReleaseWatch, BackendError> = Box::pin(backend.watch_releases(key)).await;
+    // Boxed, as in waiting.rs. The server's queue decides the turns, so
+    // the number of processes listening is of no use here.
+    let watch: Result<ReleaseWatch, BackendError> =
+        Box::pin(backend.watch_releases_uncounted(key)).await;
     watch.unwrap_or_else(|error| {
         debug!(%error, "no release notices; polling");
         ReleaseWatch::unsupported()

@@ -72,9 +72,7 @@ end
 
 -- 3. Take a place at the tail (arrival = server time, in microseconds: below 2^53), or
 --    keep ours; either way it lives another place_ttl from now.
-if not redis.call('ZSCORE', KEYS[3], holder) then
-  redis.call('ZADD', KEYS[3], t[1] .. string.sub('00000' .. t[2], -6), holder)
-end
+redis.call('ZADD', KEYS[3], 'NX', t[1] .. string.sub('00000' .. t[2], -6), holder)
 local until_ms = string.format('%.0f', now_ms + place_ttl)
 redis.call('ZADD', KEYS[4], until_ms, holder)
 if ARGV[6] and ARGV[6] ~= '0' then

@@ -36,9 +36,11 @@ if not v or string.sub(v, 1, 33) ~= ARGV[1] .. ':' then
   return 0
 end
 
--- 3. Ours: delete it. The fencing counter (P:fence) stays, so tokens keep rising.
-redis.call('DEL', KEYS[1])
+-- 3. Ours. With no channel to announce a handover on, delete it: the fencing counter
+--    (P:fence) stays, so tokens keep rising. Otherwise it is deleted below, unless the
+--    grant to the head overwrites it.
 if not ARGV[2] or ARGV[2] == '' then
+  redis.call('DEL', KEYS[1])
   return 1
 end
 
@@ -58,8 +60,9 @@ local head = redis.call('ZRANGE', KEYS[3], 0, 0)[1]
 local ask = head and redis.call('HGET', KEYS[5], head)
 
 -- 5. A head that asked for a handover, whose lease would still outlive this moment: grant
---    it (grant.lua, sent in front of this script) for what is left of its handover time.
---    The grant is not read back (track false): the head's own renewal tracks it.
+--    it (grant.lua, sent in front of this script) for what is left of its handover time;
+--    the grant's SET replaces our lease. The grant is not read back (track false): the
+--    head's own renewal tracks it.
 if ask then
   local first = string.find(ask, ':', 1, true)
   local second = first and string.find(ask, ':', first + 1, true)
@@ -83,12 +86,13 @@ if ask then
         redis.call(ARGV[3], channel, head .. ':' .. token)
         return 2
       end
-      -- A counter that is not a number: the lease stays free, announced below; the head
-      -- asks for it and is told of the counter.
+      -- A counter that is not a number: nothing was written; the lease is freed and
+      -- announced below, and the head asks for it and is told of the counter.
     end
   end
 end
 
--- 6. No handover: announce the release, as release.lua does.
+-- 6. No handover: free the lease and announce it, as release.lua does.
+redis.call('DEL', KEYS[1])
 redis.call(ARGV[3], ARGV[2], '1')
 return 1
