@@ -344,3 +344,42 @@ async fn a_handed_over_head_cut_off_fires_its_token_before_the_server_drops_the_
     drop(link);
     Ok(())
 }
+
+/// A head handed the lease and left alone keeps it past its handover time:
+/// its first renewal, halfway to the handed-over grant's deadline (its
+/// renew interval, 3 s, would come after that deadline, 1.33 s after its
+/// last call), extends the lease on the server to the full ttl. Judged by
+/// the server's PTTL well after the handover time (2.3 s) ran out.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_handed_over_lease_is_renewed_to_its_full_ttl_in_time() -> TestResult {
+    let server = RedisServer::start()?;
+    let key = LeaseKey::new("fair:renewed")?;
+    let options = LeaseOptions::builder()
+        .ttl(Ttl::parse("9s")?)
+        .wait(Duration::from_secs(30))
+        .backoff(Backoff::fixed(Duration::from_secs(30)))
+        .fair(true)
+        .place_ttl(Duration::from_secs(1))
+        .build()?;
+    let first = LeaseManager::new(RedisBackend::connect(server.url()).await?)?;
+    let held = first.acquire(key.as_str(), &options).await?;
+    let head = LeaseManager::new(RedisBackend::connect(server.url()).await?)?;
+    let (key2, options2) = (key.clone(), options.clone());
+    let waiting = tokio::spawn(async move { head.acquire(key2.as_str(), &options2).await });
+    until_queued(&server, &key, 1).await?;
+    held.release().await?;
+    let released = tokio::time::Instant::now();
+    let lease = within(Duration::from_secs(10), "the head", waiting).await??;
+    let value = server.cli(&["GET", &stored(&key)])?;
+    let token = value.split(':').nth(1).ok_or("no token stored")?;
+    assert_eq!(token, lease.fencing_token().0.to_string());
+    tokio::time::sleep_until(released + Duration::from_millis(2_600)).await;
+    assert_eq!(lease.loss_reason(), None);
+    let pttl: i64 = server.cli(&["PTTL", &stored(&key)])?.parse()?;
+    assert!(
+        pttl > 5_000,
+        "{pttl} ms left: the lease was not renewed to its ttl"
+    );
+    lease.release().await?;
+    Ok(())
+}
