@@ -15,6 +15,9 @@
 //!
 //! - `leasehold/default`: one `LeaseManager` per process with the default
 //!   options (only `wait` is set, as `acquire` does not wait without it);
+//! - `leasehold/fair`: the same in fair mode (`LeaseOptions::fair`): the
+//!   processes queue on the server, and a release hands the lease to the
+//!   queue's head;
 //! - `redis-crate/polling`: the same work written directly with the `redis`
 //!   crate, as a new user would: `SET key token NX PX 5000`, and on a
 //!   refusal a 10 ms sleep before trying again; release is a
@@ -61,6 +64,7 @@ const HOLD: Duration = Duration::from_millis(1);
 /// The hand-written loop's retry interval.
 const POLL: Duration = Duration::from_millis(10);
 const LEASEHOLD: &str = "leasehold/default";
+const FAIR: &str = "leasehold/fair";
 const RAW: &str = "redis-crate/polling";
 const WITNESS: &str = "processes-witness";
 /// Commands only a client sends (scripts cannot), plus `PUBSUB` (see the
@@ -107,7 +111,10 @@ fn main() -> Result<(), BoxError> {
     let rounds = env_number("LEASEHOLD_BENCH_REPEATS", if full { 3 } else { 1 });
     let only = std::env::var("LEASEHOLD_BENCH_SCENARIOS").unwrap_or_default();
     let chosen = |name: &str| only.is_empty() || only.split(',').any(|o| o.trim() == name);
-    let scenarios: Vec<&str> = [LEASEHOLD, RAW].into_iter().filter(|s| chosen(s)).collect();
+    let scenarios: Vec<&str> = [LEASEHOLD, FAIR, RAW]
+        .into_iter()
+        .filter(|s| chosen(s))
+        .collect();
     if scenarios.is_empty() {
         return Err(format!("LEASEHOLD_BENCH_SCENARIOS names no scenario: {only}").into());
     }
@@ -244,7 +251,8 @@ fn child(index: &str) -> Result<(), BoxError> {
         let start = Instant::now() + Duration::from_millis(start_at.saturating_sub(epoch_ms()?));
         let end = start + Duration::from_secs_f64(secs);
         match mode.as_str() {
-            LEASEHOLD => worker.leasehold(&url, start, end).await,
+            LEASEHOLD => worker.leasehold(&url, start, end, false).await,
+            FAIR => worker.leasehold(&url, start, end, true).await,
             RAW => worker.raw(&url, index, start, end).await,
             other => Err(format!("unknown scenario {other}").into()),
         }
@@ -290,10 +298,12 @@ impl Worker {
         url: &str,
         start: Instant,
         end: Instant,
+        fair: bool,
     ) -> Result<Vec<Duration>, BoxError> {
         let manager = LeaseManager::new(RedisBackend::connect(url).await?)?;
         let options = LeaseOptions::builder()
             .wait(Duration::from_secs(30))
+            .fair(fair)
             .build()?;
         let mut waits = Vec::new();
         tokio::time::sleep_until(start).await;
