@@ -39,7 +39,8 @@
 //! release and its notice only. The server keeps a handed-over lease for
 //! [`handover_hold`] from the head's latest call, and the head counts its
 //! validity from when it sent that call ([`Grant::handed_over`]); its first
-//! renewal, at once, extends it to the full ttl. While Listening the lease
+//! renewal, halfway to its deadline, extends it to the full ttl. While
+//! Listening the lease
 //! may become ours at any moment, so a wait given up (or dropped) then
 //! releases it, as an attempt of unknown outcome is released.
 
