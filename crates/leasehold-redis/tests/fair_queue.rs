@@ -206,19 +206,25 @@ async fn a_waiter_that_leaves_lets_the_next_go_first() -> TestResult {
     Ok(())
 }
 
-/// On a cluster the lease, its counter and both queue keys hash to one
+/// On a cluster the lease, its counter and the queue's keys hash to one
 /// slot (else the script would fail with CROSSSLOT), and the queue works
-/// there: the first waiter is granted, the second waits.
+/// there: the first waiter is granted, the second waits; a plain release
+/// lets the second ask for it, and a fair release hands it to a third
+/// that asked, told over the sharded channel of its process.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_fair_queue_lives_in_its_leases_cluster_slot() -> TestResult {
     let cluster = tokio::task::block_in_place(|| RedisCluster::start(3, 0))?;
     let backend = RedisBackend::connect(cluster.url()).await?;
     for name in ["fair:cluster", "order:{42}"] {
         let lease = key(name);
-        let (a, b) = (holder(), holder());
+        let (a, b, c) = (holder(), holder(), holder());
         let grant = granted(fair(&backend, &lease, a, place_ttl(5_000)).await?);
         let place = waiting(fair(&backend, &lease, b, place_ttl(5_000)).await?);
         assert_eq!((place.ahead, place.queued), (0, 1));
+        let _channel = backend.watch_releases(&lease).await?;
+        let mut told_c = backend.watch_handover(&lease, &c).await?;
+        let hold = Some(Duration::from_secs(5));
+        waiting(asking(&backend, &lease, c, place_ttl(5_000), hold).await?);
         let prefix = backend.layout().lease(&lease);
         let slot = cluster.keyslot(&prefix)?;
         let master = &cluster.nodes()[cluster.master_of_slot(slot)?];
@@ -227,6 +233,7 @@ async fn a_fair_queue_lives_in_its_leases_cluster_slot() -> TestResult {
             backend.layout().fence(&lease),
             format!("{prefix}:fair"),
             format!("{prefix}:fair-places"),
+            format!("{prefix}:fair-asks"),
         ] {
             assert_eq!(cluster.keyslot(&redis_key)?, slot, "{redis_key}");
             assert_eq!(master.cli(&["EXISTS", &redis_key])?, "1", "{redis_key}");
@@ -234,6 +241,16 @@ async fn a_fair_queue_lives_in_its_leases_cluster_slot() -> TestResult {
         backend.release(&lease, &grant.holder).await?;
         let next = granted(fair(&backend, &lease, b, place_ttl(5_000)).await?);
         assert!(next.fencing_token > grant.fencing_token);
+        backend.release_fair(&lease, &b).await?;
+        let token = timeout(Duration::from_secs(5), told_c.handed_over())
+            .await
+            .map_err(|_| "the head was never told of a handover")?;
+        assert!(token > next.fencing_token);
+        let value = master.cli(&["GET", &prefix])?;
+        assert!(
+            value.starts_with(&format!("{}:{}:", c.to_hex(), token.0)),
+            "{value}"
+        );
     }
     Ok(())
 }
