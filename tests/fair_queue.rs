@@ -223,6 +223,45 @@ async fn dead_waiter_is_skipped(handover: bool) -> TestResult {
     Ok(())
 }
 
+/// Fair options for the handover tests: a 30 s backoff, so that the head
+/// polls no sooner than the holder's ttl and only a release can wake it.
+fn fair_waiting_for_a_release(
+    ttl: &str,
+    place_ttl: Duration,
+    handover: bool,
+) -> Result<LeaseOptions, Error> {
+    Ok(LeaseOptions::builder()
+        .ttl(Ttl::parse(ttl)?)
+        .wait(Duration::from_secs(30))
+        .backoff(Backoff::fixed(Duration::from_secs(30)))
+        .fair(true)
+        .place_ttl(place_ttl)
+        .fair_handover(handover)
+        .build()?)
+}
+
+/// A lease of `key` held on `server` while a head (its manager connected
+/// to `head_url`) waits in the server's queue, then released: the head's
+/// lease, once its acquisition returns. `released` runs just before the
+/// release.
+async fn released_to_the_head(
+    server: &RedisServer,
+    key: &LeaseKey,
+    options: &LeaseOptions,
+    head_url: String,
+    released: impl FnOnce() -> Result<(), Error>,
+) -> Result<leasehold::Lease, Error> {
+    let first = LeaseManager::new(RedisBackend::connect(server.url()).await?)?;
+    let held = first.acquire(key.as_str(), options).await?;
+    let head = LeaseManager::new(RedisBackend::connect(head_url).await?)?;
+    let (key2, options2) = (key.clone(), options.clone());
+    let waiting = tokio::spawn(async move { head.acquire(key2.as_str(), &options2).await });
+    until_queued(server, key, 1).await?;
+    released()?;
+    held.release().await?;
+    Ok(within(Duration::from_secs(10), "the head", waiting).await??)
+}
+
 /// How many times the server ran `command` since its stats were reset.
 fn calls(server: &RedisServer, command: &str) -> Result<u64, Error> {
     let stats = server.cli(&["INFO", "commandstats"])?;
@@ -245,23 +284,12 @@ async fn a_handed_over_head_holds_the_lease_without_asking_again() -> TestResult
     for handover in [true, false] {
         let server = RedisServer::start()?;
         let key = LeaseKey::new("fair:no-call")?;
-        let options = LeaseOptions::builder()
-            .ttl(Ttl::parse("5s")?)
-            .wait(Duration::from_secs(30))
-            .backoff(Backoff::fixed(Duration::from_secs(30)))
-            .fair(true)
-            .place_ttl(Duration::from_secs(30))
-            .fair_handover(handover)
-            .build()?;
-        let first = LeaseManager::new(RedisBackend::connect(server.url()).await?)?;
-        let held = first.acquire(key.as_str(), &options).await?;
-        let second = LeaseManager::new(RedisBackend::connect(server.url()).await?)?;
-        let (key2, options2) = (key.clone(), options.clone());
-        let waiting = tokio::spawn(async move { second.acquire(key2.as_str(), &options2).await });
-        until_queued(&server, &key, 1).await?;
-        server.cli(&["CONFIG", "RESETSTAT"])?;
-        held.release().await?;
-        let lease = within(Duration::from_secs(10), "the head", waiting).await??;
+        let options = fair_waiting_for_a_release("5s", Duration::from_secs(30), handover)?;
+        let lease = released_to_the_head(&server, &key, &options, server.url(), || {
+            server.cli(&["CONFIG", "RESETSTAT"])?;
+            Ok(())
+        })
+        .await?;
         let value = server.cli(&["GET", &stored(&key)])?;
         let token = value.split(':').nth(1).ok_or("no token stored")?;
         assert_eq!(token, lease.fencing_token().0.to_string());
@@ -287,22 +315,9 @@ async fn a_handed_over_head_cut_off_fires_its_token_before_the_server_drops_the_
 {
     let server = RedisServer::start()?;
     let key = LeaseKey::new("fair:cut-off")?;
-    let options = LeaseOptions::builder()
-        .ttl(Ttl::parse("3s")?)
-        .wait(Duration::from_secs(30))
-        .backoff(Backoff::fixed(Duration::from_secs(30)))
-        .fair(true)
-        .place_ttl(Duration::from_secs(1))
-        .build()?;
-    let first = LeaseManager::new(RedisBackend::connect(server.url()).await?)?;
-    let held = first.acquire(key.as_str(), &options).await?;
+    let options = fair_waiting_for_a_release("3s", Duration::from_secs(1), true)?;
     let link = Proxy::start(server.addr()).await?;
-    let head = LeaseManager::new(RedisBackend::connect(link.url()).await?)?;
-    let (key2, options2) = (key.clone(), options.clone());
-    let waiting = tokio::spawn(async move { head.acquire(key2.as_str(), &options2).await });
-    until_queued(&server, &key, 1).await?;
-    held.release().await?;
-    let lease = within(Duration::from_secs(10), "the head", waiting).await??;
+    let lease = released_to_the_head(&server, &key, &options, link.url(), || Ok(())).await?;
     link.set_mode(ProxyMode::Blackhole);
     let token = lease.token();
     let fired = tokio::spawn(async move {
@@ -354,22 +369,13 @@ async fn a_handed_over_head_cut_off_fires_its_token_before_the_server_drops_the_
 async fn a_handed_over_lease_is_renewed_to_its_full_ttl_in_time() -> TestResult {
     let server = RedisServer::start()?;
     let key = LeaseKey::new("fair:renewed")?;
-    let options = LeaseOptions::builder()
-        .ttl(Ttl::parse("9s")?)
-        .wait(Duration::from_secs(30))
-        .backoff(Backoff::fixed(Duration::from_secs(30)))
-        .fair(true)
-        .place_ttl(Duration::from_secs(1))
-        .build()?;
-    let first = LeaseManager::new(RedisBackend::connect(server.url()).await?)?;
-    let held = first.acquire(key.as_str(), &options).await?;
-    let head = LeaseManager::new(RedisBackend::connect(server.url()).await?)?;
-    let (key2, options2) = (key.clone(), options.clone());
-    let waiting = tokio::spawn(async move { head.acquire(key2.as_str(), &options2).await });
-    until_queued(&server, &key, 1).await?;
-    held.release().await?;
-    let released = tokio::time::Instant::now();
-    let lease = within(Duration::from_secs(10), "the head", waiting).await??;
+    let options = fair_waiting_for_a_release("9s", Duration::from_secs(1), true)?;
+    let mut released = tokio::time::Instant::now();
+    let lease = released_to_the_head(&server, &key, &options, server.url(), || {
+        released = tokio::time::Instant::now();
+        Ok(())
+    })
+    .await?;
     let value = server.cli(&["GET", &stored(&key)])?;
     let token = value.split(':').nth(1).ok_or("no token stored")?;
     assert_eq!(token, lease.fencing_token().0.to_string());
