@@ -263,6 +263,22 @@ pub(crate) static RELEASE_FAIR: LazyLock<Lua> = LazyLock::new(|| {
     ))
 });
 
+/// Appends the lease `P` of `key` and its fencing counter `P:fence` (a
+/// permit's counter is its semaphore's), and returns the counted prefix,
+/// to which a caller appends `:released` for the lease's channel.
+fn lease_and_fence(layout: &KeyLayout, key: &LeaseKey, call: &mut Call) -> Vec<u8> {
+    let mut name = Vec::with_capacity(64);
+    layout.write_lease(key, &mut name);
+    call.cmd.arg(&name[..]);
+    name.clear();
+    layout.write_counted(key, &mut name);
+    let stem = name.len();
+    name.extend_from_slice(b":fence");
+    call.cmd.arg(&name[..]);
+    name.truncate(stem);
+    name
+}
+
 /// Appends the keys of `key`'s fair queue (`P:fair`, `P:fair-places`,
 /// `P:fair-asks`).
 fn fair_keys(layout: &KeyLayout, key: &LeaseKey, call: &mut Call) {
@@ -290,13 +306,7 @@ pub(crate) fn fair(
     handover: (u64, &[u8]),
 ) -> Call {
     let mut call = Call::new(&FAIR, 5);
-    let mut key = Vec::with_capacity(64);
-    layout.write_lease(&request.key, &mut key);
-    call.cmd.arg(&key[..]);
-    key.clear();
-    layout.write_counted(&request.key, &mut key);
-    key.extend_from_slice(b":fence");
-    call.cmd.arg(&key[..]);
+    lease_and_fence(layout, &request.key, &mut call);
     fair_keys(layout, &request.key, &mut call);
     call.cmd
         .arg(&request.holder.to_hex_bytes()[..])
@@ -319,16 +329,8 @@ pub(crate) fn release_fair(
     sharded: bool,
 ) -> Call {
     let mut call = Call::new(&RELEASE_FAIR, 5);
-    let mut lease = Vec::with_capacity(64);
-    layout.write_lease(key, &mut lease);
-    call.cmd.arg(&lease[..]);
-    lease.clear();
-    layout.write_counted(key, &mut lease);
-    let stem = lease.len();
-    lease.extend_from_slice(b":fence");
-    call.cmd.arg(&lease[..]);
+    let mut lease = lease_and_fence(layout, key, &mut call);
     fair_keys(layout, key, &mut call);
-    lease.truncate(stem);
     lease.extend_from_slice(b":released");
     call.cmd
         .arg(&holder.to_hex_bytes()[..])
@@ -493,16 +495,8 @@ pub(crate) fn handover(
     } else {
         ("NUMSUB", "PUBLISH")
     };
-    let mut lease = Vec::with_capacity(64);
-    layout.write_lease(key, &mut lease);
-    call.cmd.arg(&lease[..]);
     // A permit's counter and channel are its semaphore's.
-    lease.clear();
-    layout.write_counted(key, &mut lease);
-    let stem = lease.len();
-    lease.extend_from_slice(b":fence");
-    call.cmd.arg(&lease[..]);
-    lease.truncate(stem);
+    let mut lease = lease_and_fence(layout, key, &mut call);
     lease.extend_from_slice(b":released");
     call.cmd
         .arg(&holder.to_hex_bytes()[..])
