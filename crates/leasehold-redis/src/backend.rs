@@ -1179,23 +1179,29 @@ impl LeaseBackend for RedisBackend {
     /// goes to the current master, and the first acquisition attempt after
     /// it broke subscribes again on the master the sentinels name then.
     async fn watch_releases(&self, key: &LeaseKey) -> Result<ReleaseWatch, BackendError> {
-        let Some(notices) = &self.shared.notices else {
-            return Ok(ReleaseWatch::unsupported());
-        };
-        notices
-            .watch(self.shared.layout.released(key))
-            .await
-            .map_err(|f| f.for_key("watch_releases", key))
+        self.release_watch(key, true).await
     }
 
     /// As [`watch_releases`](Self::watch_releases), without the `PUBSUB
     /// NUMSUB` round trip that counts the listeners.
     async fn watch_releases_uncounted(&self, key: &LeaseKey) -> Result<ReleaseWatch, BackendError> {
+        self.release_watch(key, false).await
+    }
+}
+
+impl RedisBackend {
+    /// A watch of `P:released` (see `watch_releases`); with `count`, it
+    /// knows how many processes listen.
+    async fn release_watch(
+        &self,
+        key: &LeaseKey,
+        count: bool,
+    ) -> Result<ReleaseWatch, BackendError> {
         let Some(notices) = &self.shared.notices else {
             return Ok(ReleaseWatch::unsupported());
         };
         notices
-            .watch_uncounted(self.shared.layout.released(key))
+            .watch(self.shared.layout.released(key), count)
             .await
             .map_err(|f| f.for_key("watch_releases", key))
     }

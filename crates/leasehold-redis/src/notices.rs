@@ -336,20 +336,13 @@ impl Notices {
     }
 
     /// Subscribes to `channel` and returns a watch that fires on each
-    /// notice, knowing how many processes listen on it.
-    pub(crate) async fn watch(&self, channel: String) -> Result<ReleaseWatch, Failure> {
-        self.watch_counted(channel, true).await
-    }
-
-    /// Subscribes to `channel` and returns a watch that fires on each
-    /// notice, without counting the listeners.
-    pub(crate) async fn watch_uncounted(&self, channel: String) -> Result<ReleaseWatch, Failure> {
-        self.watch_counted(channel, false).await
-    }
-
-    /// Subscribes to `channel`; with `count`, the watch carries the
-    /// channel's subscriber count (one more round trip).
-    async fn watch_counted(&self, channel: String, count: bool) -> Result<ReleaseWatch, Failure> {
+    /// notice; with `count`, the watch knows how many processes listen on
+    /// the channel (one more round trip).
+    pub(crate) async fn watch(
+        &self,
+        channel: String,
+        count: bool,
+    ) -> Result<ReleaseWatch, Failure> {
         let name = channel.into_bytes();
         let (receiver, subscribe, stale) = {
             let mut channels = lock(&self.channels);
@@ -450,7 +443,7 @@ impl Notices {
             channels: Arc::clone(&self.channels),
             holder,
         };
-        let subscription = self.watch_counted(channel, false).await?;
+        let subscription = self.watch(channel, false).await?;
         Ok(HandoverWatch::new(receiver, (interest, subscription)))
     }
 
