@@ -843,9 +843,11 @@ impl LeaseBackend for RedisBackend {
 
     /// One `fair.lua` call (see `fair.rs`), over the connection and with
     /// the replica acknowledgement of [`try_acquire`](Self::try_acquire).
-    /// A handover is asked for only where the head can be told of it (the
-    /// backend has release notices) and its grant needs no acknowledgement
-    /// (no replicas are waited for).
+    /// A handover is asked for only once this backend listens for
+    /// handovers (`watch_handover` drew its process name, which it does only
+    /// with release notices and no replicas to wait for): a handover no one
+    /// can hear would only hold the lease until the place call's handover
+    /// time ran out.
     async fn try_acquire_fair(
         &self,
         request: &AcquireRequest,
@@ -865,27 +867,23 @@ impl LeaseBackend for RedisBackend {
             .await
             .map_err(|f| f.for_key(OP, &request.key))?;
         let tracked = matches!(route, WriteRoute::Tracked { .. });
+        // Where the handover is announced: this backend's own channel.
+        let process = self.shared.notices.as_ref().and_then(Notices::process);
         let handover = handover
-            .filter(|_| self.shared.notices.is_some() && self.shared.wait.is_none())
-            .map_or(0, |hold| {
+            .zip(process)
+            .map_or((0, &[][..]), |(hold, process)| {
                 // The key is kept for the lock-delay beyond the validity, as
                 // for any grant.
                 let kept = hold.min(request.ttl.get()) + request.lock_delay.get();
-                u64::try_from(kept.as_millis()).unwrap_or(u64::MAX).max(1)
+                let kept = u64::try_from(kept.as_millis()).unwrap_or(u64::MAX).max(1);
+                (kept, &process[..])
             });
-        // Where the handover is announced: this backend's own channel.
-        let process = self
-            .shared
-            .notices
-            .as_ref()
-            .and_then(Notices::process)
-            .filter(|_| handover > 0);
         let call = scripts::fair(
             &self.shared.layout,
             request,
             tracked,
             place_ttl.as_millis(),
-            (handover, process.map_or(&[][..], |p| &p[..])),
+            handover,
         );
         let sent_at = Instant::now();
         let reply = self
@@ -916,12 +914,10 @@ impl LeaseBackend for RedisBackend {
             // Fair mode queues exclusive leases only.
             return self.release(key, holder).await;
         }
+        // No `own_subscription` mark, as `release` sets: a release that
+        // hands over announces nothing on `P:released`, so the mark would
+        // wait there to drop the next process's notice instead.
         let notices = self.shared.notices.as_ref();
-        if let Some(notices) = notices {
-            // With the channel lingering here, this release's notice is
-            // dropped on arrival (see `Notices::own_subscription`).
-            notices.own_subscription(|| self.shared.layout.released(key));
-        }
         let call = scripts::release_fair(
             &self.shared.layout,
             key,

@@ -420,3 +420,24 @@ async fn a_handed_over_lease_outlives_the_heads_validity_and_no_more() -> TestRe
     );
     Ok(())
 }
+
+/// A place call that asks for a handover on a backend that never listened
+/// for one (`watch_handover`) records no ask: a fair release then frees
+/// the lease (EXISTS 0) instead of handing it to a waiter that would never
+/// hear of it and would hold the queue up for its handover time.
+#[tokio::test]
+async fn a_handover_no_one_listens_for_is_not_asked_for() -> TestResult {
+    let server = RedisServer::start()?;
+    let backend = connect(&server).await;
+    let lease = key("fair:unheard");
+    let first = acquire(&backend, &lease, holder(), ttl("30s")).await?;
+    let deaf = holder();
+    let hold = Some(Duration::from_secs(5));
+    waiting(asking(&backend, &lease, deaf, place_ttl(2_000), hold).await?);
+    let asks = format!("{}:fair-asks", storage_key(&lease));
+    assert_eq!(server.cli(&["HEXISTS", &asks, &deaf.to_hex()])?, "0");
+    backend.release_fair(&lease, &first.holder).await?;
+    assert_eq!(server.cli(&["EXISTS", &storage_key(&lease)])?, "0");
+    assert_eq!(queue(&server, &lease)?, [deaf.to_hex()]);
+    Ok(())
+}
