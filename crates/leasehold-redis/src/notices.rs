@@ -602,7 +602,6 @@ fn dispatch(channels: &Mutex<Channels>, push: &PushInfo) {
                 if let Some((holder, token)) = push.data.get(1).and_then(handover) {
                     // A release that handed the lease over: the lease is
                     // not free, so no waiter is woken but the new holder.
-                    channel.own_release = None;
                     if let Some(sender) = channels.handovers.remove(&holder) {
                         let _ = sender.send(token);
                     }
