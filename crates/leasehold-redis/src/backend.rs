@@ -755,8 +755,9 @@ impl LeaseBackend for RedisBackend {
         }
         if self.shared.wait.is_some() {
             // Each grant waits for its own acknowledgement (and is given
-            // back without one): not batched.
-            return self.acquire_acked(request).await;
+            // back without one): not batched. Boxed, so that every
+            // acquisition future does not carry this path's.
+            return Box::pin(self.acquire_acked(request)).await;
         }
         let limit = self.shared.op_timeout;
         self.shared

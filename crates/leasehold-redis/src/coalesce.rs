@@ -130,79 +130,93 @@ impl<R, O> Coalescer<R, O> {
     where
         F: AsyncFnOnce(Vec<R>) -> Vec<O>,
     {
-        let queued = {
-            let mut lanes = self.lanes();
-            let Lanes { busy, next_id } = &mut *lanes;
-            match busy.get_mut(&lane) {
-                None => {
-                    busy.insert(
-                        lane,
-                        Busy {
-                            calls: 1,
-                            queue: VecDeque::new(),
-                        },
-                    );
-                    Err(request)
-                }
-                // Room for another call: this one goes at once, alone.
-                Some(lane) if lane.calls < self.calls => {
-                    lane.calls += 1;
-                    Err(request)
-                }
-                Some(Busy { queue, .. }) => {
-                    let (tx, rx) = oneshot::channel();
-                    let id = *next_id;
-                    *next_id += 1;
-                    queue.push_back(Waiting {
-                        id,
-                        request,
-                        turn: tx,
-                    });
-                    Ok((id, rx))
-                }
-            }
-        };
-        match queued {
+        // Boxed, here and below: a driver's state (the call's future: the
+        // script, the connection's request, the op timeout) is most of a
+        // caller's, and only a driver needs it. Unboxed, every caller
+        // waiting in a lane, and every future that awaits one, would be as
+        // large as a driver. (What `enqueue` and `wait` return is taken
+        // apart in `let` statements, so that none of it is kept across the
+        // awaits that follow.)
+        let (id, rx) = match self.enqueue(lane, request) {
+            Ok(waiting) => waiting,
             // The lane had room: sent at once, alone.
-            Err(request) => self.drive(lane, request, Vec::new(), send).await,
-            Ok((id, rx)) => self.wait(lane, id, rx, patience, send).await,
+            Err(request) => return Box::pin(self.drive(lane, request, Vec::new(), send)).await,
+        };
+        let turn = self.wait(lane, id, rx, patience).await?;
+        let (own, others) = match turn {
+            Turn::Done(outcome) => return Ok(outcome),
+            Turn::Drive(own, others) => (own, others),
+        };
+        Box::pin(self.drive(lane, own, others, send)).await
+    }
+
+    /// Puts `request` in `lane`'s queue (`Ok`: its id and where its turn
+    /// comes), or gives it back when the lane has room for a call (`Err`:
+    /// the caller sends it at once, alone).
+    #[allow(clippy::type_complexity)]
+    fn enqueue(&self, lane: Lane, request: R) -> Result<(u64, oneshot::Receiver<Turn<R, O>>), R> {
+        let mut lanes = self.lanes();
+        let Lanes { busy, next_id } = &mut *lanes;
+        match busy.get_mut(&lane) {
+            None => {
+                busy.insert(
+                    lane,
+                    Busy {
+                        calls: 1,
+                        queue: VecDeque::new(),
+                    },
+                );
+                Err(request)
+            }
+            // Room for another call: this one goes at once, alone.
+            Some(lane) if lane.calls < self.calls => {
+                lane.calls += 1;
+                Err(request)
+            }
+            Some(Busy { queue, .. }) => {
+                let (tx, rx) = oneshot::channel();
+                let id = *next_id;
+                *next_id += 1;
+                queue.push_back(Waiting {
+                    id,
+                    request,
+                    turn: tx,
+                });
+                Ok((id, rx))
+            }
         }
     }
 
-    /// Waits for an outcome or a turn to drive.
-    async fn wait<F>(
+    /// Waits for an outcome or a turn to drive. Holds only the waiter and
+    /// its timer, so that a caller waiting in a lane stays small.
+    async fn wait(
         &self,
         lane: Lane,
         id: u64,
         rx: oneshot::Receiver<Turn<R, O>>,
         patience: Duration,
-        send: F,
-    ) -> Result<O, Abandoned>
-    where
-        F: AsyncFnOnce(Vec<R>) -> Vec<O>,
-    {
+    ) -> Result<Turn<R, O>, Abandoned> {
         let mut waiter = Waiter {
             coalescer: self,
             lane,
             id,
             rx: Some(rx),
         };
-        let turn = match tokio::time::timeout(patience, waiter.turn()).await {
-            Ok(turn) => turn,
-            // Not picked yet: leave unsent. Picked meanwhile: the call it is
-            // in is bounded, so wait for it.
-            Err(_) if waiter.withdraw() => return Err(Abandoned::NotSent),
-            Err(_) => waiter.turn().await,
+        // `if let`, not `match`: the timeout's result is dropped before the
+        // second wait, instead of being kept across it.
+        let turn = if let Ok(turn) = tokio::time::timeout(patience, waiter.turn()).await {
+            turn
+        } else if waiter.withdraw() {
+            // Not picked yet: leave unsent.
+            return Err(Abandoned::NotSent);
+        } else {
+            // Picked meanwhile: the call it is in is bounded, so wait for it.
+            waiter.turn().await
         };
-        match turn {
-            Some(Turn::Done(outcome)) => Ok(outcome),
-            Some(Turn::Drive(own, others)) => {
-                waiter.rx = None;
-                self.drive(lane, own, others, send).await
-            }
-            // The batch's driver was dropped with the call out.
-            None => Err(Abandoned::Unknown),
-        }
+        // The turn is taken: dropping the waiter now must not look for it.
+        waiter.rx = None;
+        // `None`: the batch's driver was dropped with the call out.
+        turn.ok_or(Abandoned::Unknown)
     }
 
     /// Sends `own` with `others` as one call, hands out the outcomes and
@@ -545,5 +559,23 @@ mod tests {
         calls.gate.add_permits(10);
         assert_eq!(first.await, Ok(0));
         assert_eq!(calls.sent(), [vec![0]]);
+    }
+
+    /// A caller's future does not carry the call's state: only a driver
+    /// needs it, and it is boxed there. (With the call's future inline,
+    /// every caller waiting in a lane would be as large as the call.)
+    #[tokio::test]
+    async fn a_caller_does_not_carry_the_calls_state() {
+        let coalescer = Coalescer::<u32, u32>::new(4);
+        // A call whose future keeps 4 KiB across its await.
+        let heavy = async |batch: Vec<u32>| {
+            let scratch = [1u8; 4096];
+            tokio::task::yield_now().await;
+            batch.iter().map(|x| x + u32::from(scratch[4095])).collect::<Vec<_>>()
+        };
+        let run = coalescer.run(None, 1, PATIENCE, heavy);
+        let size = std::mem::size_of_val(&run);
+        assert!(size < 1024, "a caller's future is {size} bytes");
+        assert_eq!(run.await, Ok(2));
     }
 }

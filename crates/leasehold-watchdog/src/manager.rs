@@ -209,13 +209,20 @@ impl<B: LeaseBackend> LeaseManager<B> {
         let won = match waiting.await {
             Ok(won) => won,
             Err(error) => {
-                intent.withdraw().await;
+                // Boxed: the backend call would otherwise sit in every
+                // acquisition's state, used or not.
+                Box::pin(intent.withdraw()).await;
                 return Err(error);
             }
         };
         // Granted: the grant cleared the intent (write.lua, 3).
         intent.disarm();
-        self.took(won, options, attempt).await
+        let (lease, watch, others) = self.took(won, options, attempt);
+        if others {
+            tokio::task::yield_now().await;
+        }
+        drop(watch);
+        lease
     }
 
     /// Hands the turn on and keeps the lease. With others waiting, the next
@@ -228,15 +235,20 @@ impl<B: LeaseBackend> LeaseManager<B> {
     /// processes take turns hearing of releases first. Then this task
     /// yields once, so that the next head, woken from this task and so
     /// sitting in this worker's slot that other workers never steal, gets
-    /// to leave its offer before this holder's work blocks the thread.
+    /// to leave its offer before this holder's work blocks the thread
+    /// (the caller yields when this says others wait, and drops the watch
+    /// it is given after that).
     /// A permit passes no baton: that the holder has its permit says
     /// nothing of the semaphore's others, so the next head tries at once.
-    async fn took(
+    ///
+    /// Not `async`, so that the `Won` it takes is not kept in the
+    /// acquisition's state across the yield.
+    fn took(
         &self,
         won: Won,
         options: &LeaseOptions,
         attempt: Attempt,
-    ) -> Result<Lease, LeaseError> {
+    ) -> (Result<Lease, LeaseError>, Option<ReleaseWatch>, bool) {
         let Won {
             grant,
             turn,
@@ -250,12 +262,7 @@ impl<B: LeaseBackend> LeaseManager<B> {
                 .pass_baton(baton.filter(ReleaseWatch::is_supported));
         }
         drop(turn);
-        let lease = self.register(grant, options);
-        if others {
-            tokio::task::yield_now().await;
-        }
-        drop(watch);
-        lease
+        (self.register(grant, options), watch, others)
     }
 
     fn register(&self, grant: Grant, options: &LeaseOptions) -> Result<Lease, LeaseError> {

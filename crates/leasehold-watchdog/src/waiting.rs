@@ -130,8 +130,12 @@ pub(crate) async fn acquire<B: LeaseBackend>(
     let turn = queued(manager.queues, key, started, give_up_at).await?;
     if let (Some(_), Attempt::Lease) = (options.fair(), attempt) {
         // Fair mode: the server's queue decides from here (`fair.rs`).
-        return crate::fair::acquire(manager, key, request, options, turn, started, give_up_at)
-            .await;
+        // Boxed, so that an acquisition in the default mode does not carry
+        // the fair waiter's state.
+        return Box::pin(crate::fair::acquire(
+            manager, key, request, options, turn, started, give_up_at,
+        ))
+        .await;
     }
     let mut waiter = Waiter {
         watch: None,
@@ -160,9 +164,18 @@ pub(crate) async fn acquire<B: LeaseBackend>(
     let mut step = waiter.at_head().await;
     loop {
         step = match step {
-            Step::Attempting => waiter.attempting().await?,
+            // Moved out and dropped, so that the step is not kept in the
+            // waiter's state while the backend call is out.
+            attempting @ Step::Attempting => {
+                drop(attempting);
+                waiter.attempting().await?
+            }
             Step::Refused(refusal) => waiter.refused(refusal).await?,
-            Step::Listening { poll_at, offer } => waiter.listening(poll_at, offer).await,
+            // Boxed, as `yielding` is: a listening waiter's state (its
+            // notice, poll and offer, raced) is the largest, and every
+            // acquisition would otherwise carry it, listening or not; one
+            // allocation per wait for a notice, beside that wait.
+            Step::Listening { poll_at, offer } => Box::pin(waiter.listening(poll_at, offer)).await,
             Step::Granted { grant, handed_over } => return Ok(waiter.granted(grant, handed_over)),
         };
     }
@@ -268,7 +281,9 @@ impl<'a, B: LeaseBackend> Waiter<'a, B> {
         if let Some(give_up_at) = self.give_up_at
             && let Some(until) = self.manager.queues.yield_until(self.key)
         {
-            self.yielding(until.min(give_up_at), give_up_at).await;
+            // Boxed: rare (a release here that a waiter elsewhere heard),
+            // and otherwise carried by every acquisition.
+            Box::pin(self.yielding(until.min(give_up_at), give_up_at)).await;
         }
         Step::Attempting
     }
