@@ -125,6 +125,10 @@ async fn a_batch_grants_the_free_keys_and_reports_the_held_ones() -> TestResult 
 
     // One call for the first, one for the five that waited.
     assert_eq!(calls(&server, "evalsha")?, 2);
+    // The batch reads the clock once for its two grants, and writes each
+    // lease and each counter once (the lone call: its lease and counter).
+    assert_eq!(calls(&server, "time")?, 2);
+    assert_eq!(calls(&server, "set")?, 6);
     for (i, (k, outcome)) in keys.iter().zip(outcomes).enumerate() {
         match i {
             0 | 2 | 4 => {

@@ -28,8 +28,8 @@ local track = ARGV[3 * n + 1] ~= '0'
 -- therefore reads the leases and counters with GETEX (a write command, which
 -- tracks nothing; GET where the server has no GETEX), skips the read after
 -- each grant, reads every lease once at the end with one EXISTS (which
--- tracks the batch), and writes the granted counters again after it, which
--- drops the counters' tracking on Redis 7.0 (see grant.lua). A refused
+-- tracks the batch), and writes the granted counters only after it, which
+-- leaves the counters untracked on Redis 7.0 (see grant.lua). A refused
 -- acquisition's PTTL still tracks the whole call's keys, as a lone one's
 -- tracks its two.
 local quiet = track
@@ -42,6 +42,10 @@ if quiet then
   end
 end
 local granted = {}
+-- The clock floor (grant.lua), read once, at the batch's first grant: one
+-- TIME for the batch instead of one per lease. Each lease's token is still
+-- above its own counter, so tokens keep rising per key.
+local floor
 
 local function acquire(lease, fence, holder, ttl, label)
   local mine = holder .. ':'
@@ -75,7 +79,12 @@ local function acquire(lease, fence, holder, ttl, label)
   end
 
   -- 3. Free: grant it (grant.lua, sent in front of this script).
-  local token, refused = grant(lease, fence, holder, ttl, label, track and not quiet, read)
+  -- On a tracking connection the counter is written once, at the end
+  -- (below), not also here: a key is granted at most once per batch (the
+  -- same key twice goes to the first), so no later grant in the batch
+  -- reads a counter this one should have written.
+  floor = floor or clock_floor()
+  local token, refused = grant(lease, fence, holder, ttl, label, track and not quiet, read, floor, quiet)
   if not token then
     return refused
   end
@@ -97,8 +106,7 @@ for i = 1, n do
   replies[i] = reply
 end
 if quiet then
-  -- Track the batch's leases with one read, then write the counters again
-  -- (in grant order: a counter shared by two grants keeps the later token).
+  -- Track the batch's leases with one read, then write the counters.
   local leases = {}
   for i = 1, n do
     leases[i] = KEYS[2 * i - 1]

@@ -26,17 +26,26 @@
 -- Redis 7.0 every read-only command in a script tracks every key of the
 -- call, which for a batch of n leases costs n entries per read.
 --
+-- `floor`, when given, is the clock floor (see 1. below) already read by the
+-- caller: a batch reads the clock once for all its grants. `deferred` true
+-- leaves the counter unwritten: the caller writes it (a batch on a tracking
+-- connection writes its counters once, at its end).
+--
 -- Numbers go to redis.call only as strings built here (string.format('%.0f',
 -- n) where arithmetic is needed): Redis may render a large Lua number in
 -- exponent form.
 
-local function grant(lease, fence, holder, ttl, label, track, read)
+local function clock_floor()
+  local t = redis.call('TIME')
+  return t[1] .. string.sub('00000' .. t[2], -6)
+end
+
+local function grant(lease, fence, holder, ttl, label, track, read, floor, deferred)
   -- 1. A floor from the server clock, in microseconds, so tokens keep
   --    rising even if a restart lost the counter: TIME's seconds, then its
   --    microseconds padded to six digits. Built as a string, it costs no
   --    parse of TIME's reply and no formatting of a 16-digit number.
-  local t = redis.call('TIME')
-  local floor = t[1] .. string.sub('00000' .. t[2], -6)
+  floor = floor or clock_floor()
 
   -- 2. The token is one past the counter, lifted to the floor. A counter of
   --    another type fails the GET with WRONGTYPE; one that is not a number
@@ -67,6 +76,8 @@ local function grant(lease, fence, holder, ttl, label, track, read)
   end
 
   -- 4. The counter keeps the token; written last, so that it is not tracked.
-  redis.call('SET', fence, token)
+  if not deferred then
+    redis.call('SET', fence, token)
+  end
   return token
 end
