@@ -571,7 +571,10 @@ mod tests {
         let heavy = async |batch: Vec<u32>| {
             let scratch = [1u8; 4096];
             tokio::task::yield_now().await;
-            batch.iter().map(|x| x + u32::from(scratch[4095])).collect::<Vec<_>>()
+            batch
+                .iter()
+                .map(|x| x + u32::from(scratch[4095]))
+                .collect::<Vec<_>>()
         };
         let run = coalescer.run(None, 1, PATIENCE, heavy);
         let size = std::mem::size_of_val(&run);

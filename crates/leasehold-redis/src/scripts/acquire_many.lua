@@ -83,7 +83,10 @@ local function acquire(lease, fence, holder, ttl, label)
   -- (below), not also here: a key is granted at most once per batch (the
   -- same key twice goes to the first), so no later grant in the batch
   -- reads a counter this one should have written.
-  floor = floor or clock_floor()
+  if not floor then
+    local t = redis.call('TIME')
+    floor = t[1] .. string.sub('00000' .. t[2], -6)
+  end
   local token, refused = grant(lease, fence, holder, ttl, label, track and not quiet, read, floor, quiet)
   if not token then
     return refused

@@ -35,17 +35,17 @@
 -- n) where arithmetic is needed): Redis may render a large Lua number in
 -- exponent form.
 
-local function clock_floor()
-  local t = redis.call('TIME')
-  return t[1] .. string.sub('00000' .. t[2], -6)
-end
-
 local function grant(lease, fence, holder, ttl, label, track, read, floor, deferred)
   -- 1. A floor from the server clock, in microseconds, so tokens keep
   --    rising even if a restart lost the counter: TIME's seconds, then its
   --    microseconds padded to six digits. Built as a string, it costs no
   --    parse of TIME's reply and no formatting of a 16-digit number.
-  floor = floor or clock_floor()
+  --    (No helper function for this: a lone acquisition's script defines
+  --    every function of this file on each call, at a cost.)
+  if not floor then
+    local t = redis.call('TIME')
+    floor = t[1] .. string.sub('00000' .. t[2], -6)
+  end
 
   -- 2. The token is one past the counter, lifted to the floor. A counter of
   --    another type fails the GET with WRONGTYPE; one that is not a number
