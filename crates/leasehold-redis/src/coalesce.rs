@@ -78,6 +78,9 @@ struct Waiting<R, O> {
     turn: oneshot::Sender<Turn<R, O>>,
 }
 
+/// A request put in its lane's queue: its id, and where its turn comes.
+type Queued<R, O> = (u64, oneshot::Receiver<Turn<R, O>>);
+
 /// What a waiting caller is told.
 enum Turn<R, O> {
     /// Its outcome.
@@ -153,8 +156,7 @@ impl<R, O> Coalescer<R, O> {
     /// Puts `request` in `lane`'s queue (`Ok`: its id and where its turn
     /// comes), or gives it back when the lane has room for a call (`Err`:
     /// the caller sends it at once, alone).
-    #[allow(clippy::type_complexity)]
-    fn enqueue(&self, lane: Lane, request: R) -> Result<(u64, oneshot::Receiver<Turn<R, O>>), R> {
+    fn enqueue(&self, lane: Lane, request: R) -> Result<Queued<R, O>, R> {
         let mut lanes = self.lanes();
         let Lanes { busy, next_id } = &mut *lanes;
         match busy.get_mut(&lane) {
