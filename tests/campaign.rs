@@ -616,8 +616,11 @@ struct Margins {
     /// a restart that lost the lease; `None` when the witness saw no grant.
     server: Vec<(String, Option<i64>)>,
     /// Where a side connection saw the server keep a lease later than the
-    /// MONITOR witness says it could (by more than a millisecond): the
-    /// witness missed a renewal. Lease, side's bound, witness's margin, µs.
+    /// MONITOR witness says it could: the witness missed a renewal. The
+    /// side's bound (its look's send time plus the PTTL it read) can
+    /// exceed the true expiry by less than a millisecond, PTTL's unit; the
+    /// witness's latest expiry is the last write's own line plus its ttl.
+    /// Lease, side's bound, witness's latest margin, µs.
     disagree: Vec<(String, i64, i64)>,
     /// Deadlines excused by a restart that lost data.
     excused: usize,
@@ -646,8 +649,11 @@ impl Margins {
                     .copied()
                     .flatten()?;
                 let kept = i64::try_from(kept.as_micros()).unwrap_or(i64::MAX);
-                let m = (*m)?;
-                (kept > m + 1_000).then(|| (f.lease(), kept, m))
+                m.as_ref()?;
+                let latest = i64::try_from(history.server_expiry_latest(&f.key, f.token)?)
+                    .unwrap_or(i64::MAX)
+                    - i64::try_from(f.at_us).unwrap_or(i64::MAX);
+                (kept >= latest + 1_000).then(|| (f.lease(), kept, latest))
             })
             .collect();
         let excused = tally.deadlines().count() - judged.len();
@@ -690,7 +696,7 @@ impl Margins {
         // renewal means nothing.
         assert!(
             self.disagree.is_empty(),
-            "seed {seed}: a side connection saw the server keep a lease later than the MONITOR witness allows (lease, side's bound, witness's margin, in µs): {:?}",
+            "seed {seed}: a side connection saw the server keep a lease later than the MONITOR witness allows (lease, side's bound, witness's latest margin, in µs): {:?}",
             self.disagree
         );
         let late: Vec<_> = self

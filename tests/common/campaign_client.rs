@@ -29,8 +29,8 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use leasehold::redis::RedisBackend;
 use leasehold::{LeaseBackend, LeaseKey, LeaseManager, LeaseOptions, LossReason, PermitLimit, Ttl};
 use leasehold_testkit::{
-    FENCED_WRITE_SCRIPT, Fault, FaultPlan, History, HoldEnd, PlanShape, RedisServer, Report, Share,
-    WriteAttempt,
+    FENCED_WRITE_SCRIPT, Fault, FaultPlan, History, HoldEnd, PlanShape, RedisServer, Report,
+    ServerTime, Share, WriteAttempt,
 };
 use tokio::task::JoinHandle;
 use tokio::time::{Instant, timeout};
@@ -346,8 +346,13 @@ impl Witness {
 }
 
 /// Records a grant (`SET <lease> <holder>:<token>:<label> PX <ttl>`) or a
-/// renewal (`PEXPIRE <lease> <ttl>`) run by a leasehold script, at the time
-/// its script started: the earliest moment the write could count from.
+/// renewal (`PEXPIRE <lease> <ttl>`) run by a leasehold script, between the
+/// moment its script started and the write's own line. The script's line
+/// is fed before it runs, so the write counts from no earlier than that;
+/// a command a script calls is fed after it ran, and counts from the
+/// server's clock as it ran (Redis 7) or as the script's call began, a
+/// moment before the script's line (Valkey 8), so the write's own line is
+/// the latest moment it could count from.
 /// A lease is named as the clients name it: `K` for `leasehold:{K}`, the
 /// permit key `{S}:permit:<i>` for `leasehold:{S}:permit:<i>`.
 fn record_monitor_line(line: &str, script_at: &mut u64, history: &History) {
@@ -389,12 +394,12 @@ fn record_monitor_line(line: &str, script_at: &mut u64, history: &History) {
         {
             let token = value.split(':').nth(1).and_then(|t| t.parse().ok());
             if let (Some(key), Some(token), Some(ttl)) = (key(lease), token, ms(ttl)) {
-                history.granted(key, token, *script_at, ttl);
+                history.granted(key, token, ServerTime::between(*script_at, at_us), ttl);
             }
         }
         [cmd, lease, ttl] if cmd.eq_ignore_ascii_case("PEXPIRE") => {
             if let (Some(key), Some(ttl)) = (key(lease), ms(ttl)) {
-                history.extended(key, *script_at, ttl);
+                history.extended(key, ServerTime::between(*script_at, at_us), ttl);
             }
         }
         _ => {}

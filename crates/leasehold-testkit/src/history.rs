@@ -452,12 +452,45 @@ struct Record {
     server_seq: usize,
 }
 
+/// When the lease server applied a write, on its clock (µs since the Unix
+/// epoch), as closely as a witness can tell: no earlier than
+/// `earliest_us` and, counting from the whole millisecond the server's
+/// clock showed then, no later than `latest_us`. A plain `u64` is an exact
+/// moment.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ServerTime {
+    /// The earliest moment the write could count its ttl from.
+    pub earliest_us: u64,
+    /// The latest moment the write could count its ttl from.
+    pub latest_us: u64,
+}
+
+impl ServerTime {
+    /// A write the server applied somewhere between the two moments.
+    #[must_use]
+    pub fn between(earliest_us: u64, latest_us: u64) -> Self {
+        Self {
+            earliest_us,
+            latest_us,
+        }
+    }
+}
+
+impl From<u64> for ServerTime {
+    fn from(at_us: u64) -> Self {
+        Self::between(at_us, at_us)
+    }
+}
+
 /// A write of a lease the lease server applied: a grant (or a same-holder
 /// refresh) with its token, or an extension of the lease granted last.
 #[derive(Debug, Clone, Copy)]
 struct ServerWrite {
     token: Option<u64>,
+    /// The earliest moment the write could count from.
     at_us: u64,
+    /// The latest: its expiry is no later than this plus `ttl`.
+    by_us: u64,
     ttl: Duration,
     /// Its place among all the server's writes recorded, of every key.
     seq: usize,
@@ -579,48 +612,74 @@ impl History {
     }
 
     /// Records that the lease server stored `key`'s lease with `token` for
-    /// `ttl` at `at_us` (its clock, µs since the Unix epoch): a grant, or
-    /// a refresh by the same holder. Record them in the server's order.
-    pub fn granted(&self, key: impl Into<String>, token: u64, at_us: u64, ttl: Duration) {
-        self.server_write(key.into(), Some(token), at_us, ttl);
+    /// `ttl` at `at` (its clock): a grant, or a refresh by the same holder.
+    /// Record them in the server's order.
+    pub fn granted(
+        &self,
+        key: impl Into<String>,
+        token: u64,
+        at: impl Into<ServerTime>,
+        ttl: Duration,
+    ) {
+        self.server_write(key.into(), Some(token), at.into(), ttl);
     }
 
-    fn server_write(&self, key: String, token: Option<u64>, at_us: u64, ttl: Duration) {
+    fn server_write(&self, key: String, token: Option<u64>, at: ServerTime, ttl: Duration) {
         let mut record = self.record();
         let seq = record.server_seq;
         record.server_seq += 1;
         record.server.entry(key).or_default().push(ServerWrite {
             token,
-            at_us,
+            at_us: at.earliest_us,
+            by_us: at.latest_us.max(at.earliest_us),
             ttl,
             seq,
         });
     }
 
     /// Records that the lease server extended `key`'s lease (the one it
-    /// stored last) by `ttl` at `at_us`.
-    pub fn extended(&self, key: impl Into<String>, at_us: u64, ttl: Duration) {
-        self.server_write(key.into(), None, at_us, ttl);
+    /// stored last) by `ttl` at `at`.
+    pub fn extended(&self, key: impl Into<String>, at: impl Into<ServerTime>, ttl: Duration) {
+        self.server_write(key.into(), None, at.into(), ttl);
     }
 
     /// The earliest moment (server clock, µs since the Unix epoch) the
     /// lease server could expire `key`'s lease with `token`: its last
-    /// recorded grant or extension plus that write's ttl. `None` when no
-    /// grant of that token was recorded.
+    /// recorded grant or extension, at the earliest, plus that write's
+    /// ttl. The server keeps expiries in whole milliseconds counted from
+    /// its clock's millisecond, so the moment is rounded down to one.
+    /// `None` when no grant of that token was recorded.
     #[must_use]
     pub fn server_expiry(&self, key: &str, token: u64) -> Option<u64> {
+        self.last_write(key, token)
+            .map(|w| w.at_us / 1_000 * 1_000 + micros(w.ttl))
+    }
+
+    /// The latest moment (server clock, µs since the Unix epoch) the lease
+    /// server could keep `key`'s lease with `token`, as far as the recorded
+    /// writes go: its last recorded grant or extension, at the latest, plus
+    /// that write's ttl. A lease seen on the server after this was written
+    /// again by something the record missed. `None` when no grant of that
+    /// token was recorded.
+    #[must_use]
+    pub fn server_expiry_latest(&self, key: &str, token: u64) -> Option<u64> {
+        self.last_write(key, token).map(|w| w.by_us + micros(w.ttl))
+    }
+
+    /// The last recorded write of `key`'s lease while it held `token`.
+    fn last_write(&self, key: &str, token: u64) -> Option<ServerWrite> {
         let record = self.record();
         let mut current = None;
-        let mut expiry = None;
+        let mut last = None;
         for w in record.server.get(key)? {
             if w.token.is_some() {
                 current = w.token;
             }
             if current == Some(token) {
-                expiry = Some(w.at_us + micros(w.ttl));
+                last = Some(*w);
             }
         }
-        expiry
+        last
     }
 
     /// Records what the two stores hold for `key`: the ids of the writes

@@ -62,7 +62,7 @@ pub use cluster::RedisCluster;
 pub use error::TestkitError;
 pub use history::{
     Excess, FENCED_WRITE_SCRIPT, GrantOrder, History, Hold, HoldEnd, HoldId, Overlap, Report,
-    Share, StaleWrite, TokenViolation, WriteAttempt, Writes,
+    ServerTime, Share, StaleWrite, TokenViolation, WriteAttempt, Writes,
 };
 pub use masters::independent_masters;
 pub use proxy::{Proxy, ProxyMode};

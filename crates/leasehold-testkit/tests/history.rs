@@ -4,7 +4,9 @@
 use std::error::Error;
 use std::time::Duration;
 
-use leasehold_testkit::{FENCED_WRITE_SCRIPT, History, HoldEnd, RedisServer, WriteAttempt};
+use leasehold_testkit::{
+    FENCED_WRITE_SCRIPT, History, HoldEnd, RedisServer, ServerTime, WriteAttempt,
+};
 use tokio::time::Instant;
 
 fn ms(n: u64) -> Duration {
@@ -223,6 +225,20 @@ fn the_server_expiry_is_the_last_write_of_that_lease_plus_its_ttl() {
     assert_eq!(h.server_expiry("k", 6), Some(4_500_000));
     assert_eq!(h.server_expiry("k", 7), None);
     assert_eq!(h.server_expiry("other", 5), None);
+}
+
+#[test]
+fn a_write_known_within_a_span_bounds_the_expiry_on_both_sides() {
+    let h = History::new();
+    h.granted("k", 5, ServerTime::between(1_400, 1_900), ms(1000));
+    // The server counts from its clock's whole millisecond: at the
+    // earliest 1.000 ms; at the latest, from the end of the span.
+    assert_eq!(h.server_expiry("k", 5), Some(1_001_000));
+    assert_eq!(h.server_expiry_latest("k", 5), Some(1_001_900));
+    h.extended("k", ServerTime::between(300_250, 300_800), ms(1000));
+    assert_eq!(h.server_expiry("k", 5), Some(1_300_000));
+    assert_eq!(h.server_expiry_latest("k", 5), Some(1_300_800));
+    assert_eq!(h.server_expiry_latest("k", 6), None);
 }
 
 #[test]
