@@ -625,8 +625,14 @@ struct Margins {
     /// Deadlines excused by a restart that lost data.
     excused: usize,
     /// Probes on a side connection right after a deadline fired while the
-    /// server was healthy (a proxy fault): each must find the lease.
+    /// server was healthy (a proxy fault): each must find the lease, if
+    /// answered before the lease could expire.
     proxy_probes: Vec<(String, Probe)>,
+    /// Of those, the probes that found the lease gone but were answered
+    /// only after its earliest expiry the witness allows (a slow side
+    /// connection, a loaded machine): they cannot tell whether the lease
+    /// outlived the firing.
+    gone_too_late: usize,
     /// Every probe's outcome: present (smallest lower bound), gone, unanswered.
     probes: (usize, Option<Duration>, usize, usize),
 }
@@ -658,6 +664,7 @@ impl Margins {
             .collect();
         let excused = tally.deadlines().count() - judged.len();
         let mut proxy_probes = Vec::new();
+        let mut gone_too_late = 0;
         let mut probes = (0, None::<Duration>, 0, 0);
         for f in tally.deadlines() {
             match f.probe {
@@ -675,7 +682,21 @@ impl Margins {
                     Fault::Blackhole(..) | Fault::Delay(..) | Fault::Reset(..)
                 ) && f.at <= a.healed + TTL
             }) {
-                proxy_probes.push((f.lease(), f.probe));
+                // A lease seen gone only after the server could expire it
+                // proves nothing; before, it was there no longer though it
+                // should have been.
+                let margin = history.server_expiry(&f.key, f.token).map(|expiry| {
+                    i64::try_from(expiry).unwrap_or(i64::MAX)
+                        - i64::try_from(f.at_us).unwrap_or(i64::MAX)
+                });
+                match (f.probe, margin) {
+                    (Probe::Gone(after), Some(m))
+                        if i64::try_from(after.as_micros()).unwrap_or(i64::MAX) >= m =>
+                    {
+                        gone_too_late += 1;
+                    }
+                    _ => proxy_probes.push((f.lease(), f.probe)),
+                }
             }
         }
         Self {
@@ -683,6 +704,7 @@ impl Margins {
             disagree,
             excused,
             proxy_probes,
+            gone_too_late,
             probes,
         }
     }
@@ -745,12 +767,13 @@ fn summary(
     );
     let _ = writeln!(
         out,
-        "side-connection probes after a deadline: {} present (smallest lower bound {:?}), {} gone, {} unanswered; {} during proxy faults",
+        "side-connection probes after a deadline: {} present (smallest lower bound {:?}), {} gone, {} unanswered; {} during proxy faults, and {} more that found it gone only after it could expire",
         margins.probes.0,
         margins.probes.1,
         margins.probes.2,
         margins.probes.3,
-        margins.proxy_probes.len()
+        margins.proxy_probes.len(),
+        margins.gone_too_late
     );
     let kept: Vec<Duration> = tally
         .deadlines()
