@@ -39,16 +39,43 @@ pub(crate) struct Queues {
     /// The latest acquisition attempt's round trip, in nanoseconds (0: none yet).
     round_trip: AtomicU64,
     /// When a waiter here last heard a release notice of each key, and
-    /// the interval before it (see [`Queues::turn`]).
+    /// the interval before it (see [`Turns::turn`]).
     turns: Mutex<HashMap<LeaseKey, Turns>>,
 }
 
-/// Release notices of one key lately: when the last came, and how long
-/// after the one before it (none when that was longer than [`MAX_TURN`]).
+/// Release notices of one key lately: when the last came, and the longest
+/// interval between two of them lately (none when the last was longer than
+/// [`MAX_TURN`]).
 #[derive(Clone, Copy)]
 struct Turns {
     at: Instant,
     turn: Option<Duration>,
+}
+
+impl Turns {
+    /// How long one holder keeps the key lately: the longest interval
+    /// between two release notices heard here, forgotten by half its
+    /// excess over each shorter one that follows; `None` when it was
+    /// not measured, or when the last notice came more than two such turns
+    /// before `at` (the processes that took turns may have stopped).
+    /// The longest rather than the last: holders starved of CPU, or
+    /// processes that hold for different times, take turns of very
+    /// different lengths, and a window built from a short one runs out
+    /// while the next holder still holds.
+    fn turn(&self, at: Instant) -> Option<Duration> {
+        let turn = self.turn?;
+        (at.saturating_duration_since(self.at) < turn.saturating_mul(2)).then_some(turn)
+    }
+
+    /// Notes a notice at `now`.
+    fn noted(&mut self, now: Instant) {
+        let gap = now.saturating_duration_since(self.at);
+        self.at = now;
+        self.turn = (gap <= MAX_TURN).then(|| match self.turn {
+            Some(longest) if longest > gap => longest - (longest - gap) / 2,
+            _ => gap,
+        });
+    }
 }
 
 /// Intervals between notices longer than this are not a holder's turn
@@ -127,11 +154,7 @@ impl Queues {
         let now = Instant::now();
         let mut turns = self.turns.lock().unwrap_or_else(PoisonError::into_inner);
         if let Some(last) = turns.get_mut(key) {
-            let gap = now.saturating_duration_since(last.at);
-            *last = Turns {
-                at: now,
-                turn: (gap <= MAX_TURN).then_some(gap),
-            };
+            last.noted(now);
             return;
         }
         if turns.len() >= WON_KEYS {
@@ -146,15 +169,15 @@ impl Queues {
         );
     }
 
-    /// How long one holder keeps `key` lately, as the interval between the
-    /// last two release notices heard here: `None` when it was not
-    /// measured, or when the last notice came more than two such turns
-    /// before `at` (the processes that took turns may have stopped).
-    pub(crate) fn turn(&self, key: &LeaseKey, at: Instant) -> Option<Duration> {
+    /// How long a waiter here that heard a release of `key` at `at`
+    /// waits for the next holder's notice before it tries anyway: two
+    /// turns (see [`Turns::turn`]); zero when the turns are not known.
+    pub(crate) fn window(&self, key: &LeaseKey, at: Instant) -> Duration {
         let turns = self.turns.lock().unwrap_or_else(PoisonError::into_inner);
-        let last = turns.get(key)?;
-        let turn = last.turn?;
-        (at.saturating_duration_since(last.at) < turn.saturating_mul(2)).then_some(turn)
+        turns
+            .get(key)
+            .and_then(|last| last.turn(at))
+            .map_or(Duration::ZERO, |turn| turn.saturating_mul(2))
     }
 
     /// Notes that this manager was granted `key` with `token`.
@@ -207,8 +230,8 @@ impl Queues {
 
     /// Until when a new acquisition of `key` should hold back its first
     /// attempt, if that is still ahead: after this manager's last release
-    /// of it that a waiter elsewhere heard, [`YIELD`], or two turns (see
-    /// [`Queues::turn`]) while processes take turns: long enough for the
+    /// of it that a waiter elsewhere heard, [`YIELD`], or the window (see
+    /// [`Queues::window`]) while processes take turns: long enough for the
     /// next holder's release notice to come first. Otherwise the release
     /// and the next acquisition run back to back on one task, and the
     /// releasing process takes the lease again before the waiter that heard
@@ -220,10 +243,7 @@ impl Queues {
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
             .remove(key)?;
-        let turns = self
-            .turn(key, at)
-            .map_or(Duration::ZERO, |t| t.saturating_mul(2));
-        let until = at + YIELD.max(turns);
+        let until = at + YIELD.max(self.window(key, at));
         (Instant::now() < until).then_some(until)
     }
 
@@ -402,26 +422,54 @@ mod tests {
         assert_eq!(queues.yield_until(&key()), Some(fresh_at + YIELD));
     }
 
-    /// A turn is the interval between the last two notices of a key, used
-    /// only while the last notice is less than two turns old, and never
-    /// longer than [`MAX_TURN`].
+    /// A turn is the interval between the last two notices of a key (the
+    /// longest lately, below), used only while the last notice is less than
+    /// two turns old, and never longer than [`MAX_TURN`]; the window is two
+    /// of them.
     #[tokio::test(start_paused = true)]
-    async fn a_turn_is_the_interval_between_two_notices_while_fresh() {
+    async fn the_window_is_two_turns_between_notices_while_fresh() {
         let queues = Queues::new(3);
         let ms = Duration::from_millis;
+        let zero = Duration::ZERO;
         queues.note_notice(&key());
-        assert_eq!(queues.turn(&key(), Instant::now()), None, "one notice");
+        assert_eq!(queues.window(&key(), Instant::now()), zero, "one notice");
         tokio::time::advance(ms(3)).await;
         queues.note_notice(&key());
         let last = Instant::now();
-        assert_eq!(queues.turn(&key(), last), Some(ms(3)));
-        assert_eq!(queues.turn(&key(), last + ms(5)), Some(ms(3)));
-        assert_eq!(queues.turn(&key(), last + ms(6)), None, "stale");
+        assert_eq!(queues.window(&key(), last), ms(6));
+        assert_eq!(queues.window(&key(), last + ms(5)), ms(6));
+        assert_eq!(queues.window(&key(), last + ms(6)), zero, "stale");
         let other = LeaseKey::new("other").expect("valid key");
-        assert_eq!(queues.turn(&other, last), None, "per key");
+        assert_eq!(queues.window(&other, last), zero, "per key");
         tokio::time::advance(MAX_TURN + ms(1)).await;
         queues.note_notice(&key());
-        assert_eq!(queues.turn(&key(), Instant::now()), None, "too long a gap");
+        assert_eq!(
+            queues.window(&key(), Instant::now()),
+            zero,
+            "too long a gap"
+        );
+    }
+
+    /// A turn is the longest interval lately: a shorter one that follows
+    /// takes half the difference off it; a longer one replaces it.
+    #[tokio::test(start_paused = true)]
+    async fn a_turn_is_the_longest_interval_lately() {
+        let queues = Queues::new(3);
+        let ms = Duration::from_millis;
+        let window = || queues.window(&key(), Instant::now());
+        queues.note_notice(&key());
+        tokio::time::advance(ms(20)).await;
+        queues.note_notice(&key());
+        assert_eq!(window(), ms(40));
+        tokio::time::advance(ms(4)).await;
+        queues.note_notice(&key());
+        assert_eq!(window(), ms(24), "20 - (20 - 4) / 2 = 12 ms");
+        tokio::time::advance(ms(4)).await;
+        queues.note_notice(&key());
+        assert_eq!(window(), ms(16), "12 - (12 - 4) / 2 = 8 ms");
+        tokio::time::advance(ms(30)).await;
+        queues.note_notice(&key());
+        assert_eq!(window(), ms(60), "a longer one replaces it");
     }
 
     /// While processes take turns, a heard release holds the next

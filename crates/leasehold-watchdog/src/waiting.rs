@@ -35,12 +35,13 @@
 //! the next notice (one of those ahead of it took the lease and released
 //! it), counts the holder after the released one as released by it, and
 //! ranks again, one lower each time, until its turn. If no notice comes
-//! within two turns (the interval between the last two notices heard
-//! here, `queue.rs`) and one measured attempt round trip per rank (tokio's
-//! timer rounds it up to the next millisecond), or by the fallback poll,
-//! which starts again with each notice, it tries anyway: the one ahead may
-//! not want the lease any more, or hold it longer than others did, and a
-//! refusal tells the true holder again. `Yielding` enters the same count
+//! within the key's window (two turns, a turn being the longest interval
+//! between two notices heard here lately, `queue.rs`) and one measured attempt
+//! round trip per rank (tokio's timer rounds it up to the next
+//! millisecond), or by the fallback poll, which starts again with each
+//! notice, it tries anyway: the one ahead may not want the lease any more,
+//! or hold it longer than others did, and a refusal tells the true holder
+//! again. `Yielding` enters the same count
 //! from its own release: the process that just released has the highest
 //! rank, and waits for the next holder's notice before it asks at all.
 //! Only the exclusive lease counts turns this way: a permit's or a share's
@@ -503,11 +504,7 @@ impl<'a, B: LeaseBackend> Waiter<'a, B> {
             let now = Instant::now();
             let poll_at = (now + self.options.backoff().delay(self.attempt)).min(give_up_at);
             let moment = self.manager.queues.round_trip().unwrap_or(YIELD);
-            let turns = self
-                .manager
-                .queues
-                .turn(self.key, now)
-                .map_or(Duration::ZERO, |turn| turn.saturating_mul(2));
+            let turns = self.manager.queues.window(self.key, now);
             let hold_back = now + moment.saturating_mul(rank);
             if !self.counts_turns() {
                 // One moment per rank, then try: a release of a permit or
