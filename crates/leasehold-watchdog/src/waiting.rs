@@ -36,14 +36,14 @@
 //! it), counts the holder after the released one as released by it, and
 //! ranks again, one lower each time, until its turn. If no notice comes
 //! within the key's window (two turns, a turn being the longest interval
-//! between two notices heard here lately, `queue.rs`) and one measured attempt
-//! round trip per rank (tokio's timer rounds it up to the next
+//! between two notices heard here lately, `queue.rs`) and one measured
+//! attempt round trip per rank (tokio's timer rounds it up to the next
 //! millisecond), or by the fallback poll, which starts again with each
 //! notice, it tries anyway: the one ahead may not want the lease any more,
 //! or hold it longer than others did, and a refusal tells the true holder
-//! again. `Yielding` enters the same count
-//! from its own release: the process that just released has the highest
-//! rank, and waits for the next holder's notice before it asks at all.
+//! again. `Yielding` enters the same count from its own release: the
+//! process that just released has the highest rank, and waits for the
+//! next holder's notice before it asks at all.
 //! Only the exclusive lease counts turns this way: a permit's or a share's
 //! release may make room for several waiters, so their heads hold back
 //! one moment per rank and then try. A process that waits alone, or a
