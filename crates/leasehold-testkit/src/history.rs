@@ -453,10 +453,9 @@ struct Record {
 }
 
 /// When the lease server applied a write, on its clock (µs since the Unix
-/// epoch), as closely as a witness can tell: no earlier than
-/// `earliest_us` and, counting from the whole millisecond the server's
-/// clock showed then, no later than `latest_us`. A plain `u64` is an exact
-/// moment.
+/// epoch), as closely as a witness can tell: the write counts its ttl from
+/// a moment between `earliest_us` (rounded down to its millisecond, as the
+/// server counts) and `latest_us`. A plain `u64` is an exact moment.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ServerTime {
     /// The earliest moment the write could count its ttl from.
