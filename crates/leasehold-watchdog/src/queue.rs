@@ -195,7 +195,8 @@ impl Queues {
 
     /// The fencing token of this manager's latest grant of `key`, if it
     /// remembers one: how recently this process held the key, counted in
-    /// acquisitions, is the current holder's token minus this one.
+    /// acquisitions, is the current holder's token minus this one, where
+    /// that token was counted from this one (see `waiting.rs`).
     pub(crate) fn last_won(&self, key: &LeaseKey) -> Option<FencingToken> {
         self.won
             .lock()

@@ -31,7 +31,10 @@
 //! last one), against the number of processes that listen (the server's
 //! subscriber count, carried by the watch): the process that held it
 //! longest ago has rank 0 and tries at once, the one that released it has
-//! the highest rank. A waiter of a higher rank does not try: it waits for
+//! the highest rank. Tokens count acquisitions only as `Yielding` counts
+//! them, from this process's own grant, one per notice: the server's clock
+//! floor makes real tokens microseconds apart, so a waiter that holds the
+//! token of a holder that refused it ranks 0. A waiter of a higher rank does not try: it waits for
 //! the next notice (one of those ahead of it took the lease and released
 //! it), counts the holder after the released one as released by it, and
 //! ranks again, one lower each time, until its turn. If no notice comes
