@@ -39,7 +39,7 @@ pub(crate) struct Queues {
     /// The latest acquisition attempt's round trip, in nanoseconds (0: none yet).
     round_trip: AtomicU64,
     /// When a waiter here last heard a release notice of each key, and
-    /// the interval before it (see [`Turns::turn`]).
+    /// the longest interval between two of them lately (see [`Turns`]).
     turns: Mutex<HashMap<LeaseKey, Turns>>,
 }
 
