@@ -648,14 +648,15 @@ impl Margins {
         let server = judged.iter().map(|(f, m)| (f.lease(), *m)).collect();
         let disagree = judged
             .iter()
-            .filter_map(|(f, m)| {
+            .filter_map(|(f, _)| {
                 let kept = tally
                     .seen_kept
                     .get(&(f.key.clone(), f.token))
                     .copied()
                     .flatten()?;
                 let kept = i64::try_from(kept.as_micros()).unwrap_or(i64::MAX);
-                m.as_ref()?;
+                // No recorded grant, no latest expiry: the margin check
+                // below reports that lease.
                 let latest = i64::try_from(history.server_expiry_latest(&f.key, f.token)?)
                     .unwrap_or(i64::MAX)
                     - i64::try_from(f.at_us).unwrap_or(i64::MAX);
