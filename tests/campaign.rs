@@ -625,14 +625,15 @@ struct Margins {
     /// Deadlines excused by a restart that lost data.
     excused: usize,
     /// Probes on a side connection right after a deadline fired while the
-    /// server was healthy (a proxy fault): each must find the lease, if
-    /// answered before the lease could expire.
+    /// server was healthy (a proxy fault), answered before the lease could
+    /// expire: each must find the lease.
     proxy_probes: Vec<(String, Probe)>,
-    /// Of those, the probes that found the lease gone but were answered
-    /// only after its earliest expiry the witness allows (a slow side
-    /// connection, a loaded machine): they cannot tell whether the lease
-    /// outlived the firing.
-    gone_too_late: usize,
+    /// Of those probes, the ones that tell nothing of the lease: no answer
+    /// within the probe's timeout (a side connection reconnecting, a
+    /// loaded machine, a server fault begun meanwhile), or "gone" answered
+    /// only after the earliest expiry the witness allows, when the lease
+    /// could have expired.
+    inconclusive: usize,
     /// Every probe's outcome: present (smallest lower bound), gone, unanswered.
     probes: (usize, Option<Duration>, usize, usize),
 }
@@ -665,7 +666,7 @@ impl Margins {
             .collect();
         let excused = tally.deadlines().count() - judged.len();
         let mut proxy_probes = Vec::new();
-        let mut gone_too_late = 0;
+        let mut inconclusive = 0;
         let mut probes = (0, None::<Duration>, 0, 0);
         for f in tally.deadlines() {
             match f.probe {
@@ -684,17 +685,18 @@ impl Margins {
                 ) && f.at <= a.healed + TTL
             }) {
                 // A lease seen gone only after the server could expire it
-                // proves nothing; before, it was there no longer though it
-                // should have been.
+                // proves nothing, nor does a probe with no answer; gone
+                // before, it was there no longer though it should have been.
                 let margin = history.server_expiry(&f.key, f.token).map(|expiry| {
                     i64::try_from(expiry).unwrap_or(i64::MAX)
                         - i64::try_from(f.at_us).unwrap_or(i64::MAX)
                 });
                 match (f.probe, margin) {
+                    (Probe::Unanswered, _) => inconclusive += 1,
                     (Probe::Gone(after), Some(m))
                         if i64::try_from(after.as_micros()).unwrap_or(i64::MAX) >= m =>
                     {
-                        gone_too_late += 1;
+                        inconclusive += 1;
                     }
                     _ => proxy_probes.push((f.lease(), f.probe)),
                 }
@@ -705,7 +707,7 @@ impl Margins {
             disagree,
             excused,
             proxy_probes,
-            gone_too_late,
+            inconclusive,
             probes,
         }
     }
@@ -738,7 +740,7 @@ impl Margins {
             .collect();
         assert!(
             gone.is_empty(),
-            "seed {seed}: a side connection found a lease already gone (or got no answer) right after its token fired by deadline, on a healthy server: {gone:?}"
+            "seed {seed}: a side connection found a lease already gone right after its token fired by deadline, on a healthy server, before the lease could expire: {gone:?}"
         );
     }
 }
@@ -768,13 +770,13 @@ fn summary(
     );
     let _ = writeln!(
         out,
-        "side-connection probes after a deadline: {} present (smallest lower bound {:?}), {} gone, {} unanswered; {} during proxy faults, and {} more that found it gone only after it could expire",
+        "side-connection probes after a deadline: {} present (smallest lower bound {:?}), {} gone, {} unanswered; {} during proxy faults, and {} more there that could not tell (no answer, or gone only after the lease could expire)",
         margins.probes.0,
         margins.probes.1,
         margins.probes.2,
         margins.probes.3,
         margins.proxy_probes.len(),
-        margins.gone_too_late
+        margins.inconclusive
     );
     let kept: Vec<Duration> = tally
         .deadlines()
