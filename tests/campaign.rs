@@ -658,9 +658,7 @@ impl Margins {
                 let kept = i64::try_from(kept.as_micros()).unwrap_or(i64::MAX);
                 // No recorded grant, no latest expiry: the margin check
                 // below reports that lease.
-                let latest = i64::try_from(history.server_expiry_latest(&f.key, f.token)?)
-                    .unwrap_or(i64::MAX)
-                    - i64::try_from(f.at_us).unwrap_or(i64::MAX);
+                let latest = f.until(history.server_expiry_latest(&f.key, f.token)?);
                 (kept >= latest + 1_000).then(|| (f.lease(), kept, latest))
             })
             .collect();
@@ -687,10 +685,7 @@ impl Margins {
                 // A lease seen gone only after the server could expire it
                 // proves nothing, nor does a probe with no answer; gone
                 // before, it was there no longer though it should have been.
-                let margin = history.server_expiry(&f.key, f.token).map(|expiry| {
-                    i64::try_from(expiry).unwrap_or(i64::MAX)
-                        - i64::try_from(f.at_us).unwrap_or(i64::MAX)
-                });
+                let margin = history.server_expiry(&f.key, f.token).map(|e| f.until(e));
                 match (f.probe, margin) {
                     (Probe::Unanswered, _) => inconclusive += 1,
                     (Probe::Gone(after), Some(m))

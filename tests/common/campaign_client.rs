@@ -664,6 +664,12 @@ impl Fired {
     pub(crate) fn lease(&self) -> String {
         format!("{} token {}", self.key, self.token)
     }
+
+    /// How long after the firing a server-clock moment (µs since the
+    /// epoch) came, in µs: negative when before.
+    pub(crate) fn until(&self, server_us: u64) -> i64 {
+        i64::try_from(server_us).unwrap_or(i64::MAX) - i64::try_from(self.at_us).unwrap_or(i64::MAX)
+    }
 }
 
 /// A look at a lease on a side connection right after its token fired.
@@ -714,10 +720,7 @@ pub(crate) fn server_margins<'a>(
         .deadlines()
         .filter(|f| judged(f))
         .map(|f| {
-            let margin = history.server_expiry(&f.key, f.token).map(|expiry| {
-                i64::try_from(expiry).unwrap_or(i64::MAX)
-                    - i64::try_from(f.at_us).unwrap_or(i64::MAX)
-            });
+            let margin = history.server_expiry(&f.key, f.token).map(|e| f.until(e));
             (f, margin)
         })
         .collect()
