@@ -23,7 +23,10 @@
 //! - `LEASEHOLD_PROFILE_TASKS`: cycles run at once by `cycles`, each task on
 //!   a key of its own (default 1: one cycle after the other), so that the
 //!   cost per cycle of acquisitions and releases in flight together (which
-//!   the backend sends as one call) is counted too.
+//!   the backend sends as one call) is counted too;
+//! - `LEASEHOLD_PROFILE_CALLS_IN_FLIGHT`: the backends' `calls_in_flight`
+//!   (default: the library's); 1 sends everything that waits as one batch,
+//!   for the cost per lease of large batches.
 //!
 //! The measured cycles run inside `measured_cycles`, so a client profile
 //! counts them alone with `valgrind --tool=callgrind --collect-atstart=no
@@ -284,7 +287,14 @@ fn callgrind_control(flag: &str) -> ProfileResult {
 
 async fn connect(url: &str) -> ProfileResult<Clients> {
     let ttl = Ttl::parse("30s")?;
-    let backend = RedisBackend::connect(url).await?;
+    let calls = usize::try_from(env_number(
+        "LEASEHOLD_PROFILE_CALLS_IN_FLIGHT",
+        leasehold::redis::RedisBackendBuilder::DEFAULT_CALLS_IN_FLIGHT as u64,
+    ))?;
+    let backend = RedisBackend::builder(url)
+        .calls_in_flight(calls)
+        .connect()
+        .await?;
     let script = |var: &str, default: &redis::Script| -> ProfileResult<redis::Script> {
         Ok(match std::env::var(var) {
             Ok(path) => redis::Script::new(&std::fs::read_to_string(path)?),
@@ -295,6 +305,7 @@ async fn connect(url: &str) -> ProfileResult<Clients> {
         manager: LeaseManager::new(backend.clone())?,
         backend,
         untracked: RedisBackend::builder(url)
+            .calls_in_flight(calls)
             .track_lease_changes(false)
             .connect()
             .await?,
