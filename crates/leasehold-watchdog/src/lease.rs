@@ -1,4 +1,4 @@
-//! The holder's handle on a lease, and why a lease ends.
+//! The holder's handle on a lease.
 
 use std::fmt;
 use std::sync::Arc;
@@ -12,50 +12,9 @@ use tracing::{Instrument, debug, debug_span};
 
 use crate::LeaseError;
 use crate::home::{Home, OrphanGuard};
+use crate::loss::LossReason;
 use crate::record::Record;
 use crate::renewal::{Command, Registry, Timing};
-
-/// Why a lease's token was cancelled.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-#[non_exhaustive]
-pub enum LossReason {
-    /// The server said the lease is gone or held by someone else.
-    Lost,
-    /// The configured cap on renewals was reached; the token fired before
-    /// the last renewal's validity ran out.
-    RenewalLimit,
-    /// Renewals kept failing or hanging until the lease's certain validity,
-    /// less the safety margin, ran out. Decided on the local clock alone.
-    Deadline,
-    /// The manager is shutting down and releases every lease.
-    Shutdown,
-}
-
-impl LossReason {
-    /// A short lowercase name, as used in metrics labels.
-    #[must_use]
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::Lost => "lost",
-            Self::RenewalLimit => "renewal_limit",
-            Self::Deadline => "deadline",
-            Self::Shutdown => "shutdown",
-        }
-    }
-}
-
-impl fmt::Display for LossReason {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(match self {
-            Self::Lost => {
-                "the server no longer has it for this holder (expired, deleted or taken over)"
-            }
-            Self::RenewalLimit => "the cap on renewals was reached",
-            Self::Deadline => "renewals did not succeed in time, so it may expire",
-            Self::Shutdown => "the lease manager shut down",
-        })
-    }
-}
 
 /// State shared by the handle and the watchdog.
 ///

@@ -41,6 +41,7 @@ mod home;
 mod lease;
 #[cfg(all(test, loom))]
 mod loom_races;
+mod loss;
 mod manager;
 pub mod metrics;
 mod options;
@@ -57,7 +58,7 @@ pub use backoff::Backoff;
 pub use config::{ConfigError, LeaseConfig};
 pub use election::Election;
 pub use error::LeaseError;
-pub use lease::{Lease, LossReason};
+pub use lease::Lease;
 /// The permit limit of a semaphore, re-exported for [`LeaseManager::acquire_permit`].
 pub use leasehold_core::PermitLimit;
 /// Fair mode's place ttl, re-exported for [`LeaseOptionsBuilder::place_ttl`].
@@ -65,6 +66,7 @@ pub use leasehold_core::PlaceTtl;
 /// The role of a read-write lease's share key, re-exported for
 /// [`LeaseManager::acquire_read`] and [`LeaseManager::acquire_write`].
 pub use leasehold_core::RwRole;
+pub use loss::LossReason;
 pub use manager::{DEFAULT_MAX_WAITERS, LeaseManager, LeaseManagerBuilder};
 pub use options::{LeaseOptions, LeaseOptionsBuilder};
 /// The token type handed to holders, re-exported for convenience.

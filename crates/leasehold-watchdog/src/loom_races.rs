@@ -40,7 +40,7 @@ use loom::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use loom::sync::{Arc, Condvar, Mutex};
 use loom::thread;
 
-use crate::lease::LossReason;
+use crate::loss::LossReason;
 use crate::record::Record;
 
 /// The validity (ns after the acquisition) of the acquisition and of each

@@ -12,7 +12,7 @@ use loom::sync::atomic::{AtomicU8, AtomicU32, AtomicU64, Ordering};
 #[cfg(not(loom))]
 use std::sync::atomic::{AtomicU8, AtomicU32, AtomicU64, Ordering};
 
-use crate::lease::LossReason;
+use crate::loss::LossReason;
 
 /// The lease's shared record. `repr(C)` keeps the three fields in 16 bytes,
 /// as they were when they sat in `Shared` directly.

@@ -51,7 +51,8 @@ use tracing::{Instrument, debug, debug_span, warn};
 
 use crate::LeaseError;
 use crate::changes::Changes;
-use crate::lease::{LossReason, Shared};
+use crate::lease::Shared;
+use crate::loss::LossReason;
 use crate::metrics::{self, RENEW_ERROR, RENEW_LOST, RENEWED, RenewalTally};
 use crate::queue::Queues;
 
