@@ -2,9 +2,8 @@
 
 use std::fmt;
 use std::sync::Arc;
-use std::time::Duration;
 
-use leasehold_core::{FencingToken, Grant, HolderId, LeaseKey, ReleaseOutcome, Ttl};
+use leasehold_core::{FencingToken, HolderId, LeaseKey, ReleaseOutcome, Ttl};
 use tokio::sync::oneshot;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
@@ -13,97 +12,8 @@ use tracing::{Instrument, debug, debug_span};
 use crate::LeaseError;
 use crate::home::{Home, OrphanGuard};
 use crate::loss::LossReason;
-use crate::record::Record;
-use crate::renewal::{Command, Registry, Timing};
-
-/// State shared by the handle and the watchdog.
-///
-/// The watchdog keeps what it needs to send a renewal (key, holder, ttl,
-/// deadline) in its own entry, so a renewal touches this only when its
-/// reply comes back; the fields it reads or writes then come first, and the
-/// per-renewal updates are plain atomic stores, not a lock.
-#[repr(C)]
-pub(crate) struct Shared {
-    pub(crate) timing: Timing,
-    /// Validity, renewals and ending; the validity counts from `acquired_at`.
-    record: Record,
-    pub(crate) name: std::borrow::Cow<'static, str>,
-    /// When the acquisition was sent: the start of the hold-time metric,
-    /// and what `valid_for_ns` counts from.
-    pub(crate) acquired_at: Instant,
-    pub(crate) key: LeaseKey,
-    pub(crate) fencing_token: FencingToken,
-    pub(crate) ttl: Ttl,
-    /// Cancelled by the watchdog; the holder sees a child of it.
-    pub(crate) token: CancellationToken,
-}
-
-/// Nanoseconds from `from` to `to` (0 if `to` is earlier), saturating.
-fn nanos_between(from: Instant, to: Instant) -> u64 {
-    u64::try_from(to.saturating_duration_since(from).as_nanos()).unwrap_or(u64::MAX)
-}
-
-impl Shared {
-    pub(crate) fn new(grant: &Grant, name: std::borrow::Cow<'static, str>, timing: Timing) -> Self {
-        Self {
-            timing,
-            record: Record::new(nanos_between(grant.sent_at, grant.valid_until)),
-            name,
-            acquired_at: grant.sent_at,
-            key: grant.key.clone(),
-            fencing_token: grant.fencing_token,
-            ttl: grant.ttl,
-            token: CancellationToken::new(),
-        }
-    }
-
-    /// Records a successful renewal (see [`Record::renewed`]).
-    pub(crate) fn renewed(&self, valid_until: Instant) {
-        self.record
-            .renewed(nanos_between(self.acquired_at, valid_until));
-    }
-
-    /// Records the reason first, so that whoever wakes on the token sees it.
-    /// The first reason wins.
-    pub(crate) fn end(&self, reason: LossReason) -> bool {
-        if !self.record.end(reason) {
-            return false;
-        }
-        self.token.cancel();
-        true
-    }
-
-    /// Takes the release on the handle, unless the lease ended already. From
-    /// then on the watchdog's [`end`](Self::end) does nothing: the token is
-    /// not cancelled and no loss is counted for a lease being released.
-    pub(crate) fn claim_release(&self) -> bool {
-        self.record.claim_release()
-    }
-
-    pub(crate) fn loss(&self) -> Option<LossReason> {
-        self.record.loss()
-    }
-
-    /// This state for a lease taken in fair mode (when `fair`).
-    pub(crate) fn with_fair(mut self, fair: bool) -> Self {
-        self.record = self.record.with_fair(fair);
-        self
-    }
-
-    /// Whether the lease was taken in fair mode (and so is released by
-    /// `LeaseBackend::release_fair`).
-    pub(crate) fn fair(&self) -> bool {
-        self.record.fair()
-    }
-
-    pub(crate) fn valid_until(&self) -> Instant {
-        self.acquired_at + Duration::from_nanos(self.record.valid_for_ns())
-    }
-
-    pub(crate) fn renewals(&self) -> u32 {
-        self.record.renewals()
-    }
-}
+use crate::renewal::{Command, Registry};
+use crate::shared::Shared;
 
 /// A held lease.
 ///
@@ -305,40 +215,5 @@ impl fmt::Debug for Lease {
             .field("renewals", &self.renewals())
             .field("loss", &self.loss_reason())
             .finish_non_exhaustive()
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use leasehold_core::{AcquireRequest, MemoryBackend};
-
-    /// A lease whose handle took the release on itself: a loss the watchdog
-    /// sees afterwards (a renewal that crossed the release) is not one.
-    #[tokio::test(start_paused = true)]
-    async fn a_claimed_release_ignores_later_losses() -> Result<(), Box<dyn std::error::Error>> {
-        let backend = MemoryBackend::new();
-        let key = LeaseKey::new("claimed")?;
-        let request = AcquireRequest::new(key, HolderId::generate()?, Ttl::parse("3s")?);
-        let grant = match leasehold_core::LeaseBackend::try_acquire(&backend, &request).await? {
-            leasehold_core::AcquireOutcome::Acquired(grant) => grant,
-            other => return Err(format!("not acquired: {other:?}").into()),
-        };
-        let timing = Timing::new(Duration::from_secs(1), Duration::from_millis(300), None);
-        let shared = Shared::new(&grant, "claimed".into(), timing);
-        assert!(shared.claim_release());
-        assert!(!shared.end(LossReason::Lost));
-        assert!(!shared.token.is_cancelled());
-        assert_eq!(shared.loss(), None);
-        // Only one release is taken.
-        assert!(!shared.claim_release());
-
-        // A lease that ended first is not claimed: its handle asks the
-        // watchdog, which kept the entry.
-        let ended = Shared::new(&grant, "ended".into(), timing);
-        assert!(ended.end(LossReason::Deadline));
-        assert!(!ended.claim_release());
-        assert_eq!(ended.loss(), Some(LossReason::Deadline));
-        Ok(())
     }
 }

@@ -51,6 +51,8 @@ mod record;
 mod renewal;
 mod rw;
 mod scope;
+mod shared;
+mod timing;
 mod waiting;
 
 pub use backoff::Backoff;

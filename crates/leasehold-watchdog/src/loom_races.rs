@@ -4,7 +4,8 @@
 //! `RUSTFLAGS="--cfg loom" cargo test -p leasehold-watchdog --lib --release loom`.
 //!
 //! [`Record`] is the real code, on loom's atomics. Around it, each loom
-//! thread mirrors one side of `lease.rs` / `renewal.rs`, step for step:
+//! thread mirrors one side of `lease.rs` / `shared.rs` / `renewal.rs`, step
+//! for step:
 //!
 //! - the *watchdog* applies renewal replies (`Shared::renewed`), ends the
 //!   lease (`Watchdog::end`: the token is cancelled iff `end` returns true,

@@ -13,9 +13,10 @@ use tokio_util::sync::CancellationToken;
 use tracing::{Instrument, info_span};
 
 use crate::home::{BoxFuture, Home};
-use crate::lease::Shared;
 use crate::queue::Queues;
-use crate::renewal::{Registry, Timing, Watchdog};
+use crate::renewal::{Registry, Watchdog};
+use crate::shared::Shared;
+use crate::timing::Timing;
 use crate::waiting::{self, Attempt, Won};
 use crate::{Lease, LeaseError, LeaseOptions};
 
