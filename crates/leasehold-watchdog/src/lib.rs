@@ -35,7 +35,6 @@ mod changes;
 mod config;
 mod election;
 mod error;
-mod fair;
 mod handoff;
 mod home;
 mod lease;

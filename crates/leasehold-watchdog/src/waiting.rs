@@ -56,10 +56,13 @@
 //! the manager registers the lease with the watchdog.
 //!
 //! In fair mode (`LeaseOptions::fair`, for exclusive leases) `Queued` stays
-//! local and the head then waits in the server's queue instead (`fair.rs`):
-//! `Attempting` takes or keeps a place there, and `Listening` waits for the
-//! releases ahead of it; `Yielding`, `Deferring` and the local offer are
-//! not needed there, as the server's order already decides.
+//! local and the head then waits in the server's queue instead
+//! (`waiting/fair.rs`): `Attempting` takes or keeps a place there, and
+//! `Listening` waits for the releases ahead of it; `Yielding`, `Deferring`
+//! and the local offer are not needed there, as the server's order already
+//! decides.
+
+mod fair;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -133,10 +136,10 @@ pub(crate) async fn acquire<B: LeaseBackend>(
     let give_up_at = options.wait().map(|wait| started + wait);
     let turn = queued(manager.queues, key, started, give_up_at).await?;
     if let (Some(_), Attempt::Lease) = (options.fair(), attempt) {
-        // Fair mode: the server's queue decides from here (`fair.rs`).
+        // Fair mode: the server's queue decides from here (`waiting/fair.rs`).
         // Boxed, so that an acquisition in the default mode does not carry
         // the fair waiter's state.
-        return Box::pin(crate::fair::acquire(
+        return Box::pin(fair::acquire(
             manager, key, request, options, turn, started, give_up_at,
         ))
         .await;

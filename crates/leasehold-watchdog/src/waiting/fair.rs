@@ -53,9 +53,9 @@ use leasehold_core::{
 use tokio::time::Instant;
 use tracing::debug;
 
+use super::{Manager, Won};
 use crate::home::OrphanGuard;
 use crate::queue::Turn;
-use crate::waiting::{Manager, Won};
 use crate::{LeaseError, LeaseOptions};
 
 /// Waits in the server's queue for `request`'s lease (`options` in fair
