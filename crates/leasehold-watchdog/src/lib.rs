@@ -29,6 +29,7 @@
 //!
 //! [`LeaseBackend`]: leasehold_core::LeaseBackend
 
+mod attempt;
 mod backoff;
 mod changes;
 #[cfg(feature = "serde")]

@@ -12,12 +12,13 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tracing::{Instrument, info_span};
 
+use crate::attempt::Attempt;
 use crate::home::{BoxFuture, Home};
 use crate::queue::Queues;
 use crate::renewal::{Registry, Watchdog};
 use crate::shared::Shared;
 use crate::timing::Timing;
-use crate::waiting::{self, Attempt, Won};
+use crate::waiting::{self, Won};
 use crate::{Lease, LeaseError, LeaseOptions};
 
 /// Acquires leases and keeps them alive with a single watchdog task.

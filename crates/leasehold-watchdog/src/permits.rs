@@ -19,7 +19,7 @@
 use leasehold_core::{LeaseBackend, LeaseKey, PermitLimit};
 use tracing::info_span;
 
-use crate::waiting::Attempt;
+use crate::attempt::Attempt;
 use crate::{Lease, LeaseError, LeaseManager, LeaseOptions};
 
 impl<B: LeaseBackend> LeaseManager<B> {

@@ -16,8 +16,9 @@
 //! same. One holder id serves every attempt of an acquisition, so the
 //! intent a refused writer leaves (writer preference, see the design) is
 //! its own and each retry refreshes it; a waiting writer retries at least
-//! every third of its ttl ([`intent_refresh`]), so its intent does not
-//! lapse while it waits. A writer that gives up withdraws its intent
+//! every third of its ttl
+//! ([`intent_refresh`](crate::attempt::intent_refresh)), so its intent does
+//! not lapse while it waits. A writer that gives up withdraws its intent
 //! ([`IntentGuard`]): when its wait ends without the lease, before the
 //! error is returned; when its future is dropped, in the background. Both
 //! are best effort (a compare-and-delete that fails leaves the intent to
@@ -25,30 +26,11 @@
 //! Shares take no part in the local handover: a release never hands a
 //! share to another waiter, nor a lease or permit to a share's waiter.
 
-use std::time::Duration;
-
-use leasehold_core::{HolderId, LeaseBackend, LeaseKey, Ttl};
+use leasehold_core::{HolderId, LeaseBackend, LeaseKey};
 use tracing::{debug, info_span};
 
-use crate::waiting::Attempt;
+use crate::attempt::Attempt;
 use crate::{Lease, LeaseError, LeaseManager, LeaseOptions};
-
-/// The longest a waiting writer goes between attempts: a third of its ttl,
-/// as the renewal interval, so that the intent each refusal leaves for one
-/// ttl is refreshed with two thirds of it to spare for the round trip.
-pub(crate) fn intent_refresh(ttl: Ttl) -> Duration {
-    ttl.get() / 3
-}
-
-/// The share key an attempt of `kind` by `holder` on `key` may take, for
-/// releasing it when the attempt's outcome is unknown.
-pub(crate) fn share_key(key: &LeaseKey, holder: &HolderId, kind: Attempt) -> Option<LeaseKey> {
-    match kind {
-        Attempt::Read => key.reader_key(holder).ok(),
-        Attempt::Write => key.writer_key().ok(),
-        Attempt::Lease | Attempt::Permit(_) => None,
-    }
-}
 
 /// Withdraws the intent a writer's refusals left on the server unless the
 /// writer got the lease ([`disarm`](Self::disarm)): at once when the wait

@@ -69,12 +69,13 @@ use std::time::Duration;
 
 use leasehold_core::{
     AcquireOutcome, AcquireRequest, BackendError, FencingToken, Grant, LeaseBackend, LeaseInfo,
-    LeaseKey, PermitLimit, ReleaseWatch,
+    LeaseKey, ReleaseWatch,
 };
 use tokio::sync::{mpsc, oneshot};
 use tokio::time::Instant;
 use tracing::debug;
 
+use crate::attempt::{Attempt, intent_refresh};
 use crate::handoff::{Handoff, Withdrawn};
 use crate::home::OrphanGuard;
 use crate::queue::{QueueError, Queues, Turn, YIELD};
@@ -86,25 +87,6 @@ pub(crate) struct Manager<'a, B> {
     pub(crate) backend: &'a B,
     pub(crate) queues: &'a Arc<Queues>,
     pub(crate) commands: &'a mpsc::UnboundedSender<Command>,
-}
-
-/// What a waiter asks the backend for.
-#[derive(Debug, Clone, Copy)]
-pub(crate) enum Attempt {
-    /// The exclusive lease of the key.
-    Lease,
-    /// One of the key's permits, the key naming a semaphore of this limit.
-    /// Permits never take part in the local handover (no offer, no baton):
-    /// a baton says "the lease is held here", which says nothing of a
-    /// semaphore's other permits, and an offer must never be answered by a
-    /// release of the other kind.
-    Permit(PermitLimit),
-    /// A shared (read) hold on the read-write lease of the key (`rw.rs`).
-    /// Shares never take part in the local handover either, for the
-    /// permits' reasons.
-    Read,
-    /// The exclusive (write) hold on the read-write lease of the key.
-    Write,
 }
 
 /// A waiter that got its lease, still at the head of the queue.
@@ -155,7 +137,7 @@ pub(crate) async fn acquire<B: LeaseBackend>(
                 Attempt::Permit(limit) => Some(limit),
                 _ => None,
             },
-            share: crate::rw::share_key(key, &request.holder, attempt),
+            share: attempt.share_key(key, &request.holder),
         },
         turn,
         manager,
@@ -366,7 +348,7 @@ impl<'a, B: LeaseBackend> Waiter<'a, B> {
         if let Attempt::Write = self.kind {
             // The refusal left this writer's intent for one ttl: ask again
             // well within it, or readers may come in (`rw.rs`).
-            retry_after = retry_after.min(crate::rw::intent_refresh(self.options.ttl()));
+            retry_after = retry_after.min(intent_refresh(self.options.ttl()));
         }
         Ok(Step::Refused(Refusal {
             failure,
