@@ -20,7 +20,8 @@
 
 use std::fmt;
 
-use redis::{ConnectionInfo, IntoConnectionInfo};
+use redis::io::tcp::TcpSettings;
+use redis::{Client, ConnectionInfo, IntoConnectionInfo};
 
 use crate::{Error, redact};
 
@@ -149,7 +150,7 @@ impl Endpoint {
             _ => {
                 // Checked by the same code that builds the client, so that a
                 // URL accepted here is a URL that connects.
-                crate::config::client_for_url(url)?;
+                client_for_url(url)?;
                 Kind::Standalone(url.to_owned())
             }
         };
@@ -267,7 +268,7 @@ fn parse_list(rest: &str, tls: bool) -> Result<List, String> {
         })?;
         let info = parsed.into_connection_info().map_err(|e| e.to_string())?;
         // Leases are small requests that should not wait for more to send.
-        let tcp = redis::io::tcp::TcpSettings::default().set_nodelay(true);
+        let tcp = TcpSettings::default().set_nodelay(true);
         nodes.push(info.set_tcp_settings(tcp));
     }
     let settings = nodes
@@ -279,6 +280,60 @@ fn parse_list(rest: &str, tls: bool) -> Result<List, String> {
         settings,
         path: path.to_owned(),
     })
+}
+
+/// Checks a URL and turns it into a client, with `TCP_NODELAY` on (leases
+/// are small requests that should not wait for more to send).
+pub(crate) fn client_for_url(url: &str) -> Result<Client, Error> {
+    let invalid = |reason: String| Error::InvalidUrl {
+        url_redacted: redact(url),
+        reason,
+    };
+    let parsed = url::Url::parse(url.trim()).map_err(|e| invalid(parse_error_reason(e)))?;
+    match parsed.scheme() {
+        "redis" | "rediss" | "valkey" | "valkeys" => {
+            if parsed.host_str().is_none_or(str::is_empty) {
+                return Err(invalid("it names no host".to_owned()));
+            }
+            if parsed.port() == Some(0) {
+                return Err(invalid("port 0 cannot be connected to".to_owned()));
+            }
+            let tls = matches!(parsed.scheme(), "rediss" | "valkeys");
+            if tls && cfg!(not(feature = "tls")) {
+                return Err(invalid(
+                    "TLS URLs need the `tls` feature of leasehold-redis, which is off".to_owned(),
+                ));
+            }
+            if tls && parsed.fragment() == Some("insecure") && cfg!(not(feature = "tls-insecure")) {
+                return Err(invalid(
+                    "#insecure (no certificate checks) needs the `tls-insecure` feature of leasehold-redis, which is off; prefer RedisBackend::builder_for_client with your CA certificate".to_owned(),
+                ));
+            }
+        }
+        "redis+unix" | "valkey+unix" | "unix" => {}
+        other => {
+            return Err(invalid(format!(
+                "{other}:// is not a Redis scheme; use redis://, rediss:// or redis+unix://"
+            )));
+        }
+    }
+    // The redis crate's messages name what is wrong, never the URL itself.
+    let info = parsed
+        .into_connection_info()
+        .map_err(|e| invalid(e.to_string()))?;
+    let tcp = TcpSettings::default().set_nodelay(true);
+    Client::open(info.set_tcp_settings(tcp)).map_err(|e| invalid(e.to_string()))
+}
+
+fn parse_error_reason(error: url::ParseError) -> String {
+    match error {
+        url::ParseError::RelativeUrlWithoutBase => {
+            "it does not start with a scheme such as redis://".to_owned()
+        }
+        url::ParseError::EmptyHost => "it names no host".to_owned(),
+        url::ParseError::InvalidPort => "the port is not a number from 1 to 65535".to_owned(),
+        other => other.to_string(),
+    }
 }
 
 #[cfg(test)]
@@ -355,5 +410,33 @@ mod tests {
             "{shown}"
         );
         Ok(())
+    }
+
+    #[test]
+    fn bad_urls_are_refused_without_showing_the_password() {
+        for url in [
+            "http://x",
+            "redis://:hunter2@",
+            "not a url",
+            "redis://:hunter2@localhost:65536",
+            "redis://:hunter2@localhost:0",
+            "redis://localhost/notadb",
+            "redis://localhost/?protocol=resp9",
+            "",
+        ] {
+            let err = client_for_url(url).err();
+            assert!(
+                matches!(err, Some(Error::InvalidUrl { .. })),
+                "{url}: {err:?}"
+            );
+            let shown = format!(
+                "{} {:?}",
+                err.as_ref().map(ToString::to_string).unwrap_or_default(),
+                err
+            );
+            assert!(!shown.contains("hunter2"), "{shown}");
+        }
+        assert!(client_for_url("redis://:hunter2@localhost:6379/1").is_ok());
+        assert!(client_for_url("redis+unix:///tmp/redis.sock?pass=hunter2").is_ok());
     }
 }
