@@ -8,8 +8,8 @@ use std::time::Duration;
 use leasehold::redis::RedisBackend;
 use leasehold::{
     AcquireOutcome, AcquireRequest, Backoff, CancellationToken, Election, HandoverOutcome,
-    HolderId, LeaseBackend, LeaseKey, LeaseManager, LeaseOptions, ReleaseOutcome, RenewOutcome,
-    RenewRequest, Ttl,
+    HolderId, LeaseBackend, LeaseKey, LeaseManager, LeaseOptions, PermitLimit, ReleaseOutcome,
+    RenewOutcome, RenewRequest, Ttl,
 };
 use leasehold_testkit::RedisServer;
 use tokio::time::Instant;
@@ -578,6 +578,118 @@ async fn a_process_does_not_hear_its_own_release_while_no_waiter_listens() -> Te
         .await?;
     other.release(&key, &theirs_holder).await?;
     within(Duration::from_secs(5), "the next notice", next.released()).await;
+    Ok(())
+}
+
+/// Waiters that race on each notice (permits, shares) must not be told
+/// last forever: Redis 7.0 tells a channel's subscribers in the order they
+/// subscribed, so a process whose channel lingers from an earlier wait
+/// would stay ahead of those that subscribed after it and win nearly every
+/// race. Their watch subscribes a lingering channel again, at the end of
+/// that order, and leaves one that a waiter of its process listens on as it
+/// is. The server's own command counts are the witness.
+#[tokio::test]
+async fn a_racing_waiter_subscribes_its_lingering_channel_afresh() -> TestResult {
+    let server = RedisServer::start()?;
+    let backend = RedisBackend::connect(server.url()).await?;
+    let key = LeaseKey::new("afresh")?;
+    let channel = "leasehold:{afresh}:released";
+    drop(backend.watch_releases_afresh(&key).await?);
+    assert_eq!(subscribers(&server, channel)?, "1", "the channel lingers");
+    server.cli(&["CONFIG", "RESETSTAT"])?;
+    let mut first = backend.watch_releases_afresh(&key).await?;
+    assert_eq!(
+        (calls(&server, "unsubscribe")?, calls(&server, "subscribe")?),
+        (1, 1),
+        "the lingering channel is subscribed again"
+    );
+    assert_eq!(subscribers(&server, channel)?, "1");
+    let mut second = backend.watch_releases_afresh(&key).await?;
+    assert_eq!(
+        (calls(&server, "unsubscribe")?, calls(&server, "subscribe")?),
+        (1, 1),
+        "a channel a waiter here listens on is left as it is"
+    );
+    // Both hear the next release.
+    let other = RedisBackend::connect(server.url()).await?;
+    let holder = HolderId::generate()?;
+    let request = AcquireRequest::new(key.clone(), holder, Ttl::parse("10s")?);
+    assert!(matches!(
+        other.try_acquire(&request).await?,
+        AcquireOutcome::Acquired(_)
+    ));
+    other.release(&key, &holder).await?;
+    within(
+        Duration::from_secs(5),
+        "the first watch's notice",
+        first.released(),
+    )
+    .await;
+    within(
+        Duration::from_secs(5),
+        "the second watch's notice",
+        second.released(),
+    )
+    .await;
+    Ok(())
+}
+
+/// Through the manager: a permit's waiter, which races the waiters of other
+/// processes, subscribes afresh on each wait; an exclusive lease's waiter,
+/// whose turn is counted rather than raced, keeps its lingering channel
+/// and sends nothing for it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn permit_waiters_subscribe_afresh_and_lease_waiters_keep_their_channel() -> TestResult {
+    let server = RedisServer::start()?;
+    let waiter = manager(&server).await?;
+    let other = manager(&server).await?;
+    // Only the release notice wakes the waiter: its poll is a minute away.
+    let options = patient("10s", Duration::from_secs(60));
+    let limit = PermitLimit::new(1)?;
+    let mut seen = Vec::new();
+    for permit in [true, true, false, false] {
+        let held = if permit {
+            other.acquire_permit("jobs", limit, &options).await?
+        } else {
+            other.acquire("batch", &options).await?
+        };
+        server.cli(&["CONFIG", "RESETSTAT"])?;
+        let wait = tokio::spawn({
+            let (waiter, options) = (waiter.clone(), options.clone());
+            async move {
+                if permit {
+                    waiter.acquire_permit("jobs", limit, &options).await
+                } else {
+                    waiter.acquire("batch", &options).await
+                }
+            }
+        });
+        // Released once the waiter was refused (its attempt is the first
+        // script the server ran since the reset), so that it subscribes.
+        within(
+            Duration::from_secs(5),
+            "the waiter's first attempt",
+            async {
+                while calls(&server, "evalsha").unwrap_or(0) == 0 {
+                    tokio::time::sleep(Duration::from_millis(2)).await;
+                }
+            },
+        )
+        .await;
+        held.release().await?;
+        let lease = within(Duration::from_secs(10), "the waiter's grant", wait).await??;
+        lease.release().await?;
+        seen.push((
+            permit,
+            calls(&server, "unsubscribe")?,
+            calls(&server, "subscribe")?,
+        ));
+    }
+    assert_eq!(
+        seen,
+        [(true, 0, 1), (true, 1, 1), (false, 1, 1), (false, 0, 0)],
+        "(permit, UNSUBSCRIBE, SUBSCRIBE) per wait: a permit's second wait subscribes its channel again; a lease's second wait sends nothing (its first unsubscribes the semaphore's lingering channel)"
+    );
     Ok(())
 }
 

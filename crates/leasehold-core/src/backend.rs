@@ -514,6 +514,23 @@ pub trait LeaseBackend: Clone + Send + Sync + 'static {
         self.watch_releases(key)
     }
 
+    /// Subscribes to the release notices of `key` as
+    /// [`watch_releases`](Self::watch_releases) does, for a waiter that
+    /// races the waiters of other processes on each notice (a permit's, a
+    /// share's: a release may make room for several, so they do not take
+    /// turns). Redis tells a channel's subscribers in the order they
+    /// subscribed, so a process still subscribed from an earlier wait would
+    /// hear every release before the processes that subscribed after it, and
+    /// win nearly every race: a backend with such an order subscribes this
+    /// process anew, at the end of it. The default calls `watch_releases`;
+    /// a backend that wraps another should pass this call on.
+    fn watch_releases_afresh(
+        &self,
+        key: &LeaseKey,
+    ) -> impl Future<Output = Result<ReleaseWatch, BackendError>> + Send {
+        self.watch_releases(key)
+    }
+
     /// Subscribes to the changes of the leases this backend renews, so a
     /// holder can renew at once when its lease was changed behind its back
     /// (deleted, overwritten, taken over) instead of learning at its next

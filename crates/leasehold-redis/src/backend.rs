@@ -1176,29 +1176,40 @@ impl LeaseBackend for RedisBackend {
     /// goes to the current master, and the first acquisition attempt after
     /// it broke subscribes again on the master the sentinels name then.
     async fn watch_releases(&self, key: &LeaseKey) -> Result<ReleaseWatch, BackendError> {
-        self.release_watch(key, true).await
+        self.release_watch(key, true, false).await
     }
 
     /// As [`watch_releases`](Self::watch_releases), without the `PUBSUB
     /// NUMSUB` round trip that counts the listeners.
     async fn watch_releases_uncounted(&self, key: &LeaseKey) -> Result<ReleaseWatch, BackendError> {
-        self.release_watch(key, false).await
+        self.release_watch(key, false, false).await
+    }
+
+    /// As [`watch_releases`](Self::watch_releases); a channel still
+    /// subscribed from an earlier wait, and watched by no one here, is
+    /// unsubscribed and subscribed again (two commands on the notices
+    /// connection), which puts this process at the end of the order in
+    /// which Redis tells the channel's subscribers.
+    async fn watch_releases_afresh(&self, key: &LeaseKey) -> Result<ReleaseWatch, BackendError> {
+        self.release_watch(key, true, true).await
     }
 }
 
 impl RedisBackend {
     /// A watch of `P:released` (see `watch_releases`); with `count`, it
-    /// knows how many processes listen.
+    /// knows how many processes listen; `afresh`, see
+    /// `watch_releases_afresh`.
     async fn release_watch(
         &self,
         key: &LeaseKey,
         count: bool,
+        afresh: bool,
     ) -> Result<ReleaseWatch, BackendError> {
         let Some(notices) = &self.shared.notices else {
             return Ok(ReleaseWatch::unsupported());
         };
         notices
-            .watch(self.shared.layout.released(key), count)
+            .watch(self.shared.layout.released(key), count, afresh)
             .await
             .map_err(|f| f.for_key("watch_releases", key))
     }

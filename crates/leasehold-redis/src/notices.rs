@@ -25,7 +25,10 @@
 //! subscription to another channel unsubscribes it. A process that waits
 //! for the same key again, as a worker that takes a key in a loop does
 //! after each release, finds its channel still subscribed and sends no
-//! `SUBSCRIBE` (nor `UNSUBSCRIBE` when it stopped waiting). While its
+//! `SUBSCRIBE` (nor `UNSUBSCRIBE` when it stopped waiting), unless its
+//! waiter races the other processes' on each notice (a permit's, a
+//! share's): then a lingering channel is subscribed again, at the end of
+//! the order in which Redis tells subscribers (see below). While its
 //! channel lingers with no watch, the process's own release of the key is
 //! announced to no one here: that one notice is dropped on arrival, so a
 //! waiter that starts listening right after its release does not take its
@@ -33,7 +36,8 @@
 //!
 //! Redis 7.0 sends a message to a channel's subscribers in the order they
 //! subscribed; Valkey 8 keeps no such order. Waiters therefore do not rely
-//! on it: each watch carries the channel's subscriber count when it
+//! on it, and racing ones subscribe again so that no process stays first:
+//! each watch carries the channel's subscriber count when it
 //! subscribed (`PUBSUB NUMSUB`, one more round trip on this connection;
 //! not on a cluster), and the waiters of the process that waited longest
 //! go first (see the watchdog's `waiting.rs`).
@@ -337,11 +341,17 @@ impl Notices {
 
     /// Subscribes to `channel` and returns a watch that fires on each
     /// notice; with `count`, the watch knows how many processes listen on
-    /// the channel (one more round trip).
+    /// the channel (one more round trip). With `afresh`, a channel that
+    /// lingers (subscribed, watched by no one here) is unsubscribed and
+    /// subscribed again, which puts this process at the end of the order in
+    /// which Redis 7.0 tells the channel's subscribers: for waiters that
+    /// race other processes' on each notice, which would otherwise lose
+    /// nearly every race to the processes that subscribed before them.
     pub(crate) async fn watch(
         &self,
         channel: String,
         count: bool,
+        afresh: bool,
     ) -> Result<ReleaseWatch, Failure> {
         let name = channel.into_bytes();
         let (receiver, subscribe, stale) = {
@@ -355,6 +365,12 @@ impl Notices {
                     subscribed: false,
                     own_release: None,
                 });
+            let again = afresh && entry.subscribed && entry.watchers == 0;
+            if again {
+                // Not counted as ours by a release meanwhile: the server
+                // drops us for a moment.
+                entry.subscribed = false;
+            }
             entry.watchers += 1;
             let receiver = entry.notices.subscribe();
             let subscribe = !entry.subscribed;
@@ -365,6 +381,9 @@ impl Notices {
             // (`P:released` and its process's handover channel), which
             // must not send each other away.
             let mut stale = Vec::new();
+            if again {
+                stale.push(name.clone());
+            }
             if subscribe {
                 for c in std::mem::take(&mut channels.stale) {
                     if c != name && channels.watched.get(&c).is_none_or(|w| w.watchers == 0) {
@@ -443,7 +462,7 @@ impl Notices {
             channels: Arc::clone(&self.channels),
             holder,
         };
-        let subscription = self.watch(channel, false).await?;
+        let subscription = self.watch(channel, false, false).await?;
         Ok(HandoverWatch::new(receiver, (interest, subscription)))
     }
 

@@ -49,8 +49,12 @@
 //! next holder's notice before it asks at all.
 //! Only the exclusive lease counts turns this way: a permit's or a share's
 //! release may make room for several waiters, so their heads hold back
-//! one moment per rank and then try. A process that waits alone, or a
-//! backend without the count (memory, cluster), never holds back.
+//! one moment per rank and then try, racing the heads of other processes;
+//! they subscribe afresh on each wait
+//! ([`LeaseBackend::watch_releases_afresh`]), so that the order in which
+//! the server tells processes does not keep one of them ahead. A process
+//! that waits alone, or a backend without the count (memory, cluster),
+//! never holds back.
 //!
 //! `Granted` hands the turn on (with a baton when others wait behind) and
 //! the manager registers the lease with the watchdog.
@@ -611,7 +615,14 @@ impl<'a, B: LeaseBackend> Waiter<'a, B> {
         // Boxed: a subscription's future is large and is made once per
         // wait, and inline it would size (and be copied with) every
         // acquisition's future.
-        let watch = Box::pin(self.manager.backend.watch_releases(self.key)).await;
+        let watch = if self.counts_turns() {
+            Box::pin(self.manager.backend.watch_releases(self.key)).await
+        } else {
+            // Waiters that race on each notice: the order in which the
+            // server tells processes must not favour the ones that
+            // subscribed first (`LeaseBackend::watch_releases_afresh`).
+            Box::pin(self.manager.backend.watch_releases_afresh(self.key)).await
+        };
         watch.unwrap_or_else(|error| {
             debug!(%error, "no release notices; polling");
             ReleaseWatch::unsupported()
