@@ -605,7 +605,7 @@ impl<B: LeaseBackend> Watchdog<B> {
             holder,
             deadline,
             ended: false,
-            renewals_left: timing.renewals_cap,
+            renewals_left: timing.renewals_cap(),
             failures: 0,
             in_flight: false,
             again: false,

@@ -15,7 +15,7 @@ pub(crate) struct Timing {
     /// The cap on renewals, `u32::MAX` for none (as `Entry::renewals_left`
     /// counts): an `Option` would not leave room for the lock-delay within
     /// the same 24 bytes.
-    pub(crate) renewals_cap: u32,
+    renewals_cap: u32,
     /// Sent with every renewal: the server keeps the key for ttl + this.
     pub(crate) lock_delay: LockDelay,
 }
@@ -40,6 +40,11 @@ impl Timing {
     pub(crate) fn with_lock_delay(mut self, lock_delay: LockDelay) -> Self {
         self.lock_delay = lock_delay;
         self
+    }
+
+    /// The cap on renewals, `u32::MAX` for none.
+    pub(crate) fn renewals_cap(&self) -> u32 {
+        self.renewals_cap
     }
 
     pub(crate) fn renew_interval_ns(&self) -> u64 {
