@@ -34,10 +34,11 @@
 //! the highest rank. Tokens count acquisitions only as `Yielding` counts
 //! them, from this process's own grant, one per notice: the server's clock
 //! floor makes real tokens microseconds apart, so a waiter that holds the
-//! token of a holder that refused it ranks 0. A waiter of a higher rank does not try: it waits for
-//! the next notice (one of those ahead of it took the lease and released
-//! it), counts the holder after the released one as released by it, and
-//! ranks again, one lower each time, until its turn. If no notice comes
+//! token of a holder that refused it ranks 0. A waiter of a higher rank
+//! does not try: it waits for the next notice (one of those ahead of it
+//! took the lease and released it), counts the holder after the released
+//! one as released by it, and ranks again, one lower each time, until its
+//! turn. If no notice comes
 //! within the key's window (two turns, a turn being the longest interval
 //! between two notices heard here lately, `queue.rs`) and one measured
 //! attempt round trip per rank (tokio's timer rounds it up to the next
