@@ -670,12 +670,13 @@ async fn permit_waiters_subscribe_afresh_and_lease_waiters_keep_their_channel() 
             Duration::from_secs(5),
             "the waiter's first attempt",
             async {
-                while calls(&server, "evalsha").unwrap_or(0) == 0 {
+                while calls(&server, "evalsha")? == 0 {
                     tokio::time::sleep(Duration::from_millis(2)).await;
                 }
+                Ok::<_, Box<dyn std::error::Error + Send + Sync>>(())
             },
         )
-        .await;
+        .await?;
         held.release().await?;
         let lease = within(Duration::from_secs(10), "the waiter's grant", wait).await??;
         lease.release().await?;
