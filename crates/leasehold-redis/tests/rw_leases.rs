@@ -19,7 +19,7 @@ use leasehold_core::{
 use leasehold_redis::redis::{self, AsyncCommands};
 use leasehold_redis::{RedisBackend, RedlockBackend};
 use leasehold_testkit::{RedisCluster, RedisServer};
-use tokio::time::timeout;
+use tokio::time::{Instant, timeout};
 
 type Side = redis::aio::MultiplexedConnection;
 
@@ -247,20 +247,42 @@ async fn a_refused_writer_goes_before_new_readers() -> TestResult {
 
     // The reader crashes instead: the writer is granted once its key is
     // gone from the server, and not before.
-    let w = holder();
-    granted(read(&backend, holder(), ttl("1s")).await?)?;
+    let (r, w) = (holder(), holder());
+    granted(read(&backend, r, ttl("1s")).await?)?;
     refused(write(&backend, w, ttl("30s")).await?)?;
     refused(read(&backend, holder(), ttl("30s")).await?)?;
     let (_, readers) = sample(&mut side).await?;
     assert_eq!(readers, 1);
+    // Each attempt is judged by the reader's PTTL on the server, read just
+    // before it: a grant before that much time passed came while the
+    // reader's key still existed. (A grant later may have raced the
+    // expiry, and is the writer's turn.)
     timeout(Duration::from_secs(5), async {
-        while sample(&mut side).await?.1 > 0 {
-            refused(write(&backend, w, ttl("30s")).await?)?;
+        loop {
+            let looked = Instant::now();
+            let left: i64 = side.pttl(reader_key(&r)).await?;
+            let Ok(left) = u64::try_from(left) else {
+                return Ok::<_, Box<dyn std::error::Error>>(()); // gone (-2)
+            };
+            match write(&backend, w, ttl("30s")).await? {
+                AcquireOutcome::Acquired(_) => {
+                    let after = looked.elapsed();
+                    assert!(
+                        after >= Duration::from_millis(left),
+                        "the writer was granted {after:?} after the reader's key had {left} ms left"
+                    );
+                    return Ok(());
+                }
+                other => {
+                    refused(other)?;
+                }
+            }
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
-        Ok::<_, Box<dyn std::error::Error>>(())
     })
-    .await??;
+    .await
+    .map_err(|_| "the crashed reader's key outlived its ttl")??;
+    // Granted, or granted again (the same writer: an idempotent re-acquire).
     granted(write(&backend, w, ttl("30s")).await?)?;
     // The writer's scan pruned the expired reader from the index.
     let members: Vec<String> = side.smembers(READERS).await?;
