@@ -26,7 +26,7 @@ use std::fmt;
 use redis::{Cmd, ErrorKind, RedisError, ServerErrorKind, Value};
 use tracing::warn;
 
-use crate::Error;
+use crate::error::{Error, Missing};
 
 /// The name and version a server reported at connect (`HELLO`).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -53,37 +53,6 @@ impl ServerInfo {
 impl fmt::Display for ServerInfo {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "{} {}", self.name, self.version)
-    }
-}
-
-/// What a refused server lacks.
-#[derive(Debug, Clone, PartialEq, Eq)]
-#[non_exhaustive]
-pub enum Missing {
-    /// A command the scripts or the connection call is not known to the
-    /// server (renamed or disabled in its configuration, or too old).
-    Command(String),
-    /// The server is older than the first version with a feature the
-    /// library needs.
-    Version {
-        /// The first version with the feature, e.g. `"Redis 7.0"`.
-        needed: &'static str,
-        /// The feature.
-        feature: &'static str,
-    },
-}
-
-impl fmt::Display for Missing {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            Self::Command(name) => write!(
-                f,
-                "it has no {name} command (renamed or disabled in its configuration?), which leasehold calls"
-            ),
-            Self::Version { needed, feature } => {
-                write!(f, "{feature} needs {needed} or later")
-            }
-        }
     }
 }
 

@@ -1,5 +1,7 @@
 //! The errors of setting up a Redis backend, and URL redaction.
 
+use std::fmt;
+
 /// A Redis backend could not be set up.
 ///
 /// Errors of lease operations on a running backend are
@@ -56,7 +58,7 @@ pub enum Error {
         /// e.g. `redis 7.0.15`.
         server: String,
         /// What it lacks.
-        missing: crate::Missing,
+        missing: Missing,
     },
     /// A builder setting is out of range.
     #[error("invalid {field}: {reason}")]
@@ -66,6 +68,37 @@ pub enum Error {
         /// What is wrong and what is accepted.
         reason: String,
     },
+}
+
+/// What a refused server lacks.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Missing {
+    /// A command the scripts or the connection call is not known to the
+    /// server (renamed or disabled in its configuration, or too old).
+    Command(String),
+    /// The server is older than the first version with a feature the
+    /// library needs.
+    Version {
+        /// The first version with the feature, e.g. `"Redis 7.0"`.
+        needed: &'static str,
+        /// The feature.
+        feature: &'static str,
+    },
+}
+
+impl fmt::Display for Missing {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Command(name) => write!(
+                f,
+                "it has no {name} command (renamed or disabled in its configuration?), which leasehold calls"
+            ),
+            Self::Version { needed, feature } => {
+                write!(f, "{feature} needs {needed} or later")
+            }
+        }
+    }
 }
 
 const MASK: &str = "***";

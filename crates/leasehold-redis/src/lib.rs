@@ -127,9 +127,9 @@ mod tracking;
 mod url;
 
 pub use backend::RedisBackend;
-pub use capabilities::{Missing, ServerInfo};
+pub use capabilities::ServerInfo;
 pub use config::RedisBackendBuilder;
-pub use error::{Error, redact};
+pub use error::{Error, Missing, redact};
 pub use layout::KeyLayout;
 /// The redis client library, to build a [`redis::Client`] for
 /// [`RedisBackend::builder_for_client`] (TLS certificates, credentials

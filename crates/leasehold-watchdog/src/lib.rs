@@ -38,6 +38,7 @@ mod election;
 mod error;
 mod handoff;
 mod home;
+mod intent;
 mod lease;
 #[cfg(all(test, loom))]
 mod loom_races;

@@ -14,6 +14,7 @@ use tracing::{Instrument, info_span};
 
 use crate::attempt::Attempt;
 use crate::home::{BoxFuture, Home};
+use crate::intent::IntentGuard;
 use crate::queue::Queues;
 use crate::renewal::{Registry, Watchdog};
 use crate::shared::Shared;
@@ -204,8 +205,7 @@ impl<B: LeaseBackend> LeaseManager<B> {
         // for a deep backend type (Redlock's) overflows the compiler's
         // recursion limit. Once per acquisition, beside a round trip.
         // A writer that gives up withdraws the intent its refusals left.
-        let intent =
-            crate::rw::IntentGuard::new(&self.inner.backend, &key, request.holder, attempt);
+        let intent = IntentGuard::new(&self.inner.backend, &key, request.holder, attempt);
         let waiting: Pin<Box<dyn Future<Output = Result<Won, LeaseError>> + Send + '_>> =
             Box::pin(waiting::acquire(manager, &key, request, options, attempt));
         let won = match waiting.await {

@@ -19,68 +19,18 @@
 //! every third of its ttl
 //! ([`intent_refresh`](crate::attempt::intent_refresh)), so its intent does
 //! not lapse while it waits. A writer that gives up withdraws its intent
-//! ([`IntentGuard`]): when its wait ends without the lease, before the
+//! (`intent.rs`): when its wait ends without the lease, before the
 //! error is returned; when its future is dropped, in the background. Both
 //! are best effort (a compare-and-delete that fails leaves the intent to
 //! expire, at most one ttl later).
 //! Shares take no part in the local handover: a release never hands a
 //! share to another waiter, nor a lease or permit to a share's waiter.
 
-use leasehold_core::{HolderId, LeaseBackend, LeaseKey};
-use tracing::{debug, info_span};
+use leasehold_core::{LeaseBackend, LeaseKey};
+use tracing::info_span;
 
 use crate::attempt::Attempt;
 use crate::{Lease, LeaseError, LeaseManager, LeaseOptions};
-
-/// Withdraws the intent a writer's refusals left on the server unless the
-/// writer got the lease ([`disarm`](Self::disarm)): at once when the wait
-/// gives up ([`withdraw`](Self::withdraw)), and in the background when the
-/// acquisition is dropped (`Drop` never waits). Does nothing for readers,
-/// leases and permits.
-pub(crate) struct IntentGuard<B: LeaseBackend> {
-    /// The backend, the read-write lease and the writer, while armed.
-    armed: Option<(B, LeaseKey, HolderId)>,
-}
-
-impl<B: LeaseBackend> IntentGuard<B> {
-    pub(crate) fn new(backend: &B, key: &LeaseKey, holder: HolderId, attempt: Attempt) -> Self {
-        Self {
-            armed: matches!(attempt, Attempt::Write)
-                .then(|| (backend.clone(), key.clone(), holder)),
-        }
-    }
-
-    /// The writer got the lease: its grant cleared the intent.
-    pub(crate) fn disarm(mut self) {
-        self.armed = None;
-    }
-
-    /// The wait gave up: withdraw the intent now, best effort.
-    pub(crate) async fn withdraw(mut self) {
-        if let Some((backend, key, holder)) = self.armed.take() {
-            withdraw(backend, key, holder).await;
-        }
-    }
-}
-
-impl<B: LeaseBackend> Drop for IntentGuard<B> {
-    fn drop(&mut self) {
-        // Dropped while armed: the acquisition's future was dropped.
-        if let Some((backend, key, holder)) = self.armed.take()
-            && let Ok(runtime) = tokio::runtime::Handle::try_current()
-        {
-            runtime.spawn(withdraw(backend, key, holder));
-        }
-    }
-}
-
-/// One compare-and-delete of `holder`'s intent on `key`; a failure leaves
-/// the intent to expire by itself.
-async fn withdraw<B: LeaseBackend>(backend: B, key: LeaseKey, holder: HolderId) {
-    if let Err(error) = backend.withdraw_write_intent(&key, &holder).await {
-        debug!(key = %key, %error, "could not withdraw a writer's intent; it expires by itself");
-    }
-}
 
 impl<B: LeaseBackend> LeaseManager<B> {
     /// Takes a shared (read) hold on the read-write lease `key`, waiting up
