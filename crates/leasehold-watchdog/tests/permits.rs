@@ -106,6 +106,59 @@ async fn a_waiter_wakes_when_a_permit_is_released() -> TestResult {
     Ok(())
 }
 
+/// A worker that releases its permit and asks again at once, as a loop
+/// does, while a waiter elsewhere heard the release: the waiter gets the
+/// permit first (the releasing manager yields, as after an exclusive
+/// lease's release), and the worker gets it after that waiter's release.
+/// The semaphore's name is spelled both ways a backend keeps in one place.
+#[tokio::test(start_paused = true)]
+async fn a_permit_released_to_a_waiter_elsewhere_is_not_taken_straight_back() -> TestResult {
+    for semaphore in ["exports", "{exports}"] {
+        permit_not_taken_straight_back(semaphore).await?;
+    }
+    Ok(())
+}
+
+async fn permit_not_taken_straight_back(semaphore: &'static str) -> TestResult {
+    let backend = MemoryBackend::new();
+    let here = LeaseManager::new(backend.clone())?;
+    let elsewhere = LeaseManager::new(backend.clone())?;
+    let options = waiting("20s", Duration::from_secs(30));
+    let ours = here.acquire_permit(semaphore, limit(1), &options).await?;
+    let their_options = options.clone();
+    let theirs = tokio::spawn(async move {
+        let permit = elsewhere
+            .acquire_permit(semaphore, limit(1), &their_options)
+            .await?;
+        Ok::<_, LeaseError>((Instant::now(), permit))
+    });
+    // The waiter's first attempt is refused; it subscribes and listens.
+    sleep(Duration::from_secs(2)).await;
+    assert!(!theirs.is_finished(), "the waiter got a permit beside ours");
+    let again = tokio::spawn(async move {
+        ours.release().await?;
+        let permit = here.acquire_permit(semaphore, limit(1), &options).await?;
+        Ok::<_, LeaseError>((Instant::now(), permit))
+    });
+    let (their_at, their_permit) =
+        within(Duration::from_secs(90), "the waiter elsewhere", theirs)
+            .await?
+            .map_err(|e| {
+                format!("the waiter elsewhere never got the permit (taken straight back by the releasing manager?): {e}")
+            })?;
+    assert!(
+        !again.is_finished(),
+        "the releasing manager took its permit straight back"
+    );
+    let their_token = their_permit.fencing_token();
+    their_permit.release().await?;
+    let (our_at, our_permit) =
+        within(Duration::from_secs(90), "the releasing worker", again).await??;
+    assert!(our_at > their_at);
+    assert!(our_permit.fencing_token() > their_token);
+    Ok(())
+}
+
 #[tokio::test(start_paused = true)]
 async fn a_permit_is_renewed_and_its_loss_fires_the_token() -> TestResult {
     let backend = MemoryBackend::new();

@@ -219,6 +219,55 @@ async fn a_reader_behind_a_writer_wakes_on_its_release() -> TestResult {
     Ok(())
 }
 
+/// A writer that releases and asks again at once, as a loop does, while a
+/// writer elsewhere heard the release: that writer goes first (the
+/// releasing manager yields, as after an exclusive lease's release). The
+/// lease's name is spelled both ways a backend keeps in one place.
+#[tokio::test(start_paused = true)]
+async fn a_write_released_to_a_writer_elsewhere_is_not_taken_straight_back() -> TestResult {
+    for rw in ["ledger", "{ledger}"] {
+        write_not_taken_straight_back(rw).await?;
+    }
+    Ok(())
+}
+
+async fn write_not_taken_straight_back(rw: &'static str) -> TestResult {
+    let backend = MemoryBackend::new();
+    let here = LeaseManager::new(backend.clone())?;
+    let elsewhere = LeaseManager::new(backend.clone())?;
+    let options = waiting("20s", Duration::from_secs(30));
+    let ours = here.acquire_write(rw, &options).await?;
+    let their_options = options.clone();
+    let theirs = tokio::spawn(async move {
+        let lease = elsewhere.acquire_write(rw, &their_options).await?;
+        Ok::<_, LeaseError>((Instant::now(), lease))
+    });
+    sleep(Duration::from_secs(2)).await;
+    assert!(!theirs.is_finished(), "a second writer got in");
+    let again = tokio::spawn(async move {
+        ours.release().await?;
+        let lease = here.acquire_write(rw, &options).await?;
+        Ok::<_, LeaseError>((Instant::now(), lease))
+    });
+    let (their_at, their_lease) =
+        within(Duration::from_secs(90), "the writer elsewhere", theirs)
+            .await?
+            .map_err(|e| {
+                format!("the writer elsewhere never got the write lease (taken straight back by the releasing manager?): {e}")
+            })?;
+    assert!(
+        !again.is_finished(),
+        "the releasing manager took the write lease straight back"
+    );
+    let their_token = their_lease.fencing_token();
+    their_lease.release().await?;
+    let (our_at, our_lease) =
+        within(Duration::from_secs(90), "the releasing writer", again).await??;
+    assert!(our_at > their_at);
+    assert!(our_lease.fencing_token() > their_token);
+    Ok(())
+}
+
 #[tokio::test(start_paused = true)]
 async fn a_share_is_renewed_and_its_loss_fires_the_token() -> TestResult {
     let backend = MemoryBackend::new();
