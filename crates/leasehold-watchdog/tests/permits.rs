@@ -4,7 +4,10 @@
 
 mod common;
 
-use common::{RequiredOnly, TestResult, check_renewed_then_lost, key, waiting, within};
+use common::{
+    RequiredOnly, TestResult, check_not_taken_straight_back, check_renewed_then_lost, key, waiting,
+    within,
+};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
@@ -114,48 +117,13 @@ async fn a_waiter_wakes_when_a_permit_is_released() -> TestResult {
 #[tokio::test(start_paused = true)]
 async fn a_permit_released_to_a_waiter_elsewhere_is_not_taken_straight_back() -> TestResult {
     for semaphore in ["exports", "{exports}"] {
-        permit_not_taken_straight_back(semaphore).await?;
+        let options = waiting("20s", Duration::from_secs(30));
+        check_not_taken_straight_back("permit", move |manager| {
+            let options = options.clone();
+            async move { manager.acquire_permit(semaphore, limit(1), &options).await }
+        })
+        .await?;
     }
-    Ok(())
-}
-
-async fn permit_not_taken_straight_back(semaphore: &'static str) -> TestResult {
-    let backend = MemoryBackend::new();
-    let here = LeaseManager::new(backend.clone())?;
-    let elsewhere = LeaseManager::new(backend.clone())?;
-    let options = waiting("20s", Duration::from_secs(30));
-    let ours = here.acquire_permit(semaphore, limit(1), &options).await?;
-    let their_options = options.clone();
-    let theirs = tokio::spawn(async move {
-        let permit = elsewhere
-            .acquire_permit(semaphore, limit(1), &their_options)
-            .await?;
-        Ok::<_, LeaseError>((Instant::now(), permit))
-    });
-    // The waiter's first attempt is refused; it subscribes and listens.
-    sleep(Duration::from_secs(2)).await;
-    assert!(!theirs.is_finished(), "the waiter got a permit beside ours");
-    let again = tokio::spawn(async move {
-        ours.release().await?;
-        let permit = here.acquire_permit(semaphore, limit(1), &options).await?;
-        Ok::<_, LeaseError>((Instant::now(), permit))
-    });
-    let (their_at, their_permit) =
-        within(Duration::from_secs(90), "the waiter elsewhere", theirs)
-            .await?
-            .map_err(|e| {
-                format!("the waiter elsewhere never got the permit (taken straight back by the releasing manager?): {e}")
-            })?;
-    assert!(
-        !again.is_finished(),
-        "the releasing manager took its permit straight back"
-    );
-    let their_token = their_permit.fencing_token();
-    their_permit.release().await?;
-    let (our_at, our_permit) =
-        within(Duration::from_secs(90), "the releasing worker", again).await??;
-    assert!(our_at > their_at);
-    assert!(our_permit.fencing_token() > their_token);
     Ok(())
 }
 

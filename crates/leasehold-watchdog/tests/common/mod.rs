@@ -11,7 +11,8 @@ use leasehold_core::{
     AcquireOutcome, AcquireRequest, BackendError, HolderId, LeaseBackend, LeaseInfo, LeaseKey,
     MemoryBackend, ReleaseOutcome, RenewOutcome, RenewRequest, Ttl,
 };
-use leasehold_watchdog::{Backoff, Lease, LeaseOptions, LossReason};
+use leasehold_watchdog::{Backoff, Lease, LeaseError, LeaseManager, LeaseOptions, LossReason};
+use tokio::time::Instant;
 
 pub(crate) type TestResult = Result<(), Box<dyn std::error::Error>>;
 
@@ -89,5 +90,50 @@ pub(crate) async fn check_renewed_then_lost(backend: &MemoryBackend, lease: Leas
     let reason = within(Duration::from_secs(10), "the token", lease.lost()).await;
     assert_eq!(reason, LossReason::Lost);
     assert!(lease.token().is_cancelled());
+    Ok(())
+}
+
+/// A worker that releases what `acquire` takes (a permit, a write lease)
+/// and asks again at once, as a loop does, while a waiter of another
+/// manager heard the release: that waiter gets it first (the releasing
+/// manager yields), and the worker gets it after that waiter's release,
+/// with a higher fencing token. `what` names it in failures.
+pub(crate) async fn check_not_taken_straight_back<F, Fut>(what: &str, acquire: F) -> TestResult
+where
+    F: Fn(LeaseManager<MemoryBackend>) -> Fut + Clone + Send + 'static,
+    Fut: std::future::Future<Output = Result<Lease, LeaseError>> + Send,
+{
+    let backend = MemoryBackend::new();
+    let here = LeaseManager::new(backend.clone())?;
+    let elsewhere = LeaseManager::new(backend.clone())?;
+    let ours = acquire(here.clone()).await?;
+    let take = acquire.clone();
+    let theirs = tokio::spawn(async move {
+        let lease = take(elsewhere).await?;
+        Ok::<_, LeaseError>((Instant::now(), lease))
+    });
+    // The waiter's first attempt is refused; it subscribes and listens.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert!(!theirs.is_finished(), "the waiter got a {what} beside ours");
+    let again = tokio::spawn(async move {
+        ours.release().await?;
+        let lease = acquire(here).await?;
+        Ok::<_, LeaseError>((Instant::now(), lease))
+    });
+    let (their_at, their_lease) = within(Duration::from_secs(90), "the waiter elsewhere", theirs)
+        .await?
+        .map_err(|e| {
+            format!("the waiter elsewhere never got the {what} (taken straight back by the releasing manager?): {e}")
+        })?;
+    assert!(
+        !again.is_finished(),
+        "the releasing manager took the {what} straight back"
+    );
+    let their_token = their_lease.fencing_token();
+    their_lease.release().await?;
+    let (our_at, our_lease) =
+        within(Duration::from_secs(90), "the releasing worker", again).await??;
+    assert!(our_at > their_at);
+    assert!(our_lease.fencing_token() > their_token);
     Ok(())
 }
