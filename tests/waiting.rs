@@ -436,6 +436,59 @@ async fn a_release_is_heard_only_by_a_listener_elsewhere() -> TestResult {
     Ok(())
 }
 
+/// A permit's and a write share's release are announced on their
+/// semaphore's or read-write lease's channel, and reported heard when a
+/// watch of that key elsewhere listens: what makes the releasing manager
+/// yield (the watchdog notes the release under that key).
+#[tokio::test]
+async fn a_permit_or_share_release_is_heard_by_a_listener_of_its_key_elsewhere() -> TestResult {
+    let server = RedisServer::start()?;
+    let backend = RedisBackend::connect(server.url()).await?;
+    let other = RedisBackend::connect(server.url()).await?;
+    let ttl = Ttl::parse("10s")?;
+    let limit = PermitLimit::new(2)?;
+    let semaphore = LeaseKey::new("heard-permits")?;
+    let rw = LeaseKey::new("heard-rw")?;
+    // Takes a permit of the semaphore (`permit`) or else the write share of
+    // the read-write lease, and gives the key it took.
+    let take = async |permit: bool,
+                      holder|
+           -> Result<LeaseKey, Box<dyn std::error::Error + Send + Sync>> {
+        let outcome = if permit {
+            let request = AcquireRequest::new(semaphore.clone(), holder, ttl);
+            backend.try_acquire_permit(&request, limit).await?
+        } else {
+            let request = AcquireRequest::new(rw.clone(), holder, ttl);
+            backend.try_acquire_write(&request).await?
+        };
+        match outcome {
+            AcquireOutcome::Acquired(grant) => Ok(grant.key),
+            AcquireOutcome::Held(_) => Err("held".into()),
+        }
+    };
+    for (permit, key) in [(true, &semaphore), (false, &rw)] {
+        // No one listens.
+        let holder = HolderId::generate()?;
+        let taken = take(permit, holder).await?;
+        assert_ne!(&taken, key, "a share or permit has a key of its own");
+        assert_eq!(
+            backend.release_heard(&taken, &holder).await?,
+            (ReleaseOutcome::Released, false)
+        );
+        // A watch of the semaphore or lease elsewhere hears it.
+        let mut theirs = other.watch_releases_afresh(key).await?;
+        let holder = HolderId::generate()?;
+        let taken = take(permit, holder).await?;
+        assert_eq!(
+            backend.release_heard(&taken, &holder).await?,
+            (ReleaseOutcome::Released, true),
+            "the release of {taken} was not heard by a watch of {key}"
+        );
+        within(Duration::from_secs(5), "the notice", theirs.released()).await;
+    }
+    Ok(())
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_local_handoff_takes_one_script_call() -> TestResult {
     let server = RedisServer::start()?;
