@@ -431,6 +431,14 @@ async fn apply(
                 }
             }
             tokio::time::sleep(lasts).await;
+            // What the killed server wrote and answered, its MONITOR feed
+            // may not have shown: its AOF has it (the feed ended with the
+            // kill, a lasting fault ago).
+            let missed = if empty {
+                0
+            } else {
+                tokio::task::block_in_place(|| witness.complete_from_aof(server.dir(), TTL))?
+            };
             let keys = tokio::task::block_in_place(|| {
                 server.restart()?;
                 witness.attach()?;
@@ -446,7 +454,13 @@ async fn apply(
                 empty,
                 "seed {seed}: {fault} restarted with {keys} keys"
             );
-            format!("restarted with {keys} keys")
+            if missed > 0 {
+                format!(
+                    "restarted with {keys} keys; {missed} lease expiries read from the AOF that the MONITOR feed missed"
+                )
+            } else {
+                format!("restarted with {keys} keys")
+            }
         }
         Fault::Blackhole(who, _) | Fault::Delay(who, _, _) | Fault::Reset(who, _) => {
             let mode = match fault {
