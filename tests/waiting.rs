@@ -11,7 +11,7 @@ use leasehold::{
     HolderId, LeaseBackend, LeaseKey, LeaseManager, LeaseOptions, PermitLimit, ReleaseOutcome,
     RenewOutcome, RenewRequest, Ttl,
 };
-use leasehold_testkit::RedisServer;
+use leasehold_testkit::{Proxy, ProxyMode, RedisServer};
 use tokio::time::Instant;
 
 #[path = "common/notice.rs"]
@@ -684,6 +684,66 @@ async fn a_racing_waiter_subscribes_its_lingering_channel_afresh() -> TestResult
         second.released(),
     )
     .await;
+    Ok(())
+}
+
+/// While a waiter of this process subscribes its lingering channel afresh,
+/// a release here still counts that subscription as the process's own: no
+/// one else listens, so the release is not heard (which would make this
+/// process's next acquisition yield for nothing). Through a proxy that
+/// holds every request and every reply 600 ms, the release is sent after
+/// the server took the new `SUBSCRIBE` and before its reply arrived.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_release_during_a_resubscription_here_is_not_heard() -> TestResult {
+    let server = RedisServer::start()?;
+    let link = Proxy::start(server.addr()).await?;
+    // Replies 1.2 s after their requests: well within the operation timeout.
+    let backend = RedisBackend::builder(link.url())
+        .op_timeout(Duration::from_secs(5))
+        .connect()
+        .await?;
+    let semaphore = LeaseKey::new("resub")?;
+    let channel = "leasehold:{resub}:released";
+    let take = async |holder| -> Result<LeaseKey, Box<dyn std::error::Error + Send + Sync>> {
+        let request = AcquireRequest::new(semaphore.clone(), holder, Ttl::parse("30s")?);
+        match backend
+            .try_acquire_permit(&request, PermitLimit::new(1)?)
+            .await?
+        {
+            AcquireOutcome::Acquired(grant) => Ok(grant.key),
+            AcquireOutcome::Held(_) => Err("the permit is held".into()),
+        }
+    };
+    // One release first, so that the script is loaded before the delay.
+    let holder = HolderId::generate()?;
+    let permit = take(holder).await?;
+    backend.release_heard(&permit, &holder).await?;
+    let holder = HolderId::generate()?;
+    let permit = take(holder).await?;
+    drop(backend.watch_releases_afresh(&semaphore).await?);
+    assert_eq!(subscribers(&server, channel)?, "1", "the channel lingers");
+    server.cli(&["CONFIG", "RESETSTAT"])?;
+    link.set_mode(ProxyMode::Delay(Duration::from_millis(600)));
+    let watching = backend.clone();
+    let watched = semaphore.clone();
+    let resubscribing = tokio::spawn(async move { watching.watch_releases_afresh(&watched).await });
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while calls(&server, "subscribe")? == 0 {
+        assert!(Instant::now() < deadline, "no SUBSCRIBE reached the server");
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+    assert!(
+        !resubscribing.is_finished(),
+        "the SUBSCRIBE's reply came before the release was sent"
+    );
+    let heard = backend.release_heard(&permit, &holder).await?;
+    assert_eq!(
+        heard,
+        (ReleaseOutcome::Released, false),
+        "a release here was heard, with only this process subscribed"
+    );
+    within(Duration::from_secs(10), "the resubscription", resubscribing).await??;
+    assert_eq!(subscribers(&server, channel)?, "1");
     Ok(())
 }
 

@@ -169,6 +169,15 @@ struct Channel {
     /// Watches alive; 0 while the channel lingers.
     watchers: usize,
     subscribed: bool,
+    /// Unsubscribed and subscribed again for a new watch (`afresh`), the
+    /// two still on their way: `subscribed` is false meanwhile, so that a
+    /// watch taken now subscribes too and a restore skips it, but a
+    /// release by this process still counts the subscription as its own
+    /// (`own_subscription`). The server has it before the `UNSUBSCRIBE` and
+    /// after the `SUBSCRIBE`; counted as someone else's, a release of a
+    /// permit here while another waiter here resubscribes would be heard
+    /// by no one else and still make this process yield.
+    resubscribing: bool,
     /// When this process released the key while the channel lingered with
     /// no watch: the notice of that release, the next to arrive, is for no
     /// one here and is dropped (unless it is later than `own_bound`, as
@@ -363,13 +372,14 @@ impl Notices {
                     notices: watch::Sender::new(0),
                     watchers: 0,
                     subscribed: false,
+                    resubscribing: false,
                     own_release: None,
                 });
             let again = afresh && entry.subscribed && entry.watchers == 0;
             if again {
-                // Not counted as ours by a release meanwhile: the server
-                // drops us for a moment.
+                // Subscribed again below (see `resubscribing`).
                 entry.subscribed = false;
+                entry.resubscribing = true;
             }
             entry.watchers += 1;
             let receiver = entry.notices.subscribe();
@@ -407,10 +417,14 @@ impl Notices {
             let _ = self.bounded(conn.unsubscribe(&stale)).await;
         }
         if subscribe {
-            self.bounded(conn.subscribe(&name)).await?;
+            let subscribed = self.bounded(conn.subscribe(&name)).await;
             if let Some(channel) = lock(&self.channels).watched.get_mut(&name) {
-                channel.subscribed = true;
+                channel.resubscribing = false;
+                if subscribed.is_ok() {
+                    channel.subscribed = true;
+                }
             }
+            subscribed?;
         }
         let watch = ReleaseWatch::new(receiver, subscription);
         if !count {
@@ -479,7 +493,7 @@ impl Notices {
             return 0;
         }
         match channels.watched.get_mut(channel().as_bytes()) {
-            Some(c) if c.subscribed => {
+            Some(c) if c.subscribed || c.resubscribing => {
                 if c.watchers == 0 {
                     c.own_release = Some(Instant::now());
                 }
