@@ -162,15 +162,7 @@ pub(crate) async fn release<B: LeaseBackend, W: Waiters + ?Sized>(
     let Some(offer) = handoff.and_then(|h| h.claim()) else {
         let (outcome, heard) = backend.release_heard(key, holder).await?;
         if heard {
-            // Noted under the key the waiters queue on: a permit's or a
-            // share's release is news of its semaphore or read-write lease
-            // (whose release channel it is announced on), where this
-            // manager's next acquisition looks (`waiting.rs`, `at_head`).
-            if key.permit_of().is_some() || key.rw_of().is_some() {
-                queues.note_heard(&key.counted_as());
-            } else {
-                queues.note_heard(key);
-            }
+            queues.note_heard(key);
         }
         return Ok(outcome);
     };

@@ -220,13 +220,17 @@ impl Queues {
     }
 
     /// Notes that this manager released `key` and a waiter elsewhere heard.
+    /// Kept under the key whose release channel announced it
+    /// ([`LeaseKey::counted_as`]): a permit's or a share's release is news
+    /// of its semaphore or read-write lease, which is what the next
+    /// acquisition waits for, and `K` and `{K}` are one lease.
     pub(crate) fn note_heard(&self, key: &LeaseKey) {
         let now = Instant::now();
         let mut heard = self.heard.lock().unwrap_or_else(PoisonError::into_inner);
         if heard.len() >= HEARD_KEYS {
             heard.retain(|_, at| now.duration_since(*at) < YIELD);
         }
-        heard.insert(key.clone(), now);
+        heard.insert(key.counted_as(), now);
     }
 
     /// Until when a new acquisition of `key` should hold back its first
@@ -239,11 +243,14 @@ impl Queues {
     /// it can even ask: a worker that releases and re-acquires in a loop
     /// would starve every other process.
     pub(crate) fn yield_until(&self, key: &LeaseKey) -> Option<Instant> {
-        let at = self
-            .heard
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .remove(key)?;
+        let at = {
+            let mut heard = self.heard.lock().unwrap_or_else(PoisonError::into_inner);
+            // Nothing heard lately, as a rule: no key to build.
+            if heard.is_empty() {
+                return None;
+            }
+            heard.remove(&key.counted_as())?
+        };
         let until = at + YIELD.max(self.window(key, at));
         (Instant::now() < until).then_some(until)
     }

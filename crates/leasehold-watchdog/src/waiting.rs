@@ -272,16 +272,8 @@ impl<'a, B: LeaseBackend> Waiter<'a, B> {
                 baton: Some(baton.releases),
             });
         }
-        let heard = match self.kind {
-            Attempt::Lease => self.manager.queues.yield_until(self.key),
-            // A permit's or a share's release was noted under the key
-            // its release channel belongs to (`handoff::release`).
-            Attempt::Permit(_) | Attempt::Read | Attempt::Write => {
-                self.manager.queues.yield_until(&self.key.counted_as())
-            }
-        };
         if let Some(give_up_at) = self.give_up_at
-            && let Some(until) = heard
+            && let Some(until) = self.manager.queues.yield_until(self.key)
         {
             // Boxed: rare (a release here that a waiter elsewhere heard),
             // and otherwise carried by every acquisition.
