@@ -436,6 +436,17 @@ async fn a_release_is_heard_only_by_a_listener_elsewhere() -> TestResult {
     Ok(())
 }
 
+/// The key a grant took (a permit's or a share's own), or an error when
+/// the attempt was refused.
+fn granted_key(
+    outcome: AcquireOutcome,
+) -> Result<LeaseKey, Box<dyn std::error::Error + Send + Sync>> {
+    match outcome {
+        AcquireOutcome::Acquired(grant) => Ok(grant.key),
+        AcquireOutcome::Held(holder) => Err(format!("refused, held by {holder:?}").into()),
+    }
+}
+
 /// A permit's and a write share's release are announced on their
 /// semaphore's or read-write lease's channel, and reported heard when a
 /// watch of that key elsewhere listens: what makes the releasing manager
@@ -454,17 +465,13 @@ async fn a_permit_or_share_release_is_heard_by_a_listener_of_its_key_elsewhere()
     let take = async |permit: bool,
                       holder|
            -> Result<LeaseKey, Box<dyn std::error::Error + Send + Sync>> {
-        let outcome = if permit {
+        granted_key(if permit {
             let request = AcquireRequest::new(semaphore.clone(), holder, ttl);
             backend.try_acquire_permit(&request, limit).await?
         } else {
             let request = AcquireRequest::new(rw.clone(), holder, ttl);
             backend.try_acquire_write(&request).await?
-        };
-        match outcome {
-            AcquireOutcome::Acquired(grant) => Ok(grant.key),
-            AcquireOutcome::Held(_) => Err("held".into()),
-        }
+        })
     };
     for (permit, key) in [(true, &semaphore), (false, &rw)] {
         // No one listens.
@@ -706,13 +713,11 @@ async fn a_release_during_a_resubscription_here_is_not_heard() -> TestResult {
     let channel = "leasehold:{resub}:released";
     let take = async |holder| -> Result<LeaseKey, Box<dyn std::error::Error + Send + Sync>> {
         let request = AcquireRequest::new(semaphore.clone(), holder, Ttl::parse("30s")?);
-        match backend
-            .try_acquire_permit(&request, PermitLimit::new(1)?)
-            .await?
-        {
-            AcquireOutcome::Acquired(grant) => Ok(grant.key),
-            AcquireOutcome::Held(_) => Err("the permit is held".into()),
-        }
+        granted_key(
+            backend
+                .try_acquire_permit(&request, PermitLimit::new(1)?)
+                .await?,
+        )
     };
     // One release first, so that the script is loaded before the delay.
     let holder = HolderId::generate()?;
