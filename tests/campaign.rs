@@ -447,8 +447,9 @@ async fn apply(
             for p in proxies {
                 p.set_mode(ProxyMode::Pass);
             }
-            // The fencing counters never expire: a durable restart keeps
-            // them, an empty one has none.
+            // The fencing counters outlive the campaign (their retention
+            // is an hour): a durable restart keeps them, an empty one has
+            // none.
             assert_eq!(
                 keys == "0",
                 empty,

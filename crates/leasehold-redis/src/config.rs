@@ -43,6 +43,7 @@ pub struct RedisBackendBuilder {
     op_timeout: Duration,
     connect_timeout: Duration,
     namespace: String,
+    fence_retention: Duration,
     wait: Option<Wait>,
     track: bool,
     calls_in_flight: usize,
@@ -91,6 +92,7 @@ impl RedisBackendBuilder {
             op_timeout: Self::DEFAULT_OP_TIMEOUT,
             connect_timeout: Self::DEFAULT_CONNECT_TIMEOUT,
             namespace: KeyLayout::DEFAULT_NAMESPACE.to_owned(),
+            fence_retention: KeyLayout::DEFAULT_FENCE_RETENTION,
             wait: None,
             track: true,
             calls_in_flight: Self::DEFAULT_CALLS_IN_FLIGHT,
@@ -178,6 +180,19 @@ impl RedisBackendBuilder {
         self
     }
 
+    /// How long a lease's fencing counter (and a semaphore's permit
+    /// limit) stays on the server after the latest grant of its key.
+    /// Default: [`KeyLayout::DEFAULT_FENCE_RETENTION`] (1 h); accepted: 1 s
+    /// to 30 days, in whole milliseconds. Fencing tokens keep rising after
+    /// a counter expired as long as the server's clock never steps back by
+    /// more than this; a longer retention keeps more counters in memory
+    /// (one per key granted within it). Processes that share leases should
+    /// use the same retention.
+    pub fn fence_retention(mut self, retention: Duration) -> Self {
+        self.fence_retention = retention;
+        self
+    }
+
     /// Checks the settings, connects, and returns the backend.
     ///
     /// For a cluster URL this connects to the seed nodes and reads the
@@ -203,7 +218,7 @@ impl RedisBackendBuilder {
     /// connection on its first call (for Redlock, whose nodes may be down
     /// at start).
     pub(crate) async fn connect_with(mut self, lazy: bool) -> Result<RedisBackend, Error> {
-        let layout = KeyLayout::new(&self.namespace)?;
+        let layout = KeyLayout::new(&self.namespace)?.with_fence_retention(self.fence_retention)?;
         check_timeout("op_timeout", self.op_timeout)?;
         check_timeout("connect_timeout", self.connect_timeout)?;
         if !(1..=1024).contains(&self.calls_in_flight) {
@@ -655,6 +670,7 @@ impl fmt::Debug for RedisBackendBuilder {
             .field("op_timeout", &self.op_timeout)
             .field("connect_timeout", &self.connect_timeout)
             .field("namespace", &self.namespace)
+            .field("fence_retention", &self.fence_retention)
             .field("wait", &self.wait)
             .finish()
     }

@@ -1,5 +1,7 @@
 //! Where a lease lives on the server: the key layout.
 
+use std::time::Duration;
+
 use leasehold_core::LeaseKey;
 
 use crate::Error;
@@ -13,7 +15,7 @@ use crate::Error;
 /// | key       | holds                                                                   |
 /// |-----------|-------------------------------------------------------------------------|
 /// | `P`       | the lease: `<holder hex, 32 digits>:<fencing token>:<label or empty>`, with an expiry |
-/// | `P:fence` | the fencing counter, never expiring                                     |
+/// | `P:fence` | the fencing counter, kept for the [retention](KeyLayout::fence_retention) after each grant |
 /// | `P:released` | (a pub/sub channel) release notices                                  |
 ///
 /// Both keys share the hash tag of `P`, so they sit in one Redis Cluster
@@ -26,7 +28,7 @@ use crate::Error;
 /// | key            | holds                                                    |
 /// |----------------|----------------------------------------------------------|
 /// | `P:permit:<i>` | permit `i` (0 to N-1), a lease like `P` above            |
-/// | `P:permits`    | the limit `N` its holders agreed on, never expiring      |
+/// | `P:permits`    | the limit `N` its holders agreed on, kept as long as `P:fence` |
 ///
 /// `P:permit:<i>` is the `P` of the permit key `K:permit:<i>` (`{K}:permit:<i>`
 /// when `K` has no hash tag), so a permit is renewed, released and
@@ -60,6 +62,9 @@ use crate::Error;
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct KeyLayout {
     namespace: std::sync::Arc<str>,
+    /// How long a fencing counter lives after the grant that last wrote it,
+    /// in milliseconds: sent with every grant.
+    fence_retention_ms: u64,
 }
 
 impl KeyLayout {
@@ -68,6 +73,24 @@ impl KeyLayout {
 
     /// The longest namespace accepted, in bytes.
     pub const MAX_NAMESPACE_LEN: usize = 64;
+
+    /// How long a fencing counter lives after the latest grant of its key,
+    /// by default: one hour.
+    ///
+    /// A counter only matters when the server's clock has stepped back:
+    /// otherwise the clock floor alone keeps tokens rising. An hour is
+    /// longer than any step a time daemon makes on a running server (ntpd
+    /// refuses to correct an offset above its 1000 s panic threshold;
+    /// chrony steps only at start by default, and slews after), and 120
+    /// times the default ttl, while a service that locks a new key every
+    /// 10 ms keeps at most 360,000 counters (about 40 MB).
+    pub const DEFAULT_FENCE_RETENTION: Duration = Duration::from_secs(60 * 60);
+
+    /// The shortest fencing-counter retention accepted: one second.
+    pub const MIN_FENCE_RETENTION: Duration = Duration::from_secs(1);
+
+    /// The longest fencing-counter retention accepted: 30 days.
+    pub const MAX_FENCE_RETENTION: Duration = Duration::from_secs(30 * 24 * 60 * 60);
 
     /// A layout for `namespace`.
     ///
@@ -102,7 +125,57 @@ impl KeyLayout {
         }
         Ok(Self {
             namespace: namespace.into(),
+            fence_retention_ms: millis(Self::DEFAULT_FENCE_RETENTION),
         })
+    }
+
+    /// This layout with fencing counters that live `retention` after the
+    /// latest grant of their key (default:
+    /// [`DEFAULT_FENCE_RETENTION`](Self::DEFAULT_FENCE_RETENTION)).
+    ///
+    /// Fencing tokens keep rising after a counter expired, as long as the
+    /// server's clock never reads more than `retention` behind a time it
+    /// has already shown (see docs/design.md, "Guarantees").
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidConfig`] when `retention` is below one second, above
+    /// 30 days, or not a whole number of milliseconds.
+    pub fn with_fence_retention(mut self, retention: Duration) -> Result<Self, Error> {
+        let refuse = |reason: String| Error::InvalidConfig {
+            field: "fence_retention",
+            reason,
+        };
+        let shown = humantime::format_duration(retention);
+        if retention < Self::MIN_FENCE_RETENTION {
+            return Err(refuse(format!(
+                "{shown} is below 1s; a fencing counter must outlive the leases of its key by far (the default is 1h)"
+            )));
+        }
+        if retention > Self::MAX_FENCE_RETENTION {
+            return Err(refuse(format!(
+                "{shown} is above 30days; use a shorter retention"
+            )));
+        }
+        if !retention.subsec_nanos().is_multiple_of(1_000_000) {
+            return Err(refuse(format!(
+                "{shown} is not a whole number of milliseconds; round it"
+            )));
+        }
+        self.fence_retention_ms = millis(retention);
+        Ok(self)
+    }
+
+    /// How long a fencing counter lives after the latest grant of its key.
+    #[must_use]
+    pub fn fence_retention(&self) -> Duration {
+        Duration::from_millis(self.fence_retention_ms)
+    }
+
+    /// [`fence_retention`](Self::fence_retention) in milliseconds, as the
+    /// scripts take it.
+    pub(crate) fn fence_retention_ms(&self) -> u64 {
+        self.fence_retention_ms
     }
 
     /// The namespace every key starts with.
@@ -203,8 +276,14 @@ impl Default for KeyLayout {
     fn default() -> Self {
         Self {
             namespace: Self::DEFAULT_NAMESPACE.into(),
+            fence_retention_ms: millis(Self::DEFAULT_FENCE_RETENTION),
         }
     }
+}
+
+/// `d` in whole milliseconds (every duration here is checked to fit).
+fn millis(d: Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
 }
 
 #[cfg(test)]
@@ -368,6 +447,36 @@ mod tests {
                 .map(|l| l.namespace().to_owned())
                 .ok(),
             Some("my-app:leases".to_owned())
+        );
+    }
+
+    #[test]
+    fn the_counter_retention_is_checked() {
+        let layout = KeyLayout::default();
+        assert_eq!(layout.fence_retention(), KeyLayout::DEFAULT_FENCE_RETENTION);
+        for (retention, says) in [
+            (Duration::from_millis(999), "below 1s"),
+            (Duration::from_secs(31 * 24 * 3600), "above 30days"),
+            (
+                Duration::from_micros(1_500_500),
+                "whole number of milliseconds",
+            ),
+        ] {
+            match layout.clone().with_fence_retention(retention) {
+                Err(Error::InvalidConfig { field, reason }) => {
+                    assert_eq!(field, "fence_retention");
+                    assert!(reason.contains(says), "{reason}");
+                }
+                other => panic!("{retention:?} accepted: {other:?}"),
+            }
+        }
+        let day = Duration::from_secs(24 * 3600);
+        assert_eq!(
+            layout
+                .with_fence_retention(day)
+                .map(|l| l.fence_retention())
+                .ok(),
+            Some(day)
         );
     }
 }

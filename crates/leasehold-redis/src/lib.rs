@@ -59,7 +59,9 @@
 //! (the label may be empty) with an expiry of the lease's ttl. The holder id
 //! never leaves the server through this crate: [`LeaseBackend::inspect`](leasehold_core::LeaseBackend::inspect)
 //! and `Held` outcomes show only the label, the token and the ttl left.
-//! `P:fence` holds the last fencing token handed out and never expires.
+//! `P:fence` holds the last fencing token handed out, for the fencing
+//! counter's retention after each grant (an hour by default; see
+//! [`RedisBackendBuilder::fence_retention`]).
 //! A key written by something else shows up as held, with no token and, if
 //! it has no expiry, no ttl.
 //!

@@ -109,6 +109,7 @@ pub struct RedlockBuilder {
     node_timeout: Duration,
     connect_timeout: Duration,
     namespace: Option<String>,
+    fence_retention: Option<Duration>,
 }
 
 /// Why [`RedlockBackend`] refuses read-write leases.
@@ -128,6 +129,7 @@ impl RedlockBackend {
             node_timeout: RedlockBuilder::DEFAULT_NODE_TIMEOUT,
             connect_timeout: RedlockBuilder::DEFAULT_CONNECT_TIMEOUT,
             namespace: None,
+            fence_retention: None,
         }
     }
 
@@ -200,6 +202,14 @@ impl RedlockBuilder {
         self
     }
 
+    /// How long each master keeps a fencing counter after the latest grant
+    /// of its key, as
+    /// [`RedisBackendBuilder::fence_retention`](crate::RedisBackendBuilder::fence_retention).
+    pub fn fence_retention(mut self, retention: Duration) -> Self {
+        self.fence_retention = Some(retention);
+        self
+    }
+
     /// Checks the settings and connects to every master at once.
     ///
     /// A master that cannot be reached now is connected to later, on first
@@ -238,6 +248,10 @@ impl RedlockBuilder {
             let b = RedisBackend::builder(url.clone())
                 .op_timeout(self.node_timeout)
                 .connect_timeout(self.connect_timeout);
+            let b = match self.fence_retention {
+                Some(retention) => b.fence_retention(retention),
+                None => b,
+            };
             match &self.namespace {
                 Some(ns) => b.namespace(ns.clone()),
                 None => b,
@@ -297,6 +311,7 @@ impl fmt::Debug for RedlockBuilder {
             .field("node_timeout", &self.node_timeout)
             .field("connect_timeout", &self.connect_timeout)
             .field("namespace", &self.namespace)
+            .field("fence_retention", &self.fence_retention)
             .finish()
     }
 }

@@ -217,7 +217,7 @@ pub(crate) fn acquire_many(layout: &KeyLayout, requests: &[AcquireRequest], trac
     } else {
         &*ACQUIRE_MANY
     };
-    let mut call = Call::with_capacity(script, 2 * requests.len(), 5 * requests.len() + 1, bytes);
+    let mut call = Call::with_capacity(script, 2 * requests.len(), 5 * requests.len() + 2, bytes);
     let mut key = Vec::with_capacity(64);
     for request in requests {
         key.clear();
@@ -235,7 +235,9 @@ pub(crate) fn acquire_many(layout: &KeyLayout, requests: &[AcquireRequest], trac
             .arg(request.lock_delay.expiry_millis(request.ttl))
             .arg(request.label.as_deref().unwrap_or(""));
     }
-    call.cmd.arg(if tracked { "1" } else { "0" });
+    call.cmd
+        .arg(if tracked { "1" } else { "0" })
+        .arg(layout.fence_retention_ms());
     call
 }
 
@@ -315,7 +317,8 @@ pub(crate) fn fair(
         .arg(if tracked { "1" } else { "0" })
         .arg(place_ttl)
         .arg(handover.0)
-        .arg(handover.1);
+        .arg(handover.1)
+        .arg(layout.fence_retention_ms());
     call
 }
 
@@ -335,7 +338,8 @@ pub(crate) fn release_fair(
     call.cmd
         .arg(&holder.to_hex_bytes()[..])
         .arg(if channel { &lease[..] } else { &b""[..] })
-        .arg(if sharded { "SPUBLISH" } else { "PUBLISH" });
+        .arg(if sharded { "SPUBLISH" } else { "PUBLISH" })
+        .arg(layout.fence_retention_ms());
     call
 }
 
@@ -506,7 +510,8 @@ pub(crate) fn handover(
         .arg(publish)
         .arg(&next.holder.to_hex_bytes()[..])
         .arg(next.lock_delay.expiry_millis(next.ttl))
-        .arg(next.label.as_deref().unwrap_or(""));
+        .arg(next.label.as_deref().unwrap_or(""))
+        .arg(layout.fence_retention_ms());
     call
 }
 
@@ -545,7 +550,8 @@ pub(crate) fn permit(
         .arg(&request.holder.to_hex_bytes()[..])
         .arg(request.lock_delay.expiry_millis(request.ttl))
         .arg(request.label.as_deref().unwrap_or(""))
-        .arg(limit.get());
+        .arg(limit.get())
+        .arg(layout.fence_retention_ms());
     Ok(call)
 }
 
@@ -571,7 +577,8 @@ pub(crate) fn read(layout: &KeyLayout, request: &AcquireRequest, reader: &LeaseK
         .arg(&key[..])
         .arg(&request.holder.to_hex_bytes()[..])
         .arg(request.lock_delay.expiry_millis(request.ttl))
-        .arg(request.label.as_deref().unwrap_or(""));
+        .arg(request.label.as_deref().unwrap_or(""))
+        .arg(layout.fence_retention_ms());
     call
 }
 
@@ -597,7 +604,8 @@ pub(crate) fn write(layout: &KeyLayout, request: &AcquireRequest) -> Call {
         .arg(&request.holder.to_hex_bytes()[..])
         .arg(request.lock_delay.expiry_millis(request.ttl))
         .arg(request.label.as_deref().unwrap_or(""))
-        .arg(&readers[..]);
+        .arg(&readers[..])
+        .arg(layout.fence_retention_ms());
     call
 }
 
@@ -735,7 +743,8 @@ mod tests {
                 &h1.to_hex(),
                 "3000",
                 "pod-1",
-                "1"
+                "1",
+                "3600000"
             ]
         );
         assert_eq!(args(acquire(&layout, &request, false).evalsha())[8], "0");
@@ -771,7 +780,8 @@ mod tests {
                 "SPUBLISH",
                 &h1.to_hex(),
                 "3000",
-                "pod-1"
+                "pod-1",
+                "3600000"
             ]
         );
         assert_eq!(
@@ -792,7 +802,8 @@ mod tests {
                 &h1.to_hex(),
                 "3000",
                 "pod-1",
-                "2"
+                "2",
+                "3600000"
             ]
         );
         // A larger stored limit to check: its permits are sent too.
@@ -816,6 +827,40 @@ mod tests {
                 "leasehold:{a}:released"
             ]
         );
+        Ok(())
+    }
+
+    /// Every script that grants ends its arguments with the fencing
+    /// counter's retention (grant.lua reads it as the last one), as the
+    /// layout sets it; the others send none.
+    #[test]
+    fn every_grant_sends_the_counter_retention_last() -> Result<(), Box<dyn std::error::Error>> {
+        let layout =
+            KeyLayout::default().with_fence_retention(std::time::Duration::from_secs(90))?;
+        let a = LeaseKey::new("a")?;
+        let h = HolderId::generate()?;
+        let ttl = leasehold_core::Ttl::parse("3s")?;
+        let request = AcquireRequest::new(a.clone(), h, ttl);
+        let other = AcquireRequest::new(LeaseKey::new("b")?, h, ttl);
+        let granting = [
+            acquire(&layout, &request, true),
+            acquire_many(&layout, &[request.clone(), other], true),
+            fair(&layout, &request, true, 1000, (0, b"")),
+            release_fair(&layout, &a, &h, true, false),
+            handover(&layout, &a, &h, 0, false, &request),
+            permit(&layout, &request, PermitLimit::new(2)?, 0)?,
+            read(&layout, &request, &a.reader_key(&h)?),
+            write(&layout, &request),
+        ];
+        for call in &granting {
+            assert!(call.script.source.contains("grant("));
+            assert_eq!(
+                args(call.evalsha()).last().map(String::as_str),
+                Some("90000")
+            );
+        }
+        let plain = release(&layout, &a, &h, true, false, 0);
+        assert!(!args(plain.evalsha()).contains(&"90000".to_owned()));
         Ok(())
     }
 

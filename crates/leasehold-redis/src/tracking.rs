@@ -17,7 +17,7 @@
 //!   than that many scripts ahead of a renewal; NOLOOP keeps them from
 //!   being reported back. `grant.lua` reads the lease (`PTTL`) after writing it,
 //!   and writes the fencing counter last: the lease stays tracked, the
-//!   counter (which never expires) does not. A holder's re-acquisition reads
+//!   counter (which outlives the lease) does not. A holder's re-acquisition reads
 //!   its lease again after its `SET`. No round trip is added: the read is in
 //!   the script.
 //! - `renew.lua` reads each lease with `GETEX` (a write command, which

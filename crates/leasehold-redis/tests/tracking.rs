@@ -95,8 +95,9 @@ fn only(changed: &[LeaseChange], k: &LeaseKey) {
 /// A lease is tracked from the script that grants it (an acquisition, a
 /// re-acquisition by its holder, a handover), before any renewal: a SET or
 /// a DEL behind the holder is reported at once. Its fencing counter is not
-/// tracked: a counter never expires, and would hold its entry in the
-/// server's tracking table long after the lease is gone.
+/// tracked: a counter outlives its lease by its retention (an hour by
+/// default), and would hold its entry in the server's tracking table long
+/// after the lease is gone.
 #[tokio::test]
 async fn a_lease_is_tracked_from_its_grant_and_its_counter_is_not() -> TestResult {
     let server = RedisServer::start()?;

@@ -7,7 +7,9 @@
 -- ARGV[3]  label    a public label shown to others (may be empty)
 -- ARGV[4]  track    '0' when the connection does not track: the lease is
 --                   then not read again once written (see grant.lua);
---                   anything else, or left out, reads it
+--                   anything else reads it
+-- ARGV[5]  retention how long the counter lives after this grant, in
+--                   milliseconds (see grant.lua)
 --
 -- Returns token            when the lease is ours (the fencing token, a decimal string:
 --                          a bare string, which costs the server and the client less

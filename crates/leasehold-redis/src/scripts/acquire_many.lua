@@ -8,6 +8,7 @@
 -- KEYS[2i-1], KEYS[2i]            lease i and its counter (see acquire.lua)
 -- ARGV[3i-2], ARGV[3i-1], ARGV[3i] lease i's holder, ttl and label
 -- ARGV[3n+1]                      track, for the whole batch
+-- ARGV[3n+2]                      retention, the counters' (see grant.lua)
 --
 -- Returns an array of n replies, in KEYS order, each as acquire.lua answers for one
 -- lease (the token, or {0, value, pttl}), except that an error (another type, a counter
@@ -116,7 +117,7 @@ if quiet then
   end
   redis.pcall('EXISTS', unpack(leases))
   for i = 1, #granted, 2 do
-    redis.call('SET', granted[i], granted[i + 1])
+    redis.call('SET', granted[i], granted[i + 1], 'PX', retention)
   end
 end
 return replies

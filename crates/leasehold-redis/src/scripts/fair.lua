@@ -21,6 +21,7 @@
 -- ARGV[7]  process        the waiting process's name (hex digits): a handover is announced
 --                         on "<P:released>:<process>", which only that process hears;
 --                         empty, on P:released itself
+-- ARGV[8]  retention      how long the counter lives after a grant, in milliseconds (see grant.lua)
 --
 -- All keys share the hash tag of P, so they sit in one cluster slot. The queue keys expire
 -- with the last place in them, so a queue whose waiters all vanished leaves nothing behind.

@@ -16,10 +16,20 @@
 -- and any write to a key drops its tracking, for every client and NOLOOP
 -- or not. So the lease is read (PTTL) after it is written, which tracks the
 -- lease (and on Redis 7.0 the counter), and the counter is written last,
--- which drops the counter's: a counter never expires, and
+-- which drops the counter's: a counter outlives its lease (see below), and
 -- tracked it would keep an entry in the server's tracking table after the
 -- lease is gone. On a connection that does not track, the read would only
 -- cost the server a lookup, so the caller can skip it.
+--
+-- The counter's retention: every script that sends this text in front of
+-- it passes, as its LAST argument, how long a fencing counter lives after
+-- the latest grant that wrote it, in milliseconds (`retention` below), so
+-- that a service that locks per entity does not leave one counter per key
+-- ever used in the server for good. Tokens keep rising when a counter has
+-- expired: the token is never below the server clock's floor (1. below),
+-- and a counter expires only once the server clock has passed its write by
+-- the retention, so the floor is then above every token the counter gave
+-- unless the clock has since stepped back by more than the retention.
 --
 -- `read`, when given, is the command that reads the counter in place of GET:
 -- a batch on a tracking connection passes a write command (GETEX), since on
@@ -28,12 +38,15 @@
 --
 -- `floor`, when given, is the clock floor (see 1. below) already read by the
 -- caller: a batch reads the clock once for all its grants. `deferred` true
--- leaves the counter unwritten: the caller writes it (a batch on a tracking
--- connection writes its counters once, at its end).
+-- leaves the counter unwritten: the caller writes it, with the same
+-- retention (a batch on a tracking connection writes its counters once, at
+-- its end).
 --
 -- Numbers go to redis.call only as strings built here (string.format('%.0f',
 -- n) where arithmetic is needed): Redis may render a large Lua number in
 -- exponent form.
+
+local retention = ARGV[#ARGV]
 
 local function grant(lease, fence, holder, ttl, label, track, read, floor, deferred)
   -- 1. A floor from the server clock, in microseconds, so tokens keep
@@ -75,9 +88,10 @@ local function grant(lease, fence, holder, ttl, label, track, read, floor, defer
     redis.pcall('PTTL', lease)
   end
 
-  -- 4. The counter keeps the token; written last, so that it is not tracked.
+  -- 4. The counter keeps the token for the retention; written last, so
+  --    that it is not tracked.
   if not deferred then
-    redis.call('SET', fence, token)
+    redis.call('SET', fence, token, 'PX', retention)
   end
   return token
 end

@@ -12,6 +12,8 @@
 -- ARGV[6]  next     the waiter's holder id, 32 lowercase hex digits
 -- ARGV[7]  ttl      the waiter's time to live, in milliseconds
 -- ARGV[8]  label    the waiter's public label (may be empty)
+-- ARGV[9]  retention how long the counter lives after the grant, in milliseconds
+--                   (see grant.lua)
 --
 -- Returns 0           when the lease was not ours (nothing changed),
 --         1           when it was ours and is now free, announced on the channel,

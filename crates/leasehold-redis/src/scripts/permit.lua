@@ -1,6 +1,7 @@
 -- permit.lua: take one of the N permits of a semaphore, or refresh the one this holder has.
 --
--- KEYS[1]    S:permits       the semaphore's permit limit, a decimal number, never expiring
+-- KEYS[1]    S:permits       the semaphore's permit limit, a decimal number, kept for the
+--                            counter's retention after each grant (see step 5)
 -- KEYS[2]    S:fence         the semaphore's fencing counter, shared by all its permits
 -- KEYS[2+i]  S:permit:<i-1>  permit i-1, a lease: "<holder hex>:<fencing token>:<label>",
 --                            with a PX expiry; at least N of them, more when the client
@@ -9,6 +10,8 @@
 -- ARGV[2]    ttl             the permit's time to live, in milliseconds
 -- ARGV[3]    label           a public label shown to others (may be empty)
 -- ARGV[4]    limit           N, in decimal without leading zeros
+-- ARGV[5]    retention       how long the counter and the limit live after a grant, in
+--                            milliseconds (see grant.lua)
 --
 -- All keys share the semaphore's hash tag, so they sit in one cluster slot.
 --
@@ -67,9 +70,9 @@ for i = 1, n do
       local token = colon and string.sub(rest, 1, colon - 1) or rest
       redis.call('SET', key, mine .. token .. ':' .. label, 'PX', ttl)
       redis.pcall('PTTL', key)
-      -- Written after the read, so that the limit (never expiring) is not
-      -- tracked (see grant.lua).
-      redis.call('SET', KEYS[1], limit)
+      -- Written after the read, so that the limit (which outlives the
+      -- permit) is not tracked (see grant.lua).
+      redis.call('SET', KEYS[1], limit, 'PX', retention)
       return {1, token, i - 1}
     end
     -- 2b. Someone else's. A PTTL of -1 (no expiry: not written by
@@ -94,6 +97,10 @@ local token, refused = grant(KEYS[2 + free], KEYS[2], holder, ttl, label)
 if not token then
   return refused
 end
--- 5. Store the limit, written last so that it is not tracked (see grant.lua).
-redis.call('SET', KEYS[1], limit)
+-- 5. Store the limit, written last so that it is not tracked (see grant.lua),
+--    for as long as the counter: it is checked only against permits granted
+--    under it, and a permit renewed for longer than the retention with no
+--    grant in between outlives it (a holder asking with another limit is
+--    then let in; the permits stay exclusive per slot).
+redis.call('SET', KEYS[1], limit, 'PX', retention)
 return {1, token, free - 1}

@@ -10,6 +10,8 @@
 -- ARGV[1]  holder           the holder id, 32 lowercase hex digits
 -- ARGV[2]  ttl              the hold's time to live, in milliseconds
 -- ARGV[3]  label            a public label shown to others (may be empty)
+-- ARGV[4]  retention        how long the counter lives after a grant, in milliseconds
+--                           (see grant.lua)
 --
 -- All keys share the hash tag of P, so they sit in one cluster slot; so do the
 -- other readers' keys P:read:<member>, read in step 5 (see write.lua).

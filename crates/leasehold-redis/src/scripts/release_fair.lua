@@ -11,6 +11,7 @@
 -- ARGV[2]  channel        P:released; empty where no one can listen (then nothing is
 --                         handed over: the head could not be told)
 -- ARGV[3]  publish        the publish command: PUBLISH, or SPUBLISH on a cluster
+-- ARGV[4]  retention      how long the counter lives after a grant, in milliseconds (see grant.lua)
 --
 -- Returns 0 when the lease was not ours (nothing changed), 1 when it was ours and is now
 -- free, announced on the channel with '1', and 2 when it was ours and now belongs to the

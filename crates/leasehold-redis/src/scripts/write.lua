@@ -13,6 +13,8 @@
 -- ARGV[3]  label            a public label shown to others (may be empty)
 -- ARGV[4]  readers          P:read: — the reader keys are this followed by a member of
 --                           P:readers
+-- ARGV[5]  retention        how long the counter lives after a grant, in milliseconds
+--                           (see grant.lua)
 --
 -- All keys share the hash tag of P, so they sit in one cluster slot. The reader
 -- keys are not in KEYS (they are not known before the index is read); they
