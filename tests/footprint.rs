@@ -87,7 +87,7 @@ async fn namespace_keys(
 /// lease ends: exclusive leases released one at a time and in batches
 /// (acquired together), left to expire by a holder that crashed, permits
 /// released and crashed, fair leases released and a fair waiter that died
-/// in its place, and writers released. Right after, every key left has an
+/// in its place, writers released, readers released and crashed. Right after, every key left has an
 /// expiry no later than the retention; after the retention, a SCAN of the
 /// namespace finds nothing.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -128,6 +128,11 @@ async fn every_key_is_gone_once_the_retention_passed() -> TestResult {
             .await?
             .release()
             .await?;
+        manager
+            .acquire_read(format!("doc:{i}"), &options("5s"))
+            .await?
+            .release()
+            .await?;
     }
 
     // A process that crashes holding leases of each kind, and with a fair
@@ -154,6 +159,11 @@ async fn every_key_is_gone_once_the_retention_passed() -> TestResult {
                             PermitLimit::new(2)?,
                             &options("300ms"),
                         )
+                        .await?,
+                );
+                held.push(
+                    manager
+                        .acquire_read(format!("crashdoc:{i}"), &options("300ms"))
                         .await?,
                 );
             }
@@ -202,9 +212,17 @@ async fn every_key_is_gone_once_the_retention_passed() -> TestResult {
     // counters are there.
     let left = namespace_keys(&mut conn).await?;
     let retention = i64::try_from(RETENTION.as_millis())?;
+    // A reader index lives as long as its longest reader (5 s here).
     let unbounded: Vec<_> = left
         .iter()
-        .filter(|(_, pttl)| !(0..=retention).contains(pttl))
+        .filter(|(k, pttl)| {
+            let most = if k.ends_with(":readers") {
+                5_000
+            } else {
+                retention
+            };
+            !(0..=most).contains(pttl)
+        })
         .collect();
     assert!(
         unbounded.is_empty(),
@@ -219,10 +237,11 @@ async fn every_key_is_gone_once_the_retention_passed() -> TestResult {
 
     // Once the server's clock has passed the last grant by the retention,
     // nothing is left (SCAN skips a key whose expiry has passed).
-    within(RETENTION * 3, "the retention to pass", async {
+    within(Duration::from_secs(10), "the retention to pass", async {
         loop {
             let now = server_ms(&mut conn).await?;
-            let due = last_grant + u64::try_from(RETENTION.as_millis())? + 1;
+            // The released readers' indexes outlive them by their 5 s ttl.
+            let due = last_grant + 5_000 + 1;
             if now >= due {
                 return Ok::<_, Error>(());
             }
@@ -275,5 +294,47 @@ async fn tokens_rise_after_the_counter_expired() -> TestResult {
         "the counter starts again at the new token"
     );
     next.release().await?;
+    Ok(())
+}
+
+/// A reader's index outlives a reader held far longer than its ttl: each
+/// renewal keeps the index as long as the reader, so a writer is refused
+/// for as long as the reader holds, and the index goes away with it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_readers_index_lives_as_long_as_its_reader() -> TestResult {
+    let server = RedisServer::start()?;
+    let mut conn = side(&server).await?;
+    let readers = manager_at(server.url()).await?;
+    let writers = manager_at(server.url()).await?;
+    let index = format!("{NAMESPACE}:{{report}}:readers");
+
+    let reader = readers.acquire_read("report", &options("300ms")).await?;
+    // Held for ten ttls, renewed by the watchdog every 100 ms; a writer
+    // asks now and then and must be refused every time.
+    let until = tokio::time::Instant::now() + Duration::from_secs(3);
+    while tokio::time::Instant::now() < until {
+        match writers.acquire_write("report", &options("300ms")).await {
+            Err(leasehold::LeaseError::NotAcquired { .. }) => {}
+            other => panic!("a writer got past a live reader: {other:?}"),
+        }
+        let pttl: i64 = conn.pttl(&index).await?;
+        assert!(
+            (1..=300).contains(&pttl),
+            "the index lives as long as the reader (at most its ttl), PTTL {pttl}"
+        );
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    assert!(reader.loss_reason().is_none(), "the reader still holds");
+    reader.release().await?;
+    within(Duration::from_secs(2), "the index to expire", async {
+        loop {
+            let exists: bool = conn.exists(&index).await?;
+            if !exists {
+                return Ok::<_, Error>(());
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await?;
     Ok(())
 }

@@ -44,7 +44,7 @@ use crate::Error;
 /// |-----------------------|---------------------------------------------------------|
 /// | `P:write`             | the writer, a lease like `P` above                      |
 /// | `P:read:<holder hex>` | one reader, a lease like `P` above                      |
-/// | `P:readers`           | the set of readers' holder ids, never expiring, pruned of those whose key is gone |
+/// | `P:readers`           | the set of readers' holder ids, living as long as its longest-lived reader, pruned of those whose key is gone |
 /// | `P:write-wanted`      | `<holder hex>:<label>` of a writer waiting, with the writer's ttl as expiry |
 ///
 /// `P:write` and `P:read:<hex>` are the `P` of the lease keys `K:write` and

@@ -5,7 +5,8 @@
 -- KEYS[2]  P:write          the writer's key, a lease like the reader keys
 -- KEYS[3]  P:write-wanted   the intent of a writer waiting for the lease:
 --                           "<holder hex>:<label>", with a PX expiry (see write.lua)
--- KEYS[4]  P:readers        the index of readers: a set of holder ids (hex), never expiring
+-- KEYS[4]  P:readers        the index of readers: a set of holder ids (hex), kept as long as
+--                           its longest-lived reader (here and in renew.lua)
 -- KEYS[5]  P:fence          the lease's fencing counter, shared by readers and writers
 -- ARGV[1]  holder           the holder id, 32 lowercase hex digits
 -- ARGV[2]  ttl              the hold's time to live, in milliseconds
@@ -26,6 +27,23 @@
 local holder, ttl, label = ARGV[1], ARGV[2], ARGV[3]
 local mine = holder .. ':'
 
+-- keep_index(ms): the index lives at least `ms` more, as long as the reader
+-- just granted or refreshed, so that a writer finds every live reader, and
+-- not for ever (renew.lua lengthens it at each renewal). NX gives a new
+-- index its expiry; GT only ever lengthens an existing one, for readers
+-- whose ttls differ. Before Redis 7.0 (no NX or GT) the PTTL is compared.
+local function keep_index(ms)
+  local set = redis.pcall('PEXPIRE', KEYS[4], ms, 'NX')
+  if type(set) == 'table' and set.err then
+    local left = redis.call('PTTL', KEYS[4])
+    if left == -1 or (left >= 0 and left < tonumber(ms)) then
+      redis.call('PEXPIRE', KEYS[4], ms)
+    end
+  elseif set == 0 then
+    redis.call('PEXPIRE', KEYS[4], ms, 'GT')
+  end
+end
+
 -- 1. Ours already (idempotent re-acquire): keep the token, take the new label
 --    and ttl (acquire.lua, 2a). A reader holds on even while a writer waits:
 --    the writer waits for the readers that held before it. A key of another
@@ -41,6 +59,7 @@ if current then
     local token = colon and string.sub(rest, 1, colon - 1) or rest
     redis.call('SET', KEYS[1], mine .. token .. ':' .. label, 'PX', ttl)
     redis.pcall('PTTL', KEYS[1])
+    keep_index(ttl)
     return {1, token}
   end
   -- Written by something other than this library: report it as held.
@@ -74,8 +93,8 @@ if not token then
   return refused
 end
 
--- 5. List the reader, so a writer finds it; written last, so that the index
---    (never expiring) is not tracked (see grant.lua). Members whose key is
+-- 5. List the reader, so a writer finds it, for as long as the reader lives;
+--    written last, so that the index is not tracked (see grant.lua). Members whose key is
 --    gone are pruned by write.lua, and here from a sample of 3, so that a
 --    lease read for ever without a writer keeps a bounded index.
 local added = redis.pcall('SADD', KEYS[4], holder)
@@ -88,4 +107,5 @@ for _, member in ipairs(redis.call('SRANDMEMBER', KEYS[4], 3)) do
     redis.call('SREM', KEYS[4], member)
   end
 end
+keep_index(ttl)
 return {1, token}

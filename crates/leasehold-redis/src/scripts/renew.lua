@@ -44,10 +44,27 @@ for i = 1, n do
   --    concatenation and string.sub would.
   if type(v) == 'string' and #holder == 32 and string.byte(v, 33) == 58
       and string.find(v, holder, 1, true) == 1 then
-    if shared ~= '' then
-      redis.call('PEXPIRE', KEYS[i], shared)
-    else
-      redis.call('PEXPIRE', KEYS[i], ARGV[1 + n + i])
+    local ttl = shared
+    if ttl == '' then
+      ttl = ARGV[1 + n + i]
+    end
+    redis.call('PEXPIRE', KEYS[i], ttl)
+    -- 2a. A reader of a read-write lease (its key P:read:<32 hex digits>)
+    --     keeps the lease's reader index P:readers at least as long as
+    --     itself, so that a writer finds it: the index lives as long as its
+    --     longest-lived reader and no longer. One byte test spares every
+    --     other lease the substring. GT (Redis 7.0) only ever lengthens the
+    --     index's life; before 7.0 the PTTL is compared here instead.
+    local key = KEYS[i]
+    if string.byte(key, -33) == 58 and string.sub(key, -38, -33) == ':read:' then
+      local index = string.sub(key, 1, #key - 38) .. ':readers'
+      local kept = redis.pcall('PEXPIRE', index, ttl, 'GT')
+      if type(kept) == 'table' and kept.err then
+        local left = redis.call('PTTL', index)
+        if left == -1 or (left >= 0 and left < tonumber(ttl)) then
+          redis.call('PEXPIRE', index, ttl)
+        end
+      end
     end
   else
     lost[#lost + 1] = i

@@ -5,7 +5,8 @@
 --                           with a PX expiry
 -- KEYS[2]  P:write-wanted   the intent of a writer waiting for the lease:
 --                           "<holder hex>:<label>", with a PX expiry of the writer's ttl
--- KEYS[3]  P:readers        the index of readers: a set of holder ids (hex), never expiring;
+-- KEYS[3]  P:readers        the index of readers: a set of holder ids (hex), kept as long as
+--                           its longest-lived reader (read.lua, renew.lua);
 --                           reader i holds the key P:read:<id>
 -- KEYS[4]  P:fence          the lease's fencing counter, shared by readers and writers
 -- ARGV[1]  holder           the holder id, 32 lowercase hex digits
