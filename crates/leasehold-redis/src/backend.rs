@@ -89,6 +89,12 @@ struct Shared {
     acquires: Coalescer<AcquireRequest, Result<AcquireOutcome, BackendError>>,
     /// Releases in flight together on a lane, sent as one call.
     releases: Coalescer<scripts::Release, Result<(ReleaseOutcome, bool), BackendError>>,
+    /// Batches (of acquisitions, renewals, releases) never cross cluster
+    /// slots: on a cluster, and on a server that refuses a script whose
+    /// keys hash to different slots (a cluster behind one address, as a
+    /// managed service or a proxy presents it), learnt at connect from
+    /// `cluster_enabled:1`, or from its first `CROSSSLOT` refusal.
+    by_slot: std::sync::atomic::AtomicBool,
 }
 
 impl RedisBackend {
@@ -101,6 +107,7 @@ impl RedisBackend {
         server: String,
         wait: Option<Wait>,
     ) -> Self {
+        let by_slot = std::sync::atomic::AtomicBool::new(conn.is_cluster());
         Self {
             shared: Arc::new(Shared {
                 conn,
@@ -115,6 +122,7 @@ impl RedisBackend {
                 server_info: None,
                 acquires: Coalescer::new(scripts::WRITE_BATCH).calls_in_flight(CALLS_IN_FLIGHT),
                 releases: Coalescer::new(scripts::WRITE_BATCH).calls_in_flight(CALLS_IN_FLIGHT),
+                by_slot,
             }),
         }
     }
@@ -127,6 +135,24 @@ impl RedisBackend {
             shared.releases = Coalescer::new(scripts::WRITE_BATCH).calls_in_flight(calls);
         }
         self
+    }
+
+    /// The same backend, batching by slot from the start when `by_slot`
+    /// (a server that said at connect that it is a cluster node).
+    pub(crate) fn with_batches_by_slot(self, by_slot: bool) -> Self {
+        if by_slot {
+            self.shared
+                .by_slot
+                .store(true, std::sync::atomic::Ordering::Relaxed);
+        }
+        self
+    }
+
+    /// Whether batches are grouped by cluster slot (see `Shared::by_slot`).
+    fn by_slot(&self) -> bool {
+        self.shared
+            .by_slot
+            .load(std::sync::atomic::Ordering::Relaxed)
     }
 
     /// The same backend, with client tracking on its renewal connection.
@@ -275,7 +301,22 @@ impl RedisBackend {
         let limit = self.shared.op_timeout;
         match tokio::time::timeout(limit, request).await {
             Ok(Ok(reply)) => Ok(reply),
-            Ok(Err(err)) => Err(Failure::from_redis(err, limit)),
+            Ok(Err(err)) => {
+                // A server behind one address that refuses a batch across
+                // slots: batch by slot from now on. The refused call is
+                // reported as transient, and its callers' retry goes by
+                // slot (a renewal's within milliseconds).
+                if err.code() == Some("CROSSSLOT") && !self.by_slot() {
+                    self.shared
+                        .by_slot
+                        .store(true, std::sync::atomic::Ordering::Relaxed);
+                    tracing::warn!(
+                        server = %self.shared.server,
+                        "the server refused a batch across cluster slots (CROSSSLOT): batching by slot from now on"
+                    );
+                }
+                Err(Failure::from_redis(err, limit))
+            }
             Err(_elapsed) => Err(Failure::Timeout(limit)),
         }
     }
@@ -467,9 +508,7 @@ impl RedisBackend {
     /// cluster (one script call may only touch one slot), else the one
     /// connection's.
     fn lane(&self, key: &LeaseKey) -> Lane {
-        self.shared
-            .conn
-            .is_cluster()
+        self.by_slot()
             .then(|| Slot::for_key(self.shared.layout.lease(key)))
     }
 
@@ -1020,7 +1059,7 @@ impl LeaseBackend for RedisBackend {
         &self,
         requests: &[RenewRequest],
     ) -> Vec<Result<RenewOutcome, BackendError>> {
-        if !self.shared.conn.is_cluster() {
+        if !self.by_slot() {
             if requests.len() <= scripts::RENEW_BATCH {
                 // The watchdog's batches: one call, its outcomes as they are.
                 return self.renew_batch(requests).await;

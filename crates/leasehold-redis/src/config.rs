@@ -11,7 +11,7 @@ use redis::{Client, ConnectionAddr, ProtocolVersion};
 
 use redis::cluster::ClusterClientBuilder;
 use redis::sentinel::{SentinelClient, SentinelNodeConnectionInfo, SentinelServerType};
-use tracing::warn;
+use tracing::{info, warn};
 
 use crate::capabilities::{Needs, ServerInfo};
 use crate::connection::{Conn, SentinelConn, Wait};
@@ -331,6 +331,7 @@ impl RedisBackendBuilder {
         // Two connections: renewals get one of their own, so that no flood
         // of acquisitions (or the application's own traffic on a shared
         // client) can queue ahead of them.
+        let mut by_slot = false;
         let (ops, renew, server_info) = if lazy {
             let lazy = |client: Client| {
                 ConnectionManager::new_lazy_with_config(client, config.clone()).map_err(|source| {
@@ -350,6 +351,7 @@ impl RedisBackendBuilder {
             // more, and the name is the last thing the connection did.
             let server_info =
                 Box::pin(self.check_servers(&Conn::Standalone(ops.clone()), &shown)).await?;
+            by_slot = self.is_cluster_node(&mut ops, &shown).await;
             self.set_name(&mut ops, OPS_CONNECTION).await;
             let tracked = match &tracking {
                 Some(tracking) => {
@@ -379,6 +381,7 @@ impl RedisBackendBuilder {
         .with_tracking(tracking)
         .with_server_info(server_info)
         .with_calls_in_flight(self.calls_in_flight)
+        .with_batches_by_slot(by_slot)
         .start_tracking()
         .await)
     }
@@ -503,6 +506,29 @@ impl RedisBackendBuilder {
     }
 
     /// Waits for a connection within the connect timeout.
+    /// Whether the server behind a plain URL is a Redis Cluster node
+    /// (`INFO cluster` says `cluster_enabled:1`): it refuses a script whose
+    /// keys hash to different slots, so batches must not cross them. A
+    /// server that does not answer is taken as not one; a `CROSSSLOT`
+    /// refusal later says otherwise (see `RedisBackend::bounded`).
+    async fn is_cluster_node(&self, ops: &mut ConnectionManager, shown: &str) -> bool {
+        let mut info = redis::cmd("INFO");
+        info.arg("cluster");
+        match tokio::time::timeout(self.op_timeout, info.query_async::<String>(ops)).await {
+            Ok(Ok(reply)) => {
+                let on = reply.lines().any(|l| l.trim() == "cluster_enabled:1");
+                if on {
+                    info!(
+                        server = shown,
+                        "the server is a Redis Cluster node behind one address: batches are grouped by slot"
+                    );
+                }
+                on
+            }
+            _ => false,
+        }
+    }
+
     async fn bounded_connect<T>(
         &self,
         connecting: impl std::future::Future<Output = redis::RedisResult<T>>,

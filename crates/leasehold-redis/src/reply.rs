@@ -110,7 +110,10 @@ fn redis_error(op: &'static str, key: String, err: &Arc<RedisError>) -> BackendE
 fn is_transient(err: &RedisError) -> bool {
     // BUSY (a long-running script) and NOREPLICAS (min-replicas-to-write not
     // met) are codes the client library does not classify.
-    if matches!(err.code(), Some("BUSY" | "NOREPLICAS")) {
+    // CROSSSLOT comes only from a batch across slots sent to a cluster
+    // behind one address: the backend batches by slot from then on, so
+    // the same requests go through when tried again.
+    if matches!(err.code(), Some("BUSY" | "NOREPLICAS" | "CROSSSLOT")) {
         return true;
     }
     !matches!(err.retry_method(), RetryMethod::NoRetry)

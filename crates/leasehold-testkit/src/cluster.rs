@@ -96,6 +96,34 @@ impl RedisCluster {
         })
     }
 
+    /// Starts a cluster of one master that serves every slot (`CLUSTER
+    /// ADDSLOTSRANGE 0 16383`) and returns once it reports
+    /// `cluster_state:ok`. Reached by its node's plain `redis://` URL
+    /// (`nodes()[0].url()`), it answers like one server but refuses a
+    /// script or command whose keys hash to different slots (`CROSSSLOT`),
+    /// as the single address of a managed cluster or a cluster proxy does.
+    ///
+    /// # Errors
+    ///
+    /// [`TestkitError::TopologyNotReady`] when it does not settle within
+    /// 30 s, and the errors of [`RedisServer::start`] and
+    /// [`RedisServer::cli`].
+    pub fn one_node() -> Result<Self, TestkitError> {
+        let started = Instant::now();
+        let nodes = start_nodes(1)?;
+        nodes[0].cli(&["CLUSTER", "ADDSLOTSRANGE", "0", "16383"])?;
+        let cluster = Self {
+            nodes,
+            replicas_per_master: 0,
+            setup_time: Duration::ZERO,
+        };
+        cluster.wait_healthy(READY_TIMEOUT)?;
+        Ok(Self {
+            setup_time: started.elapsed(),
+            ..cluster
+        })
+    }
+
     /// How long [`start`](Self::start) took, from spawning the first node
     /// to a healthy cluster.
     pub fn setup_time(&self) -> Duration {
