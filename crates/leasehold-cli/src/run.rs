@@ -393,9 +393,9 @@ impl Stop {
     ///
     /// At the renewal cap, the maximum hold, a stall or the deadline the
     /// lease is still ours for the safety margin (after a stall or at the
-    /// maximum, the watchdog releases it then), which makes room for the grace and the kill; the grace
-    /// is also bounded by what is left of the certain validity, in case
-    /// leasehold heard of the end late. A lost lease may already be someone
+    /// maximum the watchdog releases it then), which makes room for the
+    /// grace and the kill; the grace is also bounded by what is left of the
+    /// certain validity, in case leasehold heard of the end late. A lost lease may already be someone
     /// else's: the job is killed at once unless `--lost-grace` says otherwise.
     fn lease_ended(
         &mut self,
