@@ -141,3 +141,54 @@ async fn a_job_that_keeps_reporting_keeps_its_lease() -> TestResult {
     plain.release().await?;
     Ok(())
 }
+
+/// A renewal that waits for a free call slot is sent later than the
+/// watchdog decided to send it, and would reach past the maximum: its
+/// validity is cut at the maximum, so the token still fires by
+/// max − margin. Twenty-four other leases, each with a ttl of its own (so
+/// a renewal time of its own), fall due just before it on a backend that
+/// has turned slow (900 ms a call), and fill every call slot.
+#[tokio::test(start_paused = true)]
+async fn a_renewal_sent_late_is_never_valid_past_the_maximum() -> TestResult {
+    let backend = MemoryBackend::new();
+    let manager = LeaseManager::new(backend.clone())?;
+    let max = Duration::from_secs(4);
+    let options = LeaseOptions::builder()
+        .ttl(Ttl::parse("3s")?)
+        .hold_at_most(max)
+        .build()?;
+    // The paused clock stands still until every task waits, and the
+    // backend answers at once: every acquisition is sent at this instant.
+    let sent = Instant::now();
+    let bounded = manager.acquire("late", &options).await?;
+    let mut fillers = Vec::new();
+    for i in 0..24u64 {
+        let ttl = Ttl::new(Duration::from_millis(2400 + 10 * i))?;
+        fillers.push(
+            manager
+                .acquire(format!("filler-{i}"), &LeaseOptions::with_ttl(ttl))
+                .await?,
+        );
+    }
+    assert_eq!(Instant::now(), sent);
+    backend.set_latency(Duration::from_millis(900));
+    assert_eq!(
+        within(
+            Duration::from_secs(30),
+            "the max-hold token",
+            bounded.lost()
+        )
+        .await,
+        LossReason::MaxHold
+    );
+    let fired = Instant::now();
+    // Renewed once, late: at 1 s it was still allowed (valid until
+    // 3.968 s < 4 s), but sent only when a slot came free.
+    assert!(bounded.renewals() >= 1, "never renewed");
+    assert!(
+        fired - sent <= max - options.safety_margin(),
+        "fired {:?} after max − margin",
+        (fired - sent) - (max - options.safety_margin())
+    );
+    Ok(())
+}
