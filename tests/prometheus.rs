@@ -5,14 +5,16 @@
 //! The scenario, in order: a baseline of a few leases (an election's leader,
 //! per-item `jobs` leases, one released, one dropped, one refused as Busy);
 //! a side connection overwrites the leader's lease and a `jobs` lease, so
-//! both holders learn that they lost them; a burst of 150 `burst` leases;
+//! both holders learn that they lost them; a `jobs` lease bound to
+//! progress gets none and stalls; a burst of 150 `burst` leases;
 //! and a delay on the link to Redis that slows renewals past half the
 //! safety margin. Then, through Prometheus's HTTP API:
 //!
 //! - the loss fires `LeaseholdLeaseLost` for exactly the two lost leases
 //!   (`name`, `reason="lost"`), and, once the election has been without a
 //!   leader for its ttl plus the rule's `for`, `LeaseholdElectionLeaderless`
-//!   for it; the Busy refusal fires `LeaseholdAcquireBusy` for `jobs` only;
+//!   for it; the stall fires `LeaseholdJobStalled` for `jobs` alone; the
+//!   Busy refusal fires `LeaseholdAcquireBusy` for `jobs` only;
 //!   the burst and the delay make `LeaseholdLeasesHeldUnusual` and
 //!   `LeaseholdRenewalLatencyNearSafetyMargin` pending (both have a `for` of
 //!   5 minutes; promtool's tests check the firing);
@@ -431,6 +433,17 @@ async fn prometheus_evaluates_the_dashboard_and_fires_the_alerts() -> TestResult
         assert_eq!(reason, LossReason::Lost);
     }
 
+    // The scripted stall: a job bound to progress that never reports.
+    let watched = LeaseOptions::builder()
+        .ttl(ttl)
+        .name("jobs")
+        .progress_window(Duration::from_secs(1))
+        .build()?;
+    let stuck = manager.acquire("jobs:stuck", &watched).await?;
+    let reason = within(Duration::from_secs(10), "the stall", stuck.lost()).await;
+    assert_eq!(reason, LossReason::Stalled);
+    drop(stuck);
+
     // The burst: far more leases than this process held so far.
     let burst = LeaseOptions::builder().ttl(ttl).name("burst").build()?;
     let mut burst_leases = Vec::new();
@@ -464,6 +477,9 @@ async fn prometheus_evaluates_the_dashboard_and_fires_the_alerts() -> TestResult
         .until_alert("LeaseholdAcquireBusy", &[("name", "jobs")], true)
         .await;
     prometheus
+        .until_alert("LeaseholdJobStalled", &[("name", "jobs")], true)
+        .await;
+    prometheus
         .until_alert(
             "LeaseholdElectionLeaderless",
             &[("name", "scheduler")],
@@ -488,6 +504,7 @@ async fn prometheus_evaluates_the_dashboard_and_fires_the_alerts() -> TestResult
         ["jobs/lost", "scheduler/lost"]
     );
     assert_eq!(of("LeaseholdAcquireBusy", "outcome"), ["jobs/busy"]);
+    assert_eq!(of("LeaseholdJobStalled", "reason"), ["jobs/stalled"]);
     assert_eq!(
         of("LeaseholdElectionLeaderless", "name"),
         ["scheduler/scheduler"]
@@ -520,7 +537,7 @@ async fn prometheus_evaluates_the_dashboard_and_fires_the_alerts() -> TestResult
             }
         }
     }
-    assert_eq!(alerting, 5, "{rules}");
+    assert_eq!(alerting, 6, "{rules}");
 
     // Every dashboard query returns series with the labels its legend
     // names, and every variable has values.

@@ -1,6 +1,7 @@
 //! The command line, as clap reads it.
 
 use std::ffi::OsString;
+use std::path::PathBuf;
 use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand};
@@ -72,7 +73,8 @@ pub(crate) enum Command {
     /// out so that it waits only for those already running. LEASEHOLD_KEY
     /// then names the reader's or the writer's key. A read-write lease KEY
     /// is another lock than the exclusive lease a plain `run KEY` takes.
-    Run(RunArgs),
+    // Boxed: the other commands need far less room than its flags.
+    Run(Box<RunArgs>),
     /// Show who holds leases: a table of each key's holder label, fencing
     /// token and remaining ttl.
     ///
@@ -208,6 +210,23 @@ pub(crate) struct RunArgs {
     /// LEASEHOLD_LOCK_DELAY, else 0s]
     #[arg(long, value_parser = parse_lock_delay, value_name = "DURATION")]
     pub(crate) lock_delay: Option<LockDelay>,
+    /// The longest the lease is held, from its acquisition (at least the
+    /// ttl): renewals stop before they would hold it longer, and the job is
+    /// stopped as at the renewal cap, dead before the maximum [default: no
+    /// limit]
+    #[arg(long, value_parser = parse_duration, value_name = "DURATION")]
+    pub(crate) at_most: Option<Duration>,
+    /// A file the job touches to show progress (its modification time is
+    /// polled four times per --progress-window); see --progress-window
+    #[arg(long, value_name = "PATH", requires = "progress_window")]
+    pub(crate) progress_file: Option<PathBuf>,
+    /// Renew the lease only while the job touched --progress-file within
+    /// this long (at least the renew interval). A job that stops touching
+    /// it is stopped as at the renewal cap within the window plus a quarter
+    /// of it plus one renew interval, dead before the lease can expire, and
+    /// leasehold exits with 76 [default: progress is not watched]
+    #[arg(long, value_parser = parse_duration, value_name = "DURATION", requires = "progress_file")]
+    pub(crate) progress_window: Option<Duration>,
     /// The command and its arguments (after `--`).
     #[arg(
         required = true,
@@ -324,6 +343,10 @@ mod tests {
                 "0",
             ),
             (vec!["run", "--key", "k"], "CMD"),
+            (
+                vec!["run", "--key", "k", "--progress-file", "p", "--", "true"],
+                "--progress-window",
+            ),
         ] {
             let error = Cli::try_parse_from(std::iter::once("leasehold").chain(args.clone()));
             match error {

@@ -17,6 +17,7 @@ mod args;
 mod exit;
 mod job;
 mod packaging;
+mod progress;
 mod run;
 mod stopping;
 
@@ -49,7 +50,7 @@ fn main() -> ExitCode {
     };
     let result = runtime.block_on(async {
         match cli.command {
-            Command::Run(run) => run::run(&cli.url, cli.namespace.as_deref(), run).await,
+            Command::Run(run) => run::run(&cli.url, cli.namespace.as_deref(), *run).await,
             Command::Status {
                 keys,
                 json,

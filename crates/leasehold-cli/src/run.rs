@@ -16,6 +16,7 @@ use tokio::time::Instant;
 use crate::args::RunArgs;
 use crate::exit::{self, Failure, note};
 use crate::job::Job;
+use crate::progress::ProgressFile;
 use crate::stopping::{Fit, KILL_ALLOWANCE, whole_ms};
 
 /// The signals `run` passes on to the command. Each would otherwise end
@@ -153,6 +154,12 @@ fn options(args: &RunArgs) -> Result<(LeaseOptions, Fit), Failure> {
     if let Some(label) = config.label {
         builder = builder.label(label);
     }
+    if let Some(max) = args.at_most {
+        builder = builder.hold_at_most(max);
+    }
+    if let Some(window) = args.progress_window {
+        builder = builder.progress_window(window);
+    }
     let options = builder
         .build()
         .map_err(|e| Failure::new(exit::CONFIG, exit::chain(&e)))?;
@@ -252,6 +259,12 @@ async fn supervise(
         .args(rest)
         .env("LEASEHOLD_KEY", lease.key().as_str())
         .env("LEASEHOLD_FENCING_TOKEN", lease.fencing_token().to_string());
+    // Watched from before the job starts, so that its first touch counts.
+    let _progress = args
+        .progress_file
+        .clone()
+        .zip(args.progress_window)
+        .map(|(path, window)| ProgressFile::watch(path, window, lease.progress()));
     let mut job = Job::spawn(&mut command).map_err(|e| {
         let code = match e.kind() {
             std::io::ErrorKind::NotFound => exit::NOT_FOUND,
@@ -378,10 +391,11 @@ impl Stop {
 
     /// The lease ended while the job runs.
     ///
-    /// At the renewal cap or the deadline the lease is still ours for the
-    /// safety margin, which makes room for the grace and the kill; the grace
-    /// is also bounded by what is left of the certain validity, in case
-    /// leasehold heard of the end late. A lost lease may already be someone
+    /// At the renewal cap, the maximum hold, a stall or the deadline the
+    /// lease is still ours for the safety margin (after a stall or at the
+    /// maximum the watchdog releases it then), which makes room for the
+    /// grace and the kill; the grace is also bounded by what is left of the
+    /// certain validity, in case leasehold heard of the end late. A lost lease may already be someone
     /// else's: the job is killed at once unless `--lost-grace` says otherwise.
     fn lease_ended(
         &mut self,
@@ -393,7 +407,10 @@ impl Stop {
     ) {
         let key = lease.key().as_str();
         let grace = match reason {
-            LossReason::RenewalLimit | LossReason::Deadline => {
+            LossReason::RenewalLimit
+            | LossReason::Deadline
+            | LossReason::MaxHold
+            | LossReason::Stalled => {
                 let left = lease
                     .valid_until()
                     .saturating_duration_since(Instant::now())

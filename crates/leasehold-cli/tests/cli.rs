@@ -1022,3 +1022,119 @@ impl Drop for KillJob {
         }
     }
 }
+
+/// A job that ignores SIGTERM (as `STUBBORN_JOB`), touches `progress` five
+/// times, 200 ms apart, then writes `quiet` and touches nothing more.
+const STALLING_JOB: &str = "trap '' TERM; sleep 300 & echo $! > grandchild; echo $$ > child; touch started; for i in 1 2 3 4 5; do touch progress; sleep 0.2; done; touch quiet; while :; do sleep 0.05; done";
+
+/// A job that stops touching its progress file loses its lease as stalled
+/// once the window has passed without a touch; it and its child are dead
+/// before the server could expire the lease, and the lease is released.
+#[test]
+fn a_job_that_stops_touching_its_progress_file_is_dead_before_the_lease_can_expire() -> TestResult {
+    let f = Fixture::new()?;
+    let mut side = Side::connect(&f.server)?;
+    let key = "leasehold:{stalls}";
+    let window = Duration::from_secs(1);
+    let mut run = f.spawn(&[
+        "run",
+        "--key",
+        "stalls",
+        "--ttl",
+        "3s",
+        "--progress-file",
+        "progress",
+        "--progress-window",
+        "1s",
+        "--",
+        "sh",
+        "-c",
+        STALLING_JOB,
+    ])?;
+    let (child, grandchild) = job_of(&f)?;
+    let mut witness = Witness::start(&mut side, key)?;
+    wait_for_file(&f.path("quiet"))?;
+    let quiet = Instant::now();
+    assert!(child.alive(), "stopped while it still touched its file");
+    let early = witness.until_dead(&[&child, &grandchild], PATIENCE)?;
+    let stalled_for = quiet.elapsed();
+    println!(
+        "| stalled (ttl 3s, window 1s) | the job and its child dead {stalled_for:.1?} after the last touch, before the server could expire the lease by | {early:.1?} |"
+    );
+    assert!(
+        stalled_for > window,
+        "stopped {stalled_for:?} after the last touch"
+    );
+    let status = wait_for_exit(&mut run)?;
+    let stderr = stderr_of(&mut run);
+    assert_eq!(status.code(), Some(76), "{stderr}");
+    assert!(
+        stderr.contains("the job reported no progress within its window"),
+        "{stderr}"
+    );
+    assert_eq!(side.pttl(key)?, -2, "the lease was not released");
+    Ok(())
+}
+
+/// A job that keeps touching its progress file runs to completion, over
+/// many progress windows, and its exit code passes through.
+#[test]
+fn a_job_that_keeps_touching_its_progress_file_runs_to_completion() -> TestResult {
+    let f = Fixture::new()?;
+    let out = f.output(&[
+        "run",
+        "--key",
+        "busy",
+        "--ttl",
+        "3s",
+        "--progress-file",
+        "progress",
+        "--progress-window",
+        "1s",
+        "--",
+        "sh",
+        "-c",
+        "for i in $(seq 1 20); do touch progress; sleep 0.2; done; exit 7",
+    ])?;
+    assert_eq!(out.status.code(), Some(7), "{}", text(&out.stderr));
+    Ok(())
+}
+
+/// At its maximum hold the job is stopped, dead before the lease can
+/// expire on the server, and leasehold says why.
+#[test]
+fn at_its_maximum_hold_the_job_is_dead_before_the_lease_can_expire() -> TestResult {
+    let f = Fixture::new()?;
+    let mut side = Side::connect(&f.server)?;
+    let mut run = f.spawn(&[
+        "run",
+        "--key",
+        "bounded",
+        "--ttl",
+        "3s",
+        "--at-most",
+        "4s",
+        "--",
+        "sh",
+        "-c",
+        STUBBORN_JOB,
+    ])?;
+    let (child, grandchild) = job_of(&f)?;
+    let started = Instant::now();
+    let early = dead_before_expiry(
+        &mut side,
+        "leasehold:{bounded}",
+        &[&child, &grandchild],
+        PATIENCE,
+    )?;
+    let held = started.elapsed();
+    println!(
+        "| maximum hold (ttl 3s, --at-most 4s) | the job and its child dead {held:.1?} after it started, before the server could expire the lease by | {early:.1?} |"
+    );
+    assert!(held < Duration::from_secs(4), "{held:?}");
+    let status = wait_for_exit(&mut run)?;
+    let stderr = stderr_of(&mut run);
+    assert_eq!(status.code(), Some(76), "{stderr}");
+    assert!(stderr.contains("it reached its maximum hold"), "{stderr}");
+    Ok(())
+}

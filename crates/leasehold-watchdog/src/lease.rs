@@ -10,6 +10,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::{Instrument, debug, debug_span};
 
 use crate::LeaseError;
+use crate::bounds::Progress;
 use crate::home::{Home, OrphanGuard};
 use crate::loss::LossReason;
 use crate::renewal::{Command, Registry};
@@ -65,7 +66,7 @@ impl Lease {
     /// The lease's ttl.
     #[must_use]
     pub fn ttl(&self) -> Ttl {
-        self.shared.ttl
+        self.shared.ttl()
     }
 
     /// A token cancelled when the lease ends for any reason other than
@@ -77,6 +78,16 @@ impl Lease {
         // A child made on demand rather than one kept in the handle: a
         // manager may hold a million leases, and a token node is ~130 bytes.
         self.shared.token.child_token()
+    }
+
+    /// The handle through which the holder reports progress, for a lease
+    /// bound to it by
+    /// [`LeaseOptionsBuilder::progress_window`](crate::LeaseOptionsBuilder::progress_window)
+    /// (see [`Progress`]). Clone it into every task of the job. Without a
+    /// window, its reports are ignored.
+    #[must_use]
+    pub fn progress(&self) -> Progress {
+        Progress::new(self.shared.bounds.clone())
     }
 
     /// Until when, on this process's monotonic clock, the lease is certainly
@@ -211,7 +222,7 @@ impl fmt::Debug for Lease {
             .field("key", &self.shared.key)
             .field("name", &self.shared.name)
             .field("fencing_token", &self.shared.fencing_token)
-            .field("ttl", &self.shared.ttl)
+            .field("ttl", &self.shared.ttl())
             .field("renewals", &self.renewals())
             .field("loss", &self.loss_reason())
             .finish_non_exhaustive()

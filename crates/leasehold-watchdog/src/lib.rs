@@ -11,6 +11,9 @@
 //! - [`LossReason::Deadline`]: renewals failed or hung until the lease's
 //!   certain validity minus the safety margin ran out (no answer from the
 //!   server needed);
+//! - [`LossReason::MaxHold`]: the lease reached its maximum hold;
+//! - [`LossReason::Stalled`]: the holder reported no progress within its
+//!   window;
 //! - [`LossReason::Shutdown`]: the manager shut down.
 //!
 //! ```
@@ -31,6 +34,7 @@
 
 mod attempt;
 mod backoff;
+mod bounds;
 mod changes;
 #[cfg(feature = "serde")]
 mod config;
@@ -57,6 +61,7 @@ mod timing;
 mod waiting;
 
 pub use backoff::Backoff;
+pub use bounds::Progress;
 #[cfg(feature = "serde")]
 pub use config::{ConfigError, LeaseConfig};
 pub use election::Election;

@@ -17,6 +17,16 @@ pub enum LossReason {
     Deadline,
     /// The manager is shutting down and releases every lease.
     Shutdown,
+    /// The lease reached its maximum hold
+    /// ([`LeaseOptionsBuilder::hold_at_most`](crate::LeaseOptionsBuilder::hold_at_most)):
+    /// it was not renewed past it, and the token fired before the last
+    /// renewal's validity, less the safety margin, ran out.
+    MaxHold,
+    /// The holder reported no progress within its window
+    /// ([`LeaseOptionsBuilder::progress_window`](crate::LeaseOptionsBuilder::progress_window)),
+    /// so the lease was not renewed; the token fired at the renewal that
+    /// found it stalled, long before the lease could expire.
+    Stalled,
 }
 
 impl LossReason {
@@ -28,6 +38,8 @@ impl LossReason {
             Self::RenewalLimit => "renewal_limit",
             Self::Deadline => "deadline",
             Self::Shutdown => "shutdown",
+            Self::MaxHold => "max_hold",
+            Self::Stalled => "stalled",
         }
     }
 }
@@ -41,6 +53,8 @@ impl fmt::Display for LossReason {
             Self::RenewalLimit => "the cap on renewals was reached",
             Self::Deadline => "renewals did not succeed in time, so it may expire",
             Self::Shutdown => "the lease manager shut down",
+            Self::MaxHold => "it reached its maximum hold",
+            Self::Stalled => "the job reported no progress within its window",
         })
     }
 }

@@ -13,6 +13,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::{Instrument, info_span};
 
 use crate::attempt::Attempt;
+use crate::bounds::Bounds;
 use crate::home::{BoxFuture, Home};
 use crate::intent::IntentGuard;
 use crate::queue::Queues;
@@ -280,7 +281,8 @@ impl<B: LeaseBackend> LeaseManager<B> {
                 )
                 .with_lock_delay(options.lock_delay()),
             )
-            .with_fair(options.fair().is_some()),
+            .with_fair(options.fair().is_some())
+            .with_bounds(Bounds::of(options, grant.sent_at)),
         );
         let holder = grant.holder;
         self.inner.home.registry.register(

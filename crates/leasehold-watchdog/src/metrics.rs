@@ -52,14 +52,16 @@ pub const RENEWALS: &str = "leasehold_renewals_total";
 /// round trip for up to 1,000 leases). Unlabelled: a batch mixes names.
 pub const RENEWAL_LATENCY: &str = "leasehold_renew_batch_seconds";
 /// Counter: leases whose holder's token was cancelled, labelled `name`,
-/// `kind` and `reason` (`lost`, `renewal_limit`, `deadline`, `shutdown`).
+/// `kind` and `reason` (`lost`, `renewal_limit`, `deadline`, `max_hold`,
+/// `stalled`, `shutdown`): the `stalled` series of a name counts the stalls
+/// of that job.
 pub const LOSSES: &str = "leasehold_losses_total";
 /// Gauge: leases currently held and kept by a watchdog, labelled `name`
 /// and `kind`.
 pub const HELD: &str = "leasehold_leases_held";
 /// Histogram, seconds: how long a lease was held, recorded once when it
 /// ends, labelled `name`, `kind` and `ended` (`released`, `dropped`,
-/// `lost`, `renewal_limit`, `deadline`, `shutdown`).
+/// `lost`, `renewal_limit`, `deadline`, `max_hold`, `stalled`, `shutdown`).
 pub const HOLD_TIME: &str = "leasehold_lease_hold_seconds";
 /// Gauge, seconds: the ttl of the leases of a name, labelled `name`; set by
 /// every `acquire` (the last call's options win when several differ). Alert

@@ -52,6 +52,8 @@ pub struct LeaseOptions {
     fair: Option<PlaceTtl>,
     /// In fair mode, whether a release may hand the lease to the head.
     fair_handover: bool,
+    hold_at_most: Option<Duration>,
+    progress_window: Option<Duration>,
 }
 
 impl Default for LeaseOptions {
@@ -98,6 +100,8 @@ impl LeaseOptions {
                 .fair
                 .then(|| PlaceTtl::new(b.place_ttl).unwrap_or_default()),
             fair_handover: b.fair_handover,
+            hold_at_most: b.hold_at_most,
+            progress_window: b.progress_window,
         }
     }
 
@@ -183,6 +187,21 @@ impl LeaseOptions {
         self.fair_handover
     }
 
+    /// The longest the lease is held (see
+    /// [`LeaseOptionsBuilder::hold_at_most`]); `None` for no maximum.
+    #[must_use]
+    pub fn hold_at_most(&self) -> Option<Duration> {
+        self.hold_at_most
+    }
+
+    /// How recent the holder's last progress report must be for the lease
+    /// to be renewed (see [`LeaseOptionsBuilder::progress_window`]); `None`
+    /// when renewals do not depend on progress.
+    #[must_use]
+    pub fn progress_window(&self) -> Option<Duration> {
+        self.progress_window
+    }
+
     /// These options with another wait.
     pub(crate) fn with_wait(&self, wait: Option<Duration>) -> Self {
         Self {
@@ -220,6 +239,8 @@ pub struct LeaseOptionsBuilder {
     fair: bool,
     place_ttl: Duration,
     fair_handover: bool,
+    hold_at_most: Option<Duration>,
+    progress_window: Option<Duration>,
 }
 
 impl Default for LeaseOptionsBuilder {
@@ -238,6 +259,8 @@ impl Default for LeaseOptionsBuilder {
             fair: false,
             place_ttl: PlaceTtl::DEFAULT.get(),
             fair_handover: true,
+            hold_at_most: None,
+            progress_window: None,
         }
     }
 }
@@ -363,6 +386,37 @@ impl LeaseOptionsBuilder {
         self
     }
 
+    /// The longest the lease may be held, counted from the moment its
+    /// acquisition was sent (ShedLock's `lockAtMostFor`, kept by the
+    /// watchdog). Renewals go on as usual until one would make the lease
+    /// valid past that point; from then on the lease is not renewed, the
+    /// token fires with [`LossReason::MaxHold`](crate::LossReason::MaxHold)
+    /// when its last validity, less the safety margin, runs out — at most
+    /// `max − safety margin` and more than `max − safety margin − renew
+    /// interval` after the acquisition — and the watchdog releases it a
+    /// safety margin later if the handle has not. At least the ttl.
+    /// Default: none (renewed for as long as the handle lives).
+    pub fn hold_at_most(mut self, max: Duration) -> Self {
+        self.hold_at_most = Some(max);
+        self
+    }
+
+    /// Binds the lease to the holder's progress: at each renewal the
+    /// watchdog checks the last report made through the lease's
+    /// [`Progress`](crate::Progress) handle (the acquisition counts as one),
+    /// and renews only when it is at most `window` old. Otherwise the token
+    /// fires with [`LossReason::Stalled`](crate::LossReason::Stalled) well
+    /// before the server-side expiry, and the watchdog releases the lease a
+    /// safety margin later if the handle has not, so another node can take
+    /// over. A job that stops reporting loses its lease within `window` +
+    /// one renew interval of its last report, never within `window`. At
+    /// least the renew interval. Default: none (renewals do not depend on
+    /// progress).
+    pub fn progress_window(mut self, window: Duration) -> Self {
+        self.progress_window = Some(window);
+        self
+    }
+
     /// Checks the durations against each other.
     ///
     /// # Errors
@@ -375,6 +429,8 @@ impl LeaseOptionsBuilder {
     /// [`LockDelay::MAX`] or not in whole milliseconds;
     /// [`leasehold_core::Error::InvalidDuration`] for a place ttl out of
     /// its bounds (see [`place_ttl`](Self::place_ttl)).
+    /// [`LeaseError::InvalidOptions`] as well for a maximum hold shorter than
+    /// the ttl, and for a progress window shorter than the renew interval.
     pub fn build(self) -> Result<LeaseOptions, LeaseError> {
         LockDelay::new(self.lock_delay)?;
         PlaceTtl::new(self.place_ttl)?;
@@ -408,6 +464,29 @@ impl LeaseOptionsBuilder {
                 options.ttl,
                 humantime::format_duration(options.safety_margin),
                 humantime::format_duration(options.deadline_after()),
+            )));
+        }
+        if let Some(max) = options.hold_at_most
+            && max < ttl
+        {
+            // The first grant alone would outlast it.
+            return Err(invalid(format!(
+                "a maximum hold of {} is shorter than the {} ttl the lease is granted for: use a ttl of at most {} or a longer maximum",
+                humantime::format_duration(max),
+                options.ttl,
+                humantime::format_duration(max),
+            )));
+        }
+        if let Some(window) = options.progress_window
+            && window < options.renew_interval
+        {
+            // Progress is checked once per renewal: a shorter window would
+            // only pretend to be kept.
+            return Err(invalid(format!(
+                "a progress window of {} is shorter than the renew interval of {}, at which progress is checked: use a window of at least {}",
+                humantime::format_duration(window),
+                humantime::format_duration(options.renew_interval),
+                humantime::format_duration(options.renew_interval),
             )));
         }
         Ok(options)
@@ -481,6 +560,39 @@ mod tests {
                 Err(LeaseError::Invalid(
                     leasehold_core::Error::InvalidLockDelay { .. }
                 ))
+            ));
+        }
+        Ok(())
+    }
+
+    /// A maximum hold below the ttl, and a progress window below the renew
+    /// interval, are refused; both are kept as given otherwise.
+    #[test]
+    fn hold_at_most_and_progress_window_are_checked() -> Result<(), Box<dyn std::error::Error>> {
+        let ttl = Ttl::parse("3s")?;
+        let plain = LeaseOptions::builder().ttl(ttl).build()?;
+        assert_eq!(
+            (plain.hold_at_most(), plain.progress_window()),
+            (None, None)
+        );
+        let bounded = LeaseOptions::builder()
+            .ttl(ttl)
+            .hold_at_most(Duration::from_secs(3))
+            .progress_window(Duration::from_secs(1))
+            .build()?;
+        assert_eq!(bounded.hold_at_most(), Some(Duration::from_secs(3)));
+        assert_eq!(bounded.progress_window(), Some(Duration::from_secs(1)));
+        for bad in [
+            LeaseOptions::builder()
+                .ttl(ttl)
+                .hold_at_most(Duration::from_millis(2999)),
+            LeaseOptions::builder()
+                .ttl(ttl)
+                .progress_window(Duration::from_millis(999)),
+        ] {
+            assert!(matches!(
+                bad.build(),
+                Err(LeaseError::InvalidOptions { .. })
             ));
         }
         Ok(())

@@ -40,6 +40,8 @@ impl LossReason {
             Self::RenewalLimit => 2,
             Self::Deadline => 3,
             Self::Shutdown => 4,
+            Self::MaxHold => 5,
+            Self::Stalled => 6,
         }
     }
 
@@ -50,6 +52,8 @@ impl LossReason {
             2 => Some(Self::RenewalLimit),
             3 => Some(Self::Deadline),
             4 => Some(Self::Shutdown),
+            5 => Some(Self::MaxHold),
+            6 => Some(Self::Stalled),
             _ => None,
         }
     }

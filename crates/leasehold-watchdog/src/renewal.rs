@@ -31,6 +31,16 @@
 //! reach the server (a dropped handle, an ended lease) still goes by the
 //! channel, and the watchdog reads the notes before every command, so it
 //! always knows the lease a command names.
+//!
+//! A lease with a maximum hold or a progress window (bounds.rs) is also in
+//! a side table, looked at only while it is not empty: at each of its
+//! renewal times, a lease whose holder reported no progress within the
+//! window ends as stalled, and a lease that a renewal would keep valid past
+//! its maximum is renewed no more (every renewal's validity is cut at the
+//! maximum too) and ends at its deadline. The watchdog releases a lease it
+//! ended for either reason itself, a safety margin later, unless the handle
+//! did: the holder has that long to stop, and a holder stuck for good must
+//! not keep the lease from the node that takes over.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, btree_map};
 use std::hash::{BuildHasherDefault, Hasher};
@@ -50,6 +60,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::{Instrument, debug, debug_span, warn};
 
 use crate::LeaseError;
+use crate::bounds::Bounds;
 use crate::changes::Changes;
 use crate::loss::LossReason;
 use crate::metrics::{self, RENEW_ERROR, RENEW_LOST, RENEWED, RenewalTally};
@@ -213,7 +224,7 @@ fn first_due(shared: &Shared, sent_at: Instant) -> Instant {
 /// would fire; the renewal extends it to the full ttl.
 fn first_renewal(shared: &Shared, sent_at: Instant) -> Instant {
     let interval = sent_at + shared.timing.renew_interval();
-    if shared.valid_until() < valid_until(sent_at, shared.ttl) {
+    if shared.valid_until() < valid_until(sent_at, shared.ttl()) {
         let deadline = shared.valid_until() - shared.timing.safety_margin();
         let halfway = sent_at + deadline.saturating_duration_since(sent_at) / 2;
         interval.min(halfway)
@@ -279,6 +290,17 @@ impl Entry {
             self.renewals_left -= 1;
         }
     }
+}
+
+/// A lease with a maximum hold or a progress window, in the watchdog's side
+/// table (see the module comment).
+struct Bounded {
+    /// The lease id, to forget the lease once the watchdog released it.
+    id: u64,
+    bounds: Arc<Bounds>,
+    /// Renewals stopped at the maximum hold: the cap the entry reached is
+    /// that one, not `max_renewals`.
+    at_max: bool,
 }
 
 /// A slot of the entry table. The generation survives the entry, so a
@@ -365,6 +387,8 @@ pub(crate) struct Watchdog<B> {
     epoch: Instant,
     /// Changes the backend reports, and the leases each one names.
     changes: Changes,
+    /// The leases with bounds, by slot: none for most managers.
+    bounded: HashMap<u32, Bounded, BuildHasherDefault<IdHasher>>,
 }
 
 /// A watchdog that ends for any reason (shutdown, the last handle gone, its
@@ -413,6 +437,7 @@ impl<B: LeaseBackend> Watchdog<B> {
             shutdown,
             epoch,
             changes: Changes::none(),
+            bounded: HashMap::default(),
         }
     }
 
@@ -599,7 +624,7 @@ impl<B: LeaseBackend> Watchdog<B> {
         let deadline = shared.valid_until() - timing.safety_margin();
         let renew_at = first_renewal(&shared, sent_at);
         let entry = Entry {
-            ttl: shared.ttl,
+            ttl: shared.ttl(),
             shared,
             key,
             holder,
@@ -636,6 +661,16 @@ impl<B: LeaseBackend> Watchdog<B> {
             }
         };
         self.changes.insert(&entry.key, id);
+        if let Some(bounds) = entry.shared.bounds.clone() {
+            self.bounded.insert(
+                slot,
+                Bounded {
+                    id,
+                    bounds,
+                    at_max: false,
+                },
+            );
+        }
         self.slots[slot as usize].entry = Some(entry);
         self.ids.insert(id, slot);
         if let Some((when, place)) = self.schedule(slot, renew_at, Instant::now()) {
@@ -669,6 +704,9 @@ impl<B: LeaseBackend> Watchdog<B> {
     /// Removes a lease's entry; every place it had becomes stale.
     fn take(&mut self, id: u64) -> Option<Entry> {
         let slot = self.ids.remove(&id)?;
+        if !self.bounded.is_empty() {
+            self.bounded.remove(&slot);
+        }
         let cell = self.slots.get_mut(slot as usize)?;
         cell.generation = cell.generation.wrapping_add(1);
         let entry = cell.entry.take();
@@ -767,15 +805,20 @@ impl<B: LeaseBackend> Watchdog<B> {
                     continue; // moved, ended or released since
                 };
                 if entry.ended {
+                    // An ended lease has a place only when the watchdog
+                    // is to release it itself.
+                    self.release_ended(place.slot);
                     continue;
                 }
                 // Checked before renewing: a watchdog that was not
                 // scheduled for a while must not renew a lease whose holder
                 // should already have been told.
                 if entry.capped() {
-                    self.end(place.slot, LossReason::RenewalLimit);
+                    self.end_at_cap(place.slot, now);
                 } else if now >= entry.deadline {
                     self.end(place.slot, LossReason::Deadline);
+                } else if !self.bounded.is_empty() && self.on_bounds(place.slot, now) {
+                    // Stalled, or at its maximum hold: not renewed.
                 } else {
                     self.stage(place.slot, &mut out);
                 }
@@ -944,6 +987,13 @@ impl<B: LeaseBackend> Watchdog<B> {
         let mut outcomes = outcomes.into_iter();
         for place in batch.members {
             let outcome = outcomes.next();
+            let hold_until = if self.bounded.is_empty() {
+                None
+            } else {
+                self.bounded
+                    .get(&place.slot)
+                    .and_then(|b| b.bounds.hold_until)
+            };
             let Some(entry) = self.at(place) else {
                 continue; // released or ended while the renewal was in flight
             };
@@ -969,7 +1019,12 @@ impl<B: LeaseBackend> Watchdog<B> {
             match outcome {
                 Ok(RenewOutcome::Renewed) => {
                     tally.add(&entry.shared.name, RENEWED);
-                    let valid = valid_until(sent_at, entry.ttl);
+                    // Never valid past the maximum hold, whenever the
+                    // renewal was sent.
+                    let mut valid = valid_until(sent_at, entry.ttl);
+                    if let Some(until) = hold_until {
+                        valid = valid.min(until);
+                    }
                     entry.deadline = valid - entry.shared.timing.safety_margin();
                     entry.shared.renewed(valid);
                     entry.count_renewal();
@@ -1046,7 +1101,87 @@ impl<B: LeaseBackend> Watchdog<B> {
         }
     }
 
+    /// A lease's renewal time came with its renewals used up: by the cap
+    /// on renewals, or by its maximum hold.
+    fn end_at_cap(&mut self, slot: u32, now: Instant) {
+        if self.bounded.get(&slot).is_some_and(|b| b.at_max) {
+            self.end_bounded(slot, LossReason::MaxHold, now);
+        } else {
+            self.end(slot, LossReason::RenewalLimit);
+        }
+    }
+
+    /// At a renewal time of a lease in the side table, applies its bounds:
+    /// a holder that reported no progress within its window loses the
+    /// lease now; a lease that a renewal now would keep valid past its
+    /// maximum hold is renewed no more and waits for its deadline. `true`
+    /// when the lease is not to be renewed.
+    fn on_bounds(&mut self, slot: u32, now: Instant) -> bool {
+        let Some(bounded) = self.bounded.get_mut(&slot) else {
+            return false;
+        };
+        if bounded.bounds.stalled(now) {
+            self.end_bounded(slot, LossReason::Stalled, now);
+            return true;
+        }
+        let Some(hold_until) = bounded.bounds.hold_until else {
+            return false;
+        };
+        let Some(entry) = self
+            .slots
+            .get_mut(slot as usize)
+            .and_then(|c| c.entry.as_mut())
+        else {
+            return false;
+        };
+        // Stopping here, rather than renewing for what is left, keeps every
+        // renewal a full ttl (no request below `Ttl::MIN` near the end):
+        // the lease ends within one renew interval before its maximum.
+        if valid_until(now, entry.ttl) <= hold_until {
+            return false;
+        }
+        bounded.at_max = true;
+        entry.renewals_left = 0;
+        if let Some((when, place)) = self.schedule(slot, now, now) {
+            self.buckets.entry(when).or_default().push(place);
+        }
+        true
+    }
+
+    /// Ends a lease in the side table with `reason`, and gives it a place
+    /// a safety margin later, where the watchdog releases it unless its
+    /// handle did first (see [`release_ended`](Self::release_ended)).
+    fn end_bounded(&mut self, slot: u32, reason: LossReason, now: Instant) {
+        self.end(slot, reason);
+        let Some(entry) = self.entry_mut(slot) else {
+            return;
+        };
+        // Not ended by this call: its handle took the release.
+        if !entry.ended {
+            return;
+        }
+        let at = now + entry.shared.timing.safety_margin();
+        let place = self.new_place(slot);
+        self.buckets.entry(at).or_default().push(place);
+    }
+
+    /// Releases a lease the watchdog ended as stalled or at its maximum,
+    /// its holder having had the safety margin to stop: a handle that is
+    /// never let go (a job stuck for good) must not keep the lease from
+    /// the node that takes over. The handle's own release then finds
+    /// nothing left to do.
+    fn release_ended(&mut self, slot: u32) {
+        let Some(id) = self.bounded.get(&slot).map(|b| b.id) else {
+            return;
+        };
+        if let Some(entry) = self.take(id) {
+            self.changes.remove(&entry.key, id);
+            self.release(&entry.key, Some(&entry.shared), entry.holder, None);
+        }
+    }
+
     fn stop_all(&mut self) {
+        self.bounded.clear();
         self.buckets.clear();
         self.batch_deadlines.clear();
         self.batches.clear();

@@ -1,12 +1,14 @@
 //! The state a lease's handle and the watchdog share: [`Shared`], behind
 //! an `Arc` in both.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use leasehold_core::{FencingToken, Grant, LeaseKey, Ttl};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
+use crate::bounds::Bounds;
 use crate::loss::LossReason;
 use crate::record::Record;
 use crate::timing::Timing;
@@ -28,9 +30,13 @@ pub(crate) struct Shared {
     pub(crate) acquired_at: Instant,
     pub(crate) key: LeaseKey,
     pub(crate) fencing_token: FencingToken,
-    pub(crate) ttl: Ttl,
     /// Cancelled by the watchdog; the holder sees a child of it.
     pub(crate) token: CancellationToken,
+    /// A maximum hold or progress window, for the few leases with one.
+    pub(crate) bounds: Option<Arc<Bounds>>,
+    /// The ttl in milliseconds (at most 86 400 000, see `Ttl::MAX`): four
+    /// bytes rather than a 16-byte `Ttl`, which leaves room for `bounds`.
+    ttl_ms: u32,
 }
 
 /// Nanoseconds from `from` to `to` (0 if `to` is earlier), saturating.
@@ -47,9 +53,22 @@ impl Shared {
             acquired_at: grant.sent_at,
             key: grant.key.clone(),
             fencing_token: grant.fencing_token,
-            ttl: grant.ttl,
             token: CancellationToken::new(),
+            bounds: None,
+            ttl_ms: u32::try_from(grant.ttl.as_millis()).unwrap_or(u32::MAX),
         }
+    }
+
+    /// This state for a lease with a maximum hold or a progress window.
+    pub(crate) fn with_bounds(mut self, bounds: Option<Arc<Bounds>>) -> Self {
+        self.bounds = bounds;
+        self
+    }
+
+    /// The lease's ttl.
+    pub(crate) fn ttl(&self) -> Ttl {
+        // Taken from a valid `Ttl`, so always valid again.
+        Ttl::new(Duration::from_millis(u64::from(self.ttl_ms))).unwrap_or(Ttl::DEFAULT)
     }
 
     /// Records a successful renewal (see [`Record::renewed`]).
