@@ -17,6 +17,7 @@ use crate::capabilities::{Needs, ServerInfo};
 use crate::connection::{Conn, SentinelConn, Wait};
 use crate::layout::KeyLayout;
 use crate::notices::Notices;
+use crate::scripts;
 use crate::tracking::Tracking;
 use crate::url::{Endpoint, Kind, client_for_url};
 use crate::{Error, RedisBackend, redact};
@@ -249,6 +250,7 @@ impl RedisBackendBuilder {
                         Notices::cluster(nodes.clone(), self.connect_timeout, self.op_timeout);
                     let (conn, renew_conn) = self.connect_cluster(nodes, &shown).await?;
                     let server_info = Box::pin(self.check_servers(&conn, &shown)).await?;
+                    Box::pin(self.load_scripts(&conn, &shown)).await;
                     return Ok(RedisBackend::from_parts(
                         conn,
                         renew_conn,
@@ -296,6 +298,7 @@ impl RedisBackendBuilder {
                     };
                     // The master the sentinels named.
                     let server_info = Box::pin(self.check_servers(&conn, &shown)).await?;
+                    Box::pin(self.load_scripts(&conn, &shown)).await;
                     return Ok(RedisBackend::from_parts(
                         conn.clone(),
                         conn,
@@ -352,6 +355,7 @@ impl RedisBackendBuilder {
             let server_info =
                 Box::pin(self.check_servers(&Conn::Standalone(ops.clone()), &shown)).await?;
             by_slot = self.is_cluster_node(&mut ops, &shown).await;
+            Box::pin(self.load_scripts(&Conn::Standalone(ops.clone()), &shown)).await;
             self.set_name(&mut ops, OPS_CONNECTION).await;
             let tracked = match &tracking {
                 Some(tracking) => {
@@ -506,6 +510,35 @@ impl RedisBackendBuilder {
     }
 
     /// Waits for a connection within the connect timeout.
+    /// Loads every script on every server (every node of a cluster) before
+    /// the first call, so that many calls sent at once on a fresh
+    /// connection do not each meet `NOSCRIPT` and load the script again.
+    /// A server that refuses (an ACL without `SCRIPT`) or does not answer
+    /// in time is left to load each script on its first `NOSCRIPT`, as
+    /// after a restart.
+    async fn load_scripts(&self, conn: &Conn, shown: &str) {
+        let loads: Vec<redis::Cmd> = scripts::all().map(scripts::load).into();
+        let loading =
+            futures_util::future::join_all(loads.iter().map(|cmd| conn.on_every_server(cmd)));
+        match tokio::time::timeout(self.connect_timeout, loading).await {
+            Ok(replies) => {
+                let refused = replies.into_iter().find_map(|reply| match reply {
+                    Err(error) => Some(error.to_string()),
+                    Ok(nodes) => nodes
+                        .into_iter()
+                        .find_map(|(_, reply)| reply.err().map(|e| e.to_string())),
+                });
+                if let Some(error) = refused {
+                    warn!(server = shown, %error, "could not load the scripts at connect; each is loaded on its first NOSCRIPT instead");
+                }
+            }
+            Err(_) => warn!(
+                server = shown,
+                "the scripts were not loaded within the connect timeout; each is loaded on its first NOSCRIPT instead"
+            ),
+        }
+    }
+
     /// Whether the server behind a plain URL is a Redis Cluster node
     /// (`INFO cluster` says `cluster_enabled:1`): it refuses a script whose
     /// keys hash to different slots, so batches must not cross them. A

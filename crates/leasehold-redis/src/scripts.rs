@@ -77,9 +77,7 @@ impl Call {
 
     /// `SCRIPT LOAD source`, for a server that answered `NOSCRIPT`.
     pub(crate) fn load(&self) -> Cmd {
-        let mut cmd = redis::cmd("SCRIPT");
-        cmd.arg("LOAD").arg(self.script.source);
-        cmd
+        load(self.script)
     }
 }
 
@@ -169,6 +167,35 @@ pub(crate) static WITHDRAW: LazyLock<Lua> =
 /// instant; see `scripts/inspect_rw.lua`.
 pub(crate) static INSPECT_RW: LazyLock<Lua> =
     LazyLock::new(|| Lua::new(include_str!("scripts/inspect_rw.lua")));
+
+/// Every script, for loading them all on a server before the first call
+/// (see `RedisBackendBuilder::connect`).
+pub(crate) fn all() -> [&'static Lua; 15] {
+    [
+        &ACQUIRE,
+        &ACQUIRE_MANY,
+        &PERMIT,
+        &READ,
+        &WRITE,
+        &RENEW,
+        &RELEASE,
+        &RELEASE_MANY,
+        &HANDOVER,
+        &INSPECT,
+        &WITHDRAW,
+        &INSPECT_RW,
+        &FAIR,
+        &FAIR_LEAVE,
+        &RELEASE_FAIR,
+    ]
+}
+
+/// `SCRIPT LOAD` of `script`.
+pub(crate) fn load(script: &Lua) -> Cmd {
+    let mut cmd = redis::cmd("SCRIPT");
+    cmd.arg("LOAD").arg(script.source);
+    cmd
+}
 
 /// The most renewals sent in one script call: bounds how long one call keeps
 /// the (single-threaded) server busy and how large one request grows.
@@ -897,16 +924,7 @@ mod tests {
 
     #[test]
     fn scripts_have_distinct_hashes() {
-        let hashes = [
-            ACQUIRE.get_hash(),
-            RENEW.get_hash(),
-            RELEASE.get_hash(),
-            INSPECT.get_hash(),
-            HANDOVER.get_hash(),
-            PERMIT.get_hash(),
-            ACQUIRE_MANY.get_hash(),
-            RELEASE_MANY.get_hash(),
-        ];
+        let hashes = all().map(Lua::get_hash);
         for (i, a) in hashes.iter().enumerate() {
             assert_eq!(a.len(), 40);
             assert!(hashes[i + 1..].iter().all(|b| a != b));
