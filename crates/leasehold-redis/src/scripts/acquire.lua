@@ -8,6 +8,10 @@
 -- ARGV[4]  track    '0' when the connection does not track: the lease is
 --                   then not read again once written (see grant.lua);
 --                   anything else, or left out, reads it
+-- ARGV[5]  minimum  the minimum hold in milliseconds, left out for none: a
+--                   grant then marks the lease (see hold.lua, sent in front
+--                   of this script after grant.lua); a refresh (2a) leaves
+--                   the mark of the grant that took the key alone
 --
 -- Returns token            when the lease is ours (the fencing token, a decimal string:
 --                          a bare string, which costs the server and the client less
@@ -46,9 +50,13 @@ if current then
   return {0, current, redis.call('PTTL', KEYS[1])}
 end
 
--- 3. Free: grant it (grant.lua, sent in front of this script).
+-- 3. Free: grant it (grant.lua, sent in front of this script), and mark a
+--    minimum hold (hold.lua).
 local token, refused = grant(KEYS[1], KEYS[2], holder, ttl, label, track)
 if not token then
   return refused
+end
+if ARGV[5] then
+  hold(KEYS[1], holder, ARGV[5])
 end
 return token

@@ -12,8 +12,9 @@
 --                   process's own connection (0 or 1; 0 when left out)
 --
 -- Returns 0 when the lease was not ours, 1 when it was ours and is now
--- deleted, and 2 when, besides, the notice reached a subscriber other than
--- the releasing process's own: a waiter elsewhere heard it.
+-- deleted (or kept for its minimum hold, see hold.lua, sent in front of
+-- this script), and 2 when, besides, the notice reached a subscriber other
+-- than the releasing process's own: a waiter elsewhere heard it.
 
 -- 1. Read the lease. A key of another type gives WRONGTYPE, passed on as the reply's
 --    own error (not wrapped as a script error, as Redis 6 would), so the client sees its code.
@@ -27,10 +28,16 @@ if not v or string.sub(v, 1, 33) ~= ARGV[1] .. ':' then
   return 0
 end
 
--- 3. Ours: delete it. The fencing counter (P:fence) stays, so tokens keep rising.
+-- 3. Ours. Under its minimum hold, keep it until the hold's end (hold.lua),
+--    with no notice: it is not free yet.
+if kept(KEYS[1], ARGV[1]) then
+  return 1
+end
+
+-- 4. Delete it. The fencing counter (P:fence) stays, so tokens keep rising.
 redis.call('DEL', KEYS[1])
 
--- 4. Tell waiters at once, so they need not poll, and say whether one
+-- 5. Tell waiters at once, so they need not poll, and say whether one
 --    elsewhere heard (the releasing process then lets it go first).
 if ARGV[2] and ARGV[2] ~= '' then
   local heard = redis.call(ARGV[3] or 'PUBLISH', ARGV[2], '1')
