@@ -86,12 +86,10 @@ impl Call {
 use crate::layout::KeyLayout;
 
 /// Takes a free lease or refreshes our own; see `scripts/acquire.lua`,
-/// which ends with the grant of `scripts/grant.lua` and the minimum hold's
-/// mark of `scripts/hold.lua`, both sent in front of it.
+/// which ends with the grant of `scripts/grant.lua`, sent in front of it.
 pub(crate) static ACQUIRE: LazyLock<Lua> = LazyLock::new(|| {
     Lua::new(concat!(
         include_str!("scripts/grant.lua"),
-        include_str!("scripts/hold.lua"),
         include_str!("scripts/acquire.lua")
     ))
 });
@@ -136,34 +134,25 @@ pub(crate) static ACQUIRE_MANY: LazyLock<Lua> = LazyLock::new(|| {
 });
 
 /// [`RELEASE`] for a batch of leases in one slot; see
-/// `scripts/release_many.lua`, with `scripts/hold.lua` in front.
-pub(crate) static RELEASE_MANY: LazyLock<Lua> = LazyLock::new(|| {
-    Lua::new(concat!(
-        include_str!("scripts/hold.lua"),
-        include_str!("scripts/release_many.lua")
-    ))
-});
+/// `scripts/release_many.lua`.
+pub(crate) static RELEASE_MANY: LazyLock<Lua> =
+    LazyLock::new(|| Lua::new(include_str!("scripts/release_many.lua")));
 
 /// Compare-and-pexpire for a batch of leases; see `scripts/renew.lua`.
 pub(crate) static RENEW: LazyLock<Lua> =
     LazyLock::new(|| Lua::new(include_str!("scripts/renew.lua")));
 
 /// Compare-and-delete (or keep, under a minimum hold); see
-/// `scripts/release.lua`, with `scripts/hold.lua` in front.
-pub(crate) static RELEASE: LazyLock<Lua> = LazyLock::new(|| {
-    Lua::new(concat!(
-        include_str!("scripts/hold.lua"),
-        include_str!("scripts/release.lua")
-    ))
-});
+/// `scripts/release.lua`.
+pub(crate) static RELEASE: LazyLock<Lua> =
+    LazyLock::new(|| Lua::new(include_str!("scripts/release.lua")));
 
 /// Compare-and-delete, then a grant to a local waiter; see
-/// `scripts/handover.lua`, with `scripts/grant.lua` and `scripts/hold.lua`
-/// in front, as for [`ACQUIRE`].
+/// `scripts/handover.lua`, with `scripts/grant.lua` in front, as for
+/// [`ACQUIRE`].
 pub(crate) static HANDOVER: LazyLock<Lua> = LazyLock::new(|| {
     Lua::new(concat!(
         include_str!("scripts/grant.lua"),
-        include_str!("scripts/hold.lua"),
         include_str!("scripts/handover.lua")
     ))
 });

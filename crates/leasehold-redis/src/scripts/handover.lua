@@ -13,8 +13,7 @@
 -- ARGV[7]  ttl      the waiter's time to live, in milliseconds
 -- ARGV[8]  label    the waiter's public label (may be empty)
 -- ARGV[9]  minimum  the waiter's minimum hold in milliseconds, left out for
---                   none (see hold.lua, sent in front of this script after
---                   grant.lua)
+--                   none: its grant is then marked as acquire.lua (4) does
 --
 -- Returns 0           when the lease was not ours (nothing changed),
 --         1           when it was ours and is now free, announced on the channel,
@@ -34,9 +33,21 @@ if not v or string.sub(v, 1, 33) ~= ARGV[1] .. ':' then
 end
 
 -- 3. Under its minimum hold the lease goes to no one, here or elsewhere: it
---    is kept until the hold's end (hold.lua), and the waiter asks again then.
-if kept(KEYS[1], ARGV[1]) then
-  return 1
+--    is kept until the hold's end, as release.lua (3) keeps it, and the
+--    waiter asks again then.
+local mark = KEYS[1] .. ':held-until'
+local m = redis.pcall('GETEX', mark)
+if type(m) == 'table' and m.err and not string.find(m.err, 'WRONGTYPE', 1, true) then
+  m = redis.pcall('GET', mark)
+end
+if type(m) == 'string' and string.sub(m, 1, 33) == ARGV[1] .. ':' then
+  local t = redis.call('TIME')
+  local left = (tonumber(string.sub(m, 34)) or 0)
+    - (tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000))
+  if left > 0 then
+    redis.call('PEXPIRE', KEYS[1], string.format('%.0f', left))
+    return 1
+  end
 end
 
 -- 4. Does anyone else listen? A user without the right to ask (ACL) cannot
@@ -63,6 +74,8 @@ if not token then
   return refused
 end
 if ARGV[9] then
-  hold(KEYS[1], ARGV[6], ARGV[9])
+  local t = redis.call('TIME')
+  local ends = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000) + tonumber(ARGV[9])
+  redis.call('SET', KEYS[1] .. ':held-until', ARGV[6] .. ':' .. string.format('%.0f', ends), 'PX', ARGV[9])
 end
 return {2, token}
