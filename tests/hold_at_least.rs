@@ -13,10 +13,10 @@
 use std::time::Duration;
 
 use futures_util::StreamExt;
-use leasehold::redis::RedisBackend;
+use leasehold::redis::{RedisBackend, RedlockBackend};
 use leasehold::{
-    AcquireOutcome, AcquireRequest, HolderId, LeaseBackend, LeaseKey, LeaseManager, LeaseOptions,
-    ReleaseOutcome, RenewOutcome, RenewRequest, Ttl,
+    AcquireOutcome, AcquireRequest, BackendError, HolderId, LeaseBackend, LeaseKey, LeaseManager,
+    LeaseOptions, ReleaseOutcome, RenewOutcome, RenewRequest, Ttl,
 };
 use leasehold_testkit::RedisServer;
 use redis::AsyncCommands;
@@ -274,5 +274,34 @@ async fn nothing_but_the_counter_is_left_behind() -> TestResult {
     keys.sort();
     assert_eq!(keys, vec![format!("{}:fence", redis_key("mh-left"))]);
     manager.shutdown().await;
+    Ok(())
+}
+
+/// Redlock refuses a minimum hold (its masters would each keep their key on
+/// the give-back of a lost vote), and takes nothing on any master.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redlock_refuses_a_minimum_hold() -> TestResult {
+    let servers = [
+        RedisServer::start()?,
+        RedisServer::start()?,
+        RedisServer::start()?,
+    ];
+    let backend = RedlockBackend::builder(servers.iter().map(RedisServer::url))
+        .connect()
+        .await?;
+    let request = AcquireRequest::new(
+        LeaseKey::new("mh-redlock")?,
+        HolderId::generate()?,
+        Ttl::new(TTL)?,
+    )
+    .with_hold_at_least(MINIMUM)?;
+    let refused = backend.try_acquire(&request).await;
+    assert!(
+        matches!(refused, Err(BackendError::Unsupported { .. })),
+        "{refused:?}"
+    );
+    for server in &servers {
+        assert_eq!(server.cli(&["EXISTS", &redis_key("mh-redlock")])?, "0");
+    }
     Ok(())
 }
