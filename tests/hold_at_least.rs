@@ -110,6 +110,12 @@ async fn an_early_release_keeps_the_key_until_grant_plus_minimum() -> TestResult
         "after an early release the server frees the key at {end}, not within [{low}, {high}] (grant + minimum by its clock; {} ms after the grant)",
         end - before
     );
+    eprintln!(
+        "kept until {} ms after TIME before the acquisition (minimum {} ms, acquisition bracket {} ms)",
+        end - before,
+        ms(MINIMUM),
+        after - before
+    );
     let kept: Option<String> = side.get(&key).await?;
     assert_eq!(
         kept, value,
