@@ -311,3 +311,39 @@ async fn redlock_refuses_a_minimum_hold() -> TestResult {
     }
     Ok(())
 }
+
+/// With a lock-delay beside it (the key stored for ttl + delay at the grant
+/// and every renewal), an early release still keeps the key until grant +
+/// minimum by the server's clock, not ttl + delay; the bracket is as in
+/// the first test.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lock_delay_beside_it_changes_nothing_of_the_minimum() -> TestResult {
+    let server = RedisServer::start()?;
+    let manager = LeaseManager::new(RedisBackend::connect(server.url()).await?)?;
+    let mut side = side(&server).await?;
+    let key = redis_key("mh-delay");
+    let options = LeaseOptions::builder()
+        .ttl(Ttl::new(Duration::from_secs(1))?)
+        .lock_delay(Duration::from_secs(5))
+        .hold_at_least(MINIMUM)
+        .build()?;
+    let before = server_ms(&mut side).await?;
+    let lease = manager.acquire("mh-delay", &options).await?;
+    let after = server_ms(&mut side).await?;
+    let stored = expires_at(&mut side, &key).await?;
+    assert!(
+        stored >= before + 6_000,
+        "stored for {} ms, not ttl + delay",
+        stored - before
+    );
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    lease.release().await?;
+    let end = expires_at(&mut side, &key).await?;
+    let (low, high) = (before + ms(MINIMUM), after + ms(MINIMUM) + 1);
+    assert!(
+        (low..=high).contains(&end),
+        "with a lock-delay, an early release frees the key at {end}, not within [{low}, {high}]"
+    );
+    manager.shutdown().await;
+    Ok(())
+}
