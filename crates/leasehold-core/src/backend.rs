@@ -26,9 +26,22 @@ pub struct AcquireRequest {
     /// the server keeps it for ttl + lock-delay, the grant's validity counts
     /// from the ttl alone. Default: none.
     pub lock_delay: LockDelay,
+    /// The minimum hold (ShedLock's `lockAtLeastFor`): a release before the
+    /// grant + this leaves the key taken, still the holder's, until then,
+    /// as timed by the backend's own clock (the server's, for Redis); a
+    /// release after it frees the key at once. Counted from the grant that
+    /// took the key, not from a refresh by the same holder. Only an
+    /// exclusive lease has one: the permit, read-write and fair-queue
+    /// acquisitions refuse a request that carries it. Set it with
+    /// [`with_hold_at_least`](Self::with_hold_at_least), which validates it.
+    /// Default: none.
+    pub hold_at_least: Option<Duration>,
 }
 
 impl AcquireRequest {
+    /// The longest minimum hold accepted: the longest ttl, 24 hours.
+    pub const MAX_HOLD_AT_LEAST: Duration = Ttl::MAX;
+
     /// A request without a label.
     #[must_use]
     pub fn new(key: LeaseKey, holder: HolderId, ttl: Ttl) -> Self {
@@ -38,7 +51,65 @@ impl AcquireRequest {
             ttl,
             label: None,
             lock_delay: LockDelay::ZERO,
+            hold_at_least: None,
         }
+    }
+
+    /// Sets the minimum hold (see [`hold_at_least`](Self::hold_at_least));
+    /// zero means none.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidHoldAtLeast`] when the duration is above
+    /// [`AcquireRequest::MAX_HOLD_AT_LEAST`] or not a whole number of
+    /// milliseconds.
+    pub fn with_hold_at_least(mut self, minimum: Duration) -> Result<Self, Error> {
+        self.hold_at_least = Self::check_hold_at_least(minimum)?;
+        Ok(self)
+    }
+
+    /// Validates a minimum hold: `None` for zero.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidHoldAtLeast`] above [`AcquireRequest::MAX_HOLD_AT_LEAST`]
+    /// or not in whole milliseconds.
+    pub fn check_hold_at_least(minimum: Duration) -> Result<Option<Duration>, Error> {
+        let refuse = |reason: String| Error::InvalidHoldAtLeast {
+            value: humantime::format_duration(minimum).to_string(),
+            reason,
+        };
+        if minimum > Self::MAX_HOLD_AT_LEAST {
+            return Err(refuse(format!(
+                "a minimum hold may be at most {}, the longest ttl: no one can end it early",
+                humantime::format_duration(Self::MAX_HOLD_AT_LEAST)
+            )));
+        }
+        if !minimum.subsec_nanos().is_multiple_of(1_000_000) {
+            return Err(refuse(
+                "a minimum hold must be a whole number of milliseconds, the unit Redis stores"
+                    .to_owned(),
+            ));
+        }
+        Ok(Some(minimum).filter(|m| !m.is_zero()))
+    }
+
+    /// The minimum hold in whole milliseconds, as a backend sends it to its
+    /// server: `None` without one. A value set on the field directly is
+    /// rounded up to a millisecond and capped at
+    /// [`AcquireRequest::MAX_HOLD_AT_LEAST`], so a backend never sends one
+    /// the server would refuse.
+    #[must_use]
+    pub fn hold_at_least_millis(&self) -> Option<u64> {
+        let minimum = self.hold_at_least.filter(|m| !m.is_zero())?;
+        let cap = u64::try_from(Self::MAX_HOLD_AT_LEAST.as_millis()).unwrap_or(u64::MAX);
+        let millis = u64::try_from(minimum.as_millis()).unwrap_or(u64::MAX);
+        let rounded = if minimum.subsec_nanos().is_multiple_of(1_000_000) {
+            millis
+        } else {
+            millis.saturating_add(1)
+        };
+        Some(rounded.min(cap))
     }
 
     /// Sets the lock-delay (see [`LockDelay`]).
@@ -155,7 +226,10 @@ pub enum RenewOutcome {
 /// The outcome of [`LeaseBackend::release`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ReleaseOutcome {
-    /// The lease was ours and is now free.
+    /// The lease was ours and is not any more: it is free, or, when it was
+    /// acquired with a minimum hold ([`AcquireRequest::hold_at_least`]) that
+    /// has not run out, kept taken until the minimum runs out, when the
+    /// backend frees it by itself (no release notice is sent then).
     Released,
     /// The lease was not ours any more (expired, lost or released before).
     NotHeld,
@@ -169,7 +243,10 @@ pub enum HandoverOutcome {
     HandedOver(Grant),
     /// The lease was ours and is now free, announced to waiters; it was not
     /// handed over (someone else may be waiting, or the backend never hands
-    /// over).
+    /// over). Or, for a lease under its minimum hold
+    /// ([`AcquireRequest::hold_at_least`]), kept taken until the minimum
+    /// runs out and neither handed over nor announced: a waiter asks again
+    /// when the holder's time left runs out.
     Released,
     /// The lease was not ours any more (expired, lost or released before);
     /// nothing was handed over.
@@ -437,6 +514,13 @@ pub trait LeaseBackend: Clone + Send + Sync + 'static {
     ) -> impl Future<Output = Vec<Result<RenewOutcome, BackendError>>> + Send;
 
     /// Frees the lease if `holder` still holds it (compare-and-delete).
+    ///
+    /// A lease granted with a minimum hold
+    /// ([`AcquireRequest::hold_at_least`]) that has not run out is not
+    /// freed: the backend keeps it, still `holder`'s, until the grant +
+    /// the minimum by its own clock, and frees it by itself then, without
+    /// a release notice. The outcome is [`ReleaseOutcome::Released`] either
+    /// way: the lease is no longer the caller's to use.
     fn release(
         &self,
         key: &LeaseKey,
@@ -467,6 +551,10 @@ pub trait LeaseBackend: Clone + Send + Sync + 'static {
     /// a backend that cannot tell must not hand over. The grant's
     /// `valid_until` counts from the moment the request was sent. The
     /// default never hands over: it calls [`release`](Self::release).
+    /// A lease under its minimum hold is handed to no one: it is kept as
+    /// [`release`](Self::release) keeps it, and the outcome is
+    /// [`HandoverOutcome::Released`]. A grant to a `next` that carries a
+    /// minimum hold starts its own.
     fn release_to(
         &self,
         key: &LeaseKey,

@@ -37,6 +37,15 @@ pub enum Error {
         /// Why it was refused, with the accepted range.
         reason: String,
     },
+    /// A minimum hold was above its ceiling or not a whole number of
+    /// milliseconds.
+    #[error("invalid minimum hold {value}: {reason}")]
+    InvalidHoldAtLeast {
+        /// The refused minimum hold, written the humantime way.
+        value: String,
+        /// Why it was refused, with the accepted range.
+        reason: String,
+    },
     /// A duration string could not be parsed.
     #[error(
         "invalid duration {value:?}: {reason}; write durations like \"30s\", \"1m 30s\" or \"500ms\""

@@ -18,7 +18,7 @@ use crate::error::excerpt;
 /// counter of `order:{42}`; likewise not with `:readers` or
 /// `:write-wanted`, the reader index and writer intent of a read-write
 /// lease, nor with `:fair`, `:fair-places` or `:fair-asks`, a lease's
-/// fair queue). It is
+/// fair queue, nor with `:held-until`, a lease's minimum hold). It is
 /// cheap to clone.
 ///
 /// A key with a hash tag that ends with `:write` or `:read:<32 hex
@@ -55,7 +55,8 @@ impl LeaseKey {
     /// [`Error::InvalidKey`] when the key is empty, longer than
     /// [`LeaseKey::MAX_LEN`] bytes, contains a control character, starts
     /// with `}`, or has a hash tag and ends with `:fence`, `:permits`,
-    /// `:readers` or `:write-wanted`.
+    /// `:readers`, `:write-wanted`, `:fair`, `:fair-places`, `:fair-asks`
+    /// or `:held-until`.
     pub fn new(key: impl AsRef<str>) -> Result<Self, Error> {
         let key = key.as_ref();
         let refuse = |reason| Error::InvalidKey {
@@ -107,6 +108,15 @@ impl LeaseKey {
             return Err(Error::InvalidKey {
                 key: excerpt(&key.0),
                 reason: "a lease key with a hash tag must not end with ':fair', ':fair-places' or ':fair-asks', the suffixes of a lease's fair queue; choose another ending",
+            });
+        }
+        if key.hash_tag().is_some() && key.0.ends_with(":held-until") {
+            // A lease under a minimum hold keeps its holder's mark beside it
+            // with `:held-until` appended: this key would be another
+            // lease's mark.
+            return Err(Error::InvalidKey {
+                key: excerpt(&key.0),
+                reason: "a lease key with a hash tag must not end with ':held-until', the suffix of a lease's minimum hold; choose another ending",
             });
         }
         if key.hash_tag().is_some() && key.0.ends_with(":permits") {
@@ -234,6 +244,12 @@ mod tests {
             assert!(reason.contains(":readers"), "{reason}");
         }
         assert!(LeaseKey::new("doc:readers").is_ok());
+        // Nor a lease's minimum-hold mark.
+        let Err(Error::InvalidKey { reason, .. }) = LeaseKey::new("job:{7}:held-until") else {
+            panic!("a minimum-hold mark's name was accepted");
+        };
+        assert!(reason.contains(":held-until"), "{reason}");
+        assert!(LeaseKey::new("job:held-until").is_ok());
         // Without a hash tag the key is stored in braces, so it cannot.
         assert!(LeaseKey::new("reports:fence").is_ok());
         assert!(LeaseKey::new("reports:permits").is_ok());

@@ -18,7 +18,8 @@ use crate::{
 ///
 /// It behaves like the Redis backend (idempotent re-acquire, strictly rising
 /// fencing tokens, compare-and-pexpire, compare-and-delete, a key kept for
-/// ttl + lock-delay) but only
+/// ttl + lock-delay, a release under a minimum hold that keeps the key
+/// until the grant + the minimum) but only
 /// excludes holders within one process: use it for single-process programs,
 /// examples, and tests. Under `tokio::time::pause()` its leases expire on the
 /// paused clock, so timing tests run instantly and deterministically.
@@ -140,6 +141,10 @@ struct Entry {
     token: FencingToken,
     label: Option<String>,
     expires_at: Instant,
+    /// The end of the minimum hold, from the grant that took the key: a
+    /// release before it keeps the entry until then (`P:held-until` in
+    /// the Redis backend).
+    held_until: Option<Instant>,
 }
 
 impl Entry {
@@ -172,6 +177,9 @@ impl State {
                 token,
                 label: request.label.clone(),
                 expires_at: now + request.expiry(),
+                held_until: request
+                    .hold_at_least_millis()
+                    .map(|ms| now + Duration::from_millis(ms)),
             },
         );
         Grant::new(
@@ -196,6 +204,25 @@ impl State {
             self.notices.remove(&key);
         }
         listeners
+    }
+
+    /// Releases `holder`'s live lease on `key` if its minimum hold has not
+    /// run out: the entry stays, still `holder`'s, until the hold's end,
+    /// with no notice (nothing is free yet). Whether it was kept.
+    fn keep(&mut self, key: &LeaseKey, holder: &HolderId, now: Instant) -> bool {
+        match self.live(key, now) {
+            Some(entry) if entry.holder == *holder => match entry.held_until {
+                Some(until) if until > now => {
+                    // Later or earlier than the current expiry: the
+                    // release fixes the key's end at the hold's end, as
+                    // release.lua's PEXPIRE does.
+                    entry.expires_at = until;
+                    true
+                }
+                _ => false,
+            },
+            _ => false,
+        }
     }
 
     /// How many watch the release notices of `key`.
@@ -257,6 +284,7 @@ impl State {
                 token: FencingToken(0),
                 label: request.label.clone(),
                 expires_at: now + request.expiry(),
+                held_until: None,
             },
         );
     }
@@ -417,6 +445,7 @@ impl MemoryBackend {
                 token,
                 label: None,
                 expires_at: now + ttl.get(),
+                held_until: None,
             },
         );
         state.report(&LeaseChange::Changed(key.clone()));
@@ -480,6 +509,19 @@ impl MemoryBackend {
 
 /// The refusal of a read-write operation on a share key, or of an
 /// exclusive acquisition of one (it would not see the other shares).
+/// Refuses a minimum hold where it has no meaning: a permit, a share or a
+/// fair-queue grant (see [`AcquireRequest::hold_at_least`]).
+fn exclusive_only(op: &'static str, request: &AcquireRequest) -> Result<(), BackendError> {
+    if request.hold_at_least_millis().is_some() {
+        return Err(BackendError::Unsupported {
+            op,
+            key: request.key.as_str().to_owned(),
+            reason: "a minimum hold applies to exclusive leases only; acquire without hold_at_least",
+        });
+    }
+    Ok(())
+}
+
 fn not_a_share(op: &'static str, key: &LeaseKey) -> Result<(), BackendError> {
     if key.rw_of().is_none() {
         return Ok(());
@@ -568,6 +610,7 @@ impl LeaseBackend for MemoryBackend {
     ) -> Result<AcquireOutcome, BackendError> {
         const OP: &str = "acquire_permit";
         let sent_at = Instant::now();
+        exclusive_only(OP, request)?;
         let permits = permit_keys(OP, &request.key, limit)?;
         self.gate(OP, &request.key).await?;
         let now = Instant::now();
@@ -639,6 +682,7 @@ impl LeaseBackend for MemoryBackend {
     ) -> Result<AcquireOutcome, BackendError> {
         const OP: &str = "acquire_read";
         let sent_at = Instant::now();
+        exclusive_only(OP, request)?;
         let (writer, reader) = share_keys(OP, &request.key, &request.holder)?;
         // The index and the intent are kept by the writer's key: one per
         // lease (`K` and `{K}` are one), as `P:readers` is.
@@ -678,6 +722,7 @@ impl LeaseBackend for MemoryBackend {
     ) -> Result<AcquireOutcome, BackendError> {
         const OP: &str = "acquire_write";
         let sent_at = Instant::now();
+        exclusive_only(OP, request)?;
         let (writer, _) = share_keys(OP, &request.key, &request.holder)?;
         let lease = writer.clone();
         self.gate(OP, &request.key).await?;
@@ -739,6 +784,7 @@ impl LeaseBackend for MemoryBackend {
     ) -> Result<FairOutcome, BackendError> {
         let sent_at = Instant::now();
         not_a_share("acquire_fair", &request.key)?;
+        exclusive_only("acquire_fair", request)?;
         self.gate("acquire_fair", &request.key).await?;
         let now = Instant::now();
         let mut state = self.state();
@@ -832,6 +878,9 @@ impl LeaseBackend for MemoryBackend {
         self.gate("release", key).await?;
         let now = Instant::now();
         let mut state = self.state();
+        if state.keep(key, holder, now) {
+            return Ok((ReleaseOutcome::Released, false));
+        }
         match state.live(key, now) {
             Some(entry) if entry.holder == *holder => {
                 state.leases.remove(key);
@@ -857,6 +906,11 @@ impl LeaseBackend for MemoryBackend {
         let mut state = self.state();
         if !state.live(key, now).is_some_and(|e| e.holder == *holder) {
             return Ok(HandoverOutcome::NotHeld);
+        }
+        if state.keep(key, holder, now) {
+            // Under its minimum hold the lease goes to no one, here or
+            // elsewhere: the offering waiter asks again when it runs out.
+            return Ok(HandoverOutcome::Released);
         }
         state.leases.remove(key);
         let listeners = state.listeners(key);

@@ -624,9 +624,11 @@ impl RedisBackend {
         }
     }
 
-    /// One acquisition acknowledged by the replicas (see
+    /// One acquisition alone, not batched: acknowledged by the replicas
+    /// when the backend waits for them (see
     /// [`RedisBackendBuilder::wait_for_replicas`](crate::RedisBackendBuilder::wait_for_replicas)),
-    /// given back when too few acknowledge it.
+    /// and given back when too few acknowledge it; or one with a minimum
+    /// hold, which only `acquire.lua` marks.
     async fn acquire_acked(
         &self,
         request: &AcquireRequest,
@@ -650,7 +652,13 @@ impl RedisBackend {
         {
             // A failover now could hand the lease to a second holder: give
             // it back rather than hold it on a write that may be lost. If
-            // the release fails too, the lease runs out after its ttl.
+            // the release fails too, the lease runs out after its ttl. A
+            // minimum hold's mark goes first: the release would otherwise
+            // keep the key for a minimum no holder used.
+            if request.hold_at_least.is_some() {
+                let unmark = scripts::unmark(&self.shared.layout, &request.key, &request.holder);
+                let _ = self.eval(&unmark).await;
+            }
             let _ = self.release(&request.key, &request.holder).await;
             return Err(failure.for_key(OP, &request.key));
         }
@@ -771,6 +779,20 @@ fn not_a_share(op: &'static str, key: &LeaseKey) -> Result<(), BackendError> {
     })
 }
 
+/// The refusal of a minimum hold by an acquisition that is not of an
+/// exclusive lease: a permit, a share or a fair-queue grant (see
+/// [`AcquireRequest::hold_at_least`]), rather than a grant that ignores it.
+fn exclusive_only(op: &'static str, request: &AcquireRequest) -> Result<(), BackendError> {
+    if request.hold_at_least_millis().is_none() {
+        return Ok(());
+    }
+    Err(BackendError::Unsupported {
+        op,
+        key: request.key.as_str().to_owned(),
+        reason: "a minimum hold applies to exclusive leases only; acquire without hold_at_least",
+    })
+}
+
 /// The refusal of a read-write lease key too long for its reader keys.
 fn too_long(op: &'static str, key: &LeaseKey) -> BackendError {
     BackendError::Unsupported {
@@ -792,9 +814,11 @@ impl LeaseBackend for RedisBackend {
             // acquisition future does not carry the reconnection's.
             Box::pin(notices.restore()).await;
         }
-        if self.shared.wait.is_some() {
+        if self.shared.wait.is_some() || request.hold_at_least.is_some() {
             // Each grant waits for its own acknowledgement (and is given
-            // back without one): not batched. Boxed, so that every
+            // back without one): not batched. Nor is a grant with a
+            // minimum hold, which only acquire.lua marks (the batch script
+            // stays as it is for the usual lease). Boxed, so that every
             // acquisition future does not carry this path's.
             return Box::pin(self.acquire_acked(request)).await;
         }
@@ -820,6 +844,7 @@ impl LeaseBackend for RedisBackend {
         limit: PermitLimit,
     ) -> Result<AcquireOutcome, BackendError> {
         const OP: &str = "acquire_permit";
+        exclusive_only(OP, request)?;
         if let Some(notices) = &self.shared.notices
             && notices.needs_restore()
         {
@@ -896,6 +921,7 @@ impl LeaseBackend for RedisBackend {
     ) -> Result<FairOutcome, BackendError> {
         const OP: &str = "acquire_fair";
         not_a_share(OP, &request.key)?;
+        exclusive_only(OP, request)?;
         if let Some(notices) = &self.shared.notices
             && notices.needs_restore()
         {
@@ -1015,6 +1041,7 @@ impl LeaseBackend for RedisBackend {
     ) -> Result<AcquireOutcome, BackendError> {
         const OP: &str = "acquire_read";
         not_a_share(OP, &request.key)?;
+        exclusive_only(OP, request)?;
         let reader = request
             .key
             .reader_key(&request.holder)
@@ -1030,6 +1057,7 @@ impl LeaseBackend for RedisBackend {
     ) -> Result<AcquireOutcome, BackendError> {
         const OP: &str = "acquire_write";
         not_a_share(OP, &request.key)?;
+        exclusive_only(OP, request)?;
         let writer = request
             .key
             .writer_key()

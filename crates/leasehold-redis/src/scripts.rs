@@ -140,7 +140,8 @@ pub(crate) static RELEASE_MANY: LazyLock<Lua> =
 pub(crate) static RENEW: LazyLock<Lua> =
     LazyLock::new(|| Lua::new(include_str!("scripts/renew.lua")));
 
-/// Compare-and-delete; see `scripts/release.lua`.
+/// Compare-and-delete (or keep, under a minimum hold); see
+/// `scripts/release.lua`.
 pub(crate) static RELEASE: LazyLock<Lua> =
     LazyLock::new(|| Lua::new(include_str!("scripts/release.lua")));
 
@@ -223,6 +224,10 @@ pub(crate) fn acquire(layout: &KeyLayout, request: &AcquireRequest, tracked: boo
 
 /// `acquire_many.lua` for a batch of at most [`WRITE_BATCH`] requests, all
 /// in one cluster slot; one request makes exactly the call of [`acquire`].
+///
+/// A request with a minimum hold goes alone (the backend never batches it):
+/// `acquire.lua` marks its grant, `acquire_many.lua` has no room for the
+/// mark. In a batch its minimum would be dropped, so none is sent there.
 pub(crate) fn acquire_many(layout: &KeyLayout, requests: &[AcquireRequest], tracked: bool) -> Call {
     // Sized up front, so that the command is not copied as it grows: per
     // lease two keys, a holder id, a ttl (at most 20 digits), the label;
@@ -262,9 +267,13 @@ pub(crate) fn acquire_many(layout: &KeyLayout, requests: &[AcquireRequest], trac
             .arg(request.lock_delay.expiry_millis(request.ttl))
             .arg(request.label.as_deref().unwrap_or(""));
     }
-    call.cmd
-        .arg(if tracked { "1" } else { "0" })
-        .arg(layout.fence_retention_ms());
+    call.cmd.arg(if tracked { "1" } else { "0" });
+    // A lone acquisition (acquire.lua) sends its minimum hold ('0': none);
+    // a batch (acquire_many.lua) never has one (see the backend).
+    if let [request] = requests {
+        call.cmd.arg(request.hold_at_least_millis().unwrap_or(0));
+    }
+    call.cmd.arg(layout.fence_retention_ms());
     call
 }
 
@@ -538,6 +547,7 @@ pub(crate) fn handover(
         .arg(&next.holder.to_hex_bytes()[..])
         .arg(next.lock_delay.expiry_millis(next.ttl))
         .arg(next.label.as_deref().unwrap_or(""))
+        .arg(next.hold_at_least_millis().unwrap_or(0))
         .arg(layout.fence_retention_ms());
     call
 }
@@ -656,6 +666,19 @@ pub(crate) fn withdraw(layout: &KeyLayout, key: &LeaseKey, holder: &HolderId) ->
     call
 }
 
+/// `withdraw.lua` for the minimum-hold mark `P:held-until` of `holder`'s
+/// lease `key` (the same `<holder hex>:…` form as a writer's intent): a
+/// grant given back drops its mark first, so that its release frees the key
+/// rather than keeping it for a minimum no one used.
+pub(crate) fn unmark(layout: &KeyLayout, key: &LeaseKey, holder: &HolderId) -> Call {
+    let mut call = Call::new(&WITHDRAW, 1);
+    let mut mark = Vec::with_capacity(64);
+    layout.write_lease(key, &mut mark);
+    mark.extend_from_slice(b":held-until");
+    call.cmd.arg(&mark[..]).arg(&holder.to_hex_bytes()[..]);
+    call
+}
+
 /// `inspect_rw.lua` for the read-write lease `key`.
 pub(crate) fn inspect_rw(layout: &KeyLayout, key: &LeaseKey) -> Call {
     let mut call = Call::new(&INSPECT_RW, 3);
@@ -771,6 +794,7 @@ mod tests {
                 "3000",
                 "pod-1",
                 "1",
+                "0",
                 "3600000"
             ]
         );
@@ -808,6 +832,7 @@ mod tests {
                 &h1.to_hex(),
                 "3000",
                 "pod-1",
+                "0",
                 "3600000"
             ]
         );
@@ -888,6 +913,32 @@ mod tests {
         }
         let plain = release(&layout, &a, &h, true, false, 0);
         assert!(!args(plain.evalsha()).contains(&"90000".to_owned()));
+        Ok(())
+    }
+
+    /// A minimum hold reaches the scripts that mark it (acquire.lua,
+    /// handover.lua for the waiter) as its milliseconds, last; a request
+    /// without one sends exactly what it always did.
+    #[test]
+    fn a_minimum_hold_is_sent_only_where_a_script_marks_it() -> Result<(), leasehold_core::Error> {
+        let layout = KeyLayout::default();
+        let (a, b) = (LeaseKey::new("a")?, LeaseKey::new("b")?);
+        let (h1, h2) = (HolderId::generate()?, HolderId::generate()?);
+        let ttl = leasehold_core::Ttl::parse("1s")?;
+        let minimum = std::time::Duration::from_secs(600);
+        let plain = AcquireRequest::new(a.clone(), h1, ttl);
+        let held = plain.clone().with_hold_at_least(minimum)?;
+        // acquire.lua: ARGV[5] after the tracking flag, '0' without one;
+        // then the counter's retention.
+        let sent = args(acquire(&layout, &held, true).evalsha());
+        assert_eq!(sent[8..], ["1", "600000", "3600000"]);
+        let sent = args(acquire(&layout, &plain, true).evalsha());
+        assert_eq!(sent[8..], ["1", "0", "3600000"]);
+        // handover.lua: ARGV[9] for the waiter's own minimum.
+        let sent = args(handover(&layout, &b, &h2, 0, false, &held).evalsha());
+        assert_eq!(sent[sent.len() - 2..], ["600000", "3600000"]);
+        let sent = args(handover(&layout, &b, &h2, 0, false, &plain).evalsha());
+        assert_eq!(sent[sent.len() - 2..], ["0", "3600000"]);
         Ok(())
     }
 

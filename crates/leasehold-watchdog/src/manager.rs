@@ -196,6 +196,19 @@ impl<B: LeaseBackend> LeaseManager<B> {
         if let Some(label) = options.label() {
             request = request.with_label(label)?;
         }
+        if let Some(minimum) = options.hold_at_least() {
+            if !matches!(attempt, Attempt::Lease) {
+                // Refused rather than ignored: a permit or a share kept
+                // after its release would block the other holders it is
+                // meant to let in, which no caller asking for it wants.
+                return Err(LeaseError::InvalidOptions {
+                    reason: format!(
+                        "a minimum hold (hold_at_least) applies to exclusive leases only, not to permits or read-write leases of {key:?}; use options without it"
+                    ),
+                });
+            }
+            request = request.with_hold_at_least(minimum)?;
+        }
         let manager = waiting::Manager {
             backend: &self.inner.backend,
             queues: &self.inner.queues,

@@ -3,7 +3,7 @@
 use std::borrow::Cow;
 use std::time::Duration;
 
-use leasehold_core::{LockDelay, PlaceTtl, Ttl, clock_drift};
+use leasehold_core::{AcquireRequest, LockDelay, PlaceTtl, Ttl, clock_drift};
 
 use crate::{Backoff, LeaseError};
 
@@ -19,7 +19,10 @@ use crate::{Backoff, LeaseError};
 /// A **lock-delay** (none by default) keeps the key taken on the server for
 /// that long after the lease ends without a release; it changes nothing of
 /// the three durations above, which all count from the ttl (see
-/// [`LeaseOptionsBuilder::lock_delay`]).
+/// [`LeaseOptionsBuilder::lock_delay`]). A **minimum hold** (none by
+/// default) keeps the key taken on the server until the grant + that long
+/// when the holder releases earlier (see
+/// [`LeaseOptionsBuilder::hold_at_least`]).
 ///
 /// Defaults follow Redisson's watchdog: a 30 s ttl renewed every 10 s.
 ///
@@ -48,6 +51,8 @@ pub struct LeaseOptions {
     label: Option<String>,
     release_notices: bool,
     lock_delay: LockDelay,
+    /// The minimum hold, validated in build(); never zero.
+    hold_at_least: Option<Duration>,
     /// Fair mode's place ttl, when it is on.
     fair: Option<PlaceTtl>,
     /// In fair mode, whether a release may hand the lease to the head.
@@ -95,6 +100,10 @@ impl LeaseOptions {
             release_notices: b.release_notices,
             // Checked in build(); the defaults have none.
             lock_delay: LockDelay::new(b.lock_delay).unwrap_or_default(),
+            // Checked in build(); the defaults have none.
+            hold_at_least: b
+                .hold_at_least
+                .and_then(|m| AcquireRequest::check_hold_at_least(m).ok().flatten()),
             // Checked in build(); the default is valid.
             fair: b
                 .fair
@@ -173,6 +182,14 @@ impl LeaseOptions {
         self.lock_delay
     }
 
+    /// The minimum hold (ShedLock's `lockAtLeastFor`), if any: a release
+    /// before the grant + this keeps the key taken on the server until then
+    /// (see [`LeaseOptionsBuilder::hold_at_least`]).
+    #[must_use]
+    pub fn hold_at_least(&self) -> Option<Duration> {
+        self.hold_at_least
+    }
+
     /// Fair mode's place ttl when fair mode is on (see
     /// [`LeaseOptionsBuilder::fair`]), else `None`.
     #[must_use]
@@ -236,6 +253,7 @@ pub struct LeaseOptionsBuilder {
     label: Option<String>,
     release_notices: bool,
     lock_delay: Duration,
+    hold_at_least: Option<Duration>,
     fair: bool,
     place_ttl: Duration,
     fair_handover: bool,
@@ -256,6 +274,7 @@ impl Default for LeaseOptionsBuilder {
             label: None,
             release_notices: true,
             lock_delay: Duration::ZERO,
+            hold_at_least: None,
             fair: false,
             place_ttl: PlaceTtl::DEFAULT.get(),
             fair_handover: true,
@@ -345,6 +364,55 @@ impl LeaseOptionsBuilder {
         self
     }
 
+    /// The minimum hold (ShedLock's `lockAtLeastFor`), for scheduled jobs
+    /// that every node of a fleet starts at "the same" time by clocks that
+    /// differ: a release before the grant + `minimum` leaves the key taken
+    /// on the server, still this holder's, until then, so that a node whose
+    /// clock is late finds it taken and does not run the job again. The
+    /// handle's release still returns at once and its token is cancelled
+    /// as for any release; the server's clock, from the moment it granted
+    /// the lease, decides when the key is free, and no release notice is
+    /// sent when it frees itself (waiters ask again when the time left
+    /// they were told runs out). A release after the minimum frees the key
+    /// at once, as without one. Nor does a release under the minimum hand
+    /// the lease to a waiter of this process.
+    ///
+    /// The minimum applies to a *release*: a holder that vanishes without
+    /// one (crashed, cut off) leaves the key for its ttl (+ lock-delay)
+    /// from its last renewal, as without a minimum; choose a ttl of at
+    /// least the minimum if a crash must not end the minimum early.
+    ///
+    /// Exclusive leases only: [`build`](Self::build) refuses it with fair
+    /// mode, and permits and read-write leases refuse options that carry
+    /// it. At most 24 hours ([`AcquireRequest::MAX_HOLD_AT_LEAST`]), in
+    /// whole milliseconds; zero means none. Default: none.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use leasehold_core::MemoryBackend;
+    /// use leasehold_watchdog::{LeaseError, LeaseManager, LeaseOptions};
+    ///
+    /// # #[tokio::main(flavor = "current_thread", start_paused = true)] async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let backend = MemoryBackend::new();
+    /// let (this_host, late_host) = (LeaseManager::new(backend.clone())?, LeaseManager::new(backend)?);
+    /// let nightly = LeaseOptions::builder()
+    ///     .hold_at_least(Duration::from_secs(600))
+    ///     .build()?;
+    /// let lease = this_host.acquire("nightly", &nightly).await?;
+    /// // The job is done in a minute...
+    /// tokio::time::sleep(Duration::from_secs(60)).await;
+    /// lease.release().await?;
+    /// // ...and a host whose clock is five minutes late does not run it again.
+    /// tokio::time::sleep(Duration::from_secs(240)).await;
+    /// let again = late_host.acquire("nightly", &nightly).await;
+    /// assert!(matches!(again, Err(LeaseError::NotAcquired { .. })));
+    /// # Ok(()) }
+    /// ```
+    pub fn hold_at_least(mut self, minimum: Duration) -> Self {
+        self.hold_at_least = Some(minimum);
+        self
+    }
+
     /// Fair mode: waiters of every process queue on the server in arrival
     /// order, and the lease goes to the first of them when it is free
     /// (the waiters of one manager still queue locally first, and only
@@ -428,12 +496,25 @@ impl LeaseOptionsBuilder {
     /// [`leasehold_core::Error::InvalidLockDelay`] for a lock-delay above
     /// [`LockDelay::MAX`] or not in whole milliseconds;
     /// [`leasehold_core::Error::InvalidDuration`] for a place ttl out of
-    /// its bounds (see [`place_ttl`](Self::place_ttl)).
-    /// [`LeaseError::InvalidOptions`] as well for a maximum hold shorter than
-    /// the ttl, and for a progress window shorter than the renew interval.
+    /// its bounds (see [`place_ttl`](Self::place_ttl));
+    /// [`leasehold_core::Error::InvalidHoldAtLeast`] for a minimum hold
+    /// above 24 hours or not in whole milliseconds;
+    /// [`LeaseError::InvalidOptions`] for a minimum hold in fair mode, a
+    /// maximum hold shorter than the ttl, and a progress window shorter
+    /// than the renew interval.
     pub fn build(self) -> Result<LeaseOptions, LeaseError> {
         LockDelay::new(self.lock_delay)?;
         PlaceTtl::new(self.place_ttl)?;
+        if let Some(minimum) = self.hold_at_least
+            && AcquireRequest::check_hold_at_least(minimum)?.is_some()
+            && self.fair
+        {
+            // A fair release hands the lease to the queue's head in the
+            // same step: keeping it for a minimum would stall the queue.
+            return Err(LeaseError::InvalidOptions {
+                reason: "a minimum hold (hold_at_least) cannot be combined with fair mode: a fair release hands the lease on at once; turn one of them off".to_owned(),
+            });
+        }
         let options = LeaseOptions::from_parts(self);
         let ttl = options.ttl.get();
         let invalid = |reason: String| LeaseError::InvalidOptions { reason };
@@ -595,6 +676,36 @@ mod tests {
                 Err(LeaseError::InvalidOptions { .. })
             ));
         }
+        Ok(())
+    }
+
+    /// A minimum hold is kept as given (zero as none) and refused beyond its
+    /// ceiling, below a millisecond, and in fair mode.
+    #[test]
+    fn hold_at_least_is_checked() -> Result<(), Box<dyn std::error::Error>> {
+        assert_eq!(LeaseOptions::default().hold_at_least(), None);
+        let ten = Duration::from_secs(600);
+        let options = LeaseOptions::builder().hold_at_least(ten).build()?;
+        assert_eq!(options.hold_at_least(), Some(ten));
+        let zero = LeaseOptions::builder()
+            .hold_at_least(Duration::ZERO)
+            .build()?;
+        assert_eq!(zero.hold_at_least(), None);
+        for bad in [Duration::from_secs(86_401), Duration::from_micros(1_500)] {
+            assert!(matches!(
+                LeaseOptions::builder().hold_at_least(bad).build(),
+                Err(LeaseError::Invalid(
+                    leasehold_core::Error::InvalidHoldAtLeast { .. }
+                ))
+            ));
+        }
+        assert!(matches!(
+            LeaseOptions::builder()
+                .hold_at_least(ten)
+                .fair(true)
+                .build(),
+            Err(LeaseError::InvalidOptions { .. })
+        ));
         Ok(())
     }
 
