@@ -27,6 +27,12 @@
 //!   (quadratic in the batch size) and a single-key read tracked one lease
 //!   of the batch on Valkey.
 //!
+//! - `inspect` goes over the tracked connection too (while tracking is
+//!   on): its `GET` tracks the key, so that an observer of a lease it does
+//!   not hold (`LeaseManager::watch_leader`) hears of the next grant,
+//!   renewal, release, deletion or expiry of it by anyone else, and reads
+//!   it again, which tracks it again.
+//!
 //! The server then pushes an `invalidate` message when a tracked key changes
 //! (a `SET`, a `DEL`, an expiry, an eviction), once per tracking of the key;
 //! NOLOOP leaves out the connection's own writes. Each
