@@ -211,11 +211,9 @@ impl<B: LeaseBackend> Run<B> {
                 Wake::Signal => self.read().await,
             }
         }
-        let mut drivers = self.leaders.lock();
-        // A watch that subscribed just now keeps it: only an unwatched
-        // driver (or one of a stopped manager) goes.
-        if shutdown.is_cancelled() || self.sender.receiver_count() == 0 {
-            drivers.remove(&self.key);
+        if shutdown.is_cancelled() {
+            // No watch starts on a stopped manager: the entry is this driver's.
+            self.leaders.lock().remove(&self.key);
         }
     }
 
@@ -226,11 +224,12 @@ impl<B: LeaseBackend> Run<B> {
             biased;
             () = shutdown.cancelled() => Wake::Stop,
             () = self.sender.closed() => {
-                // Decided under the lock, so that a watch subscribing now
-                // either finds this driver alive or starts its own.
-                let drivers = self.leaders.lock();
+                // Decided and undone under the lock, so that a watch
+                // subscribing now either finds this driver alive or finds
+                // none and starts its own.
+                let mut drivers = self.leaders.lock();
                 if self.sender.receiver_count() == 0 {
-                    drop(drivers);
+                    drivers.remove(&self.key);
                     return Wake::Stop;
                 }
                 Wake::Idle

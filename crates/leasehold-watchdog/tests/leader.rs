@@ -204,3 +204,29 @@ async fn readiness_answers_follow_the_lease() -> TestResult {
     theirs.release().await?;
     Ok(())
 }
+
+/// A watch whose last receiver was dropped ends its task; watching the key
+/// again, at once or after the task ended, gets a watch that still follows
+/// the lease (not the ended task's stale value).
+#[tokio::test(start_paused = true)]
+async fn watching_again_after_the_last_receiver_went_still_follows_the_lease() -> TestResult {
+    let backend = MemoryBackend::new();
+    let observer = LeaseManager::new(backend.client())?;
+    let holder = LeaseManager::new(backend.client())?;
+    for wait_for_the_task_to_end in [false, true] {
+        drop(observer.watch_leader("scheduler").await?);
+        if wait_for_the_task_to_end {
+            // The task ends at its next poll, which this lets happen.
+            sleep(Duration::from_millis(1)).await;
+        }
+        let mut leader = observer.watch_leader("scheduler").await?;
+        assert!(leader.borrow_and_update().is_none());
+        let lease = holder
+            .acquire("scheduler", &LeaseOptions::default())
+            .await?;
+        timeout(Duration::from_secs(1), leader.wait_for(Option::is_some)).await??;
+        lease.release().await?;
+        timeout(Duration::from_secs(1), leader.wait_for(Option::is_none)).await??;
+    }
+    Ok(())
+}
