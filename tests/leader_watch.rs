@@ -169,19 +169,22 @@ async fn every_observer_sees_every_leader_in_the_servers_order() -> TestResult {
     // deleted on the server behind its holder's back instead.
     let terms = Arc::new(Mutex::new(0_usize));
     let stop = CancellationToken::new();
-    let delete = CancellationToken::new();
+    // The fencing token of the term to delete, once it starts.
+    let (delete, mut to_delete) = watch::channel(None::<u64>);
+    let delete = Arc::new(delete);
     let mut runs = Vec::new();
     for election in &elections {
         let (election, terms, stop, delete) = (
             Arc::clone(election),
             Arc::clone(&terms),
             stop.clone(),
-            delete.clone(),
+            Arc::clone(&delete),
         );
         runs.push(tokio::spawn(async move {
             election
-                .run(stop.clone(), |token, _| {
-                    let (terms, stop, delete) = (Arc::clone(&terms), stop.clone(), delete.clone());
+                .run(stop.clone(), |token, fencing_token| {
+                    let (terms, stop, delete) =
+                        (Arc::clone(&terms), stop.clone(), Arc::clone(&delete));
                     async move {
                         let term = {
                             let mut terms = terms.lock().expect("not poisoned");
@@ -189,7 +192,7 @@ async fn every_observer_sees_every_leader_in_the_servers_order() -> TestResult {
                             *terms
                         };
                         if term == TERMS - 1 {
-                            delete.cancel();
+                            delete.send_replace(Some(fencing_token.get()));
                             // Lead until the watchdog learns of the deletion.
                             token.cancelled().await;
                         } else {
@@ -206,9 +209,15 @@ async fn every_observer_sees_every_leader_in_the_servers_order() -> TestResult {
                 .await
         }));
     }
-    timeout(Duration::from_secs(30), delete.cancelled())
+    let doomed = timeout(Duration::from_secs(30), to_delete.wait_for(Option::is_some))
         .await
-        .map_err(|_| "the term to delete never came")?;
+        .map_err(|_| "the term to delete never came")??
+        .ok_or("no token")?;
+    // Deleted once every observer saw it: a term gone before an observer
+    // could read it may rightly never show.
+    for (name, seen) in &watched {
+        until_seen(seen, name, |t| t == Some(doomed)).await?;
+    }
     let _: i64 = redis::cmd("DEL").arg(STORED).query_async(&mut side).await?;
     for run in runs {
         timeout(Duration::from_secs(30), run)
