@@ -1203,6 +1203,8 @@ impl LeaseBackend for RedisBackend {
     /// backend (and its clones), when client tracking is on (see
     /// [`RedisBackendBuilder::track_lease_changes`](crate::RedisBackendBuilder::track_lease_changes));
     /// a lost renewal connection is reported as [`LeaseChange::All`](leasehold_core::LeaseChange::All).
+    /// The watch ends (`next` returns `None`) when tracking is turned off
+    /// for good: the server refused it, or its tracking table overflowed.
     /// Behind Sentinel, a new resolution of the master is reported as
     /// `All` too. Cluster deployments report nothing (the redis crate's
     /// cluster client turns no tracking on for its node connections):

@@ -19,7 +19,8 @@
 //! - a **fallback timer** at the lease's remaining ttl as read: a lease whose
 //!   holder vanished is gone on the server by then, whether or not the
 //!   server's expiry cycle has reported it yet;
-//! - only where the backend reports no changes at all (a Redis Cluster), a
+//! - only where the backend reports no changes (a Redis Cluster, or a
+//!   server whose tracking was turned off: the change watch ended), a
 //!   re-read every [`UNREPORTED_RECHECK`] while the key is free or has no
 //!   expiry, as nothing else would show a new holder there.
 //!
@@ -46,8 +47,9 @@ use crate::LeaseError;
 /// How long a driver waits before reading again after a failed read.
 const RETRY_AFTER_FAILURE: Duration = Duration::from_millis(250);
 
-/// How often a driver reads a free (or unexpiring) key when the backend
-/// reports no changes (a Redis Cluster): nothing else shows a new holder.
+/// How often a leader watch reads a free (or unexpiring) key when the
+/// backend reports no changes (a Redis Cluster, or tracking turned off):
+/// nothing else shows a new holder there.
 pub const UNREPORTED_RECHECK: Duration = Duration::from_secs(1);
 
 /// Past the remaining ttl a read reported, how long the fallback timer
