@@ -230,3 +230,70 @@ async fn watching_again_after_the_last_receiver_went_still_follows_the_lease() -
     }
     Ok(())
 }
+
+/// A backend that reports no changes and no releases (as a Redis Cluster
+/// reports no changes): only what it must implement.
+#[derive(Clone)]
+struct Unreporting(MemoryBackend);
+
+impl LeaseBackend for Unreporting {
+    async fn try_acquire(
+        &self,
+        request: &AcquireRequest,
+    ) -> Result<leasehold_core::AcquireOutcome, leasehold_core::BackendError> {
+        self.0.try_acquire(request).await
+    }
+
+    async fn renew_many(
+        &self,
+        requests: &[leasehold_core::RenewRequest],
+    ) -> Vec<Result<leasehold_core::RenewOutcome, leasehold_core::BackendError>> {
+        self.0.renew_many(requests).await
+    }
+
+    async fn release(
+        &self,
+        key: &LeaseKey,
+        holder: &HolderId,
+    ) -> Result<leasehold_core::ReleaseOutcome, leasehold_core::BackendError> {
+        self.0.release(key, holder).await
+    }
+
+    async fn inspect(
+        &self,
+        key: &LeaseKey,
+    ) -> Result<Option<leasehold_core::LeaseInfo>, leasehold_core::BackendError> {
+        self.0.inspect(key).await
+    }
+}
+
+/// Where the backend reports nothing, a watch reads the key again every
+/// `UNREPORTED_RECHECK` (and no later than the holder's expiry): a new
+/// holder and its release are each seen within that, not never.
+#[tokio::test(start_paused = true)]
+async fn without_reports_a_watch_reads_again_every_recheck() -> TestResult {
+    let backend = MemoryBackend::new();
+    let observer = LeaseManager::new(Unreporting(backend.client()))?;
+    let mut leader = observer.watch_leader("scheduler").await?;
+    let other = backend.client();
+    let (key, holder) = (LeaseKey::new("scheduler")?, HolderId::generate()?);
+    let request = AcquireRequest::new(key.clone(), holder, Ttl::parse("30s")?);
+    for what in ["grant", "release"] {
+        let changed_at = Instant::now();
+        if what == "grant" {
+            other.try_acquire(&request).await?;
+        } else {
+            other.release(&key, &holder).await?;
+        }
+        timeout(leasehold_watchdog::UNREPORTED_RECHECK * 2, leader.changed())
+            .await
+            .map_err(|_| format!("the {what} was never seen"))??;
+        let late = Instant::now() - changed_at;
+        assert!(
+            late <= leasehold_watchdog::UNREPORTED_RECHECK,
+            "the {what} was seen {late:?} after it happened"
+        );
+        assert_eq!(leader.borrow_and_update().is_some(), what == "grant");
+    }
+    Ok(())
+}
