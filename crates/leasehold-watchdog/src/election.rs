@@ -1,7 +1,7 @@
 //! Leader election for singletons: campaign, lead, step down, campaign again.
 
 use std::pin::pin;
-use std::sync::{Arc, Mutex, OnceLock, PoisonError};
+use std::sync::{Arc, Mutex, OnceLock, PoisonError, Weak};
 use std::time::Duration;
 
 use leasehold_core::{FencingToken, LeaseBackend, LeaseInfo, LeaseKey};
@@ -55,8 +55,10 @@ pub struct Election<B> {
     key: LeaseKey,
     options: LeaseOptions,
     pause: Duration,
-    /// The lease of this candidate's last term, if it won one.
-    term: Mutex<Option<Arc<Shared>>>,
+    /// The lease of this candidate's last term, while its handle or the
+    /// watchdog keeps it: a handle dropped without a release is released
+    /// by the watchdog, which then lets it go.
+    term: Mutex<Weak<Shared>>,
     /// Who leads, once [`watch_leader`](Self::watch_leader) was called.
     leader: OnceLock<watch::Receiver<Option<Leader>>>,
 }
@@ -82,7 +84,7 @@ impl<B: LeaseBackend> Election<B> {
             key,
             pause: options.renew_interval(),
             options,
-            term: Mutex::new(None),
+            term: Mutex::new(Weak::new()),
             leader: OnceLock::new(),
         })
     }
@@ -127,7 +129,7 @@ impl<B: LeaseBackend> Election<B> {
             match self.manager.acquire(self.key.as_str(), &options).await {
                 Ok(lease) => {
                     *self.term.lock().unwrap_or_else(PoisonError::into_inner) =
-                        Some(Arc::clone(lease.shared()));
+                        Arc::downgrade(lease.shared());
                     return Ok(lease);
                 }
                 Err(LeaseError::NotAcquired { .. }) => {}
@@ -198,15 +200,16 @@ impl<B: LeaseBackend> Election<B> {
     }
 
     /// Whether this candidate leads now: it holds the election's lease
-    /// (not released, not lost) and the lease's token has not fired. No
-    /// round trip: the watchdog cancels the token before the lease can
-    /// expire on the server.
+    /// (not released, not lost, not dropped) and the lease's token has not
+    /// fired. No round trip: the watchdog cancels the token before the
+    /// lease can expire on the server. A lease handle dropped without a
+    /// release stops counting once the watchdog has released it.
     #[must_use]
     pub fn is_leader(&self) -> bool {
         self.term
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
-            .as_ref()
+            .upgrade()
             .is_some_and(|term| term.is_held())
     }
 

@@ -196,6 +196,21 @@ async fn readiness_answers_follow_the_lease() -> TestResult {
     timeout(Duration::from_secs(1), leader.wait_for(Option::is_none)).await??;
     assert!(!election.has_leader());
 
+    // A lease dropped without a release: the watchdog releases it, and
+    // is_leader says no once it has.
+    let lease = election.campaign().await?;
+    assert!(election.is_leader());
+    drop(lease);
+    timeout(Duration::from_secs(1), async {
+        while election.is_leader() {
+            // No signal says when the watchdog let the lease go.
+            sleep(Duration::from_millis(1)).await;
+        }
+    })
+    .await
+    .map_err(|_| "is_leader after the lease was dropped and released")?;
+    timeout(Duration::from_secs(1), leader.wait_for(Option::is_none)).await??;
+
     // Someone else leads: has_leader, not is_leader.
     let other = LeaseManager::new(backend.client())?;
     let theirs = other.acquire("scheduler", &LeaseOptions::default()).await?;
