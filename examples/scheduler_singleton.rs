@@ -46,8 +46,9 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         }
         Store::Memory => {
             let backend = MemoryBackend::new();
+            // A client each, as three processes would be.
             let replicas = (0..3)
-                .map(|_| LeaseManager::new(backend.clone()))
+                .map(|_| LeaseManager::new(backend.client()))
                 .collect::<Result<Vec<_>, _>>()?;
             demo(replicas, move || {
                 let deleted = backend.vanish(&LeaseKey::new(KEY).expect("valid key"));
@@ -69,8 +70,13 @@ where
     let stop = CancellationToken::new();
     let started = Instant::now();
     let mut runs = Vec::new();
-    let first = replicas.first().ok_or("no replicas")?.clone();
-    let observer = Election::new(first, KEY, LeaseOptions::default())?;
+    // Who leads, as any replica (or a dashboard) can follow it: told of
+    // each change, not polled.
+    let mut leader = replicas
+        .first()
+        .ok_or("no replicas")?
+        .watch_leader(KEY)
+        .await?;
     for (i, manager) in replicas.into_iter().enumerate() {
         let name = format!("replica-{i}");
         let options = LeaseOptions::builder()
@@ -101,24 +107,26 @@ where
     }
 
     tokio::time::sleep(Duration::from_secs(4)).await;
-    let leader = observer.observe().await?;
+    let deposed = leader.borrow_and_update().clone().ok_or("no one leads")?;
     info!(
         "operator deletes the lease of {:?}",
-        leader.and_then(|l| l.label).unwrap_or_default()
+        deposed.label.unwrap_or_default()
     );
     let deleted_at = Instant::now();
     delete_lease().await?;
-    loop {
-        tokio::time::sleep(Duration::from_millis(100)).await;
-        if let Some(leader) = observer.observe().await? {
-            info!(
-                "{} leads again {:.1?} after the deletion",
-                leader.label.unwrap_or_default(),
-                deleted_at.elapsed()
-            );
-            break;
-        }
-    }
+    let next = leader
+        .wait_for(|l| {
+            l.as_ref()
+                .is_some_and(|l| l.fencing_token != deposed.fencing_token)
+        })
+        .await?
+        .clone()
+        .ok_or("no one leads")?;
+    info!(
+        "{} leads again {:.1?} after the deletion",
+        next.label.unwrap_or_default(),
+        deleted_at.elapsed()
+    );
     tokio::time::sleep(Duration::from_secs(3)).await;
     stop.cancel();
     for run in runs {

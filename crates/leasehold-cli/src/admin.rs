@@ -4,12 +4,15 @@ use std::time::{Duration, SystemTime};
 
 use leasehold_core::{LeaseBackend, LeaseInfo, LeaseKey, RwInfo, WriteIntent};
 use leasehold_redis::RedisBackend;
+use leasehold_watchdog::LeaseManager;
 use tokio::signal::unix::{SignalKind, signal};
 
 use crate::exit::{self, Failure};
 
-/// How often `watch` looks at the lease.
-const WATCH_INTERVAL: Duration = Duration::from_millis(100);
+/// How long `watch` waits before trying again when its first read of the
+/// lease failed (the server is down or unreachable). Once watching, it is
+/// told of changes rather than looking.
+const WATCH_RETRY: Duration = Duration::from_secs(1);
 
 pub(crate) async fn status(
     url: &Option<String>,
@@ -225,51 +228,59 @@ pub(crate) async fn watch(
     let mut interrupt = signal(SignalKind::interrupt()).map_err(signal_error)?;
     let mut terminate = signal(SignalKind::terminate()).map_err(signal_error)?;
     let backend = exit::connect(url, namespace).await?;
-    let mut tick = tokio::time::interval(WATCH_INTERVAL);
-    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    // Compared without the ttl, which changes at every look.
-    let mut last: Option<Option<(Option<String>, Option<u64>)>> = None;
+    // A manager only to watch: it holds no lease, so its watchdog idles.
+    let manager = LeaseManager::new(backend)
+        .map_err(|e| Failure::internal(format!("could not start: {}", exit::chain(&e))))?;
     let mut failing: Option<String> = None;
-    loop {
+    let mut leader = loop {
         tokio::select! {
             _ = interrupt.recv() => return Ok(0),
             _ = terminate.recv() => return Ok(0),
-            _ = tick.tick() => {}
-        }
-        let info = match backend.inspect(key).await {
-            Ok(info) => {
-                failing = None;
-                info
-            }
-            Err(e) => {
-                // A watcher outlives short outages: say so (once per kind of
-                // failure, not ten times a second) and keep looking.
-                let message = exit::chain(&e);
-                if failing.as_ref() != Some(&message) {
-                    eprintln!("leasehold: {message}");
-                    failing = Some(message);
+            watched = manager.watch_leader(key.as_str()) => match watched {
+                Ok(leader) => break leader,
+                Err(e) => {
+                    // A watcher outlives short outages: say so once per kind
+                    // of failure, and try again.
+                    let message = exit::chain(&e);
+                    if failing.as_ref() != Some(&message) {
+                        eprintln!("leasehold: {message}");
+                        failing = Some(message);
+                    }
                 }
-                continue;
-            }
-        };
-        let holder = info
-            .as_ref()
-            .map(|i| (i.label.clone(), i.fencing_token.map(|t| t.get())));
-        if last.as_ref() == Some(&holder) {
-            continue;
+            },
         }
+        tokio::select! {
+            _ = interrupt.recv() => return Ok(0),
+            _ = terminate.recv() => return Ok(0),
+            () = tokio::time::sleep(WATCH_RETRY) => {}
+        }
+    };
+    loop {
         let now = humantime::format_rfc3339_millis(SystemTime::now());
-        match &info {
+        match &*leader.borrow_and_update() {
             None => println!("{now} {:?} free", key.as_str()),
-            Some(info) => println!(
+            Some(holder) => println!(
                 "{now} {:?} held by {} (fencing token {}, {} left)",
                 key.as_str(),
-                label_text(info),
-                token_text(info),
-                ttl_text(info)
+                holder
+                    .label
+                    .as_deref()
+                    .map_or_else(|| "(no label)".to_owned(), |l| format!("{l:?}")),
+                holder
+                    .fencing_token
+                    .map_or_else(|| "none".to_owned(), |t| t.to_string()),
+                duration_text(holder.ttl_left)
             ),
         }
-        last = Some(holder);
+        tokio::select! {
+            _ = interrupt.recv() => return Ok(0),
+            _ = terminate.recv() => return Ok(0),
+            changed = leader.changed() => {
+                if changed.is_err() {
+                    return Err(Failure::internal("the watch of the lease stopped"));
+                }
+            }
+        }
     }
 }
 

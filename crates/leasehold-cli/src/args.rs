@@ -121,8 +121,9 @@ pub(crate) enum Command {
     },
     /// Print each change of a lease's holder as it happens, until interrupted.
     ///
-    /// Polls the lease every 100 ms, so a holder that comes and goes within
-    /// one poll is not seen.
+    /// Told by the server (client tracking and release notices), not by
+    /// polling: a change is printed within a round trip or two of it. A
+    /// holder that comes and goes within that time may not be shown.
     Watch {
         /// The lease key.
         #[arg(value_parser = parse_key)]

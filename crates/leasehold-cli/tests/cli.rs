@@ -299,6 +299,40 @@ fn sigterm_to_leasehold_reaches_the_command_and_the_lease_is_released() -> TestR
     a_signal_reaches_the_command(Signal::SIGTERM, "TERM", 3, "forward")
 }
 
+/// `watch` is told of each change rather than looking every so often: a
+/// holder (here a key written by a side client) that comes and goes five
+/// times, 30 ms each, is shown held and then free every time. A watch that
+/// looked every 100 ms would miss most of them (each with odds of 0.7).
+#[test]
+fn watch_shows_holders_that_come_and_go_between_two_looks() -> TestResult {
+    let f = Fixture::new()?;
+    let mut watch = f.spawn(&["watch", "brief"])?;
+    let (lines, seen) = mpsc::channel();
+    let stdout = watch.stdout.take().ok_or("no stdout")?;
+    std::thread::spawn(move || {
+        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+            if lines.send(line).is_err() {
+                break;
+            }
+        }
+    });
+    let next_line = || seen.recv_timeout(PATIENCE);
+    assert!(next_line()?.ends_with("\"brief\" free"));
+    for i in 0..5 {
+        f.server
+            .cli(&["SET", "leasehold:{brief}", "someone", "PX", "60000"])?;
+        std::thread::sleep(Duration::from_millis(30));
+        f.server.cli(&["DEL", "leasehold:{brief}"])?;
+        let held = next_line()?;
+        assert!(held.contains("\"brief\" held by"), "hold {i}: {held}");
+        let free = next_line()?;
+        assert!(free.ends_with("\"brief\" free"), "hold {i}: {free}");
+    }
+    kill(Pid::from_raw(i32::try_from(watch.id())?), Signal::SIGINT)?;
+    assert_eq!(wait_for_exit(&mut watch)?.code(), Some(0));
+    Ok(())
+}
+
 #[test]
 fn status_release_and_watch() -> TestResult {
     let f = Fixture::new()?;

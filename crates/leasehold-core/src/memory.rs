@@ -1,15 +1,16 @@
 //! An in-process backend with the semantics of the Redis scripts.
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
-use tokio::sync::watch;
+use tokio::sync::{mpsc, watch};
 use tokio::time::Instant;
 
 use crate::fair::FairQueue;
 use crate::{
-    AcquireOutcome, AcquireRequest, BackendError, ChangeFeed, ChangeWatch, FairOutcome, FairPlace,
+    AcquireOutcome, AcquireRequest, BackendError, ChangeWatch, FairOutcome, FairPlace,
     FencingToken, Grant, HandoverOutcome, HolderId, LeaseBackend, LeaseChange, LeaseInfo, LeaseKey,
     PermitLimit, PlaceTtl, ReleaseOutcome, ReleaseWatch, RenewOutcome, RenewRequest, Ttl,
 };
@@ -88,6 +89,9 @@ use crate::{
 #[derive(Clone, Default)]
 pub struct MemoryBackend {
     inner: Arc<Inner>,
+    /// Which client this is (see [`client`](Self::client)): 0 for the
+    /// backend [`new`](Self::new) made and its clones.
+    client: u64,
 }
 
 #[derive(Default)]
@@ -97,6 +101,8 @@ struct Inner {
     hung: HangSwitch,
     /// How many of the next operations fail (see `fail_next`).
     failures: Mutex<u64>,
+    /// The number of clients made by `client`, the first backend included.
+    clients: AtomicU64,
 }
 
 struct HangSwitch(watch::Sender<bool>);
@@ -126,8 +132,11 @@ struct State {
     /// The intent of a writer waiting for each read-write lease, by its
     /// writer's key.
     intents: HashMap<LeaseKey, Entry>,
-    /// Changes made by `vanish` and `hand_over`, for every change watch.
-    changes: ChangeFeed,
+    /// Every change watch, with the client that opened it.
+    changes: Vec<(u64, mpsc::UnboundedSender<LeaseChange>)>,
+    /// The client whose operation holds the state now (set by `state()`):
+    /// its own grants and releases are not reported to its own watches.
+    writer: u64,
     /// Whether changes go unreported (see `cut_changes`).
     changes_cut: bool,
     /// The fair queue of each key that has one, as the Redis backend keeps
@@ -170,6 +179,7 @@ impl State {
     /// fencing token.
     fn grant(&mut self, request: &AcquireRequest, now: Instant, sent_at: Instant) -> Grant {
         let token = self.next_token(&request.key);
+        self.report_write(&request.key);
         self.leases.insert(
             request.key.clone(),
             Entry {
@@ -194,6 +204,7 @@ impl State {
     /// Wakes the key's watchers and says how many there are; forgets the
     /// key's notices once no one watches.
     fn announce(&mut self, key: &LeaseKey) -> usize {
+        self.report_write(key);
         let key = key.counted_as();
         let Some(notices) = self.notices.get(&key) else {
             return 0;
@@ -235,8 +246,22 @@ impl State {
     /// Reports `change` to every change watch, unless changes are cut.
     fn report(&mut self, change: &LeaseChange) {
         if !self.changes_cut {
-            self.changes.report(change);
+            self.changes
+                .retain(|(_, watch)| watch.send(change.clone()).is_ok());
         }
+    }
+
+    /// Reports a grant or release of `key` by the current writer to the
+    /// watches of every other client, as a Redis server reports a write to
+    /// every connection tracking the key but the writer's own (`NOLOOP`).
+    fn report_write(&mut self, key: &LeaseKey) {
+        if self.changes_cut {
+            return;
+        }
+        let writer = self.writer;
+        let change = LeaseChange::Changed(key.clone());
+        self.changes
+            .retain(|(client, watch)| *client == writer || watch.send(change.clone()).is_ok());
     }
 
     /// Refreshes `request.holder`'s own live lease on `key`, keeping its
@@ -330,10 +355,44 @@ impl MemoryBackend {
     fn state(&self) -> MutexGuard<'_, State> {
         // A panic while holding the lock cannot leave State half-updated
         // (every update is a single insert or remove), so poisoning is ignored.
-        self.inner
+        let mut state = self
+            .inner
             .state
             .lock()
-            .unwrap_or_else(PoisonError::into_inner)
+            .unwrap_or_else(PoisonError::into_inner);
+        state.writer = self.client;
+        state
+    }
+
+    /// Another client of the same leases, as a second process connected to
+    /// the same Redis server: it shares every lease, notice and fault with
+    /// this backend, and its change watches hear of the grants and releases
+    /// made through this backend (and this backend's of its own), as a
+    /// server with client tracking tells every connection that read a key
+    /// but the one that wrote it. Clones of a backend are one client and
+    /// hear none of their own; give each lease manager that stands for a
+    /// process of its own (an election's candidates, its observers) a
+    /// client of its own.
+    ///
+    /// ```
+    /// use leasehold_core::{AcquireRequest, HolderId, LeaseBackend, LeaseChange, LeaseKey, MemoryBackend, Ttl};
+    ///
+    /// # #[tokio::main(flavor = "current_thread", start_paused = true)] async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let one = MemoryBackend::new();
+    /// let other = one.client();
+    /// let (mut theirs, mut ours) = (other.watch_changes().await?, one.watch_changes().await?);
+    /// let key = LeaseKey::new("job")?;
+    /// one.try_acquire(&AcquireRequest::new(key.clone(), HolderId::generate()?, Ttl::parse("3s")?)).await?;
+    /// assert_eq!(theirs.try_next(), Some(LeaseChange::Changed(key)));
+    /// assert_eq!(ours.try_next(), None);
+    /// # Ok(()) }
+    /// ```
+    #[must_use]
+    pub fn client(&self) -> Self {
+        Self {
+            inner: Arc::clone(&self.inner),
+            client: self.inner.clients.fetch_add(1, Ordering::Relaxed) + 1,
+        }
     }
 
     /// Every operation first waits for the injected latency and while hung,
@@ -492,7 +551,7 @@ impl MemoryBackend {
     pub fn restore_changes(&self) {
         let mut state = self.state();
         state.changes_cut = false;
-        state.changes.report(&LeaseChange::All);
+        state.report(&LeaseChange::All);
     }
 
     fn renew_now(&self, request: &RenewRequest) -> RenewOutcome {
@@ -941,10 +1000,14 @@ impl LeaseBackend for MemoryBackend {
     }
 
     /// Reports the changes made by [`vanish`](MemoryBackend::vanish) and
-    /// [`hand_over`](MemoryBackend::hand_over); nothing else changes a
-    /// lease behind its holder's back here.
+    /// [`hand_over`](MemoryBackend::hand_over) (nothing else changes a
+    /// lease behind its holder's back here), and the grants and releases
+    /// made by other [clients](MemoryBackend::client). An expiry is not
+    /// reported: it happens when the lease is next read.
     async fn watch_changes(&self) -> Result<ChangeWatch, BackendError> {
-        Ok(self.state().changes.subscribe())
+        let (sender, receiver) = mpsc::unbounded_channel();
+        self.state().changes.push((self.client, sender));
+        Ok(ChangeWatch::new(receiver))
     }
 }
 

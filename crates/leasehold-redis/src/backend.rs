@@ -63,7 +63,7 @@ pub struct RedisBackend {
 }
 
 struct Shared {
-    /// Inspect and force_release; acquisitions, handovers and releases
+    /// force_release; inspections, acquisitions, handovers and releases
     /// too while client tracking is off.
     conn: Conn,
     /// Renewals, so that no flood of other operations (or the application's
@@ -400,6 +400,37 @@ impl RedisBackend {
         }
         tracking.own_write(lease());
         Ok(WriteRoute::Untracked)
+    }
+
+    /// Where a read that should track its key goes: as a grant (see
+    /// [`lease_writes`](Self::lease_writes)), over the tracked renewal
+    /// connection while tracking is on, and failing when tracking cannot be
+    /// turned on for it (a read over the other connection would leave an
+    /// observer unwatched); otherwise over the operations connection.
+    async fn tracked_reads(&self) -> Result<WriteRoute<'_>, Failure> {
+        let Some(tracking) = &self.shared.tracking else {
+            return Ok(WriteRoute::Untracked);
+        };
+        if !tracking.is_on() {
+            return Ok(WriteRoute::Untracked);
+        }
+        if tracking.needs_prelude() || self.shared.renew_conn.needs_resolving() {
+            let prepared = Box::pin(self.prepare_tracked_writes(tracking)).await;
+            if let Err(failure) = prepared
+                && tracking.is_on()
+            {
+                return Err(failure);
+            }
+        }
+        if !tracking.is_on() {
+            return Ok(WriteRoute::Untracked);
+        }
+        let limit = self.shared.op_timeout;
+        match tokio::time::timeout(limit, self.shared.write_places.acquire()).await {
+            Ok(Ok(place)) => Ok(WriteRoute::Tracked { _place: place }),
+            // The semaphore is never closed; a timeout sent nothing.
+            Ok(Err(_)) | Err(_) => Err(Failure::Timeout(limit)),
+        }
     }
 
     /// Turns tracking on for the connection the next lease write goes over.
@@ -1214,10 +1245,24 @@ impl LeaseBackend for RedisBackend {
         reply::handed_over(next, sent_at, &reply).map_err(|f| f.for_key(OP, key))
     }
 
+    /// Reads the lease. While client tracking is on, over the tracked
+    /// renewal connection, as a lease write goes: the script's `GET` tracks
+    /// the key for this backend, so that the next grant, renewal, release,
+    /// deletion or expiry of it by anyone else is reported through
+    /// [`watch_changes`](Self::watch_changes) (once; the next read tracks
+    /// it again). That is what lets an observer of a lease it does not hold
+    /// follow it without polling. Such reads take a place among the
+    /// lease writes in flight there, so that a flood of them cannot queue
+    /// ahead of a renewal unbounded.
     async fn inspect(&self, key: &LeaseKey) -> Result<Option<LeaseInfo>, BackendError> {
         const OP: &str = "inspect";
         let call = scripts::inspect(&self.shared.layout, key);
-        let reply = self.eval(&call).await.map_err(|f| f.for_key(OP, key))?;
+        let route = self.tracked_reads().await.map_err(|f| f.for_key(OP, key))?;
+        let reply = self
+            .eval_write(&call, route, None)
+            .await
+            .map(|reply| reply.value)
+            .map_err(|f| f.for_key(OP, key))?;
         reply::inspected(&reply).map_err(|f| f.for_key(OP, key))
     }
 
@@ -1225,6 +1270,8 @@ impl LeaseBackend for RedisBackend {
     /// backend (and its clones), when client tracking is on (see
     /// [`RedisBackendBuilder::track_lease_changes`](crate::RedisBackendBuilder::track_lease_changes));
     /// a lost renewal connection is reported as [`LeaseChange::All`](leasehold_core::LeaseChange::All).
+    /// The watch ends (`next` returns `None`) when tracking is turned off
+    /// for good: the server refused it, or its tracking table overflowed.
     /// Behind Sentinel, a new resolution of the master is reported as
     /// `All` too. Cluster deployments report nothing (the redis crate's
     /// cluster client turns no tracking on for its node connections):

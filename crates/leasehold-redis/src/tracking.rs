@@ -27,6 +27,12 @@
 //!   (quadratic in the batch size) and a single-key read tracked one lease
 //!   of the batch on Valkey.
 //!
+//! - `inspect` goes over the tracked connection too (while tracking is
+//!   on): its `GET` tracks the key, so that an observer of a lease it does
+//!   not hold (`LeaseManager::watch_leader`) hears of the next grant,
+//!   renewal, release, deletion or expiry of it by anyone else, and reads
+//!   it again, which tracks it again.
+//!
 //! The server then pushes an `invalidate` message when a tracked key changes
 //! (a `SET`, a `DEL`, an expiry, an eviction), once per tracking of the key;
 //! NOLOOP leaves out the connection's own writes. Each
@@ -55,7 +61,9 @@
 //! key again and evicts another. A second in which at least
 //! [`STORM_MIN_REPORTS`] held leases are reported changed, and more than a
 //! quarter as many as were renewed, is taken for such a storm: tracking is
-//! turned off for the backend, with a warning. Only reports of leases this
+//! turned off for the backend, with a warning, and every open change watch
+//! ends (as when the server refuses tracking), so that no one waits on a
+//! feed that will stay quiet. Only reports of leases this
 //! backend renewed in that second or the one before count: the keys a
 //! storm keeps evicting are the ones its renewals keep tracking again,
 //! while on Redis 7.0 a permit's grant also tracks every other permit of
@@ -243,10 +251,18 @@ impl Tracking {
         }
     }
 
+    /// Ends every open change watch: tracking is off for good, and a
+    /// watch that stayed open would look like a quiet server to those who
+    /// wait on it (a leader watch would never see a new holder).
+    fn stop_reporting(&self) {
+        self.state().feed = ChangeFeed::new();
+    }
+
     /// The server refused `CLIENT TRACKING`: renew without it from now on.
     pub(crate) fn refused(&self, error: &redis::RedisError) {
         self.turn_off.store(false, Ordering::Release);
         if self.wanted.swap(false, Ordering::AcqRel) {
+            self.stop_reporting();
             warn!(%error, "the server refused CLIENT TRACKING; holders learn of a changed lease at their next renewal");
         }
     }
@@ -254,6 +270,7 @@ impl Tracking {
     /// Tracking cannot be had on this server: renew without it.
     pub(crate) fn unavailable(&self, why: &str) {
         if self.wanted.swap(false, Ordering::AcqRel) {
+            self.stop_reporting();
             warn!(
                 why,
                 "client tracking is off; holders learn of a changed lease at their next renewal"
@@ -358,6 +375,8 @@ impl Tracking {
         let window = &state.window;
         if window.reported >= STORM_MIN_REPORTS && window.reported * STORM_SHARE > window.renewed {
             let (reported, renewed) = (window.reported, window.renewed);
+            // Taken out under the lock: no report after this one.
+            state.feed = ChangeFeed::new();
             drop(state);
             self.wanted.store(false, Ordering::Release);
             self.turn_off.store(true, Ordering::Release);
@@ -414,6 +433,7 @@ mod tests {
     async fn only_leases_renewed_here_count_towards_a_storm() -> Result<(), leasehold_core::Error> {
         let layout = KeyLayout::new("ns").expect("valid namespace");
         let tracking = Tracking::new(layout.clone());
+        let mut watch = tracking.watch();
         let n = usize::try_from(STORM_MIN_REPORTS).unwrap_or(usize::MAX);
         let ttl = leasehold_core::Ttl::parse("30s")?;
         let holder = leasehold_core::HolderId::generate()?;
@@ -436,7 +456,28 @@ mod tests {
         let ours: Vec<String> = held.iter().map(|r| layout.lease(&r.key)).collect();
         tracking.on_invalidate(&invalidated(&ours));
         assert!(!tracking.is_on(), "a storm of leases renewed here");
+        // The watch reports what came before, then ends: no more reports
+        // will come.
+        let mut reported = 0;
+        let ended = tokio::time::timeout(Duration::from_secs(1), async {
+            while watch.next().await.is_some() {
+                reported += 1;
+            }
+        });
+        assert!(ended.await.is_ok(), "the watch stayed open");
+        assert!(reported >= n, "{reported} reports before the end");
+        assert!(!watch.is_supported());
         Ok(())
+    }
+
+    /// Tracking that cannot be had ends the watches opened before.
+    #[tokio::test(start_paused = true)]
+    async fn tracking_given_up_ends_the_open_watches() {
+        let tracking = Tracking::new(KeyLayout::new("ns").expect("valid namespace"));
+        let mut watch = tracking.watch();
+        tracking.unavailable("a test");
+        let next = tokio::time::timeout(Duration::from_secs(1), watch.next()).await;
+        assert_eq!(next, Ok(None), "the watch stayed open");
     }
 
     #[test]

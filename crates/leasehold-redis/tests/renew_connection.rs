@@ -55,8 +55,11 @@ async fn renewals_and_other_operations_use_distinct_named_connections() -> TestR
         .await?;
     assert_eq!(renewed, RenewOutcome::Renewed);
     assert_eq!(last_command(&server, "leasehold-renew")?, "evalsha");
+    // A read travels with them too, so that it tracks the key it reads
+    // (what a watch of the lease's leader relies on).
     backend.inspect(&k).await?;
-    assert_eq!(last_command(&server, "leasehold-ops")?, "evalsha");
+    assert_eq!(last_command(&server, "leasehold-ops")?, "client|setname");
+    assert_eq!(last_command(&server, "leasehold-renew")?, "evalsha");
     Ok(())
 }
 
@@ -69,6 +72,8 @@ async fn without_tracking_acquisitions_use_the_operations_connection() -> TestRe
         .await?;
     acquire(&backend, &key("untracked"), holder(), ttl("30s")).await?;
     assert_eq!(last_command(&server, "leasehold-ops")?, "evalsha");
+    assert_eq!(last_command(&server, "leasehold-renew")?, "client|setname");
+    backend.inspect(&key("untracked")).await?;
     assert_eq!(last_command(&server, "leasehold-renew")?, "client|setname");
     Ok(())
 }

@@ -1,14 +1,17 @@
 //! Leader election for singletons: campaign, lead, step down, campaign again.
 
 use std::pin::pin;
+use std::sync::{Arc, Mutex, OnceLock, PoisonError, Weak};
 use std::time::Duration;
 
 use leasehold_core::{FencingToken, LeaseBackend, LeaseInfo, LeaseKey};
+use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 use tracing::{Instrument, info, info_span};
 
 use crate::backoff::upper_half;
-use crate::{Lease, LeaseError, LeaseManager, LeaseOptions};
+use crate::shared::Shared;
+use crate::{Leader, Lease, LeaseError, LeaseManager, LeaseOptions};
 
 /// One candidate in an election: at most one candidate per key leads at a
 /// time, for as long as it holds the election's lease.
@@ -18,7 +21,12 @@ use crate::{Lease, LeaseError, LeaseManager, LeaseOptions};
 /// it steps down, then all campaign again. The lease's *label* (set with
 /// [`LeaseOptionsBuilder::label`](crate::LeaseOptionsBuilder::label)) is the
 /// candidate's public identity, such as a host or pod name; anyone can read
-/// the current leader's with [`observe`](Self::observe).
+/// the current leader's with [`observe`](Self::observe), or follow every
+/// change of leader with [`watch_leader`](Self::watch_leader). A health
+/// endpoint answers from [`is_leader`](Self::is_leader) and
+/// [`has_leader`](Self::has_leader) without a round trip. Followers that
+/// never campaign watch with
+/// [`LeaseManager::watch_leader`](crate::LeaseManager::watch_leader).
 ///
 /// ```
 /// use leasehold_core::MemoryBackend;
@@ -47,6 +55,12 @@ pub struct Election<B> {
     key: LeaseKey,
     options: LeaseOptions,
     pause: Duration,
+    /// The lease of this candidate's last term, while its handle or the
+    /// watchdog keeps it: a handle dropped without a release is released
+    /// by the watchdog, which then lets it go.
+    term: Mutex<Weak<Shared>>,
+    /// Who leads, once [`watch_leader`](Self::watch_leader) was called.
+    leader: OnceLock<watch::Receiver<Option<Leader>>>,
 }
 
 impl<B: LeaseBackend> Election<B> {
@@ -70,6 +84,8 @@ impl<B: LeaseBackend> Election<B> {
             key,
             pause: options.renew_interval(),
             options,
+            term: Mutex::new(Weak::new()),
+            leader: OnceLock::new(),
         })
     }
 
@@ -111,7 +127,11 @@ impl<B: LeaseBackend> Election<B> {
         let mut attempt = 0;
         loop {
             match self.manager.acquire(self.key.as_str(), &options).await {
-                Ok(lease) => return Ok(lease),
+                Ok(lease) => {
+                    *self.term.lock().unwrap_or_else(PoisonError::into_inner) =
+                        Arc::downgrade(lease.shared());
+                    return Ok(lease);
+                }
                 Err(LeaseError::NotAcquired { .. }) => {}
                 Err(LeaseError::Backend(error)) if error.is_transient() => {
                     tokio::time::sleep(self.options.backoff().delay(attempt)).await;
@@ -130,6 +150,77 @@ impl<B: LeaseBackend> Election<B> {
     /// [`LeaseError::Backend`] when the backend cannot be read.
     pub async fn observe(&self) -> Result<Option<LeaseInfo>, LeaseError> {
         Ok(self.manager.backend().inspect(&self.key).await?)
+    }
+
+    /// Who leads this election, as a [`watch`] receiver: the current
+    /// [`Leader`] (label, fencing token, and when this observer learned of
+    /// it), or `None` while no one does; see
+    /// [`LeaseManager::watch_leader`](crate::LeaseManager::watch_leader),
+    /// which it calls once (later calls return a clone of the same
+    /// receiver). It reports this candidate's own terms too. Calling it is
+    /// what makes [`has_leader`](Self::has_leader) answer.
+    ///
+    /// ```
+    /// use leasehold_core::MemoryBackend;
+    /// use leasehold_watchdog::{Election, LeaseManager, LeaseOptions};
+    ///
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let manager = LeaseManager::new(MemoryBackend::new())?;
+    /// let options = LeaseOptions::builder().label("scheduler-0").build()?;
+    /// let election = Election::new(manager, "scheduler", options)?;
+    /// let mut leader = election.watch_leader().await?;
+    /// assert!(!election.has_leader());
+    ///
+    /// let lease = election.campaign().await?;
+    /// leader.wait_for(|l| l.is_some()).await?;
+    /// assert!(election.is_leader() && election.has_leader());
+    /// let token = leader.borrow().as_ref().and_then(|l| l.fencing_token);
+    /// assert_eq!(token, Some(lease.fencing_token()));
+    ///
+    /// lease.release().await?;
+    /// assert!(!election.is_leader());
+    /// leader.wait_for(|l| l.is_none()).await?;
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// As [`LeaseManager::watch_leader`](crate::LeaseManager::watch_leader).
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe.
+    pub async fn watch_leader(&self) -> Result<watch::Receiver<Option<Leader>>, LeaseError> {
+        if let Some(leader) = self.leader.get() {
+            return Ok(leader.clone());
+        }
+        let leader = self.manager.watch_leader(self.key.as_str()).await?;
+        // A concurrent call may have set it first: either receiver serves.
+        Ok(self.leader.get_or_init(|| leader).clone())
+    }
+
+    /// Whether this candidate leads now: it holds the election's lease
+    /// (not released, not lost, not dropped) and the lease's token has not
+    /// fired. No round trip: the watchdog cancels the token before the
+    /// lease can expire on the server. A lease handle dropped without a
+    /// release stops counting once the watchdog has released it.
+    #[must_use]
+    pub fn is_leader(&self) -> bool {
+        self.term
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .upgrade()
+            .is_some_and(|term| term.is_held())
+    }
+
+    /// Whether anyone leads, as last seen by
+    /// [`watch_leader`](Self::watch_leader)'s receiver; `false` before
+    /// the first call to it. No round trip.
+    #[must_use]
+    pub fn has_leader(&self) -> bool {
+        self.leader
+            .get()
+            .is_some_and(|leader| leader.borrow().is_some())
     }
 
     /// Campaigns, leads, steps down and campaigns again until `stop` is

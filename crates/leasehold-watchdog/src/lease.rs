@@ -35,6 +35,11 @@ pub struct Lease {
 }
 
 impl Lease {
+    /// The state the handle shares with the watchdog.
+    pub(crate) fn shared(&self) -> &Arc<Shared> {
+        &self.shared
+    }
+
     pub(crate) fn new(shared: Arc<Shared>, id: u64, holder: HolderId, home: Arc<Home>) -> Self {
         Self {
             shared,

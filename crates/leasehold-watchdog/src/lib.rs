@@ -43,6 +43,7 @@ mod error;
 mod handoff;
 mod home;
 mod intent;
+mod leader;
 mod lease;
 #[cfg(all(test, loom))]
 mod loom_races;
@@ -66,6 +67,7 @@ pub use bounds::Progress;
 pub use config::{ConfigError, LeaseConfig};
 pub use election::Election;
 pub use error::LeaseError;
+pub use leader::{Leader, UNREPORTED_RECHECK};
 pub use lease::Lease;
 /// The permit limit of a semaphore, re-exported for [`LeaseManager::acquire_permit`].
 pub use leasehold_core::PermitLimit;

@@ -16,6 +16,7 @@ use crate::attempt::Attempt;
 use crate::bounds::Bounds;
 use crate::home::{BoxFuture, Home};
 use crate::intent::IntentGuard;
+use crate::leader::{Leader, Leaders};
 use crate::queue::Queues;
 use crate::renewal::{Registry, Watchdog};
 use crate::shared::Shared;
@@ -57,6 +58,8 @@ struct Inner<B> {
     shutdown: CancellationToken,
     task: Mutex<Option<JoinHandle<()>>>,
     next_id: AtomicU64,
+    /// The drivers of [`watch_leader`](LeaseManager::watch_leader), by key.
+    leaders: Arc<Leaders>,
 }
 
 impl<B> Clone for LeaseManager<B> {
@@ -298,6 +301,8 @@ impl<B: LeaseBackend> LeaseManager<B> {
             .with_bounds(Bounds::of(options, grant.sent_at)),
         );
         let holder = grant.holder;
+        // The server does not report this manager's own grant back to it.
+        self.inner.leaders.granted(&grant.key);
         self.inner.home.registry.register(
             id,
             Arc::clone(&shared),
@@ -308,6 +313,69 @@ impl<B: LeaseBackend> LeaseManager<B> {
         // Counted here, as the handle's release uncounts it on its own task.
         crate::metrics::held(&shared.name, &shared.key, 1.0);
         Ok(Lease::new(shared, id, holder, Arc::clone(&self.inner.home)))
+    }
+
+    /// Watches who holds `key`: a receiver whose value is the current
+    /// [`Leader`], or `None` while the key is free, updated as the lease
+    /// changes hands. Use it to follow an [`Election`](crate::Election)
+    /// without campaigning, or for a health endpoint
+    /// (`receiver.borrow().is_some()` costs no round trip).
+    ///
+    /// The value starts as read from the backend before this returns, and
+    /// changes when the leader does: a new grant, a release, a lease that
+    /// expired or was deleted on the server. It is pushed by the backend's
+    /// signals (change reports, release notices, grants through this
+    /// manager), with a timer at the lease's remaining ttl as a fallback,
+    /// never by a polling loop (except on a backend that reports no
+    /// changes, such as a Redis Cluster, which reads a free key every
+    /// [`UNREPORTED_RECHECK`](crate::UNREPORTED_RECHECK)). On Redis with
+    /// client tracking, a change reaches the receiver within a round trip
+    /// or two.
+    ///
+    /// One background task per manager and key serves every receiver; it
+    /// ends when the last receiver is dropped or the manager shuts down,
+    /// after which receivers see the sender closed. While reads fail it
+    /// retries, and the value keeps the last leader read.
+    ///
+    /// ```
+    /// use leasehold_core::MemoryBackend;
+    /// use leasehold_watchdog::{LeaseManager, LeaseOptions};
+    ///
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let backend = MemoryBackend::new();
+    /// let observer = LeaseManager::new(backend.client())?;
+    /// let mut leader = observer.watch_leader("scheduler").await?;
+    /// assert!(leader.borrow().is_none());
+    ///
+    /// let candidate = LeaseManager::new(backend.client())?;
+    /// let options = LeaseOptions::builder().label("node-1").build()?;
+    /// let lease = candidate.acquire("scheduler", &options).await?;
+    /// leader.changed().await?;
+    /// assert_eq!(leader.borrow().as_ref().and_then(|l| l.label.as_deref()), Some("node-1"));
+    /// lease.release().await?;
+    /// leader.changed().await?;
+    /// assert!(leader.borrow().is_none());
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// [`LeaseError::Invalid`] for a bad key, [`LeaseError::ManagerStopped`]
+    /// after a shutdown, and [`LeaseError::Backend`] when the first read
+    /// (or the subscriptions before it) failed.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe: a dropped call leaves no task behind.
+    pub async fn watch_leader(
+        &self,
+        key: impl AsRef<str>,
+    ) -> Result<tokio::sync::watch::Receiver<Option<Leader>>, LeaseError> {
+        let key = LeaseKey::new(key)?;
+        self.inner
+            .leaders
+            .watch(&self.inner.backend, key, &self.inner.shutdown)
+            .await
     }
 
     /// Cancels every lease's token with
@@ -387,6 +455,7 @@ impl<B: LeaseBackend> LeaseManagerBuilder<B> {
                 shutdown,
                 task: Mutex::new(Some(task)),
                 next_id: AtomicU64::new(0),
+                leaders: Arc::default(),
             }),
         })
     }

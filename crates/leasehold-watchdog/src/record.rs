@@ -115,6 +115,11 @@ impl Record {
             .is_ok()
     }
 
+    /// Whether the lease runs: neither ended nor claimed for a release.
+    pub(crate) fn is_running(&self) -> bool {
+        self.loss.load(Ordering::Acquire) == 0
+    }
+
     /// Why the lease ended; `None` while it runs and after a release.
     pub(crate) fn loss(&self) -> Option<LossReason> {
         LossReason::from_code(self.loss.load(Ordering::Acquire))

@@ -94,6 +94,12 @@ impl Shared {
         self.record.claim_release()
     }
 
+    /// Whether the lease is held: not ended, not being released, and its
+    /// token has not fired.
+    pub(crate) fn is_held(&self) -> bool {
+        self.record.is_running() && !self.token.is_cancelled()
+    }
+
     pub(crate) fn loss(&self) -> Option<LossReason> {
         self.record.loss()
     }
