@@ -39,9 +39,14 @@ pub(crate) fn choose_store() -> Store {
     }
 }
 
-/// Logs to stderr, filtered by `RUST_LOG` or else by `default_filter`.
+/// Logs to stderr, filtered by `RUST_LOG` or else by `default_filter`;
+/// coloured only on a terminal, so that output sent to a file or a pipe
+/// carries no escape codes.
 pub(crate) fn init_tracing(default_filter: &str) {
+    use std::io::IsTerminal as _;
     tracing_subscriber::fmt()
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::stderr().is_terminal())
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env()
                 .unwrap_or_else(|_| default_filter.into()),

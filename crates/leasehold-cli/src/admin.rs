@@ -319,88 +319,85 @@ fn duration_text(ttl_left: Option<Duration>) -> String {
     )
 }
 
-/// One JSON object; written by hand to keep the command's dependencies few.
-fn to_json(key: &LeaseKey, info: Option<&LeaseInfo>) -> String {
-    let mut out = format!(
-        "{{\"key\":{},\"held\":{}",
-        json_string(key.as_str()),
-        info.is_some()
-    );
-    if let Some(info) = info {
-        out.push(',');
-        out.push_str(&info_json(info));
-    }
-    out.push('}');
-    out
+/// A lease as `status --json` prints it: `"key"`, `"held"`, and a held
+/// lease's fields.
+#[derive(serde::Serialize)]
+struct LeaseJson<'a> {
+    key: &'a str,
+    held: bool,
+    #[serde(flatten)]
+    holder: Option<HolderJson<'a>>,
 }
 
-/// `"label":…,"fencing_token":…,"ttl_left_ms":…` of a held lease.
-fn info_json(info: &LeaseInfo) -> String {
-    let label = info
-        .label
-        .as_deref()
-        .map_or_else(|| "null".to_owned(), json_string);
-    let token = info
-        .fencing_token
-        .map_or_else(|| "null".to_owned(), |t| t.to_string());
-    format!(
-        "\"label\":{label},\"fencing_token\":{token},\"ttl_left_ms\":{}",
-        ms_json(info.ttl_left)
-    )
+/// `"label"`, `"fencing_token"` and `"ttl_left_ms"` of a held lease.
+#[derive(serde::Serialize)]
+struct HolderJson<'a> {
+    label: Option<&'a str>,
+    fencing_token: Option<u64>,
+    ttl_left_ms: Option<u64>,
 }
 
-fn ms_json(ttl_left: Option<Duration>) -> String {
-    ttl_left.map_or_else(|| "null".to_owned(), |d| d.as_millis().to_string())
-}
-
-/// One JSON object for a read-write lease: `"writer"` (an object as a held
-/// lease's fields, or null), `"readers"` (a list of them) and
-/// `"waiting_writer"` (`"label"` and `"ttl_left_ms"` of the intent, or null).
-fn rw_json(key: &LeaseKey, info: &RwInfo) -> String {
-    let writer = info
-        .writer
-        .as_ref()
-        .map_or_else(|| "null".to_owned(), |w| format!("{{{}}}", info_json(w)));
-    let readers: Vec<String> = info
-        .readers
-        .iter()
-        .map(|r| format!("{{{}}}", info_json(r)))
-        .collect();
-    let waiting = info.waiting_writer.as_ref().map_or_else(
-        || "null".to_owned(),
-        |WriteIntent {
-             label, ttl_left, ..
-         }| {
-            format!(
-                "{{\"label\":{},\"ttl_left_ms\":{}}}",
-                label
-                    .as_deref()
-                    .map_or_else(|| "null".to_owned(), json_string),
-                ms_json(*ttl_left)
-            )
-        },
-    );
-    format!(
-        "{{\"key\":{},\"held\":{},\"writer\":{writer},\"readers\":[{}],\"waiting_writer\":{waiting}}}",
-        json_string(key.as_str()),
-        info.is_held(),
-        readers.join(",")
-    )
-}
-
-fn json_string(s: &str) -> String {
-    let mut out = String::with_capacity(s.len() + 2);
-    out.push('"');
-    for c in s.chars() {
-        match c {
-            '"' => out.push_str("\\\""),
-            '\\' => out.push_str("\\\\"),
-            c if u32::from(c) < 0x20 => out.push_str(&format!("\\u{:04x}", u32::from(c))),
-            c => out.push(c),
+impl<'a> HolderJson<'a> {
+    fn of(info: &'a LeaseInfo) -> Self {
+        Self {
+            label: info.label.as_deref(),
+            fencing_token: info.fencing_token.map(|t| t.0),
+            ttl_left_ms: ms(info.ttl_left),
         }
     }
-    out.push('"');
-    out
+}
+
+/// A read-write lease: `"writer"` (a held lease's fields, or null),
+/// `"readers"` (a list of them) and `"waiting_writer"` (`"label"` and
+/// `"ttl_left_ms"` of the intent, or null).
+#[derive(serde::Serialize)]
+struct RwJson<'a> {
+    key: &'a str,
+    held: bool,
+    writer: Option<HolderJson<'a>>,
+    readers: Vec<HolderJson<'a>>,
+    waiting_writer: Option<IntentJson<'a>>,
+}
+
+#[derive(serde::Serialize)]
+struct IntentJson<'a> {
+    label: Option<&'a str>,
+    ttl_left_ms: Option<u64>,
+}
+
+fn ms(ttl_left: Option<Duration>) -> Option<u64> {
+    ttl_left.map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+}
+
+/// One line of JSON. These types always serialize; an error would be shown
+/// as its message in place of the line.
+fn json_line(value: &impl serde::Serialize) -> String {
+    serde_json::to_string(value).unwrap_or_else(|e| format!("{{\"error\":{:?}}}", e.to_string()))
+}
+
+fn to_json(key: &LeaseKey, info: Option<&LeaseInfo>) -> String {
+    json_line(&LeaseJson {
+        key: key.as_str(),
+        held: info.is_some(),
+        holder: info.map(HolderJson::of),
+    })
+}
+
+fn rw_json(key: &LeaseKey, info: &RwInfo) -> String {
+    json_line(&RwJson {
+        key: key.as_str(),
+        held: info.is_held(),
+        writer: info.writer.as_ref().map(HolderJson::of),
+        readers: info.readers.iter().map(HolderJson::of).collect(),
+        waiting_writer: info.waiting_writer.as_ref().map(
+            |WriteIntent {
+                 label, ttl_left, ..
+             }| IntentJson {
+                label: label.as_deref(),
+                ttl_left_ms: ms(*ttl_left),
+            },
+        ),
+    })
 }
 
 #[cfg(test)]

@@ -20,7 +20,7 @@ pub enum LeaseError {
         reason: String,
     },
     /// Another holder kept the lease for the whole wait.
-    #[error("lease {key:?} is held by {}; gave up after waiting {}", holder_text(.holder), humantime::format_duration(*.waited))]
+    #[error("lease {key:?} is held by {}; gave up after waiting {}", holder_text(.holder), humantime::format_duration(round_ms(*.waited)))]
     NotAcquired {
         /// The lease key.
         key: String,
@@ -79,4 +79,24 @@ fn holder_text(info: &LeaseInfo) -> String {
 
 fn round_ms(d: Duration) -> Duration {
     Duration::from_millis(u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A wait is measured to the nanosecond, but shown as a person would
+    /// say it: to the millisecond.
+    #[test]
+    fn a_refused_wait_is_shown_to_the_millisecond() {
+        let error = LeaseError::NotAcquired {
+            key: "k".to_owned(),
+            waited: Duration::new(1, 2_086_620),
+            holder: LeaseInfo::default(),
+        };
+        assert_eq!(
+            error.to_string(),
+            "lease \"k\" is held by another holder; gave up after waiting 1s 2ms"
+        );
+    }
 }
