@@ -25,10 +25,9 @@ use std::sync::LazyLock;
 use std::time::{Duration, Instant};
 
 use common::{Json, env_number, median, percentile_us, quick};
+use leasehold::backend::{AcquireOutcome, AcquireRequest, HolderId, LeaseBackend};
 use leasehold::redis::{KeyLayout, RedisBackend};
-use leasehold::{
-    AcquireOutcome, AcquireRequest, HolderId, LeaseBackend, LeaseKey, ReleaseOutcome, Ttl,
-};
+use leasehold::{LeaseKey, ReleaseOutcome, Ttl};
 use leasehold::{LeaseManager, LeaseOptions};
 use leasehold_testkit::RedisServer;
 use redis::aio::ConnectionManager;

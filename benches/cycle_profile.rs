@@ -38,11 +38,9 @@ use std::sync::Arc;
 use std::sync::LazyLock;
 
 use common::env_number;
+use leasehold::backend::{AcquireOutcome, AcquireRequest, HolderId, LeaseBackend};
 use leasehold::redis::RedisBackend;
-use leasehold::{
-    AcquireOutcome, AcquireRequest, HolderId, Lease, LeaseBackend, LeaseKey, LeaseManager,
-    LeaseOptions, ReleaseOutcome, Ttl,
-};
+use leasehold::{Lease, LeaseKey, LeaseManager, LeaseOptions, ReleaseOutcome, Ttl};
 use leasehold_testkit::RedisServer;
 use redis::aio::ConnectionManager;
 

@@ -25,10 +25,9 @@ use std::time::{Duration, Instant};
 
 use common::{Json, env_number, quick, server_version};
 use futures_util::future::try_join_all;
+use leasehold::backend::{AcquireOutcome, AcquireRequest, HolderId, LeaseBackend};
 use leasehold::redis::RedisBackend;
-use leasehold::{
-    AcquireOutcome, AcquireRequest, HolderId, LeaseBackend, LeaseKey, ReleaseOutcome, Ttl,
-};
+use leasehold::{LeaseKey, ReleaseOutcome, Ttl};
 use leasehold_testkit::RedisServer;
 
 type BenchResult<T = ()> = Result<T, Box<dyn std::error::Error>>;

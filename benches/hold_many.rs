@@ -41,12 +41,12 @@ use std::time::{Duration, Instant};
 
 use common::{Json, env_number, quick};
 use futures_util::future::join_all;
-use leasehold::redis::{KeyLayout, RedisBackend};
-use leasehold::{
-    AcquireOutcome, AcquireRequest, BackendError, ChangeWatch, HolderId, Lease, LeaseBackend,
-    LeaseInfo, LeaseKey, LeaseManager, LeaseOptions, ReleaseOutcome, RenewOutcome, RenewRequest,
-    Ttl,
+use leasehold::backend::{
+    AcquireOutcome, AcquireRequest, BackendError, ChangeWatch, HolderId, LeaseBackend,
+    RenewOutcome, RenewRequest,
 };
+use leasehold::redis::{KeyLayout, RedisBackend};
+use leasehold::{Lease, LeaseInfo, LeaseKey, LeaseManager, LeaseOptions, ReleaseOutcome, Ttl};
 use leasehold_testkit::RedisServer;
 use redis::aio::ConnectionManager;
 

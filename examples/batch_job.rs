@@ -17,8 +17,9 @@ mod common;
 use common::Store;
 use std::time::Duration;
 
+use leasehold::backend::LeaseBackend;
 use leasehold::redis::RedisBackend;
-use leasehold::{LeaseBackend, LeaseKey, LeaseManager, LeaseOptions, MemoryBackend, Ttl};
+use leasehold::{LeaseKey, LeaseManager, LeaseOptions, MemoryBackend, Ttl};
 use tokio::time::Instant;
 use tracing::info;
 

@@ -25,9 +25,10 @@ use common::Store;
 use std::net::SocketAddr;
 use std::time::Duration;
 
+use leasehold::backend::LeaseBackend;
 use leasehold::metrics::{ACQUIRE_WAIT, HOLD_TIME, RENEWAL_LATENCY};
 use leasehold::redis::RedisBackend;
-use leasehold::{Election, LeaseBackend, LeaseKey, LeaseManager, LeaseOptions, MemoryBackend, Ttl};
+use leasehold::{Election, LeaseKey, LeaseManager, LeaseOptions, MemoryBackend, Ttl};
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder};
 use tracing::info;
 

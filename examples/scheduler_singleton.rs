@@ -13,10 +13,10 @@ mod common;
 use common::Store;
 use std::time::Duration;
 
+use leasehold::backend::LeaseBackend;
 use leasehold::redis::RedisBackend;
 use leasehold::{
-    CancellationToken, Election, LeaseBackend, LeaseKey, LeaseManager, LeaseOptions, MemoryBackend,
-    Ttl,
+    CancellationToken, Election, LeaseKey, LeaseManager, LeaseOptions, MemoryBackend, Ttl,
 };
 use tokio::time::Instant;
 use tracing::info;

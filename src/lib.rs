@@ -23,9 +23,15 @@
 //! # Ok(()) }
 //! ```
 //!
-//! This crate re-exports the parts: the vocabulary and [`MemoryBackend`]
-//! from `leasehold-core`, the [`LeaseManager`] from `leasehold-watchdog`, and
-//! the Redis backends as [`redis`].
+//! The root holds what a user of leases writes: the [`LeaseManager`] and
+//! its [`LeaseOptions`], the [`Lease`] handle, [`Election`], the error
+//! users handle ([`Error`], the watchdog's [`LeaseError`]), the values they
+//! pass ([`Ttl`], [`LockDelay`], [`PermitLimit`], [`PlaceTtl`], [`LeaseKey`])
+//! and what they are told ([`FencingToken`], [`LossReason`], [`LeaseInfo`],
+//! [`RwInfo`], [`ReleaseOutcome`], [`Leader`]), with [`MemoryBackend`] for
+//! one process and the Redis backends as [`redis`]. What a backend
+//! implementor needs (the [`LeaseBackend`](backend::LeaseBackend) contract
+//! and its requests and outcomes) lives in [`backend`].
 //!
 //! To operate leases: every manager records [`metrics`] (acquisitions,
 //! renewals, losses, leases held, hold time) through the `metrics` facade,
@@ -34,8 +40,33 @@
 //! `leasehold-cli`) runs shell commands under a lease. docs/operations.md
 //! has the details.
 
-pub use leasehold_core::*;
-pub use leasehold_watchdog::*;
+/// The error of invalid input (a key, a ttl, a duration) where it is
+/// checked before any lease is asked for, such as [`LeaseKey::new`];
+/// [`Error`] carries it as [`Error::Invalid`].
+pub use leasehold_core::Error as InputError;
+pub use leasehold_core::{
+    FencingToken, LeaseInfo, LeaseKey, LockDelay, MemoryBackend, PermitLimit, PlaceTtl,
+    ReleaseOutcome, RwInfo, RwRole, Ttl, WriteIntent,
+};
+/// The error users handle: [`LeaseError`], under the name a crate's error
+/// usually has.
+pub use leasehold_watchdog::LeaseError as Error;
+pub use leasehold_watchdog::{
+    Backoff, CancellationToken, ConfigError, DEFAULT_MAX_WAITERS, Election, Leader, Lease,
+    LeaseConfig, LeaseError, LeaseManager, LeaseManagerBuilder, LeaseOptions, LeaseOptionsBuilder,
+    LossReason, Progress, UNREPORTED_RECHECK, metrics,
+};
+
+/// What a backend implementor needs: the [`LeaseBackend`](backend::LeaseBackend)
+/// contract, its requests and outcomes, and the helpers that compute a
+/// grant's validity. A user of leases does not need this module.
+pub mod backend {
+    pub use leasehold_core::{
+        AcquireOutcome, AcquireRequest, BackendError, Cause, ChangeFeed, ChangeWatch, FairOutcome,
+        FairPlace, Grant, HandoverOutcome, HandoverWatch, HolderId, LeaseBackend, LeaseChange,
+        ReleaseWatch, RenewOutcome, RenewRequest, clock_drift, parse_duration, valid_until,
+    };
+}
 
 /// The Redis backends (and the `redis` client crate they use).
 pub use leasehold_redis as redis;

@@ -3,10 +3,9 @@
 
 use std::time::Duration;
 
+use leasehold::backend::{AcquireRequest, HolderId, parse_duration};
 use leasehold::redis::{Error as RedisError, KeyLayout, RedisBackend};
-use leasehold::{
-    AcquireRequest, Error, HolderId, LeaseError, LeaseKey, LeaseOptions, Ttl, parse_duration,
-};
+use leasehold::{InputError as Error, LeaseError, LeaseKey, LeaseOptions, Ttl};
 
 /// The variant of a core error, by name.
 fn core_variant(e: &Error) -> &'static str {

@@ -13,11 +13,12 @@
 use std::time::Duration;
 
 use futures_util::StreamExt;
-use leasehold::redis::{RedisBackend, RedlockBackend};
-use leasehold::{
-    AcquireOutcome, AcquireRequest, BackendError, HolderId, LeaseBackend, LeaseKey, LeaseManager,
-    LeaseOptions, ReleaseOutcome, RenewOutcome, RenewRequest, Ttl,
+use leasehold::backend::{
+    AcquireOutcome, AcquireRequest, BackendError, HolderId, LeaseBackend, RenewOutcome,
+    RenewRequest,
 };
+use leasehold::redis::{RedisBackend, RedlockBackend};
+use leasehold::{LeaseKey, LeaseManager, LeaseOptions, ReleaseOutcome, Ttl};
 use leasehold_testkit::RedisServer;
 use redis::AsyncCommands;
 use redis::aio::MultiplexedConnection;

@@ -10,10 +10,11 @@
 
 use std::time::Duration;
 
+use leasehold::backend::LeaseBackend;
 use leasehold::redis::{RedisBackend, RedlockBackend};
 use leasehold::{
-    LeaseBackend, LeaseError, LeaseKey, LeaseManager, LeaseOptions, LossReason, MemoryBackend,
-    ReleaseOutcome, Ttl,
+    LeaseError, LeaseKey, LeaseManager, LeaseOptions, LossReason, MemoryBackend, ReleaseOutcome,
+    Ttl,
 };
 use leasehold_testkit::{Proxy, ProxyMode, RedisServer};
 use redis::AsyncCommands;

@@ -9,9 +9,10 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
+use leasehold::backend::LeaseBackend;
 use leasehold::redis::RedisBackend;
 use leasehold::redis::redis::AsyncCommands;
-use leasehold::{Backoff, LeaseBackend, LeaseManager, LeaseOptions, PermitLimit, Ttl};
+use leasehold::{Backoff, LeaseManager, LeaseOptions, PermitLimit, Ttl};
 use leasehold_testkit::RedisServer;
 use tokio::time::Instant;
 
@@ -208,7 +209,7 @@ async fn redlock_refuses_permits_at_once() -> TestResult {
     assert!(
         matches!(
             &error,
-            leasehold::LeaseError::Backend(leasehold::BackendError::Unsupported { .. })
+            leasehold::LeaseError::Backend(leasehold::backend::BackendError::Unsupported { .. })
         ),
         "{error:?}"
     );
@@ -341,8 +342,11 @@ async fn other_holders_permits_are_no_tracking_storm() -> TestResult {
             let others = others.clone();
             let key = leasehold::LeaseKey::new(format!("storm{s}"))?;
             takes.push(tokio::spawn(async move {
-                let request =
-                    leasehold::AcquireRequest::new(key, leasehold::HolderId::generate()?, ttl);
+                let request = leasehold::backend::AcquireRequest::new(
+                    key,
+                    leasehold::backend::HolderId::generate()?,
+                    ttl,
+                );
                 Ok::<_, Error>(others.try_acquire_permit(&request, limit).await?)
             }));
         }
@@ -350,7 +354,7 @@ async fn other_holders_permits_are_no_tracking_storm() -> TestResult {
     for take in takes {
         let taken = within(Duration::from_secs(30), "another holder's permit", take).await??;
         assert!(
-            matches!(taken, leasehold::AcquireOutcome::Acquired(_)),
+            matches!(taken, leasehold::backend::AcquireOutcome::Acquired(_)),
             "{taken:?}"
         );
     }

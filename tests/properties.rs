@@ -5,8 +5,9 @@
 
 use std::time::Duration;
 
+use leasehold::backend::{HolderId, clock_drift, parse_duration, valid_until};
 use leasehold::redis::KeyLayout;
-use leasehold::{HolderId, LeaseKey, LeaseOptions, Ttl, clock_drift, parse_duration, valid_until};
+use leasehold::{LeaseKey, LeaseOptions, Ttl};
 use proptest::prelude::*;
 use tokio::time::Instant;
 

@@ -8,10 +8,12 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, SystemTime};
 
+use leasehold::backend::{
+    AcquireOutcome, AcquireRequest, HolderId, LeaseBackend, RenewOutcome, RenewRequest,
+};
 use leasehold::redis::{Error as RedisError, RedisBackend};
 use leasehold::{
-    AcquireOutcome, AcquireRequest, HolderId, LeaseBackend, LeaseError, LeaseKey, LeaseManager,
-    LeaseOptions, LossReason, ReleaseOutcome, RenewOutcome, RenewRequest, Ttl,
+    LeaseError, LeaseKey, LeaseManager, LeaseOptions, LossReason, ReleaseOutcome, Ttl,
 };
 use leasehold_testkit::RedisServer;
 use server_clock::{Monitor, earliest_expiry, ms_after};
@@ -257,7 +259,7 @@ async fn fencing_tokens_strictly_increase_over_a_thousand_acquisitions() -> Test
 
 #[tokio::test]
 async fn bad_input_gets_the_documented_errors() -> TestResult {
-    use leasehold::Error;
+    use leasehold::InputError as Error;
     for key in ["", "line\nbreak", &"k".repeat(LeaseKey::MAX_LEN + 1)] {
         assert!(
             matches!(LeaseKey::new(key), Err(Error::InvalidKey { .. })),

@@ -9,10 +9,10 @@ use std::process::Command;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use leasehold::backend::{AcquireRequest, HandoverOutcome, HolderId, LeaseBackend};
 use leasehold::redis::{Error as RedisError, RedisBackend, redis};
 use leasehold::{
-    AcquireRequest, HandoverOutcome, HolderId, LeaseBackend, LeaseError, LeaseKey, LeaseManager,
-    LeaseOptions, LossReason, ReleaseOutcome, Ttl,
+    LeaseError, LeaseKey, LeaseManager, LeaseOptions, LossReason, ReleaseOutcome, Ttl,
 };
 use leasehold_testkit::{RedisServer, free_port};
 
@@ -451,7 +451,7 @@ async fn no_secret_appears_in_logs_debug_or_errors() -> TestResult {
 
 #[tokio::test]
 async fn what_others_can_see_of_a_holder_does_not_let_them_renew_or_release() -> TestResult {
-    use leasehold::{AcquireOutcome, AcquireRequest, RenewOutcome, RenewRequest};
+    use leasehold::backend::{AcquireOutcome, AcquireRequest, RenewOutcome, RenewRequest};
     let server = RedisServer::start()?;
     let backend = RedisBackend::connect(server.url()).await?;
     let key = LeaseKey::new("guarded")?;

@@ -3,13 +3,14 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
+use leasehold::backend::{
+    AcquireOutcome, AcquireRequest, BackendError, HolderId, LeaseBackend, RenewOutcome,
+    RenewRequest,
+};
 use leasehold::redis::redis::aio::MultiplexedConnection;
 use leasehold::redis::redis::cluster::ClusterClient;
 use leasehold::redis::{KeyLayout, RedisBackend, Topology};
-use leasehold::{
-    AcquireOutcome, AcquireRequest, BackendError, HolderId, LeaseBackend, LeaseKey, LeaseManager,
-    LeaseOptions, RenewOutcome, RenewRequest, Ttl,
-};
+use leasehold::{LeaseKey, LeaseManager, LeaseOptions, Ttl};
 use leasehold_testkit::{RedisCluster, RedisServer};
 
 #[path = "common/held.rs"]

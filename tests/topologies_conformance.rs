@@ -10,12 +10,14 @@ mod holders;
 
 use std::time::Duration;
 
+use leasehold::backend::{
+    AcquireOutcome, AcquireRequest, BackendError, HandoverOutcome, HolderId, LeaseBackend,
+    RenewOutcome, RenewRequest, clock_drift,
+};
 use leasehold::redis::redis::{self, AsyncCommands};
 use leasehold::redis::{RedisBackend, RedlockBackend};
 use leasehold::{
-    AcquireOutcome, AcquireRequest, BackendError, Backoff, HandoverOutcome, HolderId, LeaseBackend,
-    LeaseError, LeaseKey, LeaseManager, LeaseOptions, PermitLimit, ReleaseOutcome, RenewOutcome,
-    RenewRequest, Ttl, clock_drift,
+    Backoff, LeaseError, LeaseKey, LeaseManager, LeaseOptions, PermitLimit, ReleaseOutcome, Ttl,
 };
 use leasehold_testkit::{RedisCluster, RedisServer, SentinelSet, independent_masters};
 use tokio::time::Instant;

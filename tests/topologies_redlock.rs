@@ -4,11 +4,9 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use leasehold::backend::{AcquireOutcome, AcquireRequest, BackendError, HolderId, LeaseBackend};
 use leasehold::redis::{Error as RedisError, KeyLayout, RedlockBackend};
-use leasehold::{
-    AcquireOutcome, AcquireRequest, BackendError, HolderId, LeaseBackend, LeaseError, LeaseKey,
-    LeaseManager, LeaseOptions, ReleaseOutcome, Ttl,
-};
+use leasehold::{LeaseError, LeaseKey, LeaseManager, LeaseOptions, ReleaseOutcome, Ttl};
 use leasehold_testkit::{RedisServer, independent_masters};
 
 #[path = "common/notice.rs"]
@@ -64,7 +62,7 @@ async fn acquisitions_need_a_majority_of_masters() -> TestResult {
     for master in &masters {
         assert!(holds(master, "all-up")?);
     }
-    let drift = leasehold::clock_drift(all_up.ttl.get());
+    let drift = leasehold::backend::clock_drift(all_up.ttl.get());
     assert_eq!(
         all_up.valid_until,
         all_up.sent_at + all_up.ttl.get() - drift
@@ -292,14 +290,14 @@ async fn a_renewal_is_lost_only_when_a_majority_says_so() -> TestResult {
             return Err(format!("{name} not acquired").into());
         };
     }
-    let renew = |name: &str| -> Result<leasehold::RenewRequest, leasehold::Error> {
-        Ok(leasehold::RenewRequest::new(
+    let renew = |name: &str| -> Result<leasehold::backend::RenewRequest, leasehold::InputError> {
+        Ok(leasehold::backend::RenewRequest::new(
             LeaseKey::new(name)?,
             holder,
             ttl,
         ))
     };
-    let stored = |name: &str| -> Result<String, leasehold::Error> {
+    let stored = |name: &str| -> Result<String, leasehold::InputError> {
         Ok(layout.lease(&LeaseKey::new(name)?))
     };
 
@@ -307,14 +305,14 @@ async fn a_renewal_is_lost_only_when_a_majority_says_so() -> TestResult {
     masters[0].cli(&["DEL", &stored("gone-on-one")?])?;
     assert_eq!(
         backend.renew(&renew("gone-on-one")?).await?,
-        leasehold::RenewOutcome::Renewed
+        leasehold::backend::RenewOutcome::Renewed
     );
     // Gone from two: a majority says Lost.
     masters[0].cli(&["DEL", &stored("gone-on-two")?])?;
     masters[1].cli(&["DEL", &stored("gone-on-two")?])?;
     assert_eq!(
         backend.renew(&renew("gone-on-two")?).await?,
-        leasehold::RenewOutcome::Lost
+        leasehold::backend::RenewOutcome::Lost
     );
     // Gone from one, another paused: one renewed, one lost, one silent —
     // no majority either way, so the outcome is unknown (an error).
@@ -327,7 +325,7 @@ async fn a_renewal_is_lost_only_when_a_majority_says_so() -> TestResult {
     masters[1].resume()?;
     assert_eq!(
         backend.renew(&renew("gone-on-one")?).await?,
-        leasehold::RenewOutcome::Renewed
+        leasehold::backend::RenewOutcome::Renewed
     );
     Ok(())
 }

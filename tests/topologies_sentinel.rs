@@ -3,9 +3,10 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
+use leasehold::backend::LeaseBackend;
 use leasehold::redis::redis::aio::MultiplexedConnection;
 use leasehold::redis::{KeyLayout, RedisBackend, Topology};
-use leasehold::{LeaseBackend, LeaseKey, LeaseManager, LeaseOptions, LossReason, Ttl};
+use leasehold::{LeaseKey, LeaseManager, LeaseOptions, LossReason, Ttl};
 use leasehold_testkit::{RedisServer, SentinelSet};
 
 #[path = "common/held.rs"]
@@ -148,7 +149,7 @@ async fn killing_the_master_keeps_replicated_leases_and_reports_the_rest_lost() 
 /// replica is cut off, acquisitions are refused and given back.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn with_replica_acks_every_granted_lease_survives_a_killed_master() -> TestResult {
-    use leasehold::{AcquireOutcome, AcquireRequest, BackendError, HolderId};
+    use leasehold::backend::{AcquireOutcome, AcquireRequest, BackendError, HolderId};
     let mut set = SentinelSet::start()?;
     let backend = RedisBackend::builder(set.url())
         .op_timeout(Duration::from_secs(3))
@@ -284,7 +285,7 @@ async fn notices_reach_waiters_before_and_after_a_failover() -> TestResult {
 /// renewed lease, and the holder hears of it without waiting to renew.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_overwritten_lease_is_reported_by_the_master() -> TestResult {
-    use leasehold::{AcquireOutcome, AcquireRequest, HolderId, LeaseChange, RenewRequest};
+    use leasehold::backend::{AcquireOutcome, AcquireRequest, HolderId, LeaseChange, RenewRequest};
     let set = SentinelSet::start()?;
     let backend = RedisBackend::connect(set.url()).await?;
     assert!(backend.tracks_lease_changes());

@@ -5,11 +5,14 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use leasehold::backend::{
+    AcquireOutcome, AcquireRequest, HandoverOutcome, HolderId, LeaseBackend, RenewOutcome,
+    RenewRequest,
+};
 use leasehold::redis::RedisBackend;
 use leasehold::{
-    AcquireOutcome, AcquireRequest, Backoff, CancellationToken, Election, HandoverOutcome,
-    HolderId, LeaseBackend, LeaseKey, LeaseManager, LeaseOptions, PermitLimit, ReleaseOutcome,
-    RenewOutcome, RenewRequest, Ttl,
+    Backoff, CancellationToken, Election, LeaseKey, LeaseManager, LeaseOptions, PermitLimit,
+    ReleaseOutcome, Ttl,
 };
 use leasehold_testkit::{Proxy, ProxyMode, RedisServer};
 use tokio::time::Instant;

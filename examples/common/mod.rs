@@ -11,7 +11,7 @@ pub(crate) enum Store {
         /// The server's URL.
         url: String,
         /// The server the example started, stopped when dropped.
-        _server: Option<RedisServer>,
+        _server: Option<Box<RedisServer>>,
     },
     /// No Redis could be had: the in-process `MemoryBackend`.
     Memory,
@@ -29,7 +29,7 @@ pub(crate) fn choose_store() -> Store {
             info!("started a throwaway redis-server on port {}", server.port());
             Store::Redis {
                 url: server.url(),
-                _server: Some(server),
+                _server: Some(Box::new(server)),
             }
         }
         Err(e) => {

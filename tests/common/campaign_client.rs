@@ -26,8 +26,9 @@ use std::net::{Shutdown, SocketAddr, TcpStream};
 use std::sync::{Arc, Mutex, mpsc};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
+use leasehold::backend::LeaseBackend;
 use leasehold::redis::RedisBackend;
-use leasehold::{LeaseBackend, LeaseKey, LeaseManager, LeaseOptions, LossReason, PermitLimit, Ttl};
+use leasehold::{LeaseKey, LeaseManager, LeaseOptions, LossReason, PermitLimit, Ttl};
 use leasehold_testkit::{
     FENCED_WRITE_SCRIPT, Fault, FaultPlan, History, HoldEnd, PlanShape, RedisServer, Report,
     ServerTime, Share, WriteAttempt,
@@ -944,7 +945,7 @@ async fn client(mut c: Client) -> TestResult {
         // likewise: its token comes from the counter of the whole
         // read-write lease, which other shares advance in between.
         let requested_at = match (share, c.permits) {
-            (None, None) => lease.valid_until() - (ttl - leasehold::clock_drift(ttl)),
+            (None, None) => lease.valid_until() - (ttl - leasehold::backend::clock_drift(ttl)),
             _ => called_at,
         };
         let token = lease.fencing_token().get();

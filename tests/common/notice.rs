@@ -8,7 +8,8 @@
 use std::fmt::Display;
 use std::time::Duration;
 
-use leasehold::{Backoff, Lease, LeaseBackend, LeaseError, LeaseManager, LeaseOptions, Ttl};
+use leasehold::backend::LeaseBackend;
+use leasehold::{Backoff, Lease, LeaseError, LeaseManager, LeaseOptions, Ttl};
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
