@@ -4,7 +4,7 @@ use std::ffi::OsString;
 use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand};
-use leasehold_core::{LeaseKey, LockDelay, Ttl};
+use leasehold_core::{AcquireRequest, LeaseKey, LockDelay, Ttl};
 
 /// Run commands under distributed leases held in Redis, and inspect leases.
 ///
@@ -208,6 +208,19 @@ pub(crate) struct RunArgs {
     /// LEASEHOLD_LOCK_DELAY, else 0s]
     #[arg(long, value_parser = parse_lock_delay, value_name = "DURATION")]
     pub(crate) lock_delay: Option<LockDelay>,
+    /// Keep the lease taken on the server until this long after it was
+    /// granted, even when the job ends sooner (the server's clock decides;
+    /// a job that runs longer frees it when it ends). With the same line in
+    /// every host's crontab, a job that ends early is not run again by a
+    /// host whose clock is late (1ms to 24h; exclusive leases only: not with
+    /// --permits, --shared, --writer or --fair) [default: none]
+    #[arg(
+        long,
+        value_parser = parse_at_least,
+        value_name = "DURATION",
+        conflicts_with_all = ["permits", "shared", "writer", "fair"]
+    )]
+    pub(crate) at_least: Option<Duration>,
     /// The command and its arguments (after `--`).
     #[arg(
         required = true,
@@ -228,6 +241,13 @@ fn parse_ttl(s: &str) -> Result<Ttl, String> {
 
 fn parse_lock_delay(s: &str) -> Result<LockDelay, String> {
     LockDelay::parse(s).map_err(|e| e.to_string())
+}
+
+fn parse_at_least(s: &str) -> Result<Duration, String> {
+    let minimum = parse_duration(s)?;
+    AcquireRequest::check_hold_at_least(minimum)
+        .map_err(|e| e.to_string())?
+        .ok_or_else(|| "a minimum hold of 0s holds nothing; leave --at-least out".to_owned())
 }
 
 fn parse_duration(s: &str) -> Result<Duration, String> {
@@ -272,8 +292,46 @@ mod tests {
         );
         assert_eq!(run.grace, Duration::from_secs(10));
         assert_eq!(run.lock_delay, None);
+        assert_eq!(run.at_least, None);
         assert!(!run.fair);
         assert_eq!(run.command, ["sh", "-c", "exit 3"]);
+        Ok(())
+    }
+
+    #[test]
+    fn at_least_is_for_exclusive_leases() -> Result<(), clap::Error> {
+        let run = |extra: &[&str]| {
+            let mut args = vec!["leasehold", "run", "--key", "k", "--at-least", "10m"];
+            args.extend_from_slice(extra);
+            args.extend_from_slice(&["--", "true"]);
+            Cli::try_parse_from(args)
+        };
+        let Command::Run(parsed) = run(&[])?.command else {
+            panic!("not run");
+        };
+        assert_eq!(parsed.at_least, Some(Duration::from_secs(600)));
+        for other in ["--shared", "--writer", "--permits=2", "--fair"] {
+            assert!(
+                run(&[other]).is_err(),
+                "{other} with --at-least was accepted"
+            );
+        }
+        for bad in ["25h", "0s", "1.5ms", "soon"] {
+            let args = [
+                "leasehold",
+                "run",
+                "--key",
+                "k",
+                "--at-least",
+                bad,
+                "--",
+                "true",
+            ];
+            assert!(
+                Cli::try_parse_from(args).is_err(),
+                "--at-least {bad} was accepted"
+            );
+        }
         Ok(())
     }
 

@@ -150,6 +150,9 @@ fn options(args: &RunArgs) -> Result<(LeaseOptions, Fit), Failure> {
     if let Some(wait) = config.wait {
         builder = builder.wait(wait);
     }
+    if let Some(minimum) = args.at_least {
+        builder = builder.hold_at_least(minimum);
+    }
     if let Some(label) = config.label {
         builder = builder.label(label);
     }

@@ -97,6 +97,55 @@ fn the_child_sees_its_key_and_fencing_token() -> TestResult {
     Ok(())
 }
 
+/// `--at-least 10m`: the job ends at once, and the key is still on the
+/// server with a PTTL of the minimum less at most the time the run took
+/// (measured here from before the spawn to after the exit, which brackets
+/// the grant; +1 ms for Redis truncating its clock to whole milliseconds),
+/// far above the 30 s default ttl a lease kept for its ttl would show; so
+/// the same line on a second host does not run the job.
+#[test]
+fn at_least_keeps_the_key_after_the_job_ends_early() -> TestResult {
+    let f = Fixture::new()?;
+    let mut side = Side::connect(&f.server)?;
+    let begun = Instant::now();
+    let out = f.output(&[
+        "run",
+        "--key",
+        "nightly",
+        "--at-least",
+        "10m",
+        "--",
+        "touch",
+        "ran",
+    ])?;
+    let took = i64::try_from(begun.elapsed().as_millis())?;
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    assert!(f.path("ran").exists(), "the job did not run");
+    let pttl = side.pttl("leasehold:{nightly}")?;
+    let minimum = 600_000;
+    assert!(
+        (minimum - took - 1..=minimum).contains(&pttl),
+        "after the job ended the key's PTTL is {pttl} ms, not the 10m minimum less the {took} ms the run took"
+    );
+    std::fs::remove_file(f.path("ran"))?;
+    let again = f.output(&[
+        "run",
+        "--key",
+        "nightly",
+        "--at-least",
+        "10m",
+        "--",
+        "touch",
+        "ran",
+    ])?;
+    assert_eq!(again.status.code(), Some(75), "{}", text(&again.stderr));
+    assert!(
+        !f.path("ran").exists(),
+        "the job ran twice within the minimum"
+    );
+    Ok(())
+}
+
 #[test]
 fn a_held_key_is_not_acquired_in_time() -> TestResult {
     let f = Fixture::new()?;

@@ -585,9 +585,11 @@ impl RedisBackend {
         }
     }
 
-    /// One acquisition acknowledged by the replicas (see
+    /// One acquisition alone, not batched: acknowledged by the replicas
+    /// when the backend waits for them (see
     /// [`RedisBackendBuilder::wait_for_replicas`](crate::RedisBackendBuilder::wait_for_replicas)),
-    /// given back when too few acknowledge it.
+    /// and given back when too few acknowledge it; or one with a minimum
+    /// hold, which only `acquire.lua` marks.
     async fn acquire_acked(
         &self,
         request: &AcquireRequest,
@@ -732,6 +734,20 @@ fn not_a_share(op: &'static str, key: &LeaseKey) -> Result<(), BackendError> {
     })
 }
 
+/// The refusal of a minimum hold by an acquisition that is not of an
+/// exclusive lease: a permit, a share or a fair-queue grant (see
+/// [`AcquireRequest::hold_at_least`]), rather than a grant that ignores it.
+fn exclusive_only(op: &'static str, request: &AcquireRequest) -> Result<(), BackendError> {
+    if request.hold_at_least_millis().is_none() {
+        return Ok(());
+    }
+    Err(BackendError::Unsupported {
+        op,
+        key: request.key.as_str().to_owned(),
+        reason: "a minimum hold applies to exclusive leases only; acquire without hold_at_least",
+    })
+}
+
 /// The refusal of a read-write lease key too long for its reader keys.
 fn too_long(op: &'static str, key: &LeaseKey) -> BackendError {
     BackendError::Unsupported {
@@ -753,9 +769,11 @@ impl LeaseBackend for RedisBackend {
             // acquisition future does not carry the reconnection's.
             Box::pin(notices.restore()).await;
         }
-        if self.shared.wait.is_some() {
+        if self.shared.wait.is_some() || request.hold_at_least.is_some() {
             // Each grant waits for its own acknowledgement (and is given
-            // back without one): not batched. Boxed, so that every
+            // back without one): not batched. Nor is a grant with a
+            // minimum hold, which only acquire.lua marks (the batch script
+            // stays as it is for the usual lease). Boxed, so that every
             // acquisition future does not carry this path's.
             return Box::pin(self.acquire_acked(request)).await;
         }
@@ -781,6 +799,7 @@ impl LeaseBackend for RedisBackend {
         limit: PermitLimit,
     ) -> Result<AcquireOutcome, BackendError> {
         const OP: &str = "acquire_permit";
+        exclusive_only(OP, request)?;
         if let Some(notices) = &self.shared.notices
             && notices.needs_restore()
         {
@@ -857,6 +876,7 @@ impl LeaseBackend for RedisBackend {
     ) -> Result<FairOutcome, BackendError> {
         const OP: &str = "acquire_fair";
         not_a_share(OP, &request.key)?;
+        exclusive_only(OP, request)?;
         if let Some(notices) = &self.shared.notices
             && notices.needs_restore()
         {
@@ -976,6 +996,7 @@ impl LeaseBackend for RedisBackend {
     ) -> Result<AcquireOutcome, BackendError> {
         const OP: &str = "acquire_read";
         not_a_share(OP, &request.key)?;
+        exclusive_only(OP, request)?;
         let reader = request
             .key
             .reader_key(&request.holder)
@@ -991,6 +1012,7 @@ impl LeaseBackend for RedisBackend {
     ) -> Result<AcquireOutcome, BackendError> {
         const OP: &str = "acquire_write";
         not_a_share(OP, &request.key)?;
+        exclusive_only(OP, request)?;
         let writer = request
             .key
             .writer_key()

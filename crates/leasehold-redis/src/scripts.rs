@@ -142,7 +142,8 @@ pub(crate) static RELEASE_MANY: LazyLock<Lua> =
 pub(crate) static RENEW: LazyLock<Lua> =
     LazyLock::new(|| Lua::new(include_str!("scripts/renew.lua")));
 
-/// Compare-and-delete; see `scripts/release.lua`.
+/// Compare-and-delete (or keep, under a minimum hold); see
+/// `scripts/release.lua`.
 pub(crate) static RELEASE: LazyLock<Lua> =
     LazyLock::new(|| Lua::new(include_str!("scripts/release.lua")));
 
@@ -196,6 +197,10 @@ pub(crate) fn acquire(layout: &KeyLayout, request: &AcquireRequest, tracked: boo
 
 /// `acquire_many.lua` for a batch of at most [`WRITE_BATCH`] requests, all
 /// in one cluster slot; one request makes exactly the call of [`acquire`].
+///
+/// A request with a minimum hold goes alone (the backend never batches it):
+/// `acquire.lua` marks its grant, `acquire_many.lua` has no room for the
+/// mark. In a batch its minimum would be dropped, so none is sent there.
 pub(crate) fn acquire_many(layout: &KeyLayout, requests: &[AcquireRequest], tracked: bool) -> Call {
     // Sized up front, so that the command is not copied as it grows: per
     // lease two keys, a holder id, a ttl (at most 20 digits), the label;
@@ -236,6 +241,11 @@ pub(crate) fn acquire_many(layout: &KeyLayout, requests: &[AcquireRequest], trac
             .arg(request.label.as_deref().unwrap_or(""));
     }
     call.cmd.arg(if tracked { "1" } else { "0" });
+    if let [request] = requests
+        && let Some(minimum) = request.hold_at_least_millis()
+    {
+        call.cmd.arg(minimum);
+    }
     call
 }
 
@@ -507,6 +517,9 @@ pub(crate) fn handover(
         .arg(&next.holder.to_hex_bytes()[..])
         .arg(next.lock_delay.expiry_millis(next.ttl))
         .arg(next.label.as_deref().unwrap_or(""));
+    if let Some(minimum) = next.hold_at_least_millis() {
+        call.cmd.arg(minimum);
+    }
     call
 }
 
@@ -816,6 +829,31 @@ mod tests {
                 "leasehold:{a}:released"
             ]
         );
+        Ok(())
+    }
+
+    /// A minimum hold reaches the scripts that mark it (acquire.lua,
+    /// handover.lua for the waiter) as its milliseconds, last; a request
+    /// without one sends exactly what it always did.
+    #[test]
+    fn a_minimum_hold_is_sent_only_where_a_script_marks_it() -> Result<(), leasehold_core::Error> {
+        let layout = KeyLayout::default();
+        let (a, b) = (LeaseKey::new("a")?, LeaseKey::new("b")?);
+        let (h1, h2) = (HolderId::generate()?, HolderId::generate()?);
+        let ttl = leasehold_core::Ttl::parse("1s")?;
+        let minimum = std::time::Duration::from_secs(600);
+        let plain = AcquireRequest::new(a.clone(), h1, ttl);
+        let held = plain.clone().with_hold_at_least(minimum)?;
+        // acquire.lua: ARGV[5] after the tracking flag; nothing without one.
+        let sent = args(acquire(&layout, &held, true).evalsha());
+        assert_eq!(sent[8..], ["1", "600000"]);
+        assert_eq!(args(acquire(&layout, &plain, true).evalsha()).len(), 9);
+        // handover.lua: ARGV[9] for the waiter's own minimum.
+        let sent = args(handover(&layout, &b, &h2, 0, false, &held).evalsha());
+        assert_eq!(sent.last().map(String::as_str), Some("600000"));
+        assert_eq!(sent.len(), 14);
+        let sent = args(handover(&layout, &b, &h2, 0, false, &plain).evalsha());
+        assert_eq!(sent.len(), 13);
         Ok(())
     }
 

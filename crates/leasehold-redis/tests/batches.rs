@@ -237,6 +237,47 @@ async fn fencing_tokens_rise_across_a_batch_and_across_batches() -> TestResult {
     Ok(())
 }
 
+/// Leases acquired with a minimum hold (each by the lone acquire.lua) and
+/// released together, the first alone and the others as one batch
+/// (release_many.lua): every key is kept until its minimum, 60 s, beyond
+/// its 30 s ttl, and no notice goes out; the server's PTTL says so.
+#[tokio::test]
+async fn batched_releases_keep_leases_under_their_minimum() -> TestResult {
+    let server = RedisServer::start()?;
+    let backend = batching(&server).await;
+    warm_up(&backend, &[&server], &[key("warm")]).await?;
+    let keys: Vec<LeaseKey> = (0..3).map(|i| key(&format!("kept-{i}"))).collect();
+    let me = holder();
+    let minimum = Duration::from_secs(60);
+    let requests: Vec<AcquireRequest> = keys
+        .iter()
+        .map(|k| request(k, me).with_hold_at_least(minimum))
+        .collect::<Result<_, _>>()?;
+    let granted = join_all(requests.iter().map(|r| backend.try_acquire(r))).await;
+    for outcome in granted {
+        assert!(matches!(outcome?, AcquireOutcome::Acquired(_)));
+    }
+    assert_eq!(server.cli(&["CONFIG", "RESETSTAT"])?, "OK");
+    let released = tokio::time::timeout(
+        BOUND,
+        join_all(keys.iter().map(|k| backend.release_heard(k, &me))),
+    )
+    .await?;
+    for outcome in released {
+        assert_eq!(outcome?, (ReleaseOutcome::Released, false));
+    }
+    for k in &keys {
+        let left = pttl(&server, k)?;
+        assert!(
+            (30_001..=60_000).contains(&left),
+            "{k}: PTTL {left} after its release, not kept to its 60 s minimum"
+        );
+    }
+    assert_eq!(calls(&server, "publish")?, 0, "a kept lease was announced");
+    assert_eq!(calls(&server, "del")?, 0, "a kept lease was deleted");
+    Ok(())
+}
+
 /// A release notice is published for every lease of a batched release,
 /// and only for those released.
 #[tokio::test]

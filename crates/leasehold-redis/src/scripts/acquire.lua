@@ -8,6 +8,9 @@
 -- ARGV[4]  track    '0' when the connection does not track: the lease is
 --                   then not read again once written (see grant.lua);
 --                   anything else, or left out, reads it
+-- ARGV[5]  minimum  the minimum hold in milliseconds, left out for none: a
+--                   grant then marks the lease (step 4); a refresh (2a)
+--                   leaves the mark of the grant that took the key alone
 --
 -- Returns token            when the lease is ours (the fencing token, a decimal string:
 --                          a bare string, which costs the server and the client less
@@ -50,5 +53,19 @@ end
 local token, refused = grant(KEYS[1], KEYS[2], holder, ttl, label, track)
 if not token then
   return refused
+end
+
+-- 4. A minimum hold: mark the grant with P:held-until = "<holder>:<end>", end
+--    = the server's clock (ms) + the minimum, the mark expiring by itself then.
+--    A release before the end keeps the lease until it (release.lua, 3). The
+--    mark's name is built here, not passed in KEYS: it has the lease's hash
+--    tag, so it is in the lease's slot, and Redis 7.0 tracks every key a
+--    call names on each read-only command (grant.lua): a release naming it
+--    would leave a tracking entry per missing mark. Inline, not a function:
+--    a function defined per call costs every lone acquisition.
+if ARGV[5] then
+  local t = redis.call('TIME')
+  local ends = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000) + tonumber(ARGV[5])
+  redis.call('SET', KEYS[1] .. ':held-until', holder .. ':' .. string.format('%.0f', ends), 'PX', ARGV[5])
 end
 return token
