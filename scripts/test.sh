@@ -91,6 +91,21 @@ if ! command -v prometheus >/dev/null 2>&1 || ! command -v promtool >/dev/null 2
 fi
 promtool test rules deploy/prometheus/leasehold-rules.test.yml
 
+# faketime runs the replicas of the fleet test (crates/leasehold-cron/
+# tests/fleet.rs) with skewed wall clocks.
+if ! command -v faketime >/dev/null 2>&1; then
+  echo "faketime is not on PATH; installing it..."
+  if command -v apt-get >/dev/null 2>&1; then
+    $sudo apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq faketime >/dev/null
+  elif command -v brew >/dev/null 2>&1; then
+    brew install libfaketime
+  else
+    echo "cannot install faketime here: install it by hand and run again" >&2
+    exit 1
+  fi
+fi
+
 # --all-targets includes the benches (benches/*.rs, harness = false): run by
 # cargo test rather than cargo bench they get no --bench argument and run
 # their tiny configuration (LEASEHOLD_BENCH_QUICK), in the test profile, so
