@@ -33,6 +33,10 @@
 //! environment variables, and the `leasehold` command (crate
 //! `leasehold-cli`) runs shell commands under a lease. docs/operations.md
 //! has the details.
+//!
+//! For scheduled jobs: [`LeaseManager::run_tick`] with a [`TickJob`] runs
+//! a job once per tick across a fleet, and crate `leasehold-cron` makes a
+//! tokio-cron-scheduler job of it in one call.
 
 pub use leasehold_core::*;
 pub use leasehold_watchdog::*;
