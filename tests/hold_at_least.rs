@@ -13,10 +13,10 @@
 use std::time::Duration;
 
 use futures_util::StreamExt;
-use leasehold::redis::RedisBackend;
+use leasehold::redis::{RedisBackend, RedlockBackend};
 use leasehold::{
-    AcquireOutcome, AcquireRequest, HolderId, LeaseBackend, LeaseKey, LeaseManager, LeaseOptions,
-    ReleaseOutcome, RenewOutcome, RenewRequest, Ttl,
+    AcquireOutcome, AcquireRequest, BackendError, HolderId, LeaseBackend, LeaseKey, LeaseManager,
+    LeaseOptions, ReleaseOutcome, RenewOutcome, RenewRequest, Ttl,
 };
 use leasehold_testkit::RedisServer;
 use redis::AsyncCommands;
@@ -109,6 +109,12 @@ async fn an_early_release_keeps_the_key_until_grant_plus_minimum() -> TestResult
         (low..=high).contains(&end),
         "after an early release the server frees the key at {end}, not within [{low}, {high}] (grant + minimum by its clock; {} ms after the grant)",
         end - before
+    );
+    eprintln!(
+        "kept until {} ms after TIME before the acquisition (minimum {} ms, acquisition bracket {} ms)",
+        end - before,
+        ms(MINIMUM),
+        after - before
     );
     let kept: Option<String> = side.get(&key).await?;
     assert_eq!(
@@ -273,6 +279,71 @@ async fn nothing_but_the_counter_is_left_behind() -> TestResult {
     let mut keys: Vec<String> = side.keys("*").await?;
     keys.sort();
     assert_eq!(keys, vec![format!("{}:fence", redis_key("mh-left"))]);
+    manager.shutdown().await;
+    Ok(())
+}
+
+/// Redlock refuses a minimum hold (its masters would each keep their key on
+/// the give-back of a lost vote), and takes nothing on any master.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redlock_refuses_a_minimum_hold() -> TestResult {
+    let servers = [
+        RedisServer::start()?,
+        RedisServer::start()?,
+        RedisServer::start()?,
+    ];
+    let backend = RedlockBackend::builder(servers.iter().map(RedisServer::url))
+        .connect()
+        .await?;
+    let request = AcquireRequest::new(
+        LeaseKey::new("mh-redlock")?,
+        HolderId::generate()?,
+        Ttl::new(TTL)?,
+    )
+    .with_hold_at_least(MINIMUM)?;
+    let refused = backend.try_acquire(&request).await;
+    assert!(
+        matches!(refused, Err(BackendError::Unsupported { .. })),
+        "{refused:?}"
+    );
+    for server in &servers {
+        assert_eq!(server.cli(&["EXISTS", &redis_key("mh-redlock")])?, "0");
+    }
+    Ok(())
+}
+
+/// With a lock-delay beside it (the key stored for ttl + delay at the grant
+/// and every renewal), an early release still keeps the key until grant +
+/// minimum by the server's clock, not ttl + delay; the bracket is as in
+/// the first test.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lock_delay_beside_it_changes_nothing_of_the_minimum() -> TestResult {
+    let server = RedisServer::start()?;
+    let manager = LeaseManager::new(RedisBackend::connect(server.url()).await?)?;
+    let mut side = side(&server).await?;
+    let key = redis_key("mh-delay");
+    let options = LeaseOptions::builder()
+        .ttl(Ttl::new(Duration::from_secs(1))?)
+        .lock_delay(Duration::from_secs(5))
+        .hold_at_least(MINIMUM)
+        .build()?;
+    let before = server_ms(&mut side).await?;
+    let lease = manager.acquire("mh-delay", &options).await?;
+    let after = server_ms(&mut side).await?;
+    let stored = expires_at(&mut side, &key).await?;
+    assert!(
+        stored >= before + 6_000,
+        "stored for {} ms, not ttl + delay",
+        stored - before
+    );
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    lease.release().await?;
+    let end = expires_at(&mut side, &key).await?;
+    let (low, high) = (before + ms(MINIMUM), after + ms(MINIMUM) + 1);
+    assert!(
+        (low..=high).contains(&end),
+        "with a lock-delay, an early release frees the key at {end}, not within [{low}, {high}]"
+    );
     manager.shutdown().await;
     Ok(())
 }

@@ -199,6 +199,41 @@ async fn notices_and_handover(
     Ok(())
 }
 
+/// The minimum hold on a topology that has it: released at once, the
+/// lease stays taken, still the holder's (same fencing token), for about
+/// the minimum, as the server reports it to a stranger; after the minimum,
+/// it is free. A cluster runs it on keys of any slot (the scripts build
+/// the mark's name from the lease's, in its slot).
+async fn minimum_hold(backend: &impl LeaseBackend, prefix: &str) -> TestResult {
+    let ttl = Ttl::parse("10s")?;
+    let minimum = Duration::from_millis(1_000);
+    let key = LeaseKey::new(format!("{prefix}:minimum"))?;
+    let (me, stranger) = (HolderId::generate()?, HolderId::generate()?);
+    let mine = AcquireRequest::new(key.clone(), me, ttl).with_hold_at_least(minimum)?;
+    let theirs = AcquireRequest::new(key.clone(), stranger, ttl);
+    let AcquireOutcome::Acquired(grant) = backend.try_acquire(&mine).await? else {
+        return Err("a free lease was not acquired".into());
+    };
+    let released = Instant::now();
+    assert_eq!(backend.release(&key, &me).await?, ReleaseOutcome::Released);
+    let AcquireOutcome::Held(info) = backend.try_acquire(&theirs).await? else {
+        return Err("a lease released under its minimum was free at once".into());
+    };
+    assert_eq!(info.fencing_token, Some(grant.fencing_token));
+    let left = info.ttl_left.ok_or("no ttl on a kept lease")?;
+    assert!(
+        left <= minimum && left > minimum / 2,
+        "kept for {left:?} more, not about the {minimum:?} minimum"
+    );
+    tokio::time::sleep_until(released + left + Duration::from_millis(50)).await;
+    let AcquireOutcome::Acquired(next) = backend.try_acquire(&theirs).await? else {
+        return Err("the lease was still taken after its minimum".into());
+    };
+    assert!(next.fencing_token > grant.fencing_token);
+    backend.release(&key, &stranger).await?;
+    Ok(())
+}
+
 const OP_TIMEOUT: Duration = Duration::from_millis(500);
 
 #[tokio::test]
@@ -209,6 +244,7 @@ async fn standalone_keeps_the_contract() -> TestResult {
         .connect()
         .await?;
     contract(&backend, "standalone").await?;
+    minimum_hold(&backend, "standalone").await?;
     notices_and_handover(&backend, "standalone", true, true).await
 }
 
@@ -222,6 +258,8 @@ async fn cluster_keeps_the_contract() -> TestResult {
     contract(&backend, "cluster").await?;
     // Keys with one hash tag: one slot, one script call per batch.
     contract(&backend, "cluster:{tagged}").await?;
+    minimum_hold(&backend, "cluster").await?;
+    minimum_hold(&backend, "cluster:{tagged}").await?;
     notices_and_handover(&backend, "cluster", true, true).await
 }
 
@@ -233,6 +271,7 @@ async fn sentinel_keeps_the_contract() -> TestResult {
         .connect()
         .await?;
     contract(&backend, "sentinel").await?;
+    minimum_hold(&backend, "sentinel").await?;
     notices_and_handover(&backend, "sentinel", true, true).await
 }
 

@@ -514,6 +514,13 @@ pub trait LeaseBackend: Clone + Send + Sync + 'static {
     ) -> impl Future<Output = Vec<Result<RenewOutcome, BackendError>>> + Send;
 
     /// Frees the lease if `holder` still holds it (compare-and-delete).
+    ///
+    /// A lease granted with a minimum hold
+    /// ([`AcquireRequest::hold_at_least`]) that has not run out is not
+    /// freed: the backend keeps it, still `holder`'s, until the grant +
+    /// the minimum by its own clock, and frees it by itself then, without
+    /// a release notice. The outcome is [`ReleaseOutcome::Released`] either
+    /// way: the lease is no longer the caller's to use.
     fn release(
         &self,
         key: &LeaseKey,
@@ -544,6 +551,10 @@ pub trait LeaseBackend: Clone + Send + Sync + 'static {
     /// a backend that cannot tell must not hand over. The grant's
     /// `valid_until` counts from the moment the request was sent. The
     /// default never hands over: it calls [`release`](Self::release).
+    /// A lease under its minimum hold is handed to no one: it is kept as
+    /// [`release`](Self::release) keeps it, and the outcome is
+    /// [`HandoverOutcome::Released`]. A grant to a `next` that carries a
+    /// minimum hold starts its own.
     fn release_to(
         &self,
         key: &LeaseKey,

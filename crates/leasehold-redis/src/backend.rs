@@ -613,7 +613,13 @@ impl RedisBackend {
         {
             // A failover now could hand the lease to a second holder: give
             // it back rather than hold it on a write that may be lost. If
-            // the release fails too, the lease runs out after its ttl.
+            // the release fails too, the lease runs out after its ttl. A
+            // minimum hold's mark goes first: the release would otherwise
+            // keep the key for a minimum no holder used.
+            if request.hold_at_least.is_some() {
+                let unmark = scripts::unmark(&self.shared.layout, &request.key, &request.holder);
+                let _ = self.eval(&unmark).await;
+            }
             let _ = self.release(&request.key, &request.holder).await;
             return Err(failure.for_key(OP, &request.key));
         }

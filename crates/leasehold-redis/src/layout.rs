@@ -15,9 +15,12 @@ use crate::Error;
 /// | `P`       | the lease: `<holder hex, 32 digits>:<fencing token>:<label or empty>`, with an expiry |
 /// | `P:fence` | the fencing counter, never expiring                                     |
 /// | `P:released` | (a pub/sub channel) release notices                                  |
+/// | `P:held-until` | a minimum hold's mark, `<holder hex>:<end, server ms>`, expiring at its end; only for a lease granted with one |
 ///
-/// Both keys share the hash tag of `P`, so they sit in one Redis Cluster
-/// slot and one script can touch both. A lease key with its own hash tag
+/// These keys share the hash tag of `P`, so they sit in one Redis Cluster
+/// slot and one script can touch them all. (`P:held-until` is named by the
+/// scripts from `P`, not passed to them: see docs/design.md, "Minimum
+/// hold".) A lease key with its own hash tag
 /// keeps it, so a lease can live in the slot of the data it guards.
 ///
 /// A semaphore `K` with `N` permits (see [`LeaseKey::permit`]) keeps, beside
@@ -53,7 +56,7 @@ use crate::Error;
 ///
 /// The namespace may not contain `{` or `}`: they would change the hash tag.
 /// A lease key with a hash tag may not end with `:fence`, `:permits`,
-/// `:readers` or `:write-wanted` (`LeaseKey` refuses it): its `P` would be
+/// `:readers`, `:write-wanted` or `:held-until` (`LeaseKey` refuses it): its `P` would be
 /// another lease's counter, another semaphore's limit, or another
 /// read-write lease's reader index or writer intent. `K` and `{K}` have the same `P`, and so are
 /// one lease.

@@ -10,7 +10,7 @@
 //! |----------------|---------------|------------------------------------------------------------------------|
 //! | `try_acquire`  | `acquire.lua` | take the lease if free (or refresh our own), advance the fencing counter |
 //! | `renew`, `renew_many` | `renew.lua` | if the lease is still ours, extend it (compare-and-pexpire), per lease |
-//! | `release`      | `release.lua` | if the lease is still ours, delete it (compare-and-delete)             |
+//! | `release`      | `release.lua` | if the lease is still ours, delete it (compare-and-delete), or keep it until its minimum hold ends |
 //! | `inspect`      | `inspect.lua` | read the lease's label, fencing token and ttl                          |
 //!
 //! The scripts are built once and called by `EVALSHA`; a server that forgot

@@ -65,6 +65,12 @@ use crate::{Error, RedisBackend};
 ///   and a place pruned on one master lives on another. Ordering waiters
 ///   across independent masters needs a consensus the protocol does not
 ///   have; use a standalone, Sentinel or Cluster deployment for fair mode.
+/// - **A minimum hold** ([`AcquireRequest::hold_at_least`]) is refused with
+///   [`BackendError::Unsupported`]. Each master would keep its key for the
+///   minimum on a release, including the give-back of a vote that lost:
+///   a failed acquisition would block the masters it won for the minimum,
+///   and contended acquisitions could block one another for as long. Use a
+///   standalone, Sentinel or Cluster deployment for a minimum hold.
 ///
 /// Redlock's safety rests on bounded clock drift between this process and
 /// the masters, and on the masters not losing a lease (persistence with
@@ -113,6 +119,9 @@ pub struct RedlockBuilder {
 
 /// Why [`RedlockBackend`] refuses read-write leases.
 const REDLOCK_RW: &str = "Redlock has no read-write leases: readers, writers and a waiting writer's intent would each need a majority vote undone on failure, which is not built; use a standalone, Sentinel or Cluster deployment for read-write leases";
+
+/// Why [`RedlockBackend`] refuses a minimum hold.
+const REDLOCK_HOLD: &str = "Redlock has no minimum hold: every master would keep its key for the minimum on a release, the give-back of a lost vote included, which would block the next acquisitions; use a standalone, Sentinel or Cluster deployment for a minimum hold";
 
 impl RedlockBackend {
     /// Starts configuring a backend over the masters at `urls`, one
@@ -406,6 +415,13 @@ impl LeaseBackend for RedlockBackend {
 
     async fn try_acquire(&self, request: &AcquireRequest) -> Result<AcquireOutcome, BackendError> {
         const OP: &str = "acquire";
+        if request.hold_at_least.is_some() {
+            return Err(BackendError::Unsupported {
+                op: OP,
+                key: request.key.as_str().to_owned(),
+                reason: REDLOCK_HOLD,
+            });
+        }
         let total = self.shared.nodes.len();
         let quorum = self.shared.quorum;
         let sent_at = Instant::now();

@@ -634,6 +634,19 @@ pub(crate) fn withdraw(layout: &KeyLayout, key: &LeaseKey, holder: &HolderId) ->
     call
 }
 
+/// `withdraw.lua` for the minimum-hold mark `P:held-until` of `holder`'s
+/// lease `key` (the same `<holder hex>:…` form as a writer's intent): a
+/// grant given back drops its mark first, so that its release frees the key
+/// rather than keeping it for a minimum no one used.
+pub(crate) fn unmark(layout: &KeyLayout, key: &LeaseKey, holder: &HolderId) -> Call {
+    let mut call = Call::new(&WITHDRAW, 1);
+    let mut mark = Vec::with_capacity(64);
+    layout.write_lease(key, &mut mark);
+    mark.extend_from_slice(b":held-until");
+    call.cmd.arg(&mark[..]).arg(&holder.to_hex_bytes()[..]);
+    call
+}
+
 /// `inspect_rw.lua` for the read-write lease `key`.
 pub(crate) fn inspect_rw(layout: &KeyLayout, key: &LeaseKey) -> Call {
     let mut call = Call::new(&INSPECT_RW, 3);

@@ -86,6 +86,33 @@ async fn an_unacknowledged_acquisition_is_given_back_and_an_unacknowledged_renew
     Ok(())
 }
 
+/// A grant with a minimum hold that no replica acknowledged is given back
+/// at once: its mark is dropped before the release, so the key is freed
+/// rather than kept for a minimum no holder used. The server's `EXISTS` is
+/// the witness.
+#[tokio::test]
+async fn an_unacknowledged_grant_with_a_minimum_is_freed_at_once() -> TestResult {
+    let master = RedisServer::start()?;
+    let backend = RedisBackend::builder(master.url())
+        .wait_for_replicas(1, Duration::from_millis(100))
+        .connect()
+        .await?;
+    let request = AcquireRequest::new(key("unacked-min"), holder(), ttl("10s"))
+        .with_hold_at_least(Duration::from_secs(60))?;
+    let err = backend
+        .try_acquire(&request)
+        .await
+        .err()
+        .ok_or("acquired although no replica exists")?;
+    assert!(err.to_string().contains("given back"), "{err}");
+    assert_eq!(master.cli(&["EXISTS", "leasehold:{unacked-min}"])?, "0");
+    assert_eq!(
+        master.cli(&["EXISTS", "leasehold:{unacked-min}:held-until"])?,
+        "0"
+    );
+    Ok(())
+}
+
 #[tokio::test]
 async fn asking_for_no_replicas_is_refused() {
     let err = RedisBackend::builder("redis://127.0.0.1:1")

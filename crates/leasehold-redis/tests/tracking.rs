@@ -153,6 +153,47 @@ async fn a_lease_is_tracked_from_its_grant_and_its_counter_is_not() -> TestResul
     Ok(())
 }
 
+/// Releases over the tracked connection, with and without a minimum hold,
+/// alone and batched, leave nothing in the server's tracking table: the
+/// released leases' entries go with their writes, and the minimum-hold
+/// mark, which every release looks for, is never tracked (Redis 7.0 tracks
+/// every key a script call names on a read-only command; the mark is not
+/// named).
+#[tokio::test]
+async fn releases_leave_no_tracking_entry_for_the_minimum_hold_mark() -> TestResult {
+    let server = RedisServer::start()?;
+    let backend = RedisBackend::builder(server.url())
+        .calls_in_flight(1)
+        .connect()
+        .await?;
+    // Tracking is turned on by the first lease write.
+    let _watch = backend.watch_changes().await?;
+    let me = holder();
+    let plain: Vec<LeaseKey> = (0..3).map(|i| key(&format!("plain-{i}"))).collect();
+    let held: Vec<LeaseKey> = (0..3).map(|i| key(&format!("held-{i}"))).collect();
+    for k in &plain {
+        acquire(&backend, k, me, ttl("30s")).await?;
+    }
+    for k in &held {
+        let request = AcquireRequest::new(k.clone(), me, ttl("30s"))
+            .with_hold_at_least(Duration::from_secs(60))?;
+        backend.try_acquire(&request).await?;
+    }
+    assert_eq!(tracked_keys(&server)?, 6, "the six leases");
+    // Together: the first of each goes alone (release.lua), the others as
+    // a batch (release_many.lua).
+    for keys in [&plain, &held] {
+        let released =
+            futures_util::future::join_all(keys.iter().map(|k| backend.release(k, &me))).await;
+        for outcome in released {
+            outcome?;
+        }
+    }
+    assert_eq!(server.cli(&["EXISTS", &storage_key(&held[2])])?, "1");
+    assert_eq!(tracked_keys(&server)?, 0, "entries left after the releases");
+    Ok(())
+}
+
 #[tokio::test]
 async fn a_flush_and_a_lost_connection_report_every_lease() -> TestResult {
     let mut server = RedisServer::start()?;

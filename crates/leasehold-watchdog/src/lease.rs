@@ -110,7 +110,11 @@ impl Lease {
     }
 
     /// Stops renewing and frees the lease on the server (compare-and-delete),
-    /// so a waiter can take it at once.
+    /// so a waiter can take it at once. A lease acquired with a minimum hold
+    /// ([`LeaseOptionsBuilder::hold_at_least`](crate::LeaseOptionsBuilder::hold_at_least))
+    /// released before it has run out stays taken on the server until then;
+    /// the release still returns at once, with
+    /// [`ReleaseOutcome::Released`].
     ///
     /// # Errors
     ///

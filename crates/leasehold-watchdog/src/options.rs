@@ -363,6 +363,28 @@ impl LeaseOptionsBuilder {
     /// mode, and permits and read-write leases refuse options that carry
     /// it. At most 24 hours ([`AcquireRequest::MAX_HOLD_AT_LEAST`]), in
     /// whole milliseconds; zero means none. Default: none.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use leasehold_core::MemoryBackend;
+    /// use leasehold_watchdog::{LeaseError, LeaseManager, LeaseOptions};
+    ///
+    /// # #[tokio::main(flavor = "current_thread", start_paused = true)] async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let backend = MemoryBackend::new();
+    /// let (this_host, late_host) = (LeaseManager::new(backend.clone())?, LeaseManager::new(backend)?);
+    /// let nightly = LeaseOptions::builder()
+    ///     .hold_at_least(Duration::from_secs(600))
+    ///     .build()?;
+    /// let lease = this_host.acquire("nightly", &nightly).await?;
+    /// // The job is done in a minute...
+    /// tokio::time::sleep(Duration::from_secs(60)).await;
+    /// lease.release().await?;
+    /// // ...and a host whose clock is five minutes late does not run it again.
+    /// tokio::time::sleep(Duration::from_secs(240)).await;
+    /// let again = late_host.acquire("nightly", &nightly).await;
+    /// assert!(matches!(again, Err(LeaseError::NotAcquired { .. })));
+    /// # Ok(()) }
+    /// ```
     pub fn hold_at_least(mut self, minimum: Duration) -> Self {
         self.hold_at_least = Some(minimum);
         self

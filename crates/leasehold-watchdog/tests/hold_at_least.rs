@@ -128,6 +128,32 @@ async fn after_the_minimum_a_release_frees_at_once() -> TestResult {
     Ok(())
 }
 
+/// Every other way a lease ends by a release keeps the minimum too: a
+/// dropped handle (released in the background) and a manager's shutdown.
+#[tokio::test(start_paused = true)]
+async fn a_dropped_handle_and_a_shutdown_keep_the_minimum() -> TestResult {
+    let backend = MemoryBackend::new();
+    let manager = LeaseManager::new(backend.clone())?;
+    let options = options()?;
+    let dropped = manager.acquire("dropped", &options).await?;
+    let _shut = manager.acquire("shut", &options).await?;
+    sleep(Duration::from_secs(1)).await;
+    drop(dropped);
+    manager.shutdown().await;
+    // The background release and the shutdown's have run; both keys stay,
+    // each until its grant + the minimum.
+    sleep(Duration::from_millis(10)).await;
+    for key in ["dropped", "shut"] {
+        let info = backend
+            .inspect(&LeaseKey::new(key)?)
+            .await?
+            .ok_or(format!("{key} was freed"))?;
+        let left = info.ttl_left.ok_or("no ttl")?;
+        assert_eq!(left, MINIMUM - Duration::from_millis(1_010), "{key}");
+    }
+    Ok(())
+}
+
 /// Permits and read-write leases refuse options that carry a minimum;
 /// nothing is taken.
 #[tokio::test(start_paused = true)]

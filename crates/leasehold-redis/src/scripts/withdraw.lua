@@ -5,6 +5,10 @@
 --                           "<holder hex>:<label>", with a PX expiry
 -- ARGV[1]  holder           the writer's holder id, 32 lowercase hex digits
 --
+-- Also used for a minimum hold's mark, P:held-until ("<holder hex>:<end>", see
+-- acquire.lua, 4): a grant given back (its replicas did not acknowledge it)
+-- drops its mark before its release, which then frees the key at once.
+--
 -- Returns 1 when this writer's intent was there and is gone, 0 when there was none or it is
 -- another writer's (which stays: that writer still waits, and new readers keep waiting for it).
 --
