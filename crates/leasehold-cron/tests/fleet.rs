@@ -2,8 +2,8 @@
 //! manager, its own connection to one real Redis, and its own wall clock
 //! (under `faketime`: 1.5 s behind, on time, 1.5 s ahead), schedule the
 //! same tokio-cron-scheduler job every 2 s through `fleet_job`. Three runs:
-//! a 1 ms job, a 2.5 s job (longer than the period), and a 1 s job whose
-//! winning replica is SIGKILLed midway, in the middle of a tick.
+//! a 1 ms job, a 2.5 s job (longer than the period), and a 1.5 s job whose
+//! winning replica is SIGKILLed midway, just after it started a tick.
 //!
 //! The witness is the server's record, written by the job from its own
 //! connection (not through leasehold): `runs:<run>` gets
@@ -113,9 +113,12 @@ async fn replica_main(replica: String) -> Result<()> {
     let job_time = Duration::from_millis(var(JOB_MS)?.parse()?);
     let run_for = Duration::from_millis(var(RUN_FOR_MS)?.parse()?);
     let manager = LeaseManager::new(RedisBackend::connect(url.as_str()).await?)?;
-    let side = redis::Client::open(url.as_str())?
+    let mut side = redis::Client::open(url.as_str())?
         .get_multiplexed_async_connection()
         .await?;
+    // A loaded machine may take longer than the default 500 ms; a record
+    // lost to a timeout would fail the test for nothing.
+    side.set_response_timeout(Duration::from_secs(5));
     let job = TickJob::builder(run.clone())
         .max_skew(MAX_SKEW)
         .max_lateness(MAX_LATENESS)
@@ -133,10 +136,14 @@ async fn replica_main(replica: String) -> Result<()> {
             async move {
                 let ms = unix_ms(tick.tick());
                 let started = format!("{ms}:{}:{replica}", tick.fencing_token());
-                if let Err(e) = side
-                    .rpush::<_, _, i64>(format!("runs:{run}"), started)
-                    .await
-                {
+                // The same entry on the replica's own list too: the test
+                // waits on it (BLPOP) to kill the replica mid-tick.
+                let record = redis::pipe()
+                    .rpush(format!("runs:{run}"), &started)
+                    .rpush(format!("started:{run}:{replica}"), &started)
+                    .query_async::<()>(&mut side)
+                    .await;
+                if let Err(e) = record {
                     eprintln!("{replica}: recording the run of {ms} failed: {e}");
                 }
                 tokio::time::sleep(job_time).await;
@@ -289,13 +296,19 @@ async fn run_scenario(server: &RedisServer, scenario: &Scenario) -> Result<Strin
     let mut killed = None;
     if scenario.kill {
         // Midway, in the middle of a tick's job: the replica ahead fires
-        // first and wins; it starts tick T at T - 1.5 s (true time) plus
-        // its scheduler's delay (under 500 ms unless loaded) and runs it
-        // for 1.5 s, so T - 0.75 s is mid-job.
+        // first and wins; once past the middle of the run, the next tick it
+        // starts (its entry on its own list, waited for with BLPOP) is cut
+        // short 1.5 s before its end.
         tokio::time::sleep(RUN_FOR / 2).await;
-        let now = u64::try_from(unix_ms(SystemTime::now()))?;
-        let to_mid = (PERIOD_MS + 1_250 - now % PERIOD_MS) % PERIOD_MS;
-        tokio::time::sleep(Duration::from_millis(to_mid)).await;
+        let mut signal = redis::Client::open(server.url())?
+            .get_multiplexed_async_connection()
+            .await?;
+        // Above the BLPOP's own timeout (the default is 500 ms).
+        signal.set_response_timeout(Duration::from_secs(15));
+        let list = format!("started:{}:ahead", scenario.run);
+        let _: i64 = signal.del(&list).await?;
+        let started: Option<(String, String)> = signal.blpop(&list, 10.0).await?;
+        started.ok_or("the replica ahead started no tick within 10 s")?;
         let winner = replicas
             .iter_mut()
             .find(|r| r.name == "ahead")
@@ -336,6 +349,9 @@ async fn check(
             format!("runs:{}", scenario.run),
             format!("done:{}", scenario.run),
             format!("fired:{}", scenario.run),
+            format!("started:{}:ahead", scenario.run),
+            format!("started:{}:on-time", scenario.run),
+            format!("started:{}:behind", scenario.run),
         ])
         .await?;
 
