@@ -419,9 +419,12 @@ impl<B: LeaseBackend> LeaseManager<B> {
         // clock, which a wall-clock step during the attempt does not move.
         let fired = Instant::now();
         let lateness = || {
-            (fired_at + fired.elapsed())
-                .duration_since(tick)
-                .unwrap_or_default()
+            // Checked: an absurd `fired_at` must not panic; it reads as late.
+            fired_at
+                .checked_add(fired.elapsed())
+                .map_or(Duration::MAX, |now| {
+                    now.duration_since(tick).unwrap_or_default()
+                })
         };
         let key = job.tick_key(tick)?;
         let late = |lateness: Duration| {
