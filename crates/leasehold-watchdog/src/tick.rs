@@ -20,6 +20,8 @@
 //! [`max_lateness`](TickJobBuilder::max_lateness), counted on the server's
 //! clock from the acquisition: a release before it leaves the key taken
 //! until then, and every node that fires within that bound finds it taken.
+//! A backend without the minimum hold (Redlock) refuses the tick's lease,
+//! and `run_tick` returns its error.
 //!
 //! A node that fires later than that bound could find the key free again
 //! and run the tick a second time. It never asks: a node measures its own
