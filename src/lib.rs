@@ -39,11 +39,18 @@
 //! environment variables, and the `leasehold` command (crate
 //! `leasehold-cli`) runs shell commands under a lease. docs/operations.md
 //! has the details.
+//!
+//! For scheduled jobs: [`LeaseManager::run_tick`] with a [`TickJob`] runs
+//! a job once per tick across a fleet, and crate `leasehold-cron` makes a
+//! tokio-cron-scheduler job of it in one call.
 
 /// The error of invalid input (a key, a ttl, a duration) where it is
 /// checked before any lease is asked for, such as [`LeaseKey::new`];
 /// [`Error`] carries it as [`Error::Invalid`].
 pub use leasehold_core::Error as InputError;
+/// The contract every backend fulfils, at the root too: code generic over a
+/// manager's backend names it as a bound (`LeaseManager<B: LeaseBackend>`).
+pub use leasehold_core::LeaseBackend;
 pub use leasehold_core::{
     FencingToken, LeaseInfo, LeaseKey, LockDelay, MemoryBackend, PermitLimit, PlaceTtl,
     ReleaseOutcome, RwInfo, RwRole, Ttl, WriteIntent,
@@ -54,7 +61,8 @@ pub use leasehold_watchdog::LeaseError as Error;
 pub use leasehold_watchdog::{
     Backoff, CancellationToken, ConfigError, DEFAULT_MAX_WAITERS, Election, Leader, Lease,
     LeaseConfig, LeaseError, LeaseManager, LeaseManagerBuilder, LeaseOptions, LeaseOptionsBuilder,
-    LossReason, Progress, UNREPORTED_RECHECK, metrics,
+    LossReason, Progress, TickJob, TickJobBuilder, TickOutcome, TickRun, UNREPORTED_RECHECK,
+    metrics, tick,
 };
 
 /// What a backend implementor needs: the [`LeaseBackend`](backend::LeaseBackend)

@@ -41,7 +41,9 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use leasehold::metrics::{ACQUIRE_WAIT, HOLD_TIME, RENEWAL_LATENCY};
 use leasehold::redis::RedisBackend;
-use leasehold::{Election, LeaseError, LeaseManager, LeaseOptions, LossReason, Ttl};
+use leasehold::{
+    Election, LeaseError, LeaseManager, LeaseOptions, LossReason, TickJob, TickOutcome, Ttl,
+};
 use leasehold_testkit::{Proxy, ProxyMode, RedisServer, free_port};
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder};
 use serde_json::Value;
@@ -403,6 +405,23 @@ async fn prometheus_evaluates_the_dashboard_and_fires_the_alerts() -> TestResult
         .release()
         .await?;
 
+    // A scheduled job's ticks: one run here, the same tick then found
+    // taken, and one fired too late to run.
+    let report = TickJob::builder("report")
+        .max_skew(Duration::from_secs(1))
+        .lease(LeaseOptions::builder().ttl(Ttl::parse("10s")?))
+        .build()?;
+    let tick = SystemTime::now();
+    let ran = manager.run_tick(&report, tick, tick, |_| async {}).await?;
+    assert!(ran.ran(), "{ran:?}");
+    let taken = manager.run_tick(&report, tick, tick, |_| async {}).await?;
+    assert!(matches!(taken, TickOutcome::Taken { .. }), "{taken:?}");
+    let late = Duration::from_secs(5);
+    let late = manager
+        .run_tick(&report, tick, tick + late, |_| async {})
+        .await?;
+    assert!(matches!(late, TickOutcome::Late { .. }), "{late:?}");
+
     // A baseline of 15 evaluations before the burst, so that the burst is
     // far above the average.
     within(Duration::from_secs(60), "15 evaluations", async {
@@ -480,6 +499,9 @@ async fn prometheus_evaluates_the_dashboard_and_fires_the_alerts() -> TestResult
         .until_alert("LeaseholdJobStalled", &[("name", "jobs")], true)
         .await;
     prometheus
+        .until_alert("LeaseholdTickLate", &[("name", "report")], true)
+        .await;
+    prometheus
         .until_alert(
             "LeaseholdElectionLeaderless",
             &[("name", "scheduler")],
@@ -505,6 +527,7 @@ async fn prometheus_evaluates_the_dashboard_and_fires_the_alerts() -> TestResult
     );
     assert_eq!(of("LeaseholdAcquireBusy", "outcome"), ["jobs/busy"]);
     assert_eq!(of("LeaseholdJobStalled", "reason"), ["jobs/stalled"]);
+    assert_eq!(of("LeaseholdTickLate", "reason"), ["report/late"]);
     assert_eq!(
         of("LeaseholdElectionLeaderless", "name"),
         ["scheduler/scheduler"]

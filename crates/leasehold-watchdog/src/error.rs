@@ -50,6 +50,15 @@ pub enum LeaseError {
         "a LeaseManager needs a tokio runtime: create it inside #[tokio::main] or Runtime::block_on"
     )]
     NoRuntime,
+    /// A job run once per tick ([`TickJob`](crate::TickJob)) was given a
+    /// name or a tick it cannot use.
+    #[error("job {job:?}: {reason}")]
+    InvalidTick {
+        /// The job's name.
+        job: String,
+        /// What is wrong, and what to do.
+        reason: String,
+    },
     /// A lease guarding a running future ended before the future did.
     #[error("lease {key:?} ended while its work was running: {reason}")]
     LeaseEnded {

@@ -58,6 +58,7 @@ mod renewal;
 mod rw;
 mod scope;
 mod shared;
+pub mod tick;
 mod timing;
 mod waiting;
 
@@ -79,5 +80,9 @@ pub use leasehold_core::RwRole;
 pub use loss::LossReason;
 pub use manager::{DEFAULT_MAX_WAITERS, LeaseManager, LeaseManagerBuilder};
 pub use options::{LeaseOptions, LeaseOptionsBuilder};
+pub use tick::{
+    DEFAULT_MAX_LATENESS, DEFAULT_MAX_SKEW, MAX_JOB_NAME_LEN, TickJob, TickJobBuilder, TickOutcome,
+    TickRun,
+};
 /// The token type handed to holders, re-exported for convenience.
 pub use tokio_util::sync::CancellationToken;

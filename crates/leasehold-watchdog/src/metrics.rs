@@ -79,12 +79,22 @@ pub const CANDIDATES: &str = "leasehold_election_candidates";
 /// Gauge: waiters queued on the server for a lease in fair mode, as the
 /// server last reported it to this process, by name.
 pub const FAIR_QUEUED: &str = "leasehold_fair_queue_waiters";
+/// Counter: ticks of a job run once per tick across a fleet
+/// ([`LeaseManager::run_tick`](crate::LeaseManager::run_tick)) that this
+/// process ran, labelled `name` (the job's name). Summed over the fleet,
+/// one per tick; fewer when a node died mid-tick (the tick is missed, not
+/// run again).
+pub const TICK_RUNS: &str = "leasehold_tick_runs_total";
+/// Counter: ticks of a job this process did not run, labelled `name` and
+/// `reason`: [`SKIP_TAKEN`] when another node had the tick, [`SKIP_LATE`]
+/// when this process fired too late to ask for it safely.
+pub const TICK_SKIPS: &str = "leasehold_tick_skips_total";
 
 /// Label: the lease name.
 pub const LABEL_NAME: &str = "name";
 /// Label: the outcome of an acquisition or renewal.
 pub const LABEL_OUTCOME: &str = "outcome";
-/// Label: why a lease was lost.
+/// Label: why a lease was lost, or why a tick was skipped.
 pub const LABEL_REASON: &str = "reason";
 /// Label: how a lease's hold ended.
 pub const LABEL_ENDED: &str = "ended";
@@ -100,6 +110,12 @@ pub const KIND_PERMIT: &str = "permit";
 pub const KIND_READ: &str = "read";
 /// The [`LABEL_KIND`] of a writer's hold from `acquire_write`.
 pub const KIND_WRITE: &str = "write";
+
+/// The [`LABEL_REASON`] of a [`TICK_SKIPS`] count: another node had the tick.
+pub const SKIP_TAKEN: &str = "taken";
+/// The [`LABEL_REASON`] of a [`TICK_SKIPS`] count: this process fired later
+/// than the job's `max_lateness` and left the tick alone.
+pub const SKIP_LATE: &str = "late";
 
 /// What kind of lease a metric is about: the value of [`LABEL_KIND`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -185,6 +201,16 @@ pub fn describe() {
         Unit::Count,
         "Waiters queued on the server for a lease in fair mode, as last reported, by name."
     );
+    describe_counter!(
+        TICK_RUNS,
+        Unit::Count,
+        "Ticks of a job run once per tick across a fleet that this process ran."
+    );
+    describe_counter!(
+        TICK_SKIPS,
+        Unit::Count,
+        "Ticks of a job this process did not run, by reason (taken by another node, or late)."
+    );
     describe_gauge!(
         CANDIDATES,
         Unit::Count,
@@ -246,6 +272,14 @@ pub(crate) fn lost(name: &Cow<'static, str>, key: &LeaseKey, reason: &'static st
     let kind = Kind::of(key).as_str();
     counter!(LOSSES, LABEL_NAME => label(name), LABEL_KIND => kind, LABEL_REASON => reason)
         .increment(1);
+}
+
+pub(crate) fn tick_ran(name: &Cow<'static, str>) {
+    counter!(TICK_RUNS, LABEL_NAME => label(name)).increment(1);
+}
+
+pub(crate) fn tick_skipped(name: &Cow<'static, str>, reason: &'static str) {
+    counter!(TICK_SKIPS, LABEL_NAME => label(name), LABEL_REASON => reason).increment(1);
 }
 
 pub(crate) fn renew_batch(latency: Duration) {
