@@ -199,6 +199,15 @@ impl<B: LeaseBackend> LeaseManager<B> {
         if let Some(label) = options.label() {
             request = request.with_label(label)?;
         }
+        if options.fair().is_some() && !matches!(attempt, Attempt::Lease) {
+            // Refused rather than ignored: the server's fair queue orders
+            // waiters for one key; permits and shares have none.
+            return Err(LeaseError::InvalidOptions {
+                reason: format!(
+                    "fair mode applies to exclusive leases only, not to permits or read-write leases of {key:?}; use options without fair(true)"
+                ),
+            });
+        }
         if let Some(minimum) = options.hold_at_least() {
             if !matches!(attempt, Attempt::Lease) {
                 // Refused rather than ignored: a permit or a share kept

@@ -314,3 +314,29 @@ fn a_place_ttl_out_of_bounds_is_refused() {
     assert_eq!(fair.fair().map(|p| p.get()), Some(Duration::from_secs(2)));
     assert_eq!(LeaseOptions::default().fair(), None);
 }
+
+/// Fair mode is for exclusive leases: asked for a permit, a reader's or a
+/// writer's share, it is refused with a reason, not silently ignored, and
+/// the backend is never asked.
+#[tokio::test(start_paused = true)]
+async fn fair_mode_is_refused_for_permits_and_shares() -> TestResult {
+    let backend = MemoryBackend::new();
+    let manager = LeaseManager::new(backend.clone())?;
+    let options = fair(Duration::from_millis(100), Duration::from_secs(5));
+    let limit = leasehold_watchdog::PermitLimit::new(2)?;
+    let refusals = [
+        manager.acquire_permit("pool", limit, &options).await.err(),
+        manager.acquire_read("doc", &options).await.err(),
+        manager.acquire_write("doc", &options).await.err(),
+    ];
+    for refused in refusals {
+        assert!(
+            matches!(&refused, Some(LeaseError::InvalidOptions { reason }) if reason.contains("fair mode")),
+            "{refused:?}"
+        );
+    }
+    for k in ["{pool}:permit:0", "{doc}:write"] {
+        assert_eq!(backend.inspect(&key(k)).await?, None, "{k} was not taken");
+    }
+    Ok(())
+}
