@@ -988,6 +988,14 @@ async fn a_stale_write_after_a_restart_reaches_only_the_unfenced_store() -> Test
         witness.attach()
     })?;
     let new = timeout(TTL, new_manager.acquire("key0", &options)).await??;
+    // The tokens themselves: the restart lost the counter, and the new
+    // holder's token must still be above the old one's, or the fenced
+    // store would take the old holder's writes and refuse the new one's.
+    assert!(
+        new.fencing_token().get() > old_token,
+        "the token after a restart that lost the counter ({}) is above the one before ({old_token})",
+        new.fencing_token().get()
+    );
     store
         .write(
             &history,

@@ -112,15 +112,17 @@ async fn tokens_keep_rising_after_a_restart_that_lost_everything() -> TestResult
     let mut server = RedisServer::start()?;
     let backend = connect(&server).await;
     let (k, ttl) = (key("survivor"), ttl("1h"));
-    let mut last = None;
+    let mut last_released = None;
     for _ in 0..20 {
         let h = holder();
-        last = Some(acquire(&backend, &k, h, ttl).await?.fencing_token);
+        last_released = Some(acquire(&backend, &k, h, ttl).await?.fencing_token);
         backend.release(&k, &h).await?;
     }
-    let last = last.expect("acquired at least once");
     let held_by = holder();
-    acquire(&backend, &k, held_by, ttl).await?;
+    // The highest token the server handed out before the restart: the
+    // held lease's, above every one before it.
+    let last = acquire(&backend, &k, held_by, ttl).await?.fencing_token;
+    assert!(last > last_released.expect("acquired at least once"));
 
     server.restart()?;
     assert_eq!(
