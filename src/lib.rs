@@ -30,7 +30,7 @@
 //! and what they are told ([`FencingToken`], [`LossReason`], [`LeaseInfo`],
 //! [`RwInfo`], [`ReleaseOutcome`], [`Leader`]), with [`MemoryBackend`] for
 //! one process and the Redis backends as [`redis`]. What a backend
-//! implementor needs (the [`LeaseBackend`](backend::LeaseBackend) contract
+//! implementor needs (the [`LeaseBackend`] contract
 //! and its requests and outcomes) lives in [`backend`].
 //!
 //! To operate leases: every manager records [`metrics`] (acquisitions,
@@ -65,7 +65,7 @@ pub use leasehold_watchdog::{
     metrics, tick,
 };
 
-/// What a backend implementor needs: the [`LeaseBackend`](backend::LeaseBackend)
+/// What a backend implementor needs: the [`LeaseBackend`]
 /// contract, its requests and outcomes, and the helpers that compute a
 /// grant's validity. A user of leases does not need this module.
 pub mod backend {
