@@ -13,13 +13,14 @@
 //!   could have expired. The server's `MONITOR` record gives the last
 //!   `PEXPIRE` (or `SET … PX`) it ran for each lease; that instant plus the
 //!   ttl is the earliest the server can expire the lease. Measured: how
-//!   long before that the holder's token fired. Asserted: strictly before,
-//!   for every lease.
+//!   long before that the holder's token fired. Asserted: at least the
+//!   safety margin and drift allowance before (less a 100 ms slack for
+//!   timers and scheduling), for every lease.
 //! - **F1, blackhole**: the holders reach the server through the testkit
 //!   proxy, which is switched to blackhole. A side connection, which the
 //!   fault does not touch, polls `EXISTS` until each key is gone. Measured:
-//!   how long before the key was gone the token fired. Asserted: strictly
-//!   before, for every lease.
+//!   how long before the key was gone the token fired. Asserted: as for
+//!   SIGSTOP, at least the margin and drift allowance less the slack.
 //!
 //!   Both F1 faults hit [`F1_LEASES`] leases on a direct link and
 //!   [`F1_SLOW_LEASES`] over a proxy that delays each way by [`SLOW_LINK`]:
@@ -107,6 +108,25 @@ const PUSH_ALLOWANCE: Duration = Duration::from_millis(50);
 /// milliseconds; a renewal at the renew cadence instead of on the
 /// reconnection takes up to a renew interval (667 ms).
 const RECONNECT_ALLOWANCE: Duration = Duration::from_millis(100);
+
+/// How much later than its deadline a token may be seen to fire: the
+/// watchdog's timer (1 ms granularity) and the scheduling of two tasks on a
+/// 2-core machine, plus, behind the blackhole, one `EXISTS` poll (1 ms
+/// apart, a loopback round trip each), all delayed when the machine is
+/// busy. Measured worst: 3 ms alone (release build), 20 ms beside other
+/// builds, 55 ms beside a whole test suite running at once. Half the
+/// safety margin: with the margin gone from the deadline (a token firing
+/// only the drift allowance early) every sample fails.
+const FIRING_SLACK: Duration = Duration::from_millis(100);
+
+/// What docs/design.md promises (guarantee 2): the token fires at least the
+/// safety margin plus the drift allowance before the lease can expire on
+/// the server, counted from the renewal's send, less [`FIRING_SLACK`]. In
+/// milliseconds, as the margins are measured.
+fn promised_margin(options: &LeaseOptions) -> f64 {
+    let promise = options.safety_margin() + leasehold::backend::clock_drift(options.ttl().get());
+    (promise.saturating_sub(FIRING_SLACK)).as_secs_f64() * 1000.0
+}
 
 fn options() -> Result<LeaseOptions, Error> {
     Ok(LeaseOptions::builder()
@@ -260,9 +280,9 @@ async fn f1_a_paused_server_fires_every_token_before_the_server_can_expire_its_l
                 .ok_or_else(|| format!("the server never gave {key} a ttl"))?;
             let margin = ms_after(earliest_expiry(applied.started, ttl), *fired);
             assert!(
-                margin > 0.0,
-                "{key}: the token fired {:.1} ms after the server could expire the lease",
-                -margin
+                margin >= promised_margin(&options),
+                "{key}: the token fired {margin:.1} ms before the server could expire the lease, less than the safety margin and drift allowance promise ({:.1} ms, slack included)",
+                promised_margin(&options)
             );
             if lease.key().as_str().starts_with("f1-slow") {
                 slow_margins.push(margin);
@@ -338,10 +358,10 @@ async fn f1_a_blackholed_holder_fires_every_token_before_the_server_drops_its_le
             assert_eq!(lease.loss_reason(), Some(LossReason::Deadline));
             let margin = ms_after(gone[i], fired[i]);
             assert!(
-                margin > 0.0,
-                "{}: the token fired {:.1} ms after the server dropped the lease",
+                margin >= promised_margin(&options),
+                "{}: the token fired {margin:.1} ms before the server dropped the lease, less than the safety margin and drift allowance promise ({:.1} ms, slack included)",
                 keys[i],
-                -margin
+                promised_margin(&options)
             );
             if lease.key().as_str().starts_with("f1b-slow") {
                 slow_margins.push(margin);
