@@ -565,7 +565,7 @@ async fn prometheus_evaluates_the_dashboard_and_fires_the_alerts() -> TestResult
             }
         }
     }
-    assert_eq!(alerting, 6, "{rules}");
+    assert_eq!(alerting, 7, "{rules}");
 
     // Every dashboard query returns series with the labels its legend
     // names, and every variable has values.
