@@ -194,6 +194,9 @@ async fn raw_scripts_cycle(clients: &Clients, key: &str) -> BenchResult<Cycle> {
         .arg("")
         // The raw connection does not track: no read after the grant.
         .arg("0")
+        // No minimum hold; the counter kept for the default retention (1 h).
+        .arg("0")
+        .arg(3_600_000)
         .invoke_async(&mut conn)
         .await?;
     let t1 = Instant::now();

@@ -207,9 +207,12 @@ async fn cycle(clients: &Clients, client: Client, key: &str) -> ProfileResult {
                 .arg(&holder)
                 .arg(30_000)
                 .arg("")
-                // The raw connection does not track (ignored by scripts
-                // that take no such argument).
+                // The raw connection does not track; no minimum hold; the
+                // counter kept for the default retention (ignored by
+                // scripts that take no such arguments).
                 .arg("0")
+                .arg("0")
+                .arg(3_600_000)
                 .invoke_async(&mut conn)
                 .await?;
             // The token alone, or {1, token} from an older acquire.lua.

@@ -69,14 +69,16 @@ fn subcommands() -> Result<Vec<String>, Box<dyn std::error::Error>> {
     Ok(names)
 }
 
-/// Every `--flag` named in `leasehold run --help`.
+/// Every `--flag` that `leasehold run --help` defines (a line that starts
+/// with the flag; descriptions that mention another flag are not one).
 fn run_flags() -> Result<Vec<String>, Box<dyn std::error::Error>> {
     let help = leasehold(&["run", "--help"])?;
     let mut flags: Vec<String> = help
         .lines()
+        .map(str::trim_start)
+        .filter(|l| l.starts_with('-'))
         .filter_map(|l| {
-            l.trim_start()
-                .split([' ', ',', '='])
+            l.split([' ', ',', '='])
                 .find(|w| w.starts_with("--") && w.len() > 2)
                 .map(str::to_owned)
         })
