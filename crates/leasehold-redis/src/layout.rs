@@ -86,7 +86,8 @@ impl KeyLayout {
     /// refuses to correct an offset above its 1000 s panic threshold;
     /// chrony steps only at start by default, and slews after), and 120
     /// times the default ttl, while a service that locks a new key every
-    /// 10 ms keeps at most 360,000 counters (about 40 MB).
+    /// 10 ms keeps at most 360,000 counters (about 30 MB, 85 bytes each in
+    /// `benches/footprint`).
     pub const DEFAULT_FENCE_RETENTION: Duration = Duration::from_secs(60 * 60);
 
     /// The shortest fencing-counter retention accepted: one second.
