@@ -13,17 +13,26 @@ use leasehold_core::{AcquireOutcome, AcquireRequest, LeaseBackend};
 use leasehold_redis::RedisBackend;
 use leasehold_testkit::{RedisCluster, RedisServer};
 
-/// A counter of `INFO <section>`, 0 when the line is absent.
-fn stat(server: &RedisServer, section: &str, line: &str, field: &str) -> u64 {
-    let info = server.cli(&["INFO", section]).unwrap_or_default();
-    info.lines()
+/// A counter of `INFO <section>`, 0 when the line is absent (a count never
+/// incremented); a server that cannot be asked fails the test rather than
+/// read as 0.
+fn stat(
+    server: &RedisServer,
+    section: &str,
+    line: &str,
+    field: &str,
+) -> Result<u64, Box<dyn std::error::Error>> {
+    let info = server.cli(&["INFO", section])?;
+    let Some(rest) = info
+        .lines()
         .find_map(|l| l.strip_prefix(&format!("{line}:")))
-        .and_then(|rest| {
-            rest.split(',')
-                .find_map(|kv| kv.strip_prefix(&format!("{field}=")))
-        })
+    else {
+        return Ok(0);
+    };
+    rest.split(',')
+        .find_map(|kv| kv.strip_prefix(&format!("{field}=")))
         .and_then(|v| v.trim().parse().ok())
-        .unwrap_or(0)
+        .ok_or_else(|| format!("no {field} in {line}: {rest}").into())
 }
 
 async fn acquire_together(backend: &RedisBackend, prefix: &str, count: usize) -> TestResult {
@@ -51,13 +60,13 @@ async fn two_thousand_first_calls_on_a_cluster_meet_no_noscript() -> TestResult 
     acquire_together(&backend, "job", 2000).await?;
     for node in cluster.nodes() {
         assert_eq!(
-            stat(node, "errorstats", "errorstat_NOSCRIPT", "count"),
+            stat(node, "errorstats", "errorstat_NOSCRIPT", "count")?,
             0,
             "no NOSCRIPT on node {}",
             node.port()
         );
         assert!(
-            stat(node, "commandstats", "cmdstat_evalsha", "calls") > 0,
+            stat(node, "commandstats", "cmdstat_evalsha", "calls")? > 0,
             "node {} served acquisitions",
             node.port()
         );
@@ -71,13 +80,14 @@ async fn first_calls_on_a_server_meet_no_noscript() -> TestResult {
     let backend = RedisBackend::connect(server.url()).await?;
     acquire_together(&backend, "job", 500).await?;
     assert_eq!(
-        stat(&server, "errorstats", "errorstat_NOSCRIPT", "count"),
+        stat(&server, "errorstats", "errorstat_NOSCRIPT", "count")?,
         0
     );
+    assert!(stat(&server, "commandstats", "cmdstat_evalsha", "calls")? >= 1);
     // After a SCRIPT FLUSH (as after a restart), the scripts load again on
     // their first NOSCRIPT.
     server.cli(&["SCRIPT", "FLUSH"])?;
     acquire_together(&backend, "after-flush", 1).await?;
-    assert!(stat(&server, "errorstats", "errorstat_NOSCRIPT", "count") >= 1);
+    assert!(stat(&server, "errorstats", "errorstat_NOSCRIPT", "count")? >= 1);
     Ok(())
 }
