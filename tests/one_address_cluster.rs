@@ -67,6 +67,9 @@ async fn ten_thousand_leases_live_through_a_minute_on_a_cluster_behind_one_addre
     const TAGS: usize = 100;
     const PER_TAG: usize = 100;
     const HOLD: Duration = Duration::from_secs(60);
+    if leasehold_testkit::skip_on_second_pass("ten_thousand_leases_live_through_a_minute") {
+        return Ok(());
+    }
     let cluster = RedisCluster::one_node()?;
     let server = &cluster.nodes()[0];
     let url = server.url();

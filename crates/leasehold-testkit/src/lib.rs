@@ -56,7 +56,8 @@ mod sentinel;
 mod server;
 
 pub use binary::{
-    REDIS_CLI_ENV, REDIS_SERVER_ENV, SERVER_ENV, ServerKind, redis_cli_binary, redis_server_binary,
+    REDIS_CLI_ENV, REDIS_SERVER_ENV, SECOND_PASS_ENV, SERVER_ENV, ServerKind, redis_cli_binary,
+    redis_server_binary, skip_on_second_pass,
 };
 pub use campaign::{Fault, FaultPlan, PlanShape, ScheduledFault, fault_length};
 pub use clock::{FAKETIME_SERVER_ENV, LIBFAKETIME_ENV, ShiftedClock, faketime_server};
