@@ -182,6 +182,27 @@ fn is_executable(path: &Path) -> bool {
         .unwrap_or(false)
 }
 
+/// Environment variable that `scripts/test.sh --valkey` sets for its second
+/// pass: tests whose subject does not depend on the server family (a
+/// scheduling fleet, a clock under libfaketime, a minute of batching) and
+/// that already ran on the first pass skip themselves, to keep the two
+/// passes within CI's budget. Any other value than `1` is ignored.
+pub const SECOND_PASS_ENV: &str = "LEASEHOLD_SECOND_PASS";
+
+/// Whether this is the second pass of the suite ([`SECOND_PASS_ENV`]), in
+/// which `test` (a server-independent long test) is skipped. Says so on
+/// stderr when it is, so that a skipped run is visible in the output.
+#[must_use]
+pub fn skip_on_second_pass(test: &str) -> bool {
+    let skip = env::var(SECOND_PASS_ENV).is_ok_and(|v| v == "1");
+    if skip {
+        eprintln!(
+            "{test}: skipped on the second pass ({SECOND_PASS_ENV}=1); it ran on the first, and its subject does not depend on the server family"
+        );
+    }
+    skip
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -313,25 +334,4 @@ mod tests {
         assert!(matches!(err, Err(TestkitError::NotInstalled)), "{err:?}");
         Ok(())
     }
-}
-
-/// Environment variable that `scripts/test.sh --valkey` sets for its second
-/// pass: tests whose subject does not depend on the server family (a
-/// scheduling fleet, a clock under libfaketime, a minute of batching) and
-/// that already ran on the first pass skip themselves, to keep the two
-/// passes within CI's budget. Any other value than `1` is ignored.
-pub const SECOND_PASS_ENV: &str = "LEASEHOLD_SECOND_PASS";
-
-/// Whether this is the second pass of the suite ([`SECOND_PASS_ENV`]), in
-/// which `test` (a server-independent long test) is skipped. Says so on
-/// stderr when it is, so that a skipped run is visible in the output.
-#[must_use]
-pub fn skip_on_second_pass(test: &str) -> bool {
-    let skip = env::var(SECOND_PASS_ENV).is_ok_and(|v| v == "1");
-    if skip {
-        eprintln!(
-            "{test}: skipped on the second pass ({SECOND_PASS_ENV}=1); it ran on the first, and its subject does not depend on the server family"
-        );
-    }
-    skip
 }
