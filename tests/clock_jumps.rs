@@ -14,6 +14,10 @@
 //!   tracking) within a bound, not at its next renewal; a second holder can
 //!   be granted in that window, with a higher fencing token, which is what
 //!   a store that checks tokens relies on.
+//! - On Sentinel (every node under libfaketime, each with its own clock):
+//!   the master's clock jumps, as on one server; and a replica whose clock
+//!   is ahead is promoted, dropping the leases it took over at once, while
+//!   their holders learn only when their renewals reach it.
 //!
 //! Run by `scripts/test.sh`, which installs the server and libfaketime.
 
@@ -27,7 +31,7 @@ use futures_util::StreamExt;
 use leasehold::redis::RedisBackend;
 use leasehold::redis::redis::{self, AsyncCommands};
 use leasehold::{LeaseManager, LeaseOptions, LossReason, Ttl};
-use leasehold_testkit::{RedisServer, ShiftedClock, faketime_server};
+use leasehold_testkit::{RedisServer, SentinelSet, ShiftedClock, faketime_server};
 use tokio::time::Instant;
 
 use holders::{Error, within};
@@ -201,6 +205,242 @@ async fn a_forward_jump_ends_a_lease_and_its_holder_hears_at_once() -> TestResul
         next.fencing_token()
     );
     println!("clock jump: the holder heard {late:?} after the server's expiry notice");
+    next.release().await?;
+    Ok(())
+}
+
+/// A Sentinel set whose master, replica and sentinels all run under
+/// libfaketime, each with a clock of its own (kept alive beside the set).
+struct SkewedSet {
+    set: SentinelSet,
+    master_clock: ShiftedClock,
+    replica_clock: ShiftedClock,
+    _sentinel_clocks: Vec<ShiftedClock>,
+}
+
+fn skewed_sentinel_set() -> Result<SkewedSet, Error> {
+    let (master, master_clock) = faketime_server()?;
+    let (replica, replica_clock) = faketime_server()?;
+    let mut sentinel_clocks = Vec::new();
+    let mut failed = None;
+    let set =
+        SentinelSet::start_with_builders(Duration::from_millis(1000), master, replica, || {
+            match faketime_server() {
+                Ok((builder, clock)) => {
+                    sentinel_clocks.push(clock);
+                    builder
+                }
+                Err(error) => {
+                    // Started as a plain server instead; reported below.
+                    failed = Some(error);
+                    RedisServer::builder()
+                }
+            }
+        })?;
+    if let Some(error) = failed {
+        return Err(error.into());
+    }
+    Ok(SkewedSet {
+        set,
+        master_clock,
+        replica_clock,
+        _sentinel_clocks: sentinel_clocks,
+    })
+}
+
+async fn sentinel_manager(set: &SentinelSet) -> Result<LeaseManager<RedisBackend>, Error> {
+    Ok(LeaseManager::new(RedisBackend::connect(&set.url()).await?)?)
+}
+
+/// Subscribes to `server`'s expiry events and returns a future that
+/// resolves at the first one for `leasehold:{<key>}`.
+async fn expiry_of(
+    server: &RedisServer,
+    key: &'static str,
+) -> Result<impl std::future::Future<Output = Result<Instant, Error>> + use<>, Error> {
+    server.cli(&["CONFIG", "SET", "notify-keyspace-events", "Ex"])?;
+    let mut events = redis::Client::open(server.url())?
+        .get_async_pubsub()
+        .await?;
+    events.subscribe("__keyevent@0__:expired").await?;
+    let wanted = format!("leasehold:{{{key}}}");
+    Ok(async move {
+        let mut events = events.into_on_message();
+        loop {
+            let message = events.next().await.ok_or("the event subscription ended")?;
+            let expired: String = message.get_payload()?;
+            if expired == wanted {
+                return Ok::<_, Error>(Instant::now());
+            }
+        }
+    })
+}
+
+/// Sentinel, the master's clock jumps forward: as on a standalone server,
+/// the master drops the lease at once and its holder (connected through
+/// the sentinels, tracking on the master) hears within [`NOTICE_BOUND`]
+/// of the master's own expiry notice; the next holder's token is higher.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sentinel_a_forward_jump_of_the_master_ends_a_lease_and_its_holder_hears_at_once()
+-> TestResult {
+    let skewed = skewed_sentinel_set()?;
+    let master = skewed.set.master();
+    let holder = sentinel_manager(&skewed.set).await?;
+    let other = sentinel_manager(&skewed.set).await?;
+    let expired = expiry_of(master, "report").await?;
+
+    let lease = holder.acquire("report", &options("3s")).await?;
+    let token = lease.fencing_token();
+    let fired = {
+        let lease_token = lease.token();
+        tokio::spawn(async move {
+            lease_token.cancelled().await;
+            Instant::now()
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    jump(master, &skewed.master_clock, 10_000)?;
+
+    let expired_at = within(
+        Duration::from_secs(2),
+        "the master's expiry notice",
+        expired,
+    )
+    .await?;
+    let next = other.acquire("report", &options("3s")).await?;
+    let fired_at = within(Duration::from_secs(2), "the holder's token", fired).await?;
+    let late = fired_at.saturating_duration_since(expired_at);
+    assert!(
+        late <= NOTICE_BOUND,
+        "the holder believed in a lease the master had dropped for {late:?} (bound {NOTICE_BOUND:?})"
+    );
+    assert_eq!(lease.loss_reason(), Some(LossReason::Lost));
+    assert!(
+        next.fencing_token() > token,
+        "the second holder's token ({}) is above the first's ({token})",
+        next.fencing_token()
+    );
+    println!(
+        "sentinel, master clock jump: the holder heard {late:?} after the master's expiry notice"
+    );
+    next.release().await?;
+    Ok(())
+}
+
+/// Resolves at the first instant `url`'s server answers `ROLE` as a
+/// master (polled every 2 ms, on a fresh connection whenever one closes).
+fn promotion_of(url: String) -> tokio::task::JoinHandle<Result<Instant, Error>> {
+    tokio::spawn(async move {
+        let client = redis::Client::open(url)?;
+        loop {
+            if let Ok(mut connection) = client.get_multiplexed_async_connection().await {
+                loop {
+                    let role: Result<Vec<redis::Value>, _> =
+                        redis::cmd("ROLE").query_async(&mut connection).await;
+                    match role.as_deref() {
+                        Ok([redis::Value::BulkString(role), ..]) if role == b"master" => {
+                            return Ok(Instant::now());
+                        }
+                        Ok(_) => tokio::time::sleep(Duration::from_millis(2)).await,
+                        Err(_) => break,
+                    }
+                }
+            }
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        }
+    })
+}
+
+/// How soon after the sentinels name the new master the old holder learns
+/// its lease is gone: losing the tracking connection reported every lease
+/// as possibly changed, so the watchdog renews them at once and retries
+/// every 320 ms at most (`timing.rs`) until the new master answers that
+/// the lease is not there; plus a reconnection through the sentinels and
+/// slack for a loaded two-core machine. Measured 90–175 ms; with
+/// tracking off (the red check) the holder learns at its next scheduled
+/// renewal, about 1 s after.
+const RECONNECT_BOUND: Duration = Duration::from_millis(500);
+
+/// How late past its deadline a token may fire: the watchdog's timer
+/// wake-up on a loaded two-core machine.
+const TIMER_SLACK: Duration = Duration::from_millis(100);
+
+/// Sentinel, a replica whose clock runs 60 s ahead is promoted: every
+/// lease it took over by replication is already past its expiry on its
+/// clock, so it drops them at once. This is the jump no client-side margin
+/// covers: a second holder is granted while the first may still believe,
+/// and only fencing keeps the two apart (the second token is higher). The
+/// first holder's token fires at the latest at its deadline counted from
+/// its last renewal, which was sent before the master was killed: by the
+/// kill + `deadline_after` (ttl − drift allowance − safety margin) +
+/// [`TIMER_SLACK`]. The window in which it believed while the new master
+/// had dropped the lease is measured and printed (docs/reliability.md).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sentinel_a_promoted_replica_whose_clock_is_ahead_drops_leases_and_fencing_keeps_order()
+-> TestResult {
+    let mut skewed = skewed_sentinel_set()?;
+    jump(skewed.set.replica(), &skewed.replica_clock, 60_000)?;
+    let promoted = promotion_of(skewed.set.replica().url());
+    let holder = sentinel_manager(&skewed.set).await?;
+    let options = options("10s");
+
+    let lease = holder.acquire("report", &options).await?;
+    let token = lease.fencing_token();
+    let fired = {
+        let lease_token = lease.token();
+        tokio::spawn(async move {
+            lease_token.cancelled().await;
+            Instant::now()
+        })
+    };
+    // Replicated before the kill, so that the promoted replica has it (its
+    // own reads already hide the key: on its clock it has expired).
+    let acked = skewed.set.master().cli(&["WAIT", "1", "2000"])?;
+    assert_eq!(acked.trim(), "1", "the replica acknowledged the lease");
+    let killed_at = Instant::now();
+    skewed.set.kill_master()?;
+    let failover = tokio::task::block_in_place(|| skewed.set.wait_for_failover())?;
+    let failover_seen_at = Instant::now();
+    // Sentinel closes the promoted replica's client connections, so its
+    // expiry notice cannot be heard; the lease is dropped as it becomes
+    // master (on its clock the key has long expired, and its own reads
+    // already hid it before).
+    let expired_at = within(Duration::from_secs(5), "the replica's promotion", promoted).await??;
+
+    let other = sentinel_manager(&skewed.set).await?;
+    let next = other.acquire("report", &options).await?;
+    let granted_at = Instant::now();
+    let fired_at = within(
+        options.deadline_after() + Duration::from_secs(2),
+        "the holder's token",
+        fired,
+    )
+    .await?;
+    assert!(
+        next.fencing_token() > token,
+        "the second holder's token ({}) is above the first's ({token})",
+        next.fencing_token()
+    );
+    let latest = killed_at + options.deadline_after() + TIMER_SLACK;
+    assert!(
+        fired_at <= latest,
+        "the holder's token fired {:?} after the kill, past its deadline bound {:?}",
+        fired_at - killed_at,
+        latest - killed_at
+    );
+    let after_failover = fired_at.saturating_duration_since(failover_seen_at);
+    assert!(
+        after_failover <= RECONNECT_BOUND,
+        "the holder learned {after_failover:?} after the sentinels named the new master (bound {RECONNECT_BOUND:?})"
+    );
+    println!(
+        "sentinel, promoted replica 60 s ahead: failover {failover:?}; the replica became master, dropping the lease, {:?} after the kill; a second holder was granted {:?} after the kill; the first holder's token fired {:?} after the kill ({:?} after the drop; its reason: {:?})",
+        expired_at - killed_at,
+        granted_at - killed_at,
+        fired_at - killed_at,
+        fired_at.saturating_duration_since(expired_at),
+        lease.loss_reason()
+    );
     next.release().await?;
     Ok(())
 }

@@ -78,15 +78,40 @@ impl SentinelSet {
         down_after: Duration,
         args: &[&str],
     ) -> Result<Self, TestkitError> {
-        let started = Instant::now();
-        let master = data_node(RedisServer::builder())?;
-        let mut replica = RedisServer::builder()
-            .arg("--replicaof")
-            .arg("127.0.0.1")
-            .arg(master.port().to_string());
+        let mut replica = RedisServer::builder();
         for arg in args {
             replica = replica.arg(*arg);
         }
+        Self::start_with_builders(
+            down_after,
+            RedisServer::builder(),
+            replica,
+            RedisServer::builder,
+        )
+    }
+
+    /// As [`start_with_down_after`](Self::start_with_down_after), with
+    /// the master, the replica and each sentinel started from the builders
+    /// given: for example servers under libfaketime
+    /// ([`faketime_server`](crate::faketime_server)), whose clocks a test
+    /// moves. The replica's `--replicaof` and the sentinels' configuration
+    /// are added here.
+    ///
+    /// # Errors
+    ///
+    /// As [`start`](Self::start).
+    pub fn start_with_builders(
+        down_after: Duration,
+        master: crate::ServerBuilder,
+        replica: crate::ServerBuilder,
+        mut sentinel: impl FnMut() -> crate::ServerBuilder,
+    ) -> Result<Self, TestkitError> {
+        let started = Instant::now();
+        let master = data_node(master)?;
+        let replica = replica
+            .arg("--replicaof")
+            .arg("127.0.0.1")
+            .arg(master.port().to_string());
         let replica = data_node(replica)?;
         wait_until(READY_TIMEOUT, "sentinel set", || {
             let info = replica.cli(&["INFO", "replication"])?;
@@ -110,12 +135,7 @@ impl SentinelSet {
                     down_after.as_millis()
                 ),
             )?;
-            sentinels.push(
-                RedisServer::builder()
-                    .config_file(path)
-                    .arg("--sentinel")
-                    .start()?,
-            );
+            sentinels.push(sentinel().config_file(path).arg("--sentinel").start()?);
         }
         let set = Self {
             data: vec![master, replica],
