@@ -74,7 +74,11 @@ async fn namespace_keys(
             .await?;
         for key in batch {
             let pttl: i64 = conn.pttl(&key).await?;
-            keys.push((key, pttl));
+            // -2: the key expired between the SCAN and its PTTL (a crashed
+            // holder's lease of a short ttl): it is gone, as it should be.
+            if pttl != -2 {
+                keys.push((key, pttl));
+            }
         }
         if next == 0 {
             return Ok(keys);
