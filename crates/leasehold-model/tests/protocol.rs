@@ -83,7 +83,7 @@
 //! `leasehold_redis::RedisBackend`, and every answer (granted, refused,
 //! renewed, lost, released, not held), the order of the fencing tokens, and
 //! the lease key's holder and remaining life after each step must be the
-//! model's. Time is replayed without waiting: a tick is a second of the
+//! model's. Time is replayed without waiting: a tick is ten seconds of the
 //! key's life, taken off it with `PEXPIRE`; a restart is `FLUSHALL`.
 //!
 //! # Bounds and abstractions

@@ -18,12 +18,13 @@
 //! # Time
 //!
 //! The replay never waits for a real ttl. One tick of the model is
-//! [`PER_TICK`] (a second) of a key's remaining life on the server, and
-//! leases are asked for the model's ttl in those seconds (50 ticks: 50 s),
-//! so nothing expires by the real clock while a sequence runs (tens of
-//! milliseconds). When the model's clock moves (a `Tick`, or the time a
-//! `Restart` takes), the lease key's remaining life is shortened by as
-//! many seconds on the server ([`SHIFT`]: `PEXPIRE` to its `PTTL` less
+//! [`PER_TICK`] (ten seconds) of a key's remaining life on the server, and
+//! leases are asked for the model's ttl in those units (50 ticks: 500 s),
+//! so nothing expires by the real clock while a sequence runs (about 15
+//! milliseconds), and a stall of the test of up to five seconds still
+//! rounds to the right tick. When the model's clock moves (a `Tick`, or
+//! the time a `Restart` takes), the lease key's remaining life is
+//! shortened by as many ticks on the server ([`SHIFT`]: `PEXPIRE` to its `PTTL` less
 //! that; a key whose life runs out is deleted, as its expiry would). Only
 //! the lease key: the fencing counter is kept for an hour
 //! (`KeyLayout::DEFAULT_FENCE_RETENTION`) and the model never expires it.
@@ -66,7 +67,7 @@ use super::{
 };
 
 /// A tick of the model as a key's remaining life on the server.
-const PER_TICK: Duration = Duration::from_secs(1);
+const PER_TICK: Duration = Duration::from_secs(10);
 
 /// Random walks: their number, length and seed.
 const WALKS: u64 = 1_500;
@@ -154,7 +155,7 @@ fn holder_number(value: &str) -> u8 {
         .unwrap_or(0)
 }
 
-/// The seconds of `ticks` ticks, in ms.
+/// `ticks` ticks of a key's life on the server, in ms.
 fn ms(ticks: u16) -> u64 {
     u64::from(ticks) * u64::try_from(PER_TICK.as_millis()).expect("a short tick")
 }
