@@ -23,9 +23,10 @@
 //! The server's clock may run fast: each expiry it sets may come up to
 //! `clock_drift(ttl)` early on the clients' clock (the bound leasehold
 //! assumes), plus a drift beyond that bound, a parameter of the model
-//! ([`DriftBeyond`]: zero for the real protocol). Every request and every reply may wait in the network, and a
-//! client may leave any step for later: that is a client pause (GC, SIGSTOP,
-//! a slow scheduler), explored at every length. A holder renews whenever it
+//! ([`DriftBeyond`]: zero for the real protocol). Every request and every
+//! reply may wait in the network, and a client may leave any step for
+//! later: that is a client pause (GC, SIGSTOP, a slow scheduler), explored
+//! at every length. A holder renews whenever it
 //! likes (the watchdog renews at a third of the ttl, earlier than the
 //! model's latest), one request at a time, and may release at any time (it
 //! stops believing, then sends the compare-and-delete).
@@ -95,8 +96,9 @@
 //! Abstracted away: replication and failover (one server), the races
 //! between a handle and the watchdog inside a client (checked with loom in
 //! leasehold-watchdog), a server clock that steps back (the floor assumes
-//! it does not), idempotent re-acquisition, local handover and the release
-//! notices.
+//! it does not), the counter's retention (an hour by default: the model's
+//! counter never expires), idempotent re-acquisition, local handover and
+//! the release notices.
 
 #[path = "protocol/replay.rs"]
 mod replay;
