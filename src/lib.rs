@@ -12,7 +12,7 @@
 //!
 //! # #[tokio::main] async fn main() -> Result<(), Box<dyn std::error::Error>> {
 //! let manager = LeaseManager::new(RedisBackend::connect("redis://127.0.0.1/").await?)?;
-//! let options = LeaseOptions::builder().ttl("30s".parse()?).wait(Duration::from_secs(60)).build()?;
+//! let options = LeaseOptions::builder().ttl(Duration::from_secs(30)).wait(Duration::from_secs(60)).build()?;
 //! let lease = manager.acquire("reports:nightly", &options).await?;
 //! let token = lease.token();
 //! tokio::select! {

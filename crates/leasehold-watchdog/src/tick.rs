@@ -100,7 +100,7 @@ pub const MAX_JOB_NAME_LEN: usize = 64;
 ///
 /// let job = TickJob::builder("report")
 ///     .max_skew(Duration::from_secs(2))
-///     .lease(LeaseOptions::builder().ttl("10s".parse()?).label("node-a"))
+///     .lease(LeaseOptions::builder().ttl(Duration::from_secs(10)).label("node-a"))
 ///     .build()?;
 /// assert_eq!(job.min_hold(), Duration::from_secs(3));
 /// # Ok::<(), Box<dyn std::error::Error>>(())
