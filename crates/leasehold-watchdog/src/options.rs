@@ -770,6 +770,68 @@ mod tests {
         Ok(())
     }
 
+    /// Every duration is given the same way: a `Duration`, or the checked
+    /// value that converts into one; the ttl is checked by `build()` as the
+    /// other durations are, and out of bounds it is refused there.
+    #[test]
+    fn every_duration_input_takes_a_duration_or_its_checked_value()
+    -> Result<(), Box<dyn std::error::Error>> {
+        let from_values = LeaseOptions::builder()
+            .ttl(Ttl::parse("6s")?)
+            .lock_delay(LockDelay::parse("2s")?)
+            .fair(Fair::default().with_place_ttl(PlaceTtl::new(Duration::from_secs(3))?))
+            .build()?;
+        let from_durations = LeaseOptions::builder()
+            .ttl(Duration::from_secs(6))
+            .lock_delay(Duration::from_secs(2))
+            .fair(Fair::default().with_place_ttl(Duration::from_secs(3)))
+            .build()?;
+        assert_eq!(from_values, from_durations);
+        assert_eq!(from_durations.ttl(), Ttl::parse("6s")?);
+        assert_eq!(from_durations.renew_interval(), Duration::from_secs(2));
+        assert_eq!(from_durations.place_ttl().get(), Duration::from_secs(3));
+        for bad in [
+            Duration::from_millis(99),
+            Duration::from_secs(86_401),
+            Duration::from_micros(1_500_500),
+        ] {
+            let built = LeaseOptions::builder().ttl(bad).build();
+            assert!(
+                matches!(
+                    built,
+                    Err(LeaseError::Invalid(leasehold_core::Error::InvalidTtl { .. }))
+                ),
+                "{bad:?}: {built:?}"
+            );
+        }
+        Ok(())
+    }
+
+    /// Fair mode is one value: off by default, on with its defaults (2 s
+    /// places, handover), each part set on the value, and off again with
+    /// `None`.
+    #[test]
+    fn fair_mode_is_one_value() -> Result<(), Box<dyn std::error::Error>> {
+        assert_eq!(LeaseOptions::default().fair(), None);
+        let on = LeaseOptions::builder().fair(Fair::default()).build()?;
+        let fair = on.fair().ok_or("fair mode is off")?;
+        assert_eq!(
+            (fair.place_ttl(), fair.handover()),
+            (Duration::from_secs(2), true)
+        );
+        assert!(on.fair_handover());
+        let set = Fair::default()
+            .with_place_ttl(Duration::from_millis(500))
+            .with_handover(false);
+        let options = LeaseOptions::builder().fair(set).build()?;
+        assert_eq!(options.fair(), Some(set));
+        assert_eq!(options.place_ttl().get(), Duration::from_millis(500));
+        assert!(!options.fair_handover());
+        let off = LeaseOptions::builder().fair(set).fair(None).build()?;
+        assert_eq!(off, LeaseOptions::default());
+        Ok(())
+    }
+
     /// Another wait changes the wait alone.
     #[test]
     fn with_wait_replaces_only_the_wait() -> Result<(), Box<dyn std::error::Error>> {
