@@ -30,13 +30,19 @@
 //! # Ok(()) }
 //! ```
 //!
+//! # Cargo features
+//!
+//! `config` (on by default): [`LeaseConfig`] and [`ConfigError`], lease
+//! settings from TOML files or `LEASEHOLD_*` environment variables, with
+//! serde and toml. `serde` is its former name.
+//!
 //! [`LeaseBackend`]: leasehold_core::LeaseBackend
 
 mod attempt;
 mod backoff;
 mod bounds;
 mod changes;
-#[cfg(feature = "serde")]
+#[cfg(feature = "config")]
 mod config;
 mod election;
 mod error;
@@ -64,7 +70,7 @@ mod waiting;
 
 pub use backoff::Backoff;
 pub use bounds::Progress;
-#[cfg(feature = "serde")]
+#[cfg(feature = "config")]
 pub use config::{ConfigError, LeaseConfig};
 pub use election::Election;
 pub use error::LeaseError;
