@@ -564,7 +564,7 @@ mod processes {
     use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
     use leasehold::redis::RedisBackend;
-    use leasehold::{LeaseManager, LeaseOptions, ReleaseOutcome, Ttl};
+    use leasehold::{Fair, LeaseManager, LeaseOptions, ReleaseOutcome, Ttl};
     use leasehold_testkit::RedisServer;
 
     use super::{BoxError, CHILD, Record, WORKERS, hold};

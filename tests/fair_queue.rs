@@ -143,7 +143,11 @@ async fn dead_waiter_is_skipped(handover: bool) -> TestResult {
         .ttl(Ttl::parse("5s")?)
         .wait(Duration::from_secs(30))
         .backoff(Backoff::fixed(Duration::from_millis(200)))
-        .fair(Fair::default().with_place_ttl(place_ttl).with_handover(handover))
+        .fair(
+            Fair::default()
+                .with_place_ttl(place_ttl)
+                .with_handover(handover),
+        )
         .build()?;
     let first = LeaseManager::new(RedisBackend::connect(server.url()).await?)?;
     let held = first.acquire(key.as_str(), &options).await?;
@@ -231,7 +235,11 @@ fn fair_waiting_for_a_release(
         .ttl(Ttl::parse(ttl)?)
         .wait(Duration::from_secs(30))
         .backoff(Backoff::fixed(Duration::from_secs(30)))
-        .fair(Fair::default().with_place_ttl(place_ttl).with_handover(handover))
+        .fair(
+            Fair::default()
+                .with_place_ttl(place_ttl)
+                .with_handover(handover),
+        )
         .build()?)
 }
 

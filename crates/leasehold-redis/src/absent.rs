@@ -58,10 +58,7 @@ mod cluster {
             match *self {}
         }
 
-        pub(crate) async fn sunsubscribe(
-            &mut self,
-            _channel: impl ToRedisArgs,
-        ) -> RedisResult<()> {
+        pub(crate) async fn sunsubscribe(&mut self, _channel: impl ToRedisArgs) -> RedisResult<()> {
             match *self {}
         }
     }

@@ -702,7 +702,13 @@ impl SentinelTarget {
     #[cfg(not(feature = "sentinel"))]
     fn client(&self, resp3: bool, shown: &str) -> Result<SentinelClient, Error> {
         // Never called: a Sentinel URL is refused when parsed.
-        let _ = (resp3, &self.sentinels, &self.master, &self.master_info, self.tls);
+        let _ = (
+            resp3,
+            &self.sentinels,
+            &self.master,
+            &self.master_info,
+            self.tls,
+        );
         Err(Error::FeatureDisabled {
             url_redacted: shown.to_owned(),
             topology: "Sentinel-monitored master",

@@ -94,8 +94,8 @@ impl<B: LeaseBackend> Election<B> {
     /// another candidate gets its turn; jittered to the upper half. Default:
     /// the renew interval (a third of the ttl).
     #[must_use]
-    pub fn pause(mut self, pause: Duration) -> Self {
-        self.pause = pause;
+    pub fn pause(mut self, pause: impl Into<Duration>) -> Self {
+        self.pause = pause.into();
         self
     }
 

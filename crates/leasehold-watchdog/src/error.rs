@@ -22,7 +22,9 @@ pub enum LeaseError {
     /// An option was given for a kind of lease it means nothing to (fair
     /// mode or a minimum hold for a permit or a share of a read-write
     /// lease): refused before the backend is asked, rather than ignored.
-    #[error("{option} does not apply to {kind} ({key:?}): {reason}; acquire it with options without {option}")]
+    #[error(
+        "{option} does not apply to {kind} ({key:?}): {reason}; acquire it with options without {option}"
+    )]
     NotApplicable {
         /// The key given to the acquisition.
         key: String,

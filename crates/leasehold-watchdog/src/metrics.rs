@@ -252,12 +252,7 @@ pub(crate) fn held(name: &Cow<'static, str>, kind: Kind, delta: f64) {
     gauge!(HELD, LABEL_NAME => label(name), LABEL_KIND => kind.as_str()).increment(delta);
 }
 
-pub(crate) fn ended(
-    name: &Cow<'static, str>,
-    kind: Kind,
-    ended: &'static str,
-    held_for: Duration,
-) {
+pub(crate) fn ended(name: &Cow<'static, str>, kind: Kind, ended: &'static str, held_for: Duration) {
     held(name, kind, -1.0);
     histogram!(HOLD_TIME, LABEL_NAME => label(name), LABEL_KIND => kind.as_str(), LABEL_ENDED => ended)
         .record(held_for);

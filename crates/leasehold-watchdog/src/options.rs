@@ -799,7 +799,9 @@ mod tests {
             assert!(
                 matches!(
                     built,
-                    Err(LeaseError::Invalid(leasehold_core::Error::InvalidTtl { .. }))
+                    Err(LeaseError::Invalid(
+                        leasehold_core::Error::InvalidTtl { .. }
+                    ))
                 ),
                 "{bad:?}: {built:?}"
             );

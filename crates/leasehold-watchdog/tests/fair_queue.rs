@@ -301,14 +301,22 @@ async fn the_queue_gauge_counts_the_waiters_on_the_server() -> TestResult {
 #[test]
 fn a_place_ttl_out_of_bounds_is_refused() {
     for bad in [Duration::from_millis(10), Duration::from_secs(120)] {
-        let built = LeaseOptions::builder().fair(Fair::default().with_place_ttl(bad)).build();
+        let built = LeaseOptions::builder()
+            .fair(Fair::default().with_place_ttl(bad))
+            .build();
         assert!(
             matches!(&built, Err(LeaseError::Invalid(_))),
             "{bad:?}: {built:?}"
         );
     }
-    let fair = LeaseOptions::builder().fair(Fair::default()).build().expect("valid");
-    assert_eq!(fair.fair().map(|f| f.place_ttl()), Some(Duration::from_secs(2)));
+    let fair = LeaseOptions::builder()
+        .fair(Fair::default())
+        .build()
+        .expect("valid");
+    assert_eq!(
+        fair.fair().map(|f| f.place_ttl()),
+        Some(Duration::from_secs(2))
+    );
     assert_eq!(fair.fair().map(|f| f.handover()), Some(true));
     assert_eq!(LeaseOptions::default().fair(), None);
 }
@@ -329,7 +337,10 @@ async fn fair_mode_is_refused_for_permits_and_shares() -> TestResult {
     ];
     for refused in refusals {
         assert!(
-            matches!(&refused, Some(LeaseError::NotApplicable { option: "fair", .. })),
+            matches!(
+                &refused,
+                Some(LeaseError::NotApplicable { option: "fair", .. })
+            ),
             "{refused:?}"
         );
     }

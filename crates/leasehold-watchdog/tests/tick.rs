@@ -34,7 +34,11 @@ fn job(node: &str) -> Result<TickJob, LeaseError> {
     TickJob::builder("report")
         .max_skew(SKEW)
         .max_lateness(LATENESS)
-        .lease(LeaseOptions::builder().ttl(Duration::from_secs(10)).label(node))
+        .lease(
+            LeaseOptions::builder()
+                .ttl(Duration::from_secs(10))
+                .label(node),
+        )
         .build()
 }
 
