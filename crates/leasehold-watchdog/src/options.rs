@@ -462,7 +462,7 @@ impl LeaseOptionsBuilder {
     ///
     /// Exclusive leases only: [`build`](Self::build) refuses it with fair
     /// mode, and permits and read-write leases refuse options that carry
-    /// it. At most 24 hours ([`AcquireRequest::MAX_HOLD_AT_LEAST`]), in
+    /// it with [`LeaseError::NotApplicable`]. At most 24 hours ([`AcquireRequest::MAX_HOLD_AT_LEAST`]), in
     /// whole milliseconds; zero means none. Default: none.
     ///
     /// ```
