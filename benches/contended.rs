@@ -23,7 +23,7 @@
 //!   (`LeaseOptions::fair`): waiters queue on the server in arrival order,
 //!   and a release hands the lease to the queue's head on the server;
 //! - `leasehold/16-managers/fair-no-handover`: the same with
-//!   `fair_handover(false)`: the head asks for the lease after the notice;
+//!   `Fair::with_handover(false)`: the head asks for the lease after the notice;
 //! - `processes/16/default` and `processes/16/fair`: 16 OS processes (this
 //!   bench re-executed with `LEASEHOLD_BENCH_CHILD` set), each one manager
 //!   with one worker on one key. Each child prints one line per hold
@@ -50,7 +50,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use leasehold::redis::RedisBackend;
-use leasehold::{Backoff, LeaseManager, LeaseOptions, ReleaseOutcome, Ttl};
+use leasehold::{Backoff, Fair, LeaseManager, LeaseOptions, ReleaseOutcome, Ttl};
 use leasehold_testkit::RedisServer;
 use std::sync::Mutex;
 use tokio::time::Instant;
@@ -207,8 +207,7 @@ async fn leasehold_run(
         .ttl(Ttl::parse("5s")?)
         .wait(Duration::from_secs(30))
         .release_notices(notices)
-        .fair(fair)
-        .fair_handover(handover);
+        .fair(fair.then(|| Fair::default().with_handover(handover)));
     if !notices {
         options = options.backoff(Backoff::fixed(POLL));
     }
@@ -565,7 +564,7 @@ mod processes {
     use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
     use leasehold::redis::RedisBackend;
-    use leasehold::{LeaseManager, LeaseOptions, ReleaseOutcome, Ttl};
+    use leasehold::{Fair, LeaseManager, LeaseOptions, ReleaseOutcome, Ttl};
     use leasehold_testkit::RedisServer;
 
     use super::{BoxError, CHILD, Record, WORKERS, hold};
@@ -685,7 +684,7 @@ mod processes {
             let options = LeaseOptions::builder()
                 .ttl(Ttl::parse("5s")?)
                 .wait(Duration::from_secs(30))
-                .fair(fair)
+                .fair(fair.then(Fair::default))
                 .build()?;
             let wait = start.saturating_sub(now_ns());
             tokio::time::sleep(Duration::from_nanos(u64::try_from(wait)?)).await;

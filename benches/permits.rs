@@ -227,7 +227,7 @@ async fn leasehold_run(
                 let lease = manager.acquire_permit(&key, limit, &options).await?;
                 let got = Instant::now();
                 let index = lease
-                    .key()
+                    .server_key()
                     .as_str()
                     .strip_prefix(prefix.as_str())
                     .and_then(|i| i.parse::<usize>().ok())
@@ -237,7 +237,7 @@ async fn leasehold_run(
                             &record,
                             format!(
                                 "worker {worker} got a permit of another key: {}",
-                                lease.key()
+                                lease.server_key()
                             ),
                         )
                     })?;

@@ -56,7 +56,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use common::{Json, env_number, median, percentile_us, quick, server_version};
 use leasehold::redis::RedisBackend;
-use leasehold::{LeaseManager, LeaseOptions, ReleaseOutcome};
+use leasehold::{Fair, LeaseManager, LeaseOptions, ReleaseOutcome};
 use leasehold_testkit::RedisServer;
 use tokio::time::Instant;
 
@@ -303,7 +303,7 @@ impl Worker {
         let manager = LeaseManager::new(RedisBackend::connect(url).await?)?;
         let options = LeaseOptions::builder()
             .wait(Duration::from_secs(30))
-            .fair(fair)
+            .fair(fair.then(Fair::default))
             .build()?;
         let mut waits = Vec::new();
         tokio::time::sleep_until(start).await;

@@ -12,7 +12,7 @@
 //!
 //! # #[tokio::main] async fn main() -> Result<(), Box<dyn std::error::Error>> {
 //! let manager = LeaseManager::new(RedisBackend::connect("redis://127.0.0.1/").await?)?;
-//! let options = LeaseOptions::builder().ttl("30s".parse()?).wait(Duration::from_secs(60)).build()?;
+//! let options = LeaseOptions::builder().ttl(Duration::from_secs(30)).wait(Duration::from_secs(60)).build()?;
 //! let lease = manager.acquire("reports:nightly", &options).await?;
 //! let token = lease.token();
 //! tokio::select! {
@@ -23,8 +23,11 @@
 //! # Ok(()) }
 //! ```
 //!
+//! Without options, [`LeaseManager::try_acquire`] takes a lease once with
+//! the defaults (a 30 s ttl renewed every 10 s).
+//!
 //! The root holds what a user of leases writes: the [`LeaseManager`] and
-//! its [`LeaseOptions`], the [`Lease`] handle, [`Election`], the error
+//! its [`LeaseOptions`] (with [`Fair`] for fair mode), the [`Lease`] handle, [`Election`], the error
 //! users handle ([`Error`], the watchdog's [`LeaseError`]), the values they
 //! pass ([`Ttl`], [`LockDelay`], [`PermitLimit`], [`PlaceTtl`], [`LeaseKey`])
 //! and what they are told ([`FencingToken`], [`LossReason`], [`LeaseInfo`],
@@ -35,14 +38,29 @@
 //!
 //! To operate leases: every manager records [`metrics`] (acquisitions,
 //! renewals, losses, leases held, hold time) through the `metrics` facade,
-//! [`LeaseConfig`] reads lease settings from TOML or `LEASEHOLD_*`
-//! environment variables, and the `leasehold` command (crate
+//! `LeaseConfig` (feature `config`) reads lease settings from TOML or
+//! `LEASEHOLD_*` environment variables, and the `leasehold` command (crate
 //! `leasehold-cli`) runs shell commands under a lease. docs/operations.md
 //! has the details.
 //!
 //! For scheduled jobs: [`LeaseManager::run_tick`] with a [`TickJob`] runs
 //! a job once per tick across a fleet, and crate `leasehold-cron` makes a
 //! tokio-cron-scheduler job of it in one call.
+//!
+//! # Cargo features
+//!
+//! All on by default; leave out what you do not use with
+//! `default-features = false` and a list of the ones you do:
+//!
+//! | feature | what it brings |
+//! |---------|----------------|
+//! | `tls` | `rediss://` URLs (rustls, the operating system's root certificates) |
+//! | `cluster` | Redis Cluster URLs (`redis+cluster://`), with the redis crate's async cluster client |
+//! | `sentinel` | Sentinel URLs (`redis+sentinel://`), with the redis crate's Sentinel client |
+//! | `config` | `LeaseConfig` and `ConfigError`: lease settings from TOML files or `LEASEHOLD_*` variables (serde, toml) |
+//!
+//! A Cluster or Sentinel URL in a build without its feature is refused
+//! with [`redis::Error::FeatureDisabled`], which names the feature.
 
 /// The error of invalid input (a key, a ttl, a duration) where it is
 /// checked before any lease is asked for, such as [`LeaseKey::new`];
@@ -59,11 +77,12 @@ pub use leasehold_core::{
 /// usually has.
 pub use leasehold_watchdog::LeaseError as Error;
 pub use leasehold_watchdog::{
-    Backoff, CancellationToken, ConfigError, DEFAULT_MAX_WAITERS, Election, Leader, Lease,
-    LeaseConfig, LeaseError, LeaseManager, LeaseManagerBuilder, LeaseOptions, LeaseOptionsBuilder,
-    LossReason, Progress, TickJob, TickJobBuilder, TickOutcome, TickRun, UNREPORTED_RECHECK,
-    metrics, tick,
+    Backoff, CancellationToken, DEFAULT_MAX_WAITERS, Election, Fair, Leader, Lease, LeaseError,
+    LeaseManager, LeaseManagerBuilder, LeaseOptions, LeaseOptionsBuilder, LossReason, Progress,
+    TickJob, TickJobBuilder, TickOutcome, TickRun, UNREPORTED_RECHECK, metrics, tick,
 };
+#[cfg(feature = "config")]
+pub use leasehold_watchdog::{ConfigError, LeaseConfig};
 
 /// What a backend implementor needs: the [`LeaseBackend`]
 /// contract, its requests and outcomes, and the helpers that compute a

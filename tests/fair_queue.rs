@@ -14,7 +14,9 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use leasehold::redis::RedisBackend;
-use leasehold::{Backoff, FencingToken, LeaseKey, LeaseManager, LeaseOptions, LossReason, Ttl};
+use leasehold::{
+    Backoff, Fair, FencingToken, LeaseKey, LeaseManager, LeaseOptions, LossReason, Ttl,
+};
 use leasehold_testkit::{Proxy, ProxyMode, RedisServer, SentinelSet};
 
 use holders::{Error, within};
@@ -31,8 +33,7 @@ fn fair(place_ttl: Duration) -> LeaseOptions {
         .ttl(Ttl::parse("5s").expect("valid ttl"))
         .wait(Duration::from_secs(30))
         .backoff(Backoff::fixed(Duration::from_millis(200)))
-        .fair(true)
-        .place_ttl(place_ttl)
+        .fair(Fair::default().with_place_ttl(place_ttl))
         .build()
         .expect("valid options")
 }
@@ -142,9 +143,11 @@ async fn dead_waiter_is_skipped(handover: bool) -> TestResult {
         .ttl(Ttl::parse("5s")?)
         .wait(Duration::from_secs(30))
         .backoff(Backoff::fixed(Duration::from_millis(200)))
-        .fair(true)
-        .place_ttl(place_ttl)
-        .fair_handover(handover)
+        .fair(
+            Fair::default()
+                .with_place_ttl(place_ttl)
+                .with_handover(handover),
+        )
         .build()?;
     let first = LeaseManager::new(RedisBackend::connect(server.url()).await?)?;
     let held = first.acquire(key.as_str(), &options).await?;
@@ -232,9 +235,11 @@ fn fair_waiting_for_a_release(
         .ttl(Ttl::parse(ttl)?)
         .wait(Duration::from_secs(30))
         .backoff(Backoff::fixed(Duration::from_secs(30)))
-        .fair(true)
-        .place_ttl(place_ttl)
-        .fair_handover(handover)
+        .fair(
+            Fair::default()
+                .with_place_ttl(place_ttl)
+                .with_handover(handover),
+        )
         .build()?)
 }
 

@@ -15,7 +15,7 @@ use std::time::Duration;
 use futures_util::future::try_join_all;
 use leasehold::redis::RedisBackend;
 use leasehold::redis::redis::{self, AsyncCommands};
-use leasehold::{Lease, LeaseManager, LeaseOptions, PermitLimit, Ttl};
+use leasehold::{Fair, Lease, LeaseManager, LeaseOptions, PermitLimit, Ttl};
 use leasehold_testkit::RedisServer;
 
 use holders::{Error, side, within};
@@ -44,8 +44,7 @@ fn options(ttl: &str) -> LeaseOptions {
 fn fair(ttl: &str, wait: Duration) -> LeaseOptions {
     LeaseOptions::builder()
         .ttl(Ttl::parse(ttl).expect("valid ttl"))
-        .fair(true)
-        .place_ttl(Duration::from_millis(500))
+        .fair(Fair::default().with_place_ttl(Duration::from_millis(500)))
         .wait(wait)
         .build()
         .expect("valid options")

@@ -61,8 +61,8 @@ async fn thirty_two_contenders_never_exceed_four_permits() -> TestResult {
                     now <= LIMIT as usize,
                     "{now} contenders believe they hold a permit"
                 );
-                let mine: bool = side.exists(stored(permit.key())).await?;
-                assert!(mine, "{} is not on the server", permit.key());
+                let mine: bool = side.exists(stored(&permit.server_key())).await?;
+                assert!(mine, "{} is not on the server", permit.server_key());
                 let keys: Vec<String> = side.keys("leasehold:{jobs}:permit:*").await?;
                 assert!(
                     keys.len() <= LIMIT as usize,
@@ -128,7 +128,7 @@ async fn a_crashed_holders_permit_frees_at_its_ttl() -> TestResult {
     )
     .await?;
     let waited = crashed_at.elapsed();
-    assert_eq!(stored(got.key()), permit_key);
+    assert_eq!(stored(&got.server_key()), permit_key);
     // Free no later than the ttl (plus the waiter's poll) after the crash,
     // and not before the PTTL the server gave it.
     assert!(
@@ -158,7 +158,7 @@ async fn a_permit_is_renewed_past_its_ttl() -> TestResult {
             &options("900ms", Duration::ZERO),
         )
         .await?;
-    let key = stored(permit.key());
+    let key = stored(&permit.server_key());
     let mut side = side(&server).await?;
     let until = Instant::now() + Duration::from_millis(2700);
     let mut samples = 0;
@@ -369,7 +369,7 @@ async fn other_holders_permits_are_no_tracking_storm() -> TestResult {
     );
     // One of its permits deleted behind its back: told at once.
     let lease = held.pop().ok_or("no permit held")?;
-    let deleted: bool = side.del(stored(lease.key())).await?;
+    let deleted: bool = side.del(stored(&lease.server_key())).await?;
     assert!(deleted);
     within(
         Duration::from_secs(2),

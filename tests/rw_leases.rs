@@ -82,8 +82,8 @@ async fn thirty_two_contenders_never_see_a_writer_beside_anyone() -> TestResult 
                     let others = writers.fetch_add(1, Ordering::SeqCst);
                     assert_eq!(others, 0, "two writers believe they hold");
                     assert_eq!(readers.load(Ordering::SeqCst), 0, "a writer with readers");
-                    let mine: bool = side.exists(stored(lease.key())).await?;
-                    assert!(mine, "{} is not on the server", lease.key());
+                    let mine: bool = side.exists(stored(&lease.server_key())).await?;
+                    assert!(mine, "{} is not on the server", lease.server_key());
                     let beside = readers_on_server(&mut side, "doc").await?;
                     assert!(beside.is_empty(), "readers beside a writer: {beside:?}");
                     tokio::time::sleep(hold).await;
@@ -95,8 +95,8 @@ async fn thirty_two_contenders_never_see_a_writer_beside_anyone() -> TestResult 
                     let now = readers.fetch_add(1, Ordering::SeqCst) + 1;
                     most.fetch_max(now, Ordering::SeqCst);
                     assert_eq!(writers.load(Ordering::SeqCst), 0, "a reader with a writer");
-                    let mine: bool = side.exists(stored(lease.key())).await?;
-                    assert!(mine, "{} is not on the server", lease.key());
+                    let mine: bool = side.exists(stored(&lease.server_key())).await?;
+                    assert!(mine, "{} is not on the server", lease.server_key());
                     assert!(
                         !writer_on_server(&mut side, "doc").await?,
                         "a writer beside a reader"

@@ -932,7 +932,7 @@ async fn client(mut c: Client) -> TestResult {
         };
         let acquired_at = Instant::now();
         // The lease key, or the permit key won.
-        let key = lease.key().as_str().to_owned();
+        let key = lease.server_key().as_str().to_owned();
         // Before any renewal, valid_until is counted from the acquisition's
         // sending: only used to order holds, never to judge a margin. A
         // permit's is not when it was granted: a retry after an attempt of

@@ -67,7 +67,7 @@ where
         let key = runtime.block_on(async {
             let manager = LeaseManager::new(RedisBackend::connect(url).await?)?;
             let lease = take(&manager).await?;
-            let key = stored(lease.key());
+            let key = stored(&lease.server_key());
             // No release, no drop: the process dies holding it.
             std::mem::forget(lease);
             Ok::<_, Error>(key)

@@ -7,7 +7,7 @@ use std::time::Duration;
 use leasehold_core::{BackendError, LeaseBackend, LeaseInfo, PermitLimit};
 use leasehold_redis::RedisBackend;
 use leasehold_watchdog::{
-    Backoff, Lease, LeaseConfig, LeaseError, LeaseManager, LeaseOptions, LossReason,
+    Backoff, Fair, Lease, LeaseConfig, LeaseError, LeaseManager, LeaseOptions, LossReason,
 };
 use nix::sys::signal::Signal;
 use tokio::signal::unix::{SignalKind, signal};
@@ -83,14 +83,16 @@ pub(crate) async fn run(
                 // Another --permits than the semaphore's holders use.
                 LeaseError::Backend(BackendError::PermitLimitMismatch { .. }) => exit::CONFIG,
                 LeaseError::Backend(_) => exit::UNAVAILABLE,
-                LeaseError::Invalid(_) | LeaseError::InvalidOptions { .. } => exit::CONFIG,
+                LeaseError::Invalid(_)
+                | LeaseError::InvalidOptions { .. }
+                | LeaseError::NotApplicable { .. } => exit::CONFIG,
                 _ => exit::SOFTWARE,
             };
             return Err(Failure::new(code, exit::chain(&error)));
         }
     };
     let code = supervise(&args, &fit, &lease, &mut signals).await;
-    let key = lease.key().clone();
+    let key = lease.server_key();
     if let Err(error) = lease.release().await {
         note!(
             "leasehold: could not release lease {:?} ({}); it expires by itself",
@@ -143,8 +145,8 @@ fn options(args: &RunArgs) -> Result<(LeaseOptions, Fit), Failure> {
         .renew_interval(fit.renew_interval)
         .backoff(Backoff::new(config.backoff_initial, config.backoff_max))
         .name(config.name)
-        .lock_delay(config.lock_delay.get())
-        .fair(args.fair);
+        .lock_delay(config.lock_delay)
+        .fair(args.fair.then(Fair::default));
     if let Some(max) = config.max_renewals {
         builder = builder.max_renewals(max);
     }
@@ -260,7 +262,7 @@ async fn supervise(
     let mut command = Command::new(program);
     command
         .args(rest)
-        .env("LEASEHOLD_KEY", lease.key().as_str())
+        .env("LEASEHOLD_KEY", lease.server_key().as_str())
         .env("LEASEHOLD_FENCING_TOKEN", lease.fencing_token().to_string());
     // Watched from before the job starts, so that its first touch counts.
     let _progress = args
@@ -386,7 +388,7 @@ impl Stop {
         note!(
             "leasehold: the command exited but processes it started are still running; \
              stopping them before releasing lease {:?} (SIGTERM, SIGKILL after {})",
-            lease.key().as_str(),
+            lease.server_key().as_str(),
             humantime::format_duration(grace),
         );
         self.terminate(job, grace);
@@ -408,7 +410,8 @@ impl Stop {
         fit: &Fit,
         lost_grace: Duration,
     ) {
-        let key = lease.key().as_str();
+        let key = lease.server_key();
+        let key = key.as_str();
         let grace = match reason {
             LossReason::RenewalLimit
             | LossReason::Deadline

@@ -94,6 +94,12 @@ impl Default for PlaceTtl {
     }
 }
 
+impl From<PlaceTtl> for Duration {
+    fn from(ttl: PlaceTtl) -> Duration {
+        ttl.get()
+    }
+}
+
 /// A waiter's place in a fair queue, as the server saw it.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 #[non_exhaustive]

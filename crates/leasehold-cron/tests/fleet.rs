@@ -124,7 +124,7 @@ async fn replica_main(replica: String) -> Result<()> {
         .max_lateness(MAX_LATENESS)
         .lease(
             LeaseOptions::builder()
-                .ttl("10s".parse()?)
+                .ttl(Duration::from_secs(10))
                 .label(replica.clone()),
         )
         .build()?;

@@ -6,13 +6,18 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
+#[cfg(feature = "sentinel")]
 use redis::io::tcp::TcpSettings;
 use redis::{Client, ConnectionAddr, ProtocolVersion};
 
+#[cfg(feature = "cluster")]
 use redis::cluster::ClusterClientBuilder;
+#[cfg(feature = "sentinel")]
 use redis::sentinel::{SentinelClient, SentinelNodeConnectionInfo, SentinelServerType};
 use tracing::{info, warn};
 
+#[cfg(not(feature = "sentinel"))]
+use crate::absent::SentinelClient;
 use crate::capabilities::{Needs, ServerInfo};
 use crate::connection::{Conn, SentinelConn, Wait};
 use crate::layout::KeyLayout;
@@ -589,7 +594,24 @@ impl RedisBackendBuilder {
         }
     }
 
+    /// Without the `cluster` feature: never called, as a Cluster URL is
+    /// refused when parsed.
+    #[cfg(not(feature = "cluster"))]
+    async fn connect_cluster(
+        &self,
+        nodes: Vec<redis::ConnectionInfo>,
+        shown: &str,
+    ) -> Result<(Conn, Conn), Error> {
+        let _ = nodes;
+        Err(Error::FeatureDisabled {
+            url_redacted: shown.to_owned(),
+            topology: "Redis Cluster",
+            feature: "cluster",
+        })
+    }
+
     /// Two cluster connections: one for operations, one for renewals.
+    #[cfg(feature = "cluster")]
     async fn connect_cluster(
         &self,
         nodes: Vec<redis::ConnectionInfo>,
@@ -677,6 +699,24 @@ impl SentinelTarget {
     /// with TLS when the URL asked for it. One place for every Sentinel
     /// connection, so that none of them (the tracked one, the notices') can
     /// lose a setting the others have.
+    #[cfg(not(feature = "sentinel"))]
+    fn client(&self, resp3: bool, shown: &str) -> Result<SentinelClient, Error> {
+        // Never called: a Sentinel URL is refused when parsed.
+        let _ = (
+            resp3,
+            &self.sentinels,
+            &self.master,
+            &self.master_info,
+            self.tls,
+        );
+        Err(Error::FeatureDisabled {
+            url_redacted: shown.to_owned(),
+            topology: "Sentinel-monitored master",
+            feature: "sentinel",
+        })
+    }
+
+    #[cfg(feature = "sentinel")]
     fn client(&self, resp3: bool, shown: &str) -> Result<SentinelClient, Error> {
         let master_info = if resp3 {
             self.master_info
@@ -716,8 +756,11 @@ fn refused(source: &redis::RedisError) -> bool {
 
 /// How often the cluster client retries a request (after a redirection or
 /// a broken connection) before giving up, and how long it waits in between.
+#[cfg(feature = "cluster")]
 const CLUSTER_RETRIES: u32 = 6;
+#[cfg(feature = "cluster")]
 const CLUSTER_MIN_RETRY_WAIT_MS: u64 = 10;
+#[cfg(feature = "cluster")]
 const CLUSTER_MAX_RETRY_WAIT_MS: u64 = 200;
 
 impl RedisBackendBuilder {}

@@ -68,6 +68,20 @@ pub enum Error {
         /// What is wrong and what is accepted.
         reason: String,
     },
+    /// The URL names a topology whose Cargo feature was left out of this
+    /// build (`cluster` for `redis+cluster://`, `sentinel` for
+    /// `redis+sentinel://`).
+    #[error(
+        "Redis URL {url_redacted:?} names a {topology}, which needs the `{feature}` feature of leasehold-redis (and of leasehold), left out of this build; enable it in Cargo.toml"
+    )]
+    FeatureDisabled {
+        /// The URL with its password replaced by `***`.
+        url_redacted: String,
+        /// The topology the URL names: `"Redis Cluster"` or `"Sentinel-monitored master"`.
+        topology: &'static str,
+        /// The Cargo feature it needs: `"cluster"` or `"sentinel"`.
+        feature: &'static str,
+    },
 }
 
 /// What a refused server lacks.

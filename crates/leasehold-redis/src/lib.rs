@@ -112,7 +112,22 @@
 //!     .await?;
 //! # Ok(()) }
 //! ```
+//!
+//! # Cargo features
+//!
+//! | feature | default | what it brings |
+//! |---------|---------|----------------|
+//! | `tls` | on | `rediss://` URLs (rustls with the operating system's root certificates) |
+//! | `tls-insecure` | off | `rediss://…/#insecure`, which skips certificate checks |
+//! | `cluster` | on | Redis Cluster (`redis+cluster://`), with the redis crate's `cluster-async` client |
+//! | `sentinel` | on | Sentinel (`redis+sentinel://`), with the redis crate's `sentinel` client |
+//!
+//! A URL of a topology whose feature is off is refused when parsed, with
+//! [`Error::FeatureDisabled`] naming the feature. A cluster behind one
+//! address (a proxy or a managed service) is a standalone URL and needs no
+//! feature.
 
+mod absent;
 mod backend;
 mod capabilities;
 mod coalesce;

@@ -49,9 +49,17 @@ use std::time::{Duration, Instant};
 
 use leasehold_core::{FencingToken, HandoverWatch, HolderId, ReleaseWatch};
 use redis::aio::{ConnectionManager, ConnectionManagerConfig, MultiplexedConnection};
+#[cfg(feature = "cluster")]
 use redis::cluster::ClusterClientBuilder;
+#[cfg(feature = "cluster")]
 use redis::cluster_async::ClusterConnection;
+#[cfg(feature = "sentinel")]
 use redis::sentinel::SentinelClient;
+
+#[cfg(not(feature = "cluster"))]
+use crate::absent::ClusterConnection;
+#[cfg(not(feature = "sentinel"))]
+use crate::absent::SentinelClient;
 use redis::{Client, ConnectionInfo, ProtocolVersion, PushInfo, PushKind, Value};
 use tokio::sync::{OnceCell, oneshot, watch};
 
@@ -78,6 +86,7 @@ enum Source {
     /// the size of the cluster's node list.)
     Server(Box<Client>),
     /// A cluster's seed nodes: sharded channels.
+    #[cfg_attr(not(feature = "cluster"), allow(dead_code))] // `absent.rs`
     Cluster(Vec<ConnectionInfo>),
     /// The master a set of sentinels names (asked over RESP3): plain
     /// channels. (Boxed, as the client is.)
@@ -89,6 +98,7 @@ enum Source {
 #[derive(Clone)]
 enum Subscriber {
     Server(ConnectionManager),
+    #[cfg_attr(not(feature = "cluster"), allow(dead_code))] // `absent.rs`
     Cluster(ClusterConnection),
     Sentinel(MultiplexedConnection),
 }
@@ -540,6 +550,12 @@ impl Notices {
                     // `connection` sends Sentinel to its own path first;
                     // this only keeps the match whole.
                     Source::Sentinel(client) => self.sentinel_connection(client).await,
+                    #[cfg(not(feature = "cluster"))]
+                    Source::Cluster(_) => Err(Failure::from_redis(
+                        crate::absent::cluster_feature_off(),
+                        self.op_timeout,
+                    )),
+                    #[cfg(feature = "cluster")]
                     Source::Cluster(nodes) => {
                         let client = ClusterClientBuilder::new(nodes.clone())
                             .use_protocol(ProtocolVersion::RESP3)

@@ -5,9 +5,9 @@
 //! | `redis://[[user]:password@]host[:port][/db]` | one standalone server |
 //! | `rediss://…` | the same over TLS (feature `tls`) |
 //! | `redis+unix:///path/to/socket?db=0&user=u&pass=p` | a standalone server on a Unix socket |
-//! | `redis+cluster://[[user]:password@]host:port[,host:port…][?protocol=resp3]` | Redis Cluster, through these seed nodes |
+//! | `redis+cluster://[[user]:password@]host:port[,host:port…][?protocol=resp3]` | Redis Cluster, through these seed nodes (feature `cluster`) |
 //! | `rediss+cluster://…` | the same over TLS |
-//! | `redis+sentinel://[[user]:password@]host:port[,host:port…]/master-name[/db]` | the master named `master-name`, found through these sentinels |
+//! | `redis+sentinel://[[user]:password@]host:port[,host:port…]/master-name[/db]` | the master named `master-name`, found through these sentinels (feature `sentinel`) |
 //! | `rediss+sentinel://…` | the same, with TLS to the sentinels and the master |
 //!
 //! Redlock takes a list of standalone URLs, one per independent master
@@ -84,7 +84,9 @@ impl Endpoint {
     ///
     /// [`Error::InvalidUrl`] naming what is wrong (unknown scheme, no host,
     /// no port in a list form, a bad port, no master name, TLS without the
-    /// `tls` feature…), with the password masked.
+    /// `tls` feature…), with the password masked;
+    /// [`Error::FeatureDisabled`] for a Cluster or Sentinel URL when the
+    /// `cluster` or `sentinel` feature is off.
     pub fn parse(url: &str) -> Result<Self, Error> {
         let url = url.trim();
         let shown = redact(url);
@@ -97,6 +99,13 @@ impl Endpoint {
             .ok_or_else(|| invalid("it does not start with a scheme such as redis://"))?;
         let kind = match scheme.to_ascii_lowercase().as_str() {
             "redis+cluster" | "rediss+cluster" | "valkey+cluster" | "valkeys+cluster" => {
+                if cfg!(not(feature = "cluster")) {
+                    return Err(Error::FeatureDisabled {
+                        url_redacted: shown,
+                        topology: "Redis Cluster",
+                        feature: "cluster",
+                    });
+                }
                 let tls = scheme.to_ascii_lowercase().starts_with("rediss")
                     || scheme.to_ascii_lowercase().starts_with("valkeys");
                 let list = parse_list(rest, tls).map_err(|r| invalid(&r))?;
@@ -108,6 +117,13 @@ impl Endpoint {
                 Kind::Cluster(list.nodes)
             }
             "redis+sentinel" | "rediss+sentinel" | "valkey+sentinel" | "valkeys+sentinel" => {
+                if cfg!(not(feature = "sentinel")) {
+                    return Err(Error::FeatureDisabled {
+                        url_redacted: shown,
+                        topology: "Sentinel-monitored master",
+                        feature: "sentinel",
+                    });
+                }
                 let tls = scheme.to_ascii_lowercase().starts_with("rediss")
                     || scheme.to_ascii_lowercase().starts_with("valkeys");
                 let list = parse_list(rest, tls).map_err(|r| invalid(&r))?;
@@ -340,6 +356,54 @@ fn parse_error_reason(error: url::ParseError) -> String {
 mod tests {
     use super::*;
 
+    /// A Cluster or Sentinel URL parses in a build with its feature, and is
+    /// refused with `FeatureDisabled`, naming the feature and masking the
+    /// password, in one without it (`.ci/run` runs this without features).
+    #[test]
+    fn a_topology_without_its_feature_is_refused_by_name() {
+        for (url, feature, on) in [
+            (
+                "redis+cluster://:hunter2@a:7000,b:7000",
+                "cluster",
+                cfg!(feature = "cluster"),
+            ),
+            (
+                "rediss+cluster://:hunter2@a:7000",
+                "cluster",
+                cfg!(feature = "cluster") && cfg!(feature = "tls"),
+            ),
+            (
+                "redis+sentinel://:hunter2@a:26379/mymaster",
+                "sentinel",
+                cfg!(feature = "sentinel"),
+            ),
+        ] {
+            let parsed = Endpoint::parse(url);
+            if on {
+                assert!(parsed.is_ok(), "{url}: {parsed:?}");
+                continue;
+            }
+            let Err(error) = parsed else {
+                panic!("{url} parsed without the `{feature}` feature");
+            };
+            if feature == "cluster" && cfg!(feature = "cluster") {
+                // The TLS form without `tls`: refused for that.
+                continue;
+            }
+            assert!(
+                matches!(&error, Error::FeatureDisabled { feature: named, .. } if *named == feature),
+                "{url}: {error:?}"
+            );
+            let shown = format!("{error} {error:?}");
+            assert!(shown.contains(&format!("`{feature}` feature")), "{shown}");
+            assert!(!shown.contains("hunter2"), "{shown}");
+        }
+    }
+
+    // The Cluster and Sentinel forms parse with their features (the
+    // default); `a_topology_without_its_feature_is_refused_by_name` covers
+    // builds without them.
+    #[cfg(all(feature = "cluster", feature = "sentinel"))]
     #[test]
     fn every_form_parses() -> Result<(), Error> {
         let e = Endpoint::parse("redis://127.0.0.1:6379/2")?;
@@ -367,6 +431,7 @@ mod tests {
         Ok(())
     }
 
+    #[cfg(all(feature = "cluster", feature = "sentinel"))]
     #[test]
     fn malformed_urls_are_refused_without_the_password() {
         for url in [
@@ -401,6 +466,7 @@ mod tests {
         }
     }
 
+    #[cfg(feature = "cluster")]
     #[test]
     fn shown_forms_mask_the_password() -> Result<(), Error> {
         let e = Endpoint::parse("redis+cluster://app:hunter2@a:1,b:2")?;

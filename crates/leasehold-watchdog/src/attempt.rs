@@ -6,6 +6,8 @@ use std::time::Duration;
 
 use leasehold_core::{HolderId, LeaseKey, PermitLimit, Ttl};
 
+use crate::{LeaseError, LeaseOptions};
+
 /// What a waiter asks the backend for.
 #[derive(Debug, Clone, Copy)]
 pub(crate) enum Attempt {
@@ -26,6 +28,49 @@ pub(crate) enum Attempt {
 }
 
 impl Attempt {
+    /// Refuses the options that mean nothing to this kind of lease, before
+    /// the backend is asked, rather than ignoring them. Every other option
+    /// applies to every kind: the durations, the wait and the backoff, the
+    /// renewal cap, the maximum hold and the progress window are the
+    /// watchdog's and the waiter's, and the label, the lock-delay and the
+    /// release notices reach every kind's key on the server. What a backend
+    /// cannot do for a kind it can do for others (Redlock: permits, shares,
+    /// fair mode, a minimum hold) is its own refusal,
+    /// `BackendError::Unsupported`.
+    pub(crate) fn refuse_inapplicable(
+        self,
+        key: &LeaseKey,
+        options: &LeaseOptions,
+    ) -> Result<(), LeaseError> {
+        let kind = match self {
+            Self::Lease => return Ok(()),
+            Self::Permit(_) => "a permit",
+            Self::Read => "a read share",
+            Self::Write => "a write share",
+        };
+        let refuse = |option, reason| LeaseError::NotApplicable {
+            key: key.as_str().to_owned(),
+            option,
+            kind,
+            reason,
+        };
+        if options.fair().is_some() {
+            return Err(refuse(
+                "fair",
+                "the server's fair queue orders the waiters for one exclusive lease; permits and shares have none",
+            ));
+        }
+        if options.hold_at_least().is_some() {
+            // A permit or a share kept after its release would block the
+            // other holders it is meant to let in.
+            return Err(refuse(
+                "hold_at_least",
+                "a minimum hold keeps one holder's key taken after its release, which would block the holders a permit or a share lets in",
+            ));
+        }
+        Ok(())
+    }
+
     /// The share key this attempt by `holder` on `key` may take, for
     /// releasing it when the attempt's outcome is unknown.
     pub(crate) fn share_key(self, key: &LeaseKey, holder: &HolderId) -> Option<LeaseKey> {

@@ -90,7 +90,7 @@ impl Bounds {
 /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), Box<dyn std::error::Error>> {
 /// let manager = LeaseManager::new(MemoryBackend::new())?;
 /// let options = LeaseOptions::builder()
-///     .ttl("30s".parse()?)
+///     .ttl(Duration::from_secs(30))
 ///     .progress_window(Duration::from_secs(60))
 ///     .build()?;
 /// let lease = manager.acquire("import:orders", &options).await?;

@@ -29,12 +29,13 @@ use crate::{Leader, Lease, LeaseError, LeaseManager, LeaseOptions};
 /// [`LeaseManager::watch_leader`](crate::LeaseManager::watch_leader).
 ///
 /// ```
+/// use std::time::Duration;
 /// use leasehold_core::MemoryBackend;
 /// use leasehold_watchdog::{CancellationToken, Election, LeaseManager, LeaseOptions};
 ///
 /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), Box<dyn std::error::Error>> {
 /// let manager = LeaseManager::new(MemoryBackend::new())?;
-/// let options = LeaseOptions::builder().ttl("10s".parse()?).label("scheduler-0").build()?;
+/// let options = LeaseOptions::builder().ttl(Duration::from_secs(10)).label("scheduler-0").build()?;
 /// let election = Election::new(manager, "scheduler", options)?;
 /// let stop = CancellationToken::new();
 /// let stop_after_first_term = stop.clone();
@@ -93,8 +94,8 @@ impl<B: LeaseBackend> Election<B> {
     /// another candidate gets its turn; jittered to the upper half. Default:
     /// the renew interval (a third of the ttl).
     #[must_use]
-    pub fn pause(mut self, pause: Duration) -> Self {
-        self.pause = pause;
+    pub fn pause(mut self, pause: impl Into<Duration>) -> Self {
+        self.pause = pause.into();
         self
     }
 

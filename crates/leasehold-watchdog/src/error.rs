@@ -19,6 +19,23 @@ pub enum LeaseError {
         /// What does not fit, with the values involved.
         reason: String,
     },
+    /// An option was given for a kind of lease it means nothing to (fair
+    /// mode or a minimum hold for a permit or a share of a read-write
+    /// lease): refused before the backend is asked, rather than ignored.
+    #[error(
+        "{option} does not apply to {kind} ({key:?}): {reason}; acquire it with options without {option}"
+    )]
+    NotApplicable {
+        /// The key given to the acquisition.
+        key: String,
+        /// The option, as the builder names it (`"fair"`, `"hold_at_least"`).
+        option: &'static str,
+        /// The kind of lease asked for: `"a permit"`, `"a read share"` or
+        /// `"a write share"`.
+        kind: &'static str,
+        /// Why the option means nothing to that kind.
+        reason: &'static str,
+    },
     /// Another holder kept the lease for the whole wait.
     #[error("lease {key:?} is held by {}; gave up after waiting {}", holder_text(.holder), humantime::format_duration(round_ms(*.waited)))]
     NotAcquired {

@@ -49,10 +49,40 @@ impl Lease {
         }
     }
 
-    /// The lease key.
+    /// The key given to the call that acquired the lease: the lease's key
+    /// for [`acquire`](crate::LeaseManager::acquire), the semaphore's for
+    /// [`acquire_permit`](crate::LeaseManager::acquire_permit), the
+    /// read-write lease's for
+    /// [`acquire_read`](crate::LeaseManager::acquire_read) and
+    /// [`acquire_write`](crate::LeaseManager::acquire_write). The key the
+    /// lease holds on the server is [`server_key`](Self::server_key).
     #[must_use]
     pub fn key(&self) -> &LeaseKey {
         &self.shared.key
+    }
+
+    /// The key the lease holds on the server: [`key`](Self::key) for an
+    /// exclusive lease, the permit key (`{key}:permit:<i>`) for a permit,
+    /// the reader's key (`{key}:read:<holder>`) or the writer's
+    /// (`{key}:write`) for a share of a read-write lease (see
+    /// [`LeaseKey::permit`], [`LeaseKey::reader_key`] and
+    /// [`LeaseKey::writer_key`]). For inspecting the server; the lease
+    /// itself is renewed and released through the handle.
+    ///
+    /// ```
+    /// use leasehold_core::{MemoryBackend, PermitLimit};
+    /// use leasehold_watchdog::LeaseManager;
+    ///
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let manager = LeaseManager::new(MemoryBackend::new())?;
+    /// let permit = manager.acquire_permit("exports", PermitLimit::new(4)?, &Default::default()).await?;
+    /// assert_eq!(permit.key().as_str(), "exports");
+    /// assert_eq!(permit.server_key().as_str(), "{exports}:permit:0");
+    /// # Ok(()) }
+    /// ```
+    #[must_use]
+    pub fn server_key(&self) -> LeaseKey {
+        self.shared.server_key(&self.holder)
     }
 
     /// The lease's name in metrics and logs.
@@ -171,11 +201,11 @@ impl Lease {
         };
         crate::metrics::ended(
             &self.shared.name,
-            &self.shared.key,
+            self.shared.kind(),
             "released",
             self.shared.acquired_at.elapsed(),
         );
-        let key = &self.shared.key;
+        let key = &self.shared.server_key(&self.holder);
         // A release future dropped in flight hands the release to the
         // watchdog, as a dropped handle does.
         let mut abandoned = OrphanGuard {

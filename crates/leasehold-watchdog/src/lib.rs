@@ -23,12 +23,18 @@
 //!
 //! # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), Box<dyn std::error::Error>> {
 //! let manager = LeaseManager::new(MemoryBackend::new())?;
-//! let options = LeaseOptions::builder().ttl("10s".parse()?).wait(Duration::from_secs(5)).build()?;
+//! let options = LeaseOptions::builder().ttl(Duration::from_secs(10)).wait(Duration::from_secs(5)).build()?;
 //! let lease = manager.acquire("billing:close-month", &options).await?;
 //! println!("fencing token {}", lease.fencing_token());
 //! lease.release().await?;
 //! # Ok(()) }
 //! ```
+//!
+//! # Cargo features
+//!
+//! `config` (on by default): [`LeaseConfig`] and [`ConfigError`], lease
+//! settings from TOML files or `LEASEHOLD_*` environment variables, with
+//! serde and toml. `serde` is its former name.
 //!
 //! [`LeaseBackend`]: leasehold_core::LeaseBackend
 
@@ -36,7 +42,7 @@ mod attempt;
 mod backoff;
 mod bounds;
 mod changes;
-#[cfg(feature = "serde")]
+#[cfg(feature = "config")]
 mod config;
 mod election;
 mod error;
@@ -64,7 +70,7 @@ mod waiting;
 
 pub use backoff::Backoff;
 pub use bounds::Progress;
-#[cfg(feature = "serde")]
+#[cfg(feature = "config")]
 pub use config::{ConfigError, LeaseConfig};
 pub use election::Election;
 pub use error::LeaseError;
@@ -72,14 +78,14 @@ pub use leader::{Leader, UNREPORTED_RECHECK};
 pub use lease::Lease;
 /// The permit limit of a semaphore, re-exported for [`LeaseManager::acquire_permit`].
 pub use leasehold_core::PermitLimit;
-/// Fair mode's place ttl, re-exported for [`LeaseOptionsBuilder::place_ttl`].
+/// Fair mode's place ttl, re-exported for [`Fair::with_place_ttl`].
 pub use leasehold_core::PlaceTtl;
 /// The role of a read-write lease's share key, re-exported for
 /// [`LeaseManager::acquire_read`] and [`LeaseManager::acquire_write`].
 pub use leasehold_core::RwRole;
 pub use loss::LossReason;
 pub use manager::{DEFAULT_MAX_WAITERS, LeaseManager, LeaseManagerBuilder};
-pub use options::{LeaseOptions, LeaseOptionsBuilder};
+pub use options::{Fair, LeaseOptions, LeaseOptionsBuilder};
 pub use tick::{
     DEFAULT_MAX_LATENESS, DEFAULT_MAX_SKEW, MAX_JOB_NAME_LEN, TickJob, TickJobBuilder, TickOutcome,
     TickRun,

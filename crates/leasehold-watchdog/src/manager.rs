@@ -3,7 +3,7 @@
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 
 use leasehold_core::{AcquireRequest, Grant, HolderId, LeaseBackend, LeaseKey, ReleaseWatch};
 use tokio::sync::mpsc;
@@ -19,7 +19,7 @@ use crate::intent::IntentGuard;
 use crate::leader::{Leader, Leaders};
 use crate::queue::Queues;
 use crate::renewal::{Registry, Watchdog};
-use crate::shared::Shared;
+use crate::shared::{Shape, Shared};
 use crate::timing::Timing;
 use crate::waiting::{self, Won};
 use crate::{Lease, LeaseError, LeaseOptions};
@@ -101,6 +101,42 @@ impl<B: LeaseBackend> LeaseManager<B> {
     #[must_use]
     pub fn backend(&self) -> &B {
         &self.inner.backend
+    }
+
+    /// Acquires `key` with the default [`LeaseOptions`]: one attempt (no
+    /// waiting), a 30 s ttl renewed every 10 s, for as long as the handle
+    /// lives. Redisson's `tryLock()`, `Mutex::try_lock` for a lease: when
+    /// someone else holds it, the answer is at once
+    /// [`LeaseError::NotAcquired`]. To wait, or for any other option, use
+    /// [`acquire`](Self::acquire).
+    ///
+    /// ```
+    /// use leasehold_core::MemoryBackend;
+    /// use leasehold_watchdog::{LeaseError, LeaseManager};
+    ///
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let manager = LeaseManager::new(MemoryBackend::new())?;
+    /// let lease = manager.try_acquire("reports:nightly").await?;
+    /// // Held: a second try is refused at once.
+    /// let again = manager.try_acquire("reports:nightly").await;
+    /// assert!(matches!(again, Err(LeaseError::NotAcquired { .. })));
+    /// lease.release().await?;
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// As [`acquire`](Self::acquire).
+    ///
+    /// # Cancel safety
+    ///
+    /// As [`acquire`](Self::acquire).
+    pub async fn try_acquire(&self, key: impl AsRef<str>) -> Result<Lease, LeaseError> {
+        // One value for every call, so that the future holds a reference to
+        // it rather than a copy.
+        static DEFAULTS: OnceLock<LeaseOptions> = OnceLock::new();
+        self.acquire(key, DEFAULTS.get_or_init(LeaseOptions::default))
+            .await
     }
 
     /// Acquires `key`, waiting up to `options.wait()` while another holder
@@ -199,26 +235,8 @@ impl<B: LeaseBackend> LeaseManager<B> {
         if let Some(label) = options.label() {
             request = request.with_label(label)?;
         }
-        if options.fair().is_some() && !matches!(attempt, Attempt::Lease) {
-            // Refused rather than ignored: the server's fair queue orders
-            // waiters for one key; permits and shares have none.
-            return Err(LeaseError::InvalidOptions {
-                reason: format!(
-                    "fair mode applies to exclusive leases only, not to permits or read-write leases of {key:?}; use options without fair(true)"
-                ),
-            });
-        }
+        attempt.refuse_inapplicable(&key, options)?;
         if let Some(minimum) = options.hold_at_least() {
-            if !matches!(attempt, Attempt::Lease) {
-                // Refused rather than ignored: a permit or a share kept
-                // after its release would block the other holders it is
-                // meant to let in, which no caller asking for it wants.
-                return Err(LeaseError::InvalidOptions {
-                    reason: format!(
-                        "a minimum hold (hold_at_least) applies to exclusive leases only, not to permits or read-write leases of {key:?}; use options without it"
-                    ),
-                });
-            }
             request = request.with_hold_at_least(minimum)?;
         }
         let manager = waiting::Manager {
@@ -245,7 +263,7 @@ impl<B: LeaseBackend> LeaseManager<B> {
         };
         // Granted: the grant cleared the intent (write.lua, 3).
         intent.disarm();
-        let (lease, watch, others) = self.took(won, options, attempt);
+        let (lease, watch, others) = self.took(key, won, options, attempt);
         if others {
             tokio::task::yield_now().await;
         }
@@ -273,6 +291,7 @@ impl<B: LeaseBackend> LeaseManager<B> {
     /// acquisition's state across the yield.
     fn took(
         &self,
+        key: LeaseKey,
         won: Won,
         options: &LeaseOptions,
         attempt: Attempt,
@@ -290,10 +309,35 @@ impl<B: LeaseBackend> LeaseManager<B> {
                 .pass_baton(baton.filter(ReleaseWatch::is_supported));
         }
         drop(turn);
-        (self.register(grant, options), watch, others)
+        (self.register(key, grant, options, attempt), watch, others)
     }
 
-    fn register(&self, grant: Grant, options: &LeaseOptions) -> Result<Lease, LeaseError> {
+    /// Hands the lease `grant` on the user's `key` to the watchdog.
+    fn register(
+        &self,
+        key: LeaseKey,
+        grant: Grant,
+        options: &LeaseOptions,
+        attempt: Attempt,
+    ) -> Result<Lease, LeaseError> {
+        let shape = match attempt {
+            Attempt::Lease => Shape::Exclusive,
+            // A permit key's index is below the limit, at most 100.
+            Attempt::Permit(_) => grant
+                .key
+                .permit_of()
+                .and_then(|(_, index)| u8::try_from(index).ok())
+                .map_or(Shape::Exclusive, Shape::Permit),
+            Attempt::Read => Shape::Read,
+            Attempt::Write => Shape::Write,
+        };
+        // The handle derives the server's key from the user's on release:
+        // a grant that names another (a backend that chose its own permit
+        // key) is kept under the server's key, so that it is still released.
+        let (key, shape) = match shape.server_key(&key, &grant.holder) {
+            Ok(derived) if derived == grant.key => (key, shape),
+            _ => (grant.key.clone(), Shape::Exclusive),
+        };
         let id = self.inner.next_id.fetch_add(1, Ordering::Relaxed);
         let shared = Arc::new(
             Shared::new(
@@ -306,6 +350,7 @@ impl<B: LeaseBackend> LeaseManager<B> {
                 )
                 .with_lock_delay(options.lock_delay()),
             )
+            .with_user_key(key, shape)
             .with_fair(options.fair().is_some())
             .with_bounds(Bounds::of(options, grant.sent_at)),
         );
@@ -320,7 +365,7 @@ impl<B: LeaseBackend> LeaseManager<B> {
             grant.sent_at,
         )?;
         // Counted here, as the handle's release uncounts it on its own task.
-        crate::metrics::held(&shared.name, &shared.key, 1.0);
+        crate::metrics::held(&shared.name, shared.kind(), 1.0);
         Ok(Lease::new(shared, id, holder, Arc::clone(&self.inner.home)))
     }
 
@@ -487,6 +532,10 @@ mod tests {
         let size = std::mem::size_of_val(&acquire);
         drop(acquire);
         assert!(size <= 128, "the acquire future is {size} bytes");
+        let short = manager.try_acquire("k");
+        let size = std::mem::size_of_val(&short);
+        drop(short);
+        assert!(size <= 128, "the try_acquire future is {size} bytes");
         Ok(())
     }
 }

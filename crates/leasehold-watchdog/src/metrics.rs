@@ -248,28 +248,18 @@ pub(crate) fn candidates(name: &Cow<'static, str>, delta: f64) {
     gauge!(CANDIDATES, LABEL_NAME => label(name)).increment(delta);
 }
 
-pub(crate) fn held(name: &Cow<'static, str>, key: &LeaseKey, delta: f64) {
-    held_of(name, Kind::of(key), delta);
-}
-
-fn held_of(name: &Cow<'static, str>, kind: Kind, delta: f64) {
+pub(crate) fn held(name: &Cow<'static, str>, kind: Kind, delta: f64) {
     gauge!(HELD, LABEL_NAME => label(name), LABEL_KIND => kind.as_str()).increment(delta);
 }
 
-pub(crate) fn ended(
-    name: &Cow<'static, str>,
-    key: &LeaseKey,
-    ended: &'static str,
-    held_for: Duration,
-) {
-    let kind = Kind::of(key);
-    held_of(name, kind, -1.0);
+pub(crate) fn ended(name: &Cow<'static, str>, kind: Kind, ended: &'static str, held_for: Duration) {
+    held(name, kind, -1.0);
     histogram!(HOLD_TIME, LABEL_NAME => label(name), LABEL_KIND => kind.as_str(), LABEL_ENDED => ended)
         .record(held_for);
 }
 
-pub(crate) fn lost(name: &Cow<'static, str>, key: &LeaseKey, reason: &'static str) {
-    let kind = Kind::of(key).as_str();
+pub(crate) fn lost(name: &Cow<'static, str>, kind: Kind, reason: &'static str) {
+    let kind = kind.as_str();
     counter!(LOSSES, LABEL_NAME => label(name), LABEL_KIND => kind, LABEL_REASON => reason)
         .increment(1);
 }

@@ -31,7 +31,7 @@ use crate::{Backoff, LeaseError};
 /// use leasehold_watchdog::LeaseOptions;
 ///
 /// let options = LeaseOptions::builder()
-///     .ttl("10s".parse()?)
+///     .ttl(Duration::from_secs(10))
 ///     .wait(Duration::from_secs(60))
 ///     .max_renewals(360)
 ///     .name("nightly-report")
@@ -53,10 +53,8 @@ pub struct LeaseOptions {
     lock_delay: LockDelay,
     /// The minimum hold, validated in build(); never zero.
     hold_at_least: Option<Duration>,
-    /// Fair mode's place ttl, when it is on.
-    fair: Option<PlaceTtl>,
-    /// In fair mode, whether a release may hand the lease to the head.
-    fair_handover: bool,
+    /// Fair mode's settings, when it is on; its place ttl checked in build().
+    fair: Option<Fair>,
     hold_at_most: Option<Duration>,
     progress_window: Option<Duration>,
 }
@@ -64,7 +62,7 @@ pub struct LeaseOptions {
 impl Default for LeaseOptions {
     fn default() -> Self {
         // The default builder always passes its own checks.
-        Self::from_parts(LeaseOptionsBuilder::default())
+        Self::from_parts(LeaseOptionsBuilder::default(), Ttl::DEFAULT)
     }
 }
 
@@ -80,16 +78,14 @@ impl LeaseOptions {
     /// safety margin (a tenth of it).
     #[must_use]
     pub fn with_ttl(ttl: Ttl) -> Self {
-        Self::from_parts(LeaseOptionsBuilder {
-            ttl,
-            ..LeaseOptionsBuilder::default()
-        })
+        Self::from_parts(LeaseOptionsBuilder::default(), ttl)
     }
 
-    fn from_parts(b: LeaseOptionsBuilder) -> Self {
-        let ttl = b.ttl.get();
+    /// The options `b` describes, with its ttl checked as `ttl`.
+    fn from_parts(b: LeaseOptionsBuilder, checked_ttl: Ttl) -> Self {
+        let ttl = checked_ttl.get();
         Self {
-            ttl: b.ttl,
+            ttl: checked_ttl,
             renew_interval: b.renew_interval.unwrap_or(ttl / 3),
             safety_margin: b.safety_margin.unwrap_or(ttl / 10),
             wait: b.wait,
@@ -105,10 +101,7 @@ impl LeaseOptions {
                 .hold_at_least
                 .and_then(|m| AcquireRequest::check_hold_at_least(m).ok().flatten()),
             // Checked in build(); the default is valid.
-            fair: b
-                .fair
-                .then(|| PlaceTtl::new(b.place_ttl).unwrap_or_default()),
-            fair_handover: b.fair_handover,
+            fair: b.fair,
             hold_at_most: b.hold_at_most,
             progress_window: b.progress_window,
         }
@@ -190,18 +183,24 @@ impl LeaseOptions {
         self.hold_at_least
     }
 
-    /// Fair mode's place ttl when fair mode is on (see
+    /// Fair mode's settings when it is on (see
     /// [`LeaseOptionsBuilder::fair`]), else `None`.
     #[must_use]
-    pub fn fair(&self) -> Option<PlaceTtl> {
+    pub fn fair(&self) -> Option<Fair> {
         self.fair
     }
 
-    /// In fair mode, whether a release hands the lease to the head of the
-    /// queue (see [`LeaseOptionsBuilder::fair_handover`]).
-    #[must_use]
-    pub fn fair_handover(&self) -> bool {
-        self.fair_handover
+    /// Fair mode's place ttl, as checked by `build()` (the default when
+    /// fair mode is off).
+    pub(crate) fn place_ttl(&self) -> PlaceTtl {
+        self.fair
+            .and_then(|fair| PlaceTtl::new(fair.place_ttl).ok())
+            .unwrap_or_default()
+    }
+
+    /// Whether a fair release may hand the lease to the queue's head.
+    pub(crate) fn fair_handover(&self) -> bool {
+        self.fair.is_some_and(|fair| fair.handover)
     }
 
     /// The longest the lease is held (see
@@ -239,11 +238,92 @@ impl LeaseOptions {
     }
 }
 
+/// Fair mode for an exclusive lease (see [`LeaseOptionsBuilder::fair`]):
+/// how long a waiter's place in the server's queue lives, and whether a
+/// release hands the lease to the head of the queue. One value, as the
+/// two mean nothing without fair mode.
+///
+/// ```
+/// use std::time::Duration;
+/// use leasehold_watchdog::{Fair, LeaseOptions};
+///
+/// let options = LeaseOptions::builder()
+///     .fair(Fair::default().with_place_ttl(Duration::from_secs(5)).with_handover(false))
+///     .build()?;
+/// assert_eq!(options.fair().map(|f| f.place_ttl()), Some(Duration::from_secs(5)));
+/// # Ok::<(), leasehold_watchdog::LeaseError>(())
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[must_use]
+pub struct Fair {
+    place_ttl: Duration,
+    handover: bool,
+}
+
+impl Default for Fair {
+    /// A place ttl of [`PlaceTtl::DEFAULT`] (2 s), with handover.
+    fn default() -> Self {
+        Self {
+            place_ttl: PlaceTtl::DEFAULT.get(),
+            handover: true,
+        }
+    }
+}
+
+impl Fair {
+    /// How long a waiter's place on the server lives unless refreshed: a
+    /// waiter refreshes it three times per place ttl, and one that died
+    /// (its process killed) holds up the waiters behind it at most this
+    /// long. From [`PlaceTtl::MIN`] to [`PlaceTtl::MAX`], in whole
+    /// milliseconds, checked by [`LeaseOptionsBuilder::build`]. Default:
+    /// [`PlaceTtl::DEFAULT`] (2 s).
+    pub fn with_place_ttl(mut self, ttl: impl Into<Duration>) -> Self {
+        self.place_ttl = ttl.into();
+        self
+    }
+
+    /// Whether the release of a lease hands it to the head of the server's
+    /// queue in the same step, so that the head holds it without asking
+    /// (an owner switch then costs the release and its notice, not a third
+    /// call). The price: the server keeps a handed-over lease for the
+    /// head's *handover time* from its latest call (four thirds of the
+    /// place ttl, plus the safety margin and the clock-drift allowance, at
+    /// most the ttl), so a waiter that died while first holds the queue up
+    /// that long instead of its place ttl. Off, the head asks for the
+    /// lease itself after the release notice. A handover is announced by
+    /// the release notice, so none happens for a waiter without notices
+    /// ([`release_notices(false)`](LeaseOptionsBuilder::release_notices))
+    /// or on a backend without them (Redis behind replica
+    /// acknowledgements). Default: on.
+    pub fn with_handover(mut self, on: bool) -> Self {
+        self.handover = on;
+        self
+    }
+
+    /// The place ttl (see [`with_place_ttl`](Self::with_place_ttl)).
+    #[must_use]
+    pub fn place_ttl(&self) -> Duration {
+        self.place_ttl
+    }
+
+    /// Whether a release hands the lease to the head of the queue (see
+    /// [`with_handover`](Self::with_handover)).
+    #[must_use]
+    pub fn handover(&self) -> bool {
+        self.handover
+    }
+}
+
 /// Builds [`LeaseOptions`]; every setter documents its default.
+///
+/// Every duration is given as anything that converts into a
+/// [`Duration`] (a `Duration`, or a checked [`Ttl`], [`LockDelay`] or
+/// [`PlaceTtl`]) and checked by [`build`](Self::build), which names what
+/// is wrong.
 #[derive(Debug, Clone)]
 #[must_use]
 pub struct LeaseOptionsBuilder {
-    ttl: Ttl,
+    ttl: Duration,
     renew_interval: Option<Duration>,
     safety_margin: Option<Duration>,
     wait: Option<Duration>,
@@ -254,9 +334,7 @@ pub struct LeaseOptionsBuilder {
     release_notices: bool,
     lock_delay: Duration,
     hold_at_least: Option<Duration>,
-    fair: bool,
-    place_ttl: Duration,
-    fair_handover: bool,
+    fair: Option<Fair>,
     hold_at_most: Option<Duration>,
     progress_window: Option<Duration>,
 }
@@ -264,7 +342,7 @@ pub struct LeaseOptionsBuilder {
 impl Default for LeaseOptionsBuilder {
     fn default() -> Self {
         Self {
-            ttl: Ttl::DEFAULT,
+            ttl: Ttl::DEFAULT.get(),
             renew_interval: None,
             safety_margin: None,
             wait: None,
@@ -275,9 +353,7 @@ impl Default for LeaseOptionsBuilder {
             release_notices: true,
             lock_delay: Duration::ZERO,
             hold_at_least: None,
-            fair: false,
-            place_ttl: PlaceTtl::DEFAULT.get(),
-            fair_handover: true,
+            fair: None,
             hold_at_most: None,
             progress_window: None,
         }
@@ -285,29 +361,31 @@ impl Default for LeaseOptionsBuilder {
 }
 
 impl LeaseOptionsBuilder {
-    /// The lease's ttl. Default: 30 s.
-    pub fn ttl(mut self, ttl: Ttl) -> Self {
-        self.ttl = ttl;
+    /// The lease's ttl: a [`Ttl`] or a `Duration` within [`Ttl::MIN`] and
+    /// [`Ttl::MAX`], in whole milliseconds (checked by
+    /// [`build`](Self::build)). Default: 30 s.
+    pub fn ttl(mut self, ttl: impl Into<Duration>) -> Self {
+        self.ttl = ttl.into();
         self
     }
 
     /// How often to renew. Default: a third of the ttl.
-    pub fn renew_interval(mut self, interval: Duration) -> Self {
-        self.renew_interval = Some(interval);
+    pub fn renew_interval(mut self, interval: impl Into<Duration>) -> Self {
+        self.renew_interval = Some(interval.into());
         self
     }
 
     /// How long before the end of certain validity the token fires when
     /// renewals fail or hang. Default: a tenth of the ttl.
-    pub fn safety_margin(mut self, margin: Duration) -> Self {
-        self.safety_margin = Some(margin);
+    pub fn safety_margin(mut self, margin: impl Into<Duration>) -> Self {
+        self.safety_margin = Some(margin.into());
         self
     }
 
     /// How long `acquire` may wait for a held lease. Default: no waiting
     /// (one attempt).
-    pub fn wait(mut self, wait: Duration) -> Self {
-        self.wait = Some(wait);
+    pub fn wait(mut self, wait: impl Into<Duration>) -> Self {
+        self.wait = Some(wait.into());
         self
     }
 
@@ -357,10 +435,10 @@ impl LeaseOptionsBuilder {
     /// every renewal, so others see it held that much longer; the holder's
     /// validity, deadline and safety margin still count from the ttl alone,
     /// so its token fires as early as without a delay. At most
-    /// [`LockDelay::MAX`] (1 hour), in whole milliseconds. Default: zero
-    /// (no delay).
-    pub fn lock_delay(mut self, delay: Duration) -> Self {
-        self.lock_delay = delay;
+    /// [`LockDelay::MAX`] (1 hour), in whole milliseconds; a [`LockDelay`]
+    /// or a `Duration`. Default: zero (no delay).
+    pub fn lock_delay(mut self, delay: impl Into<Duration>) -> Self {
+        self.lock_delay = delay.into();
         self
     }
 
@@ -384,7 +462,7 @@ impl LeaseOptionsBuilder {
     ///
     /// Exclusive leases only: [`build`](Self::build) refuses it with fair
     /// mode, and permits and read-write leases refuse options that carry
-    /// it. At most 24 hours ([`AcquireRequest::MAX_HOLD_AT_LEAST`]), in
+    /// it with [`LeaseError::NotApplicable`]. At most 24 hours ([`AcquireRequest::MAX_HOLD_AT_LEAST`]), in
     /// whole milliseconds; zero means none. Default: none.
     ///
     /// ```
@@ -408,8 +486,8 @@ impl LeaseOptionsBuilder {
     /// assert!(matches!(again, Err(LeaseError::NotAcquired { .. })));
     /// # Ok(()) }
     /// ```
-    pub fn hold_at_least(mut self, minimum: Duration) -> Self {
-        self.hold_at_least = Some(minimum);
+    pub fn hold_at_least(mut self, minimum: impl Into<Duration>) -> Self {
+        self.hold_at_least = Some(minimum.into());
         self
     }
 
@@ -419,38 +497,16 @@ impl LeaseOptionsBuilder {
     /// the first of them holds a place on the server). Without it, waiters
     /// of one manager are served in order, but across processes the
     /// release's first retry wins. A lease won this way is an ordinary
-    /// lease. Backends without a fair queue (Redlock) refuse it with
-    /// [`leasehold_core::BackendError::Unsupported`]. Only exclusive
-    /// leases (`acquire`, `with_lease`) queue fairly; permits and
-    /// read-write leases ignore it. Default: off.
-    pub fn fair(mut self, on: bool) -> Self {
-        self.fair = on;
-        self
-    }
-
-    /// In fair mode, how long a waiter's place on the server lives unless
-    /// refreshed: a waiter refreshes it three times per place ttl, and
-    /// one that died (its process killed) holds up the waiters behind it
-    /// at most this long. From [`PlaceTtl::MIN`] to [`PlaceTtl::MAX`], in
-    /// whole milliseconds. Default: [`PlaceTtl::DEFAULT`] (2 s).
-    pub fn place_ttl(mut self, ttl: Duration) -> Self {
-        self.place_ttl = ttl;
-        self
-    }
-
-    /// In fair mode, whether the release of a lease hands it to the head of
-    /// the server's queue in the same step, so that the head holds it
-    /// without asking (an owner switch then costs the release and its
-    /// notice, not a third call). The price: the server keeps a handed-over
-    /// lease for the head's *handover time* from its latest call (four
-    /// thirds of the place ttl, plus the safety margin and the clock-drift
-    /// allowance, at most the ttl), so a waiter that died while first holds
-    /// the queue up that long instead of its place ttl. Off, the head asks
-    /// for the lease itself after the release notice. Only backends with
-    /// release notices hand over (Redis, not behind replica
-    /// acknowledgements). Default: on.
-    pub fn fair_handover(mut self, on: bool) -> Self {
-        self.fair_handover = on;
+    /// lease. `fair` is [`Fair`] (its place ttl and handover) to turn it
+    /// on, `None` to turn it off.
+    ///
+    /// Only exclusive leases (`acquire`, `with_lease`) queue fairly:
+    /// permits and read-write leases refuse options in fair mode with
+    /// [`LeaseError::NotApplicable`], and backends without a fair queue
+    /// (Redlock) refuse it with
+    /// [`leasehold_core::BackendError::Unsupported`]. Default: off.
+    pub fn fair(mut self, fair: impl Into<Option<Fair>>) -> Self {
+        self.fair = fair.into();
         self
     }
 
@@ -464,8 +520,8 @@ impl LeaseOptionsBuilder {
     /// interval` after the acquisition — and the watchdog releases it a
     /// safety margin later if the handle has not. At least the ttl.
     /// Default: none (renewed for as long as the handle lives).
-    pub fn hold_at_most(mut self, max: Duration) -> Self {
-        self.hold_at_most = Some(max);
+    pub fn hold_at_most(mut self, max: impl Into<Duration>) -> Self {
+        self.hold_at_most = Some(max.into());
         self
     }
 
@@ -480,8 +536,8 @@ impl LeaseOptionsBuilder {
     /// one renew interval of its last report, never within `window`. At
     /// least the renew interval. Default: none (renewals do not depend on
     /// progress).
-    pub fn progress_window(mut self, window: Duration) -> Self {
-        self.progress_window = Some(window);
+    pub fn progress_window(mut self, window: impl Into<Duration>) -> Self {
+        self.progress_window = Some(window.into());
         self
     }
 
@@ -489,25 +545,30 @@ impl LeaseOptionsBuilder {
     ///
     /// # Errors
     ///
+    /// [`LeaseError::Invalid`] with [`leasehold_core::Error::InvalidTtl`]
+    /// for a ttl out of its bounds or not in whole milliseconds.
     /// [`LeaseError::InvalidOptions`] when the renew interval is zero, or
     /// when the first renewal would not be due before the token's deadline
     /// (renew interval ≥ ttl − clock drift − safety margin), or when the
     /// margin is zero or leaves no validity. [`LeaseError::Invalid`] with
     /// [`leasehold_core::Error::InvalidLockDelay`] for a lock-delay above
     /// [`LockDelay::MAX`] or not in whole milliseconds;
-    /// [`leasehold_core::Error::InvalidDuration`] for a place ttl out of
-    /// its bounds (see [`place_ttl`](Self::place_ttl));
+    /// [`leasehold_core::Error::InvalidDuration`] for a fair mode's place
+    /// ttl out of its bounds (see [`Fair::with_place_ttl`]);
     /// [`leasehold_core::Error::InvalidHoldAtLeast`] for a minimum hold
     /// above 24 hours or not in whole milliseconds;
     /// [`LeaseError::InvalidOptions`] for a minimum hold in fair mode, a
     /// maximum hold shorter than the ttl, and a progress window shorter
     /// than the renew interval.
     pub fn build(self) -> Result<LeaseOptions, LeaseError> {
+        let ttl = Ttl::new(self.ttl)?;
         LockDelay::new(self.lock_delay)?;
-        PlaceTtl::new(self.place_ttl)?;
+        if let Some(fair) = self.fair {
+            PlaceTtl::new(fair.place_ttl)?;
+        }
         if let Some(minimum) = self.hold_at_least
             && AcquireRequest::check_hold_at_least(minimum)?.is_some()
-            && self.fair
+            && self.fair.is_some()
         {
             // A fair release hands the lease to the queue's head in the
             // same step: keeping it for a minimum would stall the queue.
@@ -515,7 +576,7 @@ impl LeaseOptionsBuilder {
                 reason: "a minimum hold (hold_at_least) cannot be combined with fair mode: a fair release hands the lease on at once; turn one of them off".to_owned(),
             });
         }
-        let options = LeaseOptions::from_parts(self);
+        let options = LeaseOptions::from_parts(self, ttl);
         let ttl = options.ttl.get();
         let invalid = |reason: String| LeaseError::InvalidOptions { reason };
         if options.renew_interval.is_zero() {
@@ -702,10 +763,74 @@ mod tests {
         assert!(matches!(
             LeaseOptions::builder()
                 .hold_at_least(ten)
-                .fair(true)
+                .fair(Fair::default())
                 .build(),
             Err(LeaseError::InvalidOptions { .. })
         ));
+        Ok(())
+    }
+
+    /// Every duration is given the same way: a `Duration`, or the checked
+    /// value that converts into one; the ttl is checked by `build()` as the
+    /// other durations are, and out of bounds it is refused there.
+    #[test]
+    fn every_duration_input_takes_a_duration_or_its_checked_value()
+    -> Result<(), Box<dyn std::error::Error>> {
+        let from_values = LeaseOptions::builder()
+            .ttl(Ttl::parse("6s")?)
+            .lock_delay(LockDelay::parse("2s")?)
+            .fair(Fair::default().with_place_ttl(PlaceTtl::new(Duration::from_secs(3))?))
+            .build()?;
+        let from_durations = LeaseOptions::builder()
+            .ttl(Duration::from_secs(6))
+            .lock_delay(Duration::from_secs(2))
+            .fair(Fair::default().with_place_ttl(Duration::from_secs(3)))
+            .build()?;
+        assert_eq!(from_values, from_durations);
+        assert_eq!(from_durations.ttl(), Ttl::parse("6s")?);
+        assert_eq!(from_durations.renew_interval(), Duration::from_secs(2));
+        assert_eq!(from_durations.place_ttl().get(), Duration::from_secs(3));
+        for bad in [
+            Duration::from_millis(99),
+            Duration::from_secs(86_401),
+            Duration::from_micros(1_500_500),
+        ] {
+            let built = LeaseOptions::builder().ttl(bad).build();
+            assert!(
+                matches!(
+                    built,
+                    Err(LeaseError::Invalid(
+                        leasehold_core::Error::InvalidTtl { .. }
+                    ))
+                ),
+                "{bad:?}: {built:?}"
+            );
+        }
+        Ok(())
+    }
+
+    /// Fair mode is one value: off by default, on with its defaults (2 s
+    /// places, handover), each part set on the value, and off again with
+    /// `None`.
+    #[test]
+    fn fair_mode_is_one_value() -> Result<(), Box<dyn std::error::Error>> {
+        assert_eq!(LeaseOptions::default().fair(), None);
+        let on = LeaseOptions::builder().fair(Fair::default()).build()?;
+        let fair = on.fair().ok_or("fair mode is off")?;
+        assert_eq!(
+            (fair.place_ttl(), fair.handover()),
+            (Duration::from_secs(2), true)
+        );
+        assert!(on.fair_handover());
+        let set = Fair::default()
+            .with_place_ttl(Duration::from_millis(500))
+            .with_handover(false);
+        let options = LeaseOptions::builder().fair(set).build()?;
+        assert_eq!(options.fair(), Some(set));
+        assert_eq!(options.place_ttl().get(), Duration::from_millis(500));
+        assert!(!options.fair_handover());
+        let off = LeaseOptions::builder().fair(set).fair(None).build()?;
+        assert_eq!(off, LeaseOptions::default());
         Ok(())
     }
 

@@ -27,8 +27,9 @@ impl<B: LeaseBackend> LeaseManager<B> {
     /// to `options.wait()` while all of them are held (with no wait, tries
     /// once), and hands the permit to the watchdog.
     ///
-    /// The returned [`Lease`] is that permit: [`Lease::key`] names the
-    /// permit key (`{key}:permit:i`), and everything else is as for
+    /// The returned [`Lease`] is that permit: [`Lease::key`] is `key`, and
+    /// [`Lease::server_key`] the permit key it holds (`{key}:permit:i`);
+    /// everything else is as for
     /// [`acquire`](Self::acquire), including the local FIFO queue (under
     /// `key`), the release notices (of `key`, where every permit's release
     /// is announced) and the retries between them. Every holder of a
@@ -43,7 +44,8 @@ impl<B: LeaseBackend> LeaseManager<B> {
     /// let manager = LeaseManager::new(MemoryBackend::new())?;
     /// let limit = PermitLimit::new(4)?;
     /// let permit = manager.acquire_permit("exports", limit, &LeaseOptions::default()).await?;
-    /// assert_eq!(permit.key().as_str(), "{exports}:permit:0");
+    /// assert_eq!(permit.key().as_str(), "exports");
+    /// assert_eq!(permit.server_key().as_str(), "{exports}:permit:0");
     /// permit.release().await?;
     /// # Ok(()) }
     /// ```

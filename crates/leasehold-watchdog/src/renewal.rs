@@ -273,7 +273,7 @@ impl Entry {
             self.ended = true;
             metrics::ended(
                 &self.shared.name,
-                &self.shared.key,
+                self.shared.kind(),
                 how,
                 self.shared.acquired_at.elapsed(),
             );
@@ -646,7 +646,7 @@ impl<B: LeaseBackend> Watchdog<B> {
                         entry.finish(LossReason::Deadline.as_str());
                         metrics::lost(
                             &entry.shared.name,
-                            &entry.shared.key,
+                            entry.shared.kind(),
                             LossReason::Deadline.as_str(),
                         );
                     }
@@ -1086,7 +1086,7 @@ impl<B: LeaseBackend> Watchdog<B> {
         // no loss to report, and its hold time is recorded elsewhere.
         if entry.shared.end(reason) {
             entry.finish(reason.as_str());
-            metrics::lost(&entry.shared.name, &entry.shared.key, reason.as_str());
+            metrics::lost(&entry.shared.name, entry.shared.kind(), reason.as_str());
             let left = entry
                 .shared
                 .valid_until()
@@ -1195,7 +1195,7 @@ impl<B: LeaseBackend> Watchdog<B> {
                 entry.finish(LossReason::Shutdown.as_str());
                 metrics::lost(
                     &entry.shared.name,
-                    &entry.shared.key,
+                    entry.shared.kind(),
                     LossReason::Shutdown.as_str(),
                 );
             }

@@ -38,8 +38,9 @@ impl<B: LeaseBackend> LeaseManager<B> {
     /// wait, tries once), and hands the hold to the watchdog.
     ///
     /// Readers hold together; a writer excludes them all. The returned
-    /// [`Lease`] is the reader's share: [`Lease::key`] names the reader key
-    /// (`{key}:read:<holder>`), and everything else is as for
+    /// [`Lease`] is the reader's share: [`Lease::key`] is `key`, and
+    /// [`Lease::server_key`] the reader key it holds
+    /// (`{key}:read:<holder>`); everything else is as for
     /// [`acquire`](Self::acquire), including the local FIFO queue (under
     /// `key`), the release notices (of `key`, where every share's release
     /// is announced) and the retries between them. A read-write lease `key`
@@ -91,8 +92,9 @@ impl<B: LeaseBackend> LeaseManager<B> {
     /// new readers, so it waits only for the readers that held before it
     /// (every retry, at least each third of `options.ttl()`, keeps the
     /// intent alive). The returned [`Lease`] is the writer's share:
-    /// [`Lease::key`] names the writer key (`{key}:write`); everything else
-    /// is as for [`acquire_read`](Self::acquire_read).
+    /// [`Lease::key`] is `key`, and [`Lease::server_key`] the writer key it
+    /// holds (`{key}:write`); everything else is as for
+    /// [`acquire_read`](Self::acquire_read).
     ///
     /// ```
     /// use leasehold_core::MemoryBackend;
@@ -101,7 +103,8 @@ impl<B: LeaseBackend> LeaseManager<B> {
     /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), Box<dyn std::error::Error>> {
     /// let manager = LeaseManager::new(MemoryBackend::new())?;
     /// let writer = manager.acquire_write("catalog", &LeaseOptions::default()).await?;
-    /// assert_eq!(writer.key().as_str(), "{catalog}:write");
+    /// assert_eq!(writer.key().as_str(), "catalog");
+    /// assert_eq!(writer.server_key().as_str(), "{catalog}:write");
     /// writer.release().await?;
     /// # Ok(()) }
     /// ```

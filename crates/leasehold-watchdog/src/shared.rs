@@ -4,7 +4,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use leasehold_core::{FencingToken, Grant, LeaseKey, Ttl};
+use leasehold_core::{FencingToken, Grant, HolderId, LeaseKey, Ttl};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
@@ -28,6 +28,9 @@ pub(crate) struct Shared {
     /// When the acquisition was sent: the start of the hold-time metric,
     /// and what `valid_for_ns` counts from.
     pub(crate) acquired_at: Instant,
+    /// The key the user gave: the lease's own key, or the semaphore's or
+    /// the read-write lease's for a permit or a share, whose key on the
+    /// server [`server_key`](Self::server_key) derives from it.
     pub(crate) key: LeaseKey,
     pub(crate) fencing_token: FencingToken,
     /// Cancelled by the watchdog; the holder sees a child of it.
@@ -37,6 +40,42 @@ pub(crate) struct Shared {
     /// The ttl in milliseconds (at most 86 400 000, see `Ttl::MAX`): four
     /// bytes rather than a 16-byte `Ttl`, which leaves room for `bounds`.
     ttl_ms: u32,
+    /// Which key of `key` the lease holds on the server: two bytes in what
+    /// would otherwise be the struct's padding, where a second key would
+    /// cost 16.
+    shape: Shape,
+}
+
+/// The kind of a lease and what it takes to name its key on the server
+/// from the key the user gave (see [`Shared::server_key`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Shape {
+    /// An exclusive lease: the server key is the user's key.
+    Exclusive,
+    /// The permit of this index (below `PermitLimit::MAX`, 100) of the
+    /// semaphore named by the user's key.
+    Permit(u8),
+    /// A reader's share of the read-write lease named by the user's key.
+    Read,
+    /// The writer's hold of the read-write lease named by the user's key.
+    Write,
+}
+
+impl Shape {
+    /// The key on the server of a lease of this shape on the user's `key`,
+    /// held by `holder`.
+    pub(crate) fn server_key(
+        self,
+        key: &LeaseKey,
+        holder: &HolderId,
+    ) -> Result<LeaseKey, leasehold_core::Error> {
+        match self {
+            Self::Exclusive => Ok(key.clone()),
+            Self::Permit(index) => key.permit(u32::from(index)),
+            Self::Read => key.reader_key(holder),
+            Self::Write => key.writer_key(),
+        }
+    }
 }
 
 /// Nanoseconds from `from` to `to` (0 if `to` is earlier), saturating.
@@ -56,6 +95,41 @@ impl Shared {
             token: CancellationToken::new(),
             bounds: None,
             ttl_ms: u32::try_from(grant.ttl.as_millis()).unwrap_or(u32::MAX),
+            shape: Shape::Exclusive,
+        }
+    }
+
+    /// This state for a lease of `shape` acquired as `key` (the key the
+    /// user gave; the grant names the key on the server).
+    pub(crate) fn with_user_key(mut self, key: LeaseKey, shape: Shape) -> Self {
+        self.key = key;
+        self.shape = shape;
+        self
+    }
+
+    /// The lease's key on the server, as granted to `holder`: the user's
+    /// key for an exclusive lease, else the permit or share key derived
+    /// from it as the acquisition did.
+    pub(crate) fn server_key(&self, holder: &HolderId) -> LeaseKey {
+        // The acquisition checked that this derives the granted key (see
+        // `LeaseManager::register`), so it cannot fail; the user's key
+        // stands in (a release of it for this holder deletes nothing of
+        // another's).
+        self.shape
+            .server_key(&self.key, holder)
+            .unwrap_or_else(|_| self.key.clone())
+    }
+
+    /// The lease's kind in metrics. An exclusive lease on a permit key
+    /// (`{K}:permit:i`) counts as a permit, as its fencing tokens and
+    /// release notices are its semaphore's.
+    pub(crate) fn kind(&self) -> crate::metrics::Kind {
+        use crate::metrics::Kind;
+        match self.shape {
+            Shape::Exclusive => Kind::of(&self.key),
+            Shape::Permit(_) => Kind::Permit,
+            Shape::Read => Kind::Read,
+            Shape::Write => Kind::Write,
         }
     }
 

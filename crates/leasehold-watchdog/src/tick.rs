@@ -100,7 +100,7 @@ pub const MAX_JOB_NAME_LEN: usize = 64;
 ///
 /// let job = TickJob::builder("report")
 ///     .max_skew(Duration::from_secs(2))
-///     .lease(LeaseOptions::builder().ttl("10s".parse()?).label("node-a"))
+///     .lease(LeaseOptions::builder().ttl(Duration::from_secs(10)).label("node-a"))
 ///     .build()?;
 /// assert_eq!(job.min_hold(), Duration::from_secs(3));
 /// # Ok::<(), Box<dyn std::error::Error>>(())
@@ -189,8 +189,8 @@ pub struct TickJobBuilder {
 impl TickJobBuilder {
     /// The most the clocks of any two nodes of the fleet may differ by.
     /// Beyond it a tick can run twice. Default: [`DEFAULT_MAX_SKEW`] (5 s).
-    pub fn max_skew(mut self, skew: Duration) -> Self {
-        self.max_skew = skew;
+    pub fn max_skew(mut self, skew: impl Into<Duration>) -> Self {
+        self.max_skew = skew.into();
         self
     }
 
@@ -198,8 +198,8 @@ impl TickJobBuilder {
     /// scheduler's firing delay plus the round trip to the server); a node
     /// later than that gives the tick up ([`TickOutcome::Late`]). Default:
     /// [`DEFAULT_MAX_LATENESS`] (1 s).
-    pub fn max_lateness(mut self, lateness: Duration) -> Self {
-        self.max_lateness = lateness;
+    pub fn max_lateness(mut self, lateness: impl Into<Duration>) -> Self {
+        self.max_lateness = lateness.into();
         self
     }
 

@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use common::{RequiredOnly, TestResult, key, within};
 use leasehold_core::{BackendError, FencingToken, LeaseBackend, MemoryBackend, Ttl};
-use leasehold_watchdog::{Backoff, LeaseError, LeaseManager, LeaseOptions};
+use leasehold_watchdog::{Backoff, Fair, LeaseError, LeaseManager, LeaseOptions};
 use tokio::time::{Instant, sleep};
 
 /// Fair options: waits up to a minute, polls every `poll`.
@@ -19,8 +19,7 @@ fn fair(poll: Duration, place_ttl: Duration) -> LeaseOptions {
         .ttl(Ttl::parse("2s").expect("valid ttl"))
         .wait(Duration::from_secs(60))
         .backoff(Backoff::fixed(poll))
-        .fair(true)
-        .place_ttl(place_ttl)
+        .fair(Fair::default().with_place_ttl(place_ttl))
         .build()
         .expect("valid options")
 }
@@ -50,8 +49,7 @@ async fn waiters_of_every_manager_get_the_lease_in_arrival_order() -> TestResult
             .wait(Duration::from_secs(60))
             .backoff(Backoff::fixed(Duration::from_millis(70 - 10 * i)))
             .release_notices(false)
-            .fair(true)
-            .place_ttl(Duration::from_secs(10))
+            .fair(Fair::default().with_place_ttl(Duration::from_secs(10)))
             .build()?;
         let (lease, grants) = (lease.clone(), Arc::clone(&grants));
         tasks.push(tokio::spawn(async move {
@@ -164,8 +162,7 @@ async fn a_waiter_that_gives_up_leaves_its_place() -> TestResult {
     let short = LeaseOptions::builder()
         .ttl(Ttl::parse("2s")?)
         .wait(Duration::from_millis(100))
-        .fair(true)
-        .place_ttl(Duration::from_secs(30))
+        .fair(Fair::default().with_place_ttl(Duration::from_secs(30)))
         .build()?;
     let lease2 = lease.clone();
     let quitting = tokio::spawn(async move { quitter.acquire(lease2.as_str(), &short).await });
@@ -275,7 +272,7 @@ async fn the_queue_gauge_counts_the_waiters_on_the_server() -> TestResult {
         .wait(Duration::from_secs(60))
         .backoff(Backoff::fixed(Duration::from_millis(20)))
         .name("fair-gauge")
-        .fair(true)
+        .fair(Fair::default())
         .build()?;
     let holder = LeaseManager::new(backend.clone())?;
     let held = holder.acquire(lease.as_str(), &options).await?;
@@ -304,19 +301,28 @@ async fn the_queue_gauge_counts_the_waiters_on_the_server() -> TestResult {
 #[test]
 fn a_place_ttl_out_of_bounds_is_refused() {
     for bad in [Duration::from_millis(10), Duration::from_secs(120)] {
-        let built = LeaseOptions::builder().fair(true).place_ttl(bad).build();
+        let built = LeaseOptions::builder()
+            .fair(Fair::default().with_place_ttl(bad))
+            .build();
         assert!(
             matches!(&built, Err(LeaseError::Invalid(_))),
             "{bad:?}: {built:?}"
         );
     }
-    let fair = LeaseOptions::builder().fair(true).build().expect("valid");
-    assert_eq!(fair.fair().map(|p| p.get()), Some(Duration::from_secs(2)));
+    let fair = LeaseOptions::builder()
+        .fair(Fair::default())
+        .build()
+        .expect("valid");
+    assert_eq!(
+        fair.fair().map(|f| f.place_ttl()),
+        Some(Duration::from_secs(2))
+    );
+    assert_eq!(fair.fair().map(|f| f.handover()), Some(true));
     assert_eq!(LeaseOptions::default().fair(), None);
 }
 
 /// Fair mode is for exclusive leases: asked for a permit, a reader's or a
-/// writer's share, it is refused with a reason, not silently ignored, and
+/// writer's share, it is refused as not applicable, not silently ignored, and
 /// the backend is never asked.
 #[tokio::test(start_paused = true)]
 async fn fair_mode_is_refused_for_permits_and_shares() -> TestResult {
@@ -331,7 +337,10 @@ async fn fair_mode_is_refused_for_permits_and_shares() -> TestResult {
     ];
     for refused in refusals {
         assert!(
-            matches!(&refused, Some(LeaseError::InvalidOptions { reason }) if reason.contains("fair mode")),
+            matches!(
+                &refused,
+                Some(LeaseError::NotApplicable { option: "fair", .. })
+            ),
             "{refused:?}"
         );
     }

@@ -23,7 +23,7 @@ const GRANT_BOUND: Duration = Duration::from_millis(5);
 
 fn options() -> Result<LeaseOptions, LeaseError> {
     LeaseOptions::builder()
-        .ttl("30s".parse()?)
+        .ttl(Duration::from_secs(30))
         .hold_at_least(MINIMUM)
         .wait(Duration::from_secs(60))
         .build()
@@ -154,27 +154,36 @@ async fn a_dropped_handle_and_a_shutdown_keep_the_minimum() -> TestResult {
     Ok(())
 }
 
-/// Permits and read-write leases refuse options that carry a minimum;
-/// nothing is taken.
+/// Permits and read-write leases refuse options that carry a minimum as
+/// not applicable to their kind; nothing is taken.
 #[tokio::test(start_paused = true)]
 async fn permits_and_shares_refuse_a_minimum() -> TestResult {
     let backend = MemoryBackend::new();
     let manager = LeaseManager::new(backend.clone())?;
     let options = options()?;
-    for refused in [
-        manager
-            .acquire_permit("pool", PermitLimit::new(2)?, &options)
-            .await
-            .err(),
-        manager.acquire_read("doc", &options).await.err(),
-        manager.acquire_write("doc", &options).await.err(),
+    for (refused, asked) in [
+        (
+            manager
+                .acquire_permit("pool", PermitLimit::new(2)?, &options)
+                .await
+                .err(),
+            "a permit",
+        ),
+        (
+            manager.acquire_read("doc", &options).await.err(),
+            "a read share",
+        ),
+        (
+            manager.acquire_write("doc", &options).await.err(),
+            "a write share",
+        ),
     ] {
         assert!(
-            matches!(refused, Some(LeaseError::InvalidOptions { .. })),
+            matches!(refused, Some(LeaseError::NotApplicable { option: "hold_at_least", kind, .. }) if kind == asked),
             "{refused:?}"
         );
     }
-    for key in ["pool:permit:0", "doc:write"] {
+    for key in ["{pool}:permit:0", "{pool}:permit:1", "{doc}:write"] {
         assert_eq!(backend.inspect(&LeaseKey::new(key)?).await?, None);
     }
     manager.shutdown().await;

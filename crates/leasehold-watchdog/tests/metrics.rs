@@ -252,7 +252,7 @@ async fn a_permit_is_labelled_kind_permit() -> TestResult {
 
     sleep(Duration::from_millis(1500)).await;
     first.release().await?;
-    assert!(backend.vanish(second.key()));
+    assert!(backend.vanish(&second.server_key()));
     assert_eq!(
         within(Duration::from_secs(10), "the token", second.lost()).await,
         LossReason::Lost

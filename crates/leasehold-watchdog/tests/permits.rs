@@ -61,7 +61,7 @@ async fn many_tasks_never_hold_more_than_the_limit() -> TestResult {
             let in_store = held(&backend, &semaphore, 4).await;
             assert!(now <= 3, "{now} holders believe they hold a permit");
             assert!(in_store <= 3, "{in_store} permits in the store");
-            assert!(backend.inspect(permit.key()).await?.is_some());
+            assert!(backend.inspect(&permit.server_key()).await?.is_some());
             sleep(Duration::from_millis(2000 + 100 * (i as u64 % 5))).await;
             assert_eq!(permit.loss_reason(), None, "a holder lost its permit");
             believing.fetch_sub(1, Ordering::SeqCst);
@@ -94,7 +94,7 @@ async fn a_waiter_wakes_when_a_permit_is_released() -> TestResult {
     sleep(Duration::from_secs(2)).await;
     assert!(!waiting.is_finished());
     let released_at = Instant::now();
-    let freed = second.key().clone();
+    let freed = second.server_key();
     second.release().await?;
     let (acquired_at, permit) = within(Duration::from_secs(90), "the waiter", waiting).await??;
     // Woken by the release, not by its poll (at least 18 s away: the
@@ -104,7 +104,7 @@ async fn a_waiter_wakes_when_a_permit_is_released() -> TestResult {
         "the waiter got a permit {:?} after the release",
         acquired_at - released_at
     );
-    assert_eq!(permit.key(), &freed);
+    assert_eq!(permit.server_key(), freed);
     assert!(first.fencing_token() < permit.fencing_token());
     Ok(())
 }
@@ -216,7 +216,7 @@ async fn fencing_tokens_rise_across_permits() -> TestResult {
         let permit = managers[round % 2]
             .acquire_permit("fence", limit(3), &options)
             .await?;
-        tokens.push((permit.key().clone(), permit.fencing_token()));
+        tokens.push((permit.server_key(), permit.fencing_token()));
         held.push(permit);
     }
     let keys: std::collections::HashSet<_> = tokens.iter().map(|(k, _)| k.clone()).collect();
@@ -248,10 +248,10 @@ async fn an_exclusive_lease_and_a_semaphore_of_one_name_do_not_mix() -> TestResu
         !permit_waiter.is_finished(),
         "a permit waiter got the exclusive lease"
     );
-    let freed = permit.key().clone();
+    let freed = permit.server_key();
     permit.release().await?;
     let got = within(Duration::from_secs(60), "the permit waiter", permit_waiter).await??;
-    assert_eq!(got.key(), &freed);
+    assert_eq!(got.server_key(), freed);
     assert_eq!(backend.inspect(&key("mixed")).await?, None);
     Ok(())
 }
@@ -294,7 +294,7 @@ async fn waiters_for_a_full_semaphore_obey_the_wait_and_the_bound() -> TestResul
         other => panic!("the wait should have run out: {other:?}"),
     }
     assert!(started.elapsed() < Duration::from_secs(3));
-    assert!(backend.inspect(held.key()).await?.is_some());
+    assert!(backend.inspect(&held.server_key()).await?.is_some());
     Ok(())
 }
 
@@ -304,7 +304,7 @@ async fn a_dropped_permit_and_a_shut_down_manager_free_their_permits() -> TestRe
     let manager = LeaseManager::new(backend.clone())?;
     let options = waiting("10s", Duration::from_secs(1));
     let dropped = manager.acquire_permit("freed", limit(2), &options).await?;
-    let dropped_key = dropped.key().clone();
+    let dropped_key = dropped.server_key();
     drop(dropped);
     within(
         Duration::from_secs(5),
@@ -319,7 +319,7 @@ async fn a_dropped_permit_and_a_shut_down_manager_free_their_permits() -> TestRe
     let kept = manager.acquire_permit("freed", limit(2), &options).await?;
     manager.shutdown().await;
     assert_eq!(kept.loss_reason(), Some(LossReason::Shutdown));
-    assert_eq!(backend.inspect(kept.key()).await?, None);
+    assert_eq!(backend.inspect(&kept.server_key()).await?, None);
     assert_eq!(held(&backend, &key("freed"), 2).await, 0);
     Ok(())
 }

@@ -58,7 +58,7 @@ async fn readers_overlap_and_a_writer_overlaps_no_one() -> TestResult {
                 let others = writers.fetch_add(1, Ordering::SeqCst);
                 assert_eq!(others, 0, "two writers believe they hold");
                 assert_eq!(readers.load(Ordering::SeqCst), 0, "a writer with readers");
-                let stored = backend.inspect(lease.key()).await?;
+                let stored = backend.inspect(&lease.server_key()).await?;
                 assert_eq!(
                     stored.and_then(|s| s.fencing_token),
                     Some(lease.fencing_token())
@@ -76,7 +76,7 @@ async fn readers_overlap_and_a_writer_overlaps_no_one() -> TestResult {
                     !writer_in_store(&backend, &rw).await,
                     "a reader beside a stored writer"
                 );
-                assert!(backend.inspect(lease.key()).await?.is_some());
+                assert!(backend.inspect(&lease.server_key()).await?.is_some());
                 sleep(ms(1600 + 100 * (i % 5))).await;
                 assert_eq!(lease.loss_reason(), None, "a reader lost its hold");
                 readers.fetch_sub(1, Ordering::SeqCst);
@@ -218,7 +218,7 @@ async fn a_reader_behind_a_writer_wakes_on_its_release() -> TestResult {
         acquired_at - released_at
     );
     assert!(token < reader.fencing_token());
-    assert!(backend.inspect(reader.key()).await?.is_some());
+    assert!(backend.inspect(&reader.server_key()).await?.is_some());
     Ok(())
 }
 
@@ -276,7 +276,7 @@ async fn fencing_tokens_rise_across_readers_and_writers() -> TestResult {
         first.release().await?;
         second.release().await?;
         let writer = manager.acquire_write("fence", &options).await?;
-        assert_eq!(writer.key().as_str(), "{fence}:write");
+        assert_eq!(writer.server_key().as_str(), "{fence}:write");
         tokens.push(writer.fencing_token());
         writer.release().await?;
     }
@@ -292,7 +292,7 @@ async fn a_dropped_share_and_a_shut_down_manager_free_their_keys() -> TestResult
     let manager = LeaseManager::new(backend.clone())?;
     let options = waiting("10s", Duration::from_secs(1));
     let dropped = manager.acquire_write("freed", &options).await?;
-    let dropped_key = dropped.key().clone();
+    let dropped_key = dropped.server_key();
     drop(dropped);
     within(
         Duration::from_secs(5),
@@ -307,7 +307,7 @@ async fn a_dropped_share_and_a_shut_down_manager_free_their_keys() -> TestResult
     let reader = manager.acquire_read("freed", &options).await?;
     manager.shutdown().await;
     assert_eq!(reader.loss_reason(), Some(LossReason::Shutdown));
-    assert_eq!(backend.inspect(reader.key()).await?, None);
+    assert_eq!(backend.inspect(&reader.server_key()).await?, None);
     Ok(())
 }
 
@@ -358,7 +358,7 @@ async fn an_exclusive_lease_and_a_read_write_lease_of_one_name_do_not_mix() -> T
     assert!(!writer.is_finished(), "a writer got the exclusive lease");
     reader.release().await?;
     let got = within(Duration::from_secs(60), "the writer", writer).await??;
-    assert_eq!(got.key().as_str(), "{mixed}:write");
+    assert_eq!(got.server_key().as_str(), "{mixed}:write");
     assert_eq!(backend.inspect(&key("mixed")).await?, None);
     Ok(())
 }

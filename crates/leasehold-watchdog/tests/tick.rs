@@ -34,7 +34,11 @@ fn job(node: &str) -> Result<TickJob, LeaseError> {
     TickJob::builder("report")
         .max_skew(SKEW)
         .max_lateness(LATENESS)
-        .lease(LeaseOptions::builder().ttl("10s".parse()?).label(node))
+        .lease(
+            LeaseOptions::builder()
+                .ttl(Duration::from_secs(10))
+                .label(node),
+        )
         .build()
 }
 
@@ -259,7 +263,7 @@ fn bad_names_ticks_and_ttls_are_refused() -> TestResult {
         Err(LeaseError::InvalidTick { .. })
     ));
     let short_ttl = TickJob::builder("report")
-        .lease(LeaseOptions::builder().ttl("5s".parse()?))
+        .lease(LeaseOptions::builder().ttl(Duration::from_secs(5)))
         .build();
     assert!(
         matches!(short_ttl, Err(LeaseError::InvalidOptions { .. })),

@@ -75,7 +75,7 @@ pub(crate) async fn acquire<B: LeaseBackend>(
     started: Instant,
     give_up_at: Option<Instant>,
 ) -> Result<Won, LeaseError> {
-    let place_ttl = options.fair().unwrap_or_default();
+    let place_ttl = options.place_ttl();
     let mut orphan = OrphanGuard {
         commands: manager.commands,
         key,

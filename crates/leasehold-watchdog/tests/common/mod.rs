@@ -79,14 +79,14 @@ impl LeaseBackend for RequiredOnly {
 pub(crate) async fn check_renewed_then_lost(backend: &MemoryBackend, lease: Lease) -> TestResult {
     tokio::time::sleep(Duration::from_millis(1800)).await;
     // Three ttls on, the store still has it: the watchdog renewed it.
-    let info = backend.inspect(lease.key()).await?;
+    let info = backend.inspect(&lease.server_key()).await?;
     assert_eq!(
         info.and_then(|i| i.fencing_token),
         Some(lease.fencing_token())
     );
     assert!(lease.renewals() >= 4, "renewals: {}", lease.renewals());
     assert_eq!(lease.loss_reason(), None);
-    assert!(backend.vanish(lease.key()));
+    assert!(backend.vanish(&lease.server_key()));
     let reason = within(Duration::from_secs(10), "the token", lease.lost()).await;
     assert_eq!(reason, LossReason::Lost);
     assert!(lease.token().is_cancelled());
