@@ -328,7 +328,7 @@ async fn run(seed: u64, mode: Mode) -> Result<String, BoxError> {
             effect.fault
         );
     }
-    margins.assert_sound(seed);
+    margins.assert_sound(seed, promised_margin(&settings.options));
     Ok(row(
         seed,
         &settings,
@@ -629,6 +629,23 @@ fn effects(history: &History, applied: &[Applied]) -> Vec<Effect> {
     out
 }
 
+/// What the margin of a token fired by deadline must reach, in µs: docs/
+/// design.md promises it fires at least the safety margin plus the drift
+/// allowance (100 + 12 ms at the campaign's 1 s ttl) before the key can
+/// expire, the deadline being counted from the last renewal's *send* and
+/// the server's expiry from when it ran the script, later. Less what the
+/// measurement itself adds to the firing: the millisecond the server
+/// rounds its expiry down to (1 ms), tokio's timer tick (1 ms), and the
+/// scheduling of the watchdog and of the task that records the firing on
+/// the loaded 2-core machine ([`SCHEDULING_ALLOWANCE`]). Measured worst
+/// margins over nine runs of three seeds: 109.5–111.0 ms; with the safety
+/// margin removed from the deadline the worst was ~10 ms.
+fn promised_margin(options: &LeaseOptions) -> i64 {
+    let promise = options.safety_margin() + leasehold::backend::clock_drift(options.ttl().get());
+    let epsilon = Duration::from_millis(2) + SCHEDULING_ALLOWANCE;
+    i64::try_from(promise.saturating_sub(epsilon).as_micros()).unwrap_or(i64::MAX)
+}
+
 /// The margins of the tokens fired by deadline, judged by the server.
 struct Margins {
     /// Server expiry minus firing, in µs, for every deadline not caused by
@@ -730,7 +747,7 @@ impl Margins {
         self.server.iter().filter_map(|(_, m)| *m).min()
     }
 
-    fn assert_sound(&self, seed: u64) {
+    fn assert_sound(&self, seed: u64, promised_us: i64) {
         // The witness first: a margin judged by a witness that missed a
         // renewal means nothing.
         assert!(
@@ -741,11 +758,11 @@ impl Margins {
         let late: Vec<_> = self
             .server
             .iter()
-            .filter(|(_, m)| m.is_none_or(|m| m <= 0))
+            .filter(|(_, m)| m.is_none_or(|m| m <= 0 || m < promised_us))
             .collect();
         assert!(
             late.is_empty(),
-            "seed {seed}: tokens fired by deadline at or after the server's expiry of their lease (last grant or renewal the server applied + ttl), in µs: {late:?}"
+            "seed {seed}: tokens fired by deadline less than the safety margin plus the drift allowance (less scheduling: {promised_us} µs) before the server's expiry of their lease (last grant or renewal the server applied + ttl), in µs: {late:?}"
         );
         let gone: Vec<_> = self
             .proxy_probes
