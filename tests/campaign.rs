@@ -1074,7 +1074,12 @@ async fn a_stale_write_after_a_restart_reaches_only_the_unfenced_store() -> Test
     // terms: the new grant within a ttl of the restart, the write within a
     // renew interval plus scheduling and the race window of that grant.
     let renew_interval = options.renew_interval();
-    history.data_lost(lost_from, lost_to, TTL, renew_interval + SCHEDULING_ALLOWANCE + common::campaign_client::RACE_WINDOW);
+    history.data_lost(
+        lost_from,
+        lost_to,
+        TTL,
+        renew_interval + SCHEDULING_ALLOWANCE + common::campaign_client::RACE_WINDOW,
+    );
     let report = history.check();
     assert_eq!(report.writes.stale_after_data_loss(), 1, "{report}");
     assert!(report.is_clean(), "{report}");

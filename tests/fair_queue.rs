@@ -366,7 +366,9 @@ async fn a_handed_over_head_cut_off_fires_its_token_before_the_server_drops_the_
     // runs; with the safety margin removed from the deadline, ~31 ms.
     let promised = (options.safety_margin() + leasehold::backend::clock_drift(options.ttl().get()))
         .saturating_sub(Duration::from_millis(2) + Duration::from_millis(50));
-    println!("the token fired {margin:?} before the server dropped the lease (promised at least {promised:?})");
+    println!(
+        "the token fired {margin:?} before the server dropped the lease (promised at least {promised:?})"
+    );
     assert!(
         margin > Duration::ZERO && margin >= promised,
         "the token fired only {margin:?} before the server dropped the lease: less than the safety margin plus the drift allowance, less scheduling ({promised:?})"

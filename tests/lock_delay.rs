@@ -170,7 +170,10 @@ async fn a_cut_off_holder_keeps_the_key_for_the_delay_and_stops_within_its_ttl()
     // and none got through after it: the key lasts ttl + delay from a
     // moment in [cut - renew interval, cut]; the poll (every 5 ms) sees
     // its end at most 5 ms + EPSILON late.
-    let (least, most) = (TTL + DELAY - renew - Duration::from_millis(5) - EPSILON, TTL + DELAY + EPSILON);
+    let (least, most) = (
+        TTL + DELAY - renew - Duration::from_millis(5) - EPSILON,
+        TTL + DELAY + EPSILON,
+    );
     assert!(
         kept > TTL + DELAY / 2 && kept >= least && kept <= most,
         "the key was last seen {kept:?} after the cut, outside [{least:?}, {most:?}]: ttl + delay from the last renewal"
@@ -235,7 +238,9 @@ async fn every_redlock_master_keeps_the_key_for_ttl_plus_delay() -> TestResult {
         let pttl: i64 = side(server).await?.pttl(&key).await?;
         // Read after the acquisition and a fresh connection: EPSILON.
         assert!(
-            pttl > ms(TTL + DELAY / 2) && pttl >= ms(TTL + DELAY - EPSILON) && pttl <= ms(TTL + DELAY),
+            pttl > ms(TTL + DELAY / 2)
+                && pttl >= ms(TTL + DELAY - EPSILON)
+                && pttl <= ms(TTL + DELAY),
             "a master keeps the key for {pttl} ms, not ttl + delay (less {EPSILON:?})"
         );
     }
@@ -293,7 +298,11 @@ async fn on_the_memory_backend_the_holder_stops_a_delay_before_the_key_frees() -
     assert!(next.fencing_token() > lease.fencing_token());
     drop(lease);
     assert_eq!(next.release().await?, ReleaseOutcome::Released);
-    holder.shutdown().await;
-    others.shutdown().await;
+    tokio::time::timeout(std::time::Duration::from_secs(10), holder.shutdown())
+        .await
+        .map_err(|_| "a manager's shutdown did not end within 10 s")?;
+    tokio::time::timeout(std::time::Duration::from_secs(10), others.shutdown())
+        .await
+        .map_err(|_| "a manager's shutdown did not end within 10 s")?;
     Ok(())
 }

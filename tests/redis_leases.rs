@@ -142,7 +142,11 @@ async fn a_lease_deleted_or_overwritten_behind_the_holders_back_is_lost_within_a
         for arg in &sabotage[1..] {
             change.arg(*arg);
         }
-        timeout(Duration::from_secs(5), change.query_async::<redis::Value>(&mut side)).await??;
+        timeout(
+            Duration::from_secs(5),
+            change.query_async::<redis::Value>(&mut side),
+        )
+        .await??;
         assert_eq!(
             timeout(Duration::from_secs(5), lease.lost()).await?,
             LossReason::Lost

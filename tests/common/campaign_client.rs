@@ -1094,7 +1094,14 @@ async fn client(mut c: Client) -> TestResult {
                 writes += 1;
                 let id = format!("{}/{writes}", c.name);
                 c.resource
-                    .write(&c.history, &key, &c.name, id, token, (checked_us, after_fire))
+                    .write(
+                        &c.history,
+                        &key,
+                        &c.name,
+                        id,
+                        token,
+                        (checked_us, after_fire),
+                    )
                     .await?;
             }
             let pause = Duration::from_millis(c.rng.u64(0..=millis(renew * 2)));

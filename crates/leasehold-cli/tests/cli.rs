@@ -13,7 +13,8 @@ use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 use common::{
-    BIN, Fixture, PATIENCE, Running, TestResult, spawn, text, wait_for_exit, wait_for_file,
+    BIN, Fixture, OutputWithin, PATIENCE, Running, TestResult, spawn, text, wait_for_exit,
+    wait_for_file,
 };
 use leasehold_testkit::{Proxy, ProxyMode, RedisServer};
 use nix::sys::signal::{Signal, kill};
@@ -445,7 +446,7 @@ fn bad_values_get_clear_errors_and_usage_or_config_codes() -> TestResult {
 
     let out = Command::new(BIN)
         .args(["--url", "foo://nowhere", "run", "--key", "k", "--", "true"])
-        .output()?;
+        .output_within()?;
     assert_eq!(out.status.code(), Some(78));
     let stderr = text(&out.stderr);
     assert!(stderr.contains("\"foo://nowhere\""), "{stderr}");
@@ -453,14 +454,14 @@ fn bad_values_get_clear_errors_and_usage_or_config_codes() -> TestResult {
     let out = f
         .cmd(&["run", "--key", "k", "--", "true"])
         .env("LEASEHOLD_WAIT", "a while")
-        .output()?;
+        .output_within()?;
     assert_eq!(out.status.code(), Some(78));
     let stderr = text(&out.stderr);
     assert!(stderr.contains("LEASEHOLD_WAIT \"a while\""), "{stderr}");
 
     let out = Command::new(BIN)
         .args(["--url", "redis://127.0.0.1:1", "status", "k"])
-        .output()?;
+        .output_within()?;
     assert_eq!(out.status.code(), Some(69));
     assert!(text(&out.stderr).contains("could not connect"));
     Ok(())

@@ -737,7 +737,13 @@ impl History {
     /// on which a test excuses an overlap after such a loss, plus the
     /// write's flight. Declare the bounds the test derives, not ones read
     /// from the code under test.
-    pub fn data_lost(&self, from_us: u64, to_us: u64, grants_within: Duration, believed_for: Duration) {
+    pub fn data_lost(
+        &self,
+        from_us: u64,
+        to_us: u64,
+        grants_within: Duration,
+        believed_for: Duration,
+    ) {
         self.record().losses.push(DataLoss {
             from_us,
             to_us,
@@ -1307,7 +1313,12 @@ mod tests {
         h.granted("k", 12, 500_000, Duration::from_secs(1));
         write(&h, "a", 10, 520_000, 1_000);
         h.stores("k", vec!["a".into()], vec!["a".into()]);
-        h.data_lost(450_000, 480_000, Duration::from_secs(1), Duration::from_secs(1));
+        h.data_lost(
+            450_000,
+            480_000,
+            Duration::from_secs(1),
+            Duration::from_secs(1),
+        );
         assert!(!h.check().is_clean());
     }
 
