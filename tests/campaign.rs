@@ -638,8 +638,9 @@ fn effects(history: &History, applied: &[Applied]) -> Vec<Effect> {
 /// rounds its expiry down to (1 ms), tokio's timer tick (1 ms), and the
 /// scheduling of the watchdog and of the task that records the firing on
 /// the loaded 2-core machine ([`SCHEDULING_ALLOWANCE`]). Measured worst
-/// margins over nine runs of three seeds: 109.5–111.0 ms; with the safety
-/// margin removed from the deadline the worst was ~10 ms.
+/// margin per seed over 36 seed runs (4 full campaigns, other cargo builds
+/// on the 2 cores): 99.2–111 ms; with the safety margin removed from the
+/// deadline, 9.4–11.4 ms.
 fn promised_margin(options: &LeaseOptions) -> i64 {
     let promise = options.safety_margin() + leasehold::backend::clock_drift(options.ttl().get());
     let epsilon = Duration::from_millis(2) + SCHEDULING_ALLOWANCE;
