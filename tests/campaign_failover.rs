@@ -27,7 +27,7 @@ use std::fmt::Write as _;
 use std::time::Duration;
 
 use common::campaign_client::{
-    Applied, Clients, Probe, Settings, Side, Tally, TestResult, assert_sound, seeds,
+    Applied, Clients, Probe, Settings, Side, Tally, TestResult, assert_sound, seeds, wall_us,
 };
 use leasehold::redis::{KeyLayout, RedisBackend};
 use leasehold::{LeaseKey, LeaseManager};
@@ -148,24 +148,28 @@ async fn campaign(
             continue;
         }
         tokio::time::sleep_until(started + scheduled.at).await;
-        let began = Instant::now();
+        let (began, began_us) = (Instant::now(), wall_us());
         let detail = match &mut target {
             Target::Cluster(cluster) => apply(&scheduled.fault, cluster, keys, &mut rng).await,
             Target::Sentinel(set) => fail_over(&scheduled.fault, set).await,
         }
         .map_err(|e| format!("seed {seed}: {e}"))?;
-        let healed = Instant::now();
+        let (healed, healed_us) = (Instant::now(), wall_us());
         println!(
             "  {:>6.2}s {} ({detail}; healed after {:.2}s)",
             (began - started).as_secs_f64(),
             scheduled.fault,
             (healed - began).as_secs_f64()
         );
-        applied.push(Applied {
+        let a = Applied {
             fault: scheduled.fault,
             began,
             healed,
-        });
+            began_us,
+            healed_us,
+        };
+        a.declare_loss(&history, TTL, renew_interval + SCHEDULING_ALLOWANCE);
+        applied.push(a);
     }
     tokio::time::sleep_until((started + run_for).max(Instant::now() + TTL)).await;
     let (report, tally) = running.finish(&managers, &resource, keys, None).await?;

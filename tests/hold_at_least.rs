@@ -150,7 +150,9 @@ async fn an_early_release_keeps_the_key_until_grant_plus_minimum() -> TestResult
     tokio::time::sleep(Duration::from_millis(left + 20)).await;
     let exists: bool = side.exists(&key).await?;
     assert!(!exists, "the kept key outlived grant + minimum");
-    manager.shutdown().await;
+    tokio::time::timeout(std::time::Duration::from_secs(10), manager.shutdown())
+        .await
+        .map_err(|_| "a manager's shutdown did not end within 10 s")?;
     Ok(())
 }
 
@@ -189,7 +191,9 @@ async fn a_release_after_the_minimum_frees_the_key_at_once() -> TestResult {
         matches!(notice, Ok(Some(_))),
         "a release after the minimum sent no release notice"
     );
-    manager.shutdown().await;
+    tokio::time::timeout(std::time::Duration::from_secs(10), manager.shutdown())
+        .await
+        .map_err(|_| "a manager's shutdown did not end within 10 s")?;
     Ok(())
 }
 
@@ -242,8 +246,12 @@ async fn a_waiter_elsewhere_is_granted_when_the_server_frees_the_key() -> TestRe
     let holder = LeaseManager::new(RedisBackend::connect(server.url()).await?)?;
     let waiter = LeaseManager::new(RedisBackend::connect(server.url()).await?)?;
     waiter_is_granted_when_the_key_is_freed(&server, &holder, &waiter, "mh-elsewhere").await?;
-    holder.shutdown().await;
-    waiter.shutdown().await;
+    tokio::time::timeout(std::time::Duration::from_secs(10), holder.shutdown())
+        .await
+        .map_err(|_| "a manager's shutdown did not end within 10 s")?;
+    tokio::time::timeout(std::time::Duration::from_secs(10), waiter.shutdown())
+        .await
+        .map_err(|_| "a manager's shutdown did not end within 10 s")?;
     Ok(())
 }
 
@@ -254,7 +262,9 @@ async fn a_local_waiter_is_not_handed_the_lease_under_the_minimum() -> TestResul
     let server = RedisServer::start()?;
     let manager = LeaseManager::new(RedisBackend::connect(server.url()).await?)?;
     waiter_is_granted_when_the_key_is_freed(&server, &manager, &manager, "mh-local").await?;
-    manager.shutdown().await;
+    tokio::time::timeout(std::time::Duration::from_secs(10), manager.shutdown())
+        .await
+        .map_err(|_| "a manager's shutdown did not end within 10 s")?;
     Ok(())
 }
 
@@ -281,7 +291,9 @@ async fn nothing_but_the_counter_is_left_behind() -> TestResult {
     let mut keys: Vec<String> = side.keys("*").await?;
     keys.sort();
     assert_eq!(keys, vec![format!("{}:fence", redis_key("mh-left"))]);
-    manager.shutdown().await;
+    tokio::time::timeout(std::time::Duration::from_secs(10), manager.shutdown())
+        .await
+        .map_err(|_| "a manager's shutdown did not end within 10 s")?;
     Ok(())
 }
 
@@ -346,6 +358,8 @@ async fn a_lock_delay_beside_it_changes_nothing_of_the_minimum() -> TestResult {
         (low..=high).contains(&end),
         "with a lock-delay, an early release frees the key at {end}, not within [{low}, {high}]"
     );
-    manager.shutdown().await;
+    tokio::time::timeout(std::time::Duration::from_secs(10), manager.shutdown())
+        .await
+        .map_err(|_| "a manager's shutdown did not end within 10 s")?;
     Ok(())
 }

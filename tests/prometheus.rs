@@ -624,7 +624,11 @@ async fn prometheus_evaluates_the_dashboard_and_fires_the_alerts() -> TestResult
 
     drop(election);
     steady.release().await?;
-    manager.shutdown().await;
-    queued.shutdown().await;
+    tokio::time::timeout(std::time::Duration::from_secs(10), manager.shutdown())
+        .await
+        .map_err(|_| "a manager's shutdown did not end within 10 s")?;
+    tokio::time::timeout(std::time::Duration::from_secs(10), queued.shutdown())
+        .await
+        .map_err(|_| "a manager's shutdown did not end within 10 s")?;
     Ok(())
 }

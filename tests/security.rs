@@ -2,6 +2,9 @@
 //! commands leasehold needs, passwords, TLS with a throwaway CA, and no
 //! secret in any `Debug`, `Display`, log line or error.
 
+#[path = "common/process.rs"]
+mod process;
+
 use std::collections::HashSet;
 use std::io::Write;
 use std::path::Path;
@@ -150,7 +153,9 @@ async fn an_acl_user_with_only_the_needed_commands_runs_every_operation() -> Tes
     assert!(refused.is_err());
     let refused: redis::RedisResult<String> = redis::cmd("FLUSHALL").query_async(&mut conn).await;
     assert!(refused.is_err());
-    manager.shutdown().await;
+    tokio::time::timeout(std::time::Duration::from_secs(10), manager.shutdown())
+        .await
+        .map_err(|_| "a manager's shutdown did not end within 10 s")?;
     Ok(())
 }
 
@@ -227,10 +232,11 @@ async fn wrong_passwords_and_missing_rights_are_errors_that_hide_the_password() 
 /// 127.0.0.1 signed by it into `dir`, with the openssl command.
 fn make_certificates(dir: &Path) -> TestResult {
     let run = |args: &[&str]| -> TestResult {
-        let out = Command::new("openssl")
-            .args(args)
-            .current_dir(dir)
-            .output()?;
+        // A certificate takes openssl milliseconds; 30 s only stops a hang.
+        let out = process::output_within(
+            Command::new("openssl").args(args).current_dir(dir),
+            Duration::from_secs(30),
+        )?;
         if out.status.success() {
             Ok(())
         } else {
@@ -351,7 +357,9 @@ async fn tls_with_a_private_ca_works_and_an_untrusted_certificate_is_refused() -
     // TLS, so it went over TLS.
     assert_ne!(server.cli(&["GET", "leasehold:{tls-job}"])?, "(nil)");
     assert_eq!(lease.release().await?, ReleaseOutcome::Released);
-    manager.shutdown().await;
+    tokio::time::timeout(std::time::Duration::from_secs(10), manager.shutdown())
+        .await
+        .map_err(|_| "a manager's shutdown did not end within 10 s")?;
     Ok(())
 }
 
@@ -432,8 +440,12 @@ async fn no_secret_appears_in_logs_debug_or_errors() -> TestResult {
         .err()
         .ok_or("a bad URL connected")?;
     shown.push(format!("{invalid} {invalid:?}"));
-    manager.shutdown().await;
-    busy.shutdown().await;
+    tokio::time::timeout(std::time::Duration::from_secs(10), manager.shutdown())
+        .await
+        .map_err(|_| "a manager's shutdown did not end within 10 s")?;
+    tokio::time::timeout(std::time::Duration::from_secs(10), busy.shutdown())
+        .await
+        .map_err(|_| "a manager's shutdown did not end within 10 s")?;
 
     let logs = String::from_utf8(captured.0.lock().map_err(|_| "poisoned")?.clone())?;
     assert!(

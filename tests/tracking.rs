@@ -76,7 +76,9 @@ async fn a_full_tracking_table_turns_tracking_off_and_every_lease_is_kept() -> T
         &lost[..lost.len().min(5)]
     );
     assert!(leases.iter().all(|l| l.renewals() >= 2));
-    manager.shutdown().await;
+    tokio::time::timeout(std::time::Duration::from_secs(10), manager.shutdown())
+        .await
+        .map_err(|_| "a manager's shutdown did not end within 10 s")?;
     Ok(())
 }
 
@@ -119,7 +121,9 @@ async fn every_renewed_lease_stays_tracked() -> TestResult {
     assert!(backend.tracks_lease_changes());
     assert_eq!(tracked_keys(&server)?, LEASES as u64, "after the renewals");
     assert!(leases.iter().all(|l| l.loss_reason().is_none()));
-    manager.shutdown().await;
+    tokio::time::timeout(std::time::Duration::from_secs(10), manager.shutdown())
+        .await
+        .map_err(|_| "a manager's shutdown did not end within 10 s")?;
     Ok(())
 }
 
@@ -260,7 +264,9 @@ async fn a_lease_stolen_before_its_first_renewal_is_noticed_at_once() -> TestRes
     assert!(backend.tracks_lease_changes());
     let manager = LeaseManager::new(backend)?;
     let noticed = steal_in_first_interval(&manager, &server.url(), "standalone").await?;
-    manager.shutdown().await;
+    tokio::time::timeout(std::time::Duration::from_secs(10), manager.shutdown())
+        .await
+        .map_err(|_| "a manager's shutdown did not end within 10 s")?;
     check_noticed("standalone", &noticed)
 }
 
@@ -276,6 +282,8 @@ async fn behind_sentinel_a_lease_stolen_before_its_first_renewal_is_noticed_at_o
     assert!(backend.tracks_lease_changes());
     let manager = LeaseManager::new(backend)?;
     let noticed = steal_in_first_interval(&manager, &set.master().url(), "sentinel").await?;
-    manager.shutdown().await;
+    tokio::time::timeout(std::time::Duration::from_secs(10), manager.shutdown())
+        .await
+        .map_err(|_| "a manager's shutdown did not end within 10 s")?;
     check_noticed("sentinel", &noticed)
 }

@@ -254,7 +254,12 @@ async fn an_election_has_one_leader_at_a_time_and_moves_on_loss_and_shutdown() -
     let leader = leader.ok_or("no leader")?;
     let index: usize = leader.trim_start_matches("replica-").parse()?;
     let before = terms.lock().map_err(|_| "poisoned")?.len();
-    managers[index].shutdown().await;
+    tokio::time::timeout(
+        std::time::Duration::from_secs(10),
+        managers[index].shutdown(),
+    )
+    .await
+    .map_err(|_| "a manager's shutdown did not end within 10 s")?;
     let shut_at = Instant::now();
     loop {
         let terms = terms.lock().map_err(|_| "poisoned")?.clone();
@@ -845,7 +850,9 @@ async fn a_release_leads_to_about_one_attempt_across_processes() -> TestResult {
                 tokio::time::sleep(Duration::from_millis(2)).await;
                 lease.release().await?;
             }
-            manager.shutdown().await;
+            tokio::time::timeout(std::time::Duration::from_secs(10), manager.shutdown())
+                .await
+                .map_err(|_| "a manager's shutdown did not end within 10 s")?;
             Ok::<_, Box<dyn std::error::Error + Send + Sync>>(())
         }));
     }

@@ -7,7 +7,7 @@ mod common;
 
 use std::time::Duration;
 
-use common::{Fixture, TestResult, text, wait_for_exit, wait_for_file};
+use common::{Fixture, OutputWithin, TestResult, text, wait_for_exit, wait_for_file};
 
 /// The permit keys of `semaphore` on the test server.
 fn permit_keys(f: &Fixture, semaphore: &str) -> Result<Vec<String>, Box<dyn std::error::Error>> {
@@ -81,7 +81,7 @@ fn two_permits_let_two_runs_in_and_status_shows_both() -> TestResult {
             "touch",
             "c.ran",
         ])
-        .output()?;
+        .output_within()?;
     assert_eq!(third.status.code(), Some(75), "{}", text(&third.stderr));
     assert!(!f.path("c.ran").exists(), "a third command ran");
     assert_eq!(permit_keys(&f, "pool")?.len(), 2);
@@ -98,7 +98,7 @@ fn two_permits_let_two_runs_in_and_status_shows_both() -> TestResult {
             "touch",
             "d.ran",
         ])
-        .output()?;
+        .output_within()?;
     assert_eq!(other.status.code(), Some(78), "{}", text(&other.stderr));
     assert!(
         text(&other.stderr).contains("limit of 2"),
@@ -109,7 +109,9 @@ fn two_permits_let_two_runs_in_and_status_shows_both() -> TestResult {
 
     // The table: one row per permit, each with its holder's label and a
     // ttl left of at most the 2s ttl.
-    let status = f.cmd(&["status", "--permits", "2", "pool"]).output()?;
+    let status = f
+        .cmd(&["status", "--permits", "2", "pool"])
+        .output_within()?;
     assert_eq!(status.status.code(), Some(0), "{}", text(&status.stderr));
     let stdout = text(&status.stdout);
     let rows: Vec<Vec<&str>> = stdout
@@ -136,7 +138,7 @@ fn two_permits_let_two_runs_in_and_status_shows_both() -> TestResult {
 
     let json = f
         .cmd(&["status", "--json", "--permits", "2", "pool"])
-        .output()?;
+        .output_within()?;
     let json = text(&json.stdout);
     let lines: Vec<&str> = json.lines().collect();
     assert_eq!(lines.len(), 2, "{json}");
@@ -161,7 +163,9 @@ fn two_permits_let_two_runs_in_and_status_shows_both() -> TestResult {
         "permits left after release"
     );
     // Every permit free: the semaphore is not held.
-    let status = f.cmd(&["status", "--permits", "2", "pool"]).output()?;
+    let status = f
+        .cmd(&["status", "--permits", "2", "pool"])
+        .output_within()?;
     assert_eq!(status.status.code(), Some(1));
     Ok(())
 }

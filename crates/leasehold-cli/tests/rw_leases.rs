@@ -7,7 +7,7 @@ mod common;
 
 use std::time::Duration;
 
-use common::{Fixture, TestResult, text, wait_for_exit, wait_for_file, wait_until};
+use common::{Fixture, OutputWithin, TestResult, text, wait_for_exit, wait_for_file, wait_until};
 
 /// The keys of the read-write lease `rw` on the test server that match
 /// `suffix` (a glob).
@@ -21,7 +21,7 @@ type Status = (Vec<Vec<String>>, Option<i32>);
 /// The rows of `status --rw KEY`, split at whitespace, without the header,
 /// and the command's exit code.
 fn rw_status(f: &Fixture, rw: &str) -> Result<Status, Box<dyn std::error::Error>> {
-    let out = f.cmd(&["status", "--rw", rw]).output()?;
+    let out = f.cmd(&["status", "--rw", rw]).output_within()?;
     let stdout = text(&out.stdout);
     let mut rows = stdout
         .lines()
@@ -128,7 +128,11 @@ fn two_shared_runs_together_and_a_writer_waits_for_both() -> TestResult {
         "{rows:?}"
     );
     ttl_left(&rows[2], Duration::from_secs(2))?;
-    let json = text(&f.cmd(&["status", "--rw", "--json", "doc"]).output()?.stdout);
+    let json = text(
+        &f.cmd(&["status", "--rw", "--json", "doc"])
+            .output_within()?
+            .stdout,
+    );
     assert!(
         json.starts_with(r#"{"key":"doc","held":true,"writer":null,"readers":[{"label":"#)
             && json.matches("\"fencing_token\":").count() == 2
@@ -141,7 +145,7 @@ fn two_shared_runs_together_and_a_writer_waits_for_both() -> TestResult {
         .cmd(&[
             "run", "--shared", "--key", "doc", "--wait", "300ms", "--", "touch", "c.ran",
         ])
-        .output()?;
+        .output_within()?;
     assert_eq!(late.status.code(), Some(75), "{}", text(&late.stderr));
     assert!(
         !f.path("c.ran").exists(),
@@ -186,7 +190,11 @@ fn two_shared_runs_together_and_a_writer_waits_for_both() -> TestResult {
     let (rows, code) = rw_status(&f, "doc")?;
     assert_eq!(rows, [["doc", "free", "-", "-", "-"]]);
     assert_eq!(code, Some(1));
-    let json = text(&f.cmd(&["status", "--rw", "--json", "doc"]).output()?.stdout);
+    let json = text(
+        &f.cmd(&["status", "--rw", "--json", "doc"])
+            .output_within()?
+            .stdout,
+    );
     assert_eq!(
         json,
         "{\"key\":\"doc\",\"held\":false,\"writer\":null,\"readers\":[],\"waiting_writer\":null}\n"
@@ -206,7 +214,7 @@ fn shared_and_writer_and_permits_do_not_combine() -> TestResult {
             .cmd(&[
                 "run", flags[0], flags[1], "--key", "doc", "--", "touch", "ran",
             ])
-            .output()?;
+            .output_within()?;
         assert!(!out.status.success(), "{flags:?} was accepted");
         assert!(
             text(&out.stderr).contains("cannot be used with"),
@@ -215,7 +223,9 @@ fn shared_and_writer_and_permits_do_not_combine() -> TestResult {
         );
     }
     assert!(!f.path("ran").exists());
-    let out = f.cmd(&["status", "--rw", "--permits=2", "doc"]).output()?;
+    let out = f
+        .cmd(&["status", "--rw", "--permits=2", "doc"])
+        .output_within()?;
     assert_eq!(out.status.code(), Some(64), "{}", text(&out.stderr));
     assert!(text(&out.stderr).contains("cannot be used with"));
     Ok(())

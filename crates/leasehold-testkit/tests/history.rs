@@ -22,6 +22,7 @@ fn attempt(h: &History, id: &str, key: &str, holder: &str, token: u64, at_us: u6
         holder: holder.into(),
         token,
         at_us,
+        checked_us: at_us.saturating_sub(100),
         after_fire: false,
     });
 }
@@ -172,6 +173,15 @@ fn a_write_with_a_token_lower_than_one_granted_is_stale_in_both_stores() {
     assert!(w.stale_fenced().is_empty(), "{w}");
     assert_eq!(w.stale_fenced_unseen(), 1);
     assert_eq!(w.fenced_refused, 1);
+    // Stale writes fail the run unless something excuses them ...
+    assert!(!h.check().is_clean());
+    assert_eq!(w.stale_unexcused().len(), 2, "{w}");
+    // ... here the data loss that took 10's lease (declared as a test
+    // declares a restart: the new grant within a ttl of the healing, the
+    // old holder's writes within 100 ms of that grant).
+    h.data_lost(400_000, 450_000, ms(1000), ms(100));
+    let w = h.check().writes;
+    assert_eq!(w.stale_after_data_loss(), 2, "{w}");
     assert!(h.check().is_clean());
 }
 
@@ -204,6 +214,7 @@ fn writes_after_the_token_fired_and_writes_missing_from_the_unfenced_store_are_f
         holder: "a".into(),
         token: 1,
         at_us: 100,
+        checked_us: 0,
         after_fire: true,
     });
     attempt(&h, "a2", "k", "a", 1, 200);
