@@ -35,6 +35,7 @@
 mod attempt;
 mod backoff;
 mod bounds;
+mod capability;
 mod changes;
 #[cfg(feature = "serde")]
 mod config;
