@@ -139,7 +139,7 @@ async fn cycle(clients: &Clients, client: Client, key: &str) -> BenchResult<Cycl
                 .await?;
             let t2 = Instant::now();
             check(
-                released == ReleaseOutcome::Released,
+                released.outcome() == ReleaseOutcome::Released,
                 key,
                 "the release found the lease gone",
             )?;

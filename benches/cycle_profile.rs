@@ -142,7 +142,7 @@ async fn cycle(clients: &Clients, client: Client, key: &str) -> ProfileResult {
                 return Err(broken("a free key was not granted"));
             };
             let released = backend.release(&request.key, &request.holder).await?;
-            if released != ReleaseOutcome::Released {
+            if released.outcome() != ReleaseOutcome::Released {
                 return Err(broken("the release found the lease gone"));
             }
         }

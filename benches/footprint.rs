@@ -77,7 +77,7 @@ async fn leasehold(server: &RedisServer, keys: u64, retention: Duration) -> Benc
                 ) {
                     return Err(format!("the free key {key} was not granted").into());
                 }
-                if backend.release(&key, &holder).await? != ReleaseOutcome::Released {
+                if backend.release(&key, &holder).await?.outcome() != ReleaseOutcome::Released {
                     return Err(format!("the release of {key} found it gone").into());
                 }
             }

@@ -42,11 +42,11 @@ use std::time::{Duration, Instant};
 use common::{Json, env_number, quick};
 use futures_util::future::join_all;
 use leasehold::backend::{
-    AcquireOutcome, AcquireRequest, BackendError, ChangeWatch, HolderId, LeaseBackend,
-    RenewOutcome, RenewRequest,
+    AcquireOutcome, AcquireRequest, BackendError, ChangeBackend, ChangeWatch, HolderId,
+    LeaseBackend, ReleaseReport, RenewOutcome, RenewRequest,
 };
 use leasehold::redis::{KeyLayout, RedisBackend};
-use leasehold::{Lease, LeaseInfo, LeaseKey, LeaseManager, LeaseOptions, ReleaseOutcome, Ttl};
+use leasehold::{Lease, LeaseInfo, LeaseKey, LeaseManager, LeaseOptions, Ttl};
 use leasehold_testkit::RedisServer;
 use redis::aio::ConnectionManager;
 
@@ -241,7 +241,7 @@ impl LeaseBackend for Counting {
         &self,
         key: &LeaseKey,
         holder: &HolderId,
-    ) -> Result<ReleaseOutcome, BackendError> {
+    ) -> Result<ReleaseReport, BackendError> {
         self.inner.release(key, holder).await
     }
 
@@ -249,6 +249,12 @@ impl LeaseBackend for Counting {
         self.inner.inspect(key).await
     }
 
+    fn changes(&self) -> Option<&impl ChangeBackend> {
+        Some(self)
+    }
+}
+
+impl ChangeBackend for Counting {
     async fn watch_changes(&self) -> Result<ChangeWatch, BackendError> {
         self.inner.watch_changes().await
     }

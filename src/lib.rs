@@ -84,14 +84,23 @@ pub use leasehold_watchdog::{
 #[cfg(feature = "config")]
 pub use leasehold_watchdog::{ConfigError, LeaseConfig};
 
-/// What a backend implementor needs: the [`LeaseBackend`]
-/// contract, its requests and outcomes, and the helpers that compute a
-/// grant's validity. A user of leases does not need this module.
+/// What a backend implementor needs: the [`LeaseBackend`] contract (a
+/// third-party backend starts from its four required methods), the
+/// capability traits a backend implements when it can
+/// ([`PermitBackend`](backend::PermitBackend),
+/// [`ReadWriteBackend`](backend::ReadWriteBackend),
+/// [`FairBackend`](backend::FairBackend),
+/// [`HandoverBackend`](backend::HandoverBackend),
+/// [`ChangeBackend`](backend::ChangeBackend)), their requests and
+/// outcomes, and the helpers that compute a grant's validity. A user of
+/// leases does not need this module.
 pub mod backend {
     pub use leasehold_core::{
-        AcquireOutcome, AcquireRequest, BackendError, Cause, ChangeFeed, ChangeWatch, FairOutcome,
-        FairPlace, Grant, HandoverOutcome, HandoverWatch, HolderId, LeaseBackend, LeaseChange,
-        ReleaseWatch, RenewOutcome, RenewRequest, clock_drift, parse_duration, valid_until,
+        AcquireOutcome, AcquireRequest, BackendError, Cause, ChangeBackend, ChangeFeed,
+        ChangeWatch, FairBackend, FairOutcome, FairPlace, Grant, HandoverBackend, HandoverOutcome,
+        HandoverWatch, HolderId, LeaseBackend, LeaseChange, PermitBackend, ReadWriteBackend,
+        ReleaseReport, ReleaseWatch, RenewOutcome, RenewRequest, Unsupported, WatchPolicy,
+        clock_drift, parse_duration, valid_until,
     };
 }
 

@@ -127,7 +127,7 @@ async fn an_early_release_keeps_the_key_until_grant_plus_minimum() -> TestResult
     let lease_key = LeaseKey::new("mh-early")?;
     let stranger = HolderId::generate()?;
     assert_eq!(
-        backend.release(&lease_key, &stranger).await?,
+        backend.release(&lease_key, &stranger).await?.outcome(),
         ReleaseOutcome::NotHeld
     );
     let renewal = RenewRequest::new(lease_key.clone(), stranger, Ttl::new(TTL)?);

@@ -9,7 +9,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
-use leasehold::backend::LeaseBackend;
+use leasehold::backend::PermitBackend;
 use leasehold::redis::RedisBackend;
 use leasehold::redis::redis::AsyncCommands;
 use leasehold::{Backoff, LeaseManager, LeaseOptions, PermitLimit, Ttl};

@@ -242,7 +242,7 @@ async fn only_the_holder_can_renew_or_release() -> TestResult {
         RenewOutcome::Lost
     );
     assert_eq!(
-        backend.release(&key, &intruder).await?,
+        backend.release(&key, &intruder).await?.outcome(),
         ReleaseOutcome::NotHeld
     );
     let info = backend
@@ -257,7 +257,7 @@ async fn only_the_holder_can_renew_or_release() -> TestResult {
         RenewOutcome::Renewed
     );
     assert_eq!(
-        backend.release(&key, &owner).await?,
+        backend.release(&key, &owner).await?.outcome(),
         ReleaseOutcome::Released
     );
     Ok(())

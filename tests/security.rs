@@ -12,7 +12,9 @@ use std::process::Command;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use leasehold::backend::{AcquireRequest, HandoverOutcome, HolderId, LeaseBackend};
+use leasehold::backend::{
+    AcquireRequest, HandoverBackend, HandoverOutcome, HolderId, LeaseBackend, WatchPolicy,
+};
 use leasehold::redis::{Error as RedisError, RedisBackend, redis};
 use leasehold::{
     LeaseError, LeaseKey, LeaseManager, LeaseOptions, LossReason, ReleaseOutcome, Ttl,
@@ -172,7 +174,7 @@ async fn without_pubsub_rights_a_handover_releases_and_announces() -> TestResult
     backend
         .try_acquire(&AcquireRequest::new(key.clone(), holder, ttl))
         .await?;
-    let mut watch = backend.watch_releases(&key).await?;
+    let mut watch = backend.watch_releases(&key, WatchPolicy::Counted).await?;
     let next = AcquireRequest::new(key.clone(), HolderId::generate()?, ttl);
     assert_eq!(
         backend.release_to(&key, &holder, &next).await?,
@@ -494,7 +496,7 @@ async fn what_others_can_see_of_a_holder_does_not_let_them_renew_or_release() ->
             RenewOutcome::Lost
         );
         assert_eq!(
-            backend.release(&key, &intruder).await?,
+            backend.release(&key, &intruder).await?.outcome(),
             ReleaseOutcome::NotHeld
         );
         assert!(matches!(
@@ -510,7 +512,7 @@ async fn what_others_can_see_of_a_holder_does_not_let_them_renew_or_release() ->
         .ok_or("an intruder removed the lease")?;
     assert_eq!(still.fencing_token, Some(grant.fencing_token));
     assert_eq!(
-        backend.release(&key, &owner).await?,
+        backend.release(&key, &owner).await?.outcome(),
         ReleaseOutcome::Released
     );
     Ok(())

@@ -3,7 +3,7 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use leasehold::backend::LeaseBackend;
+use leasehold::backend::{ChangeBackend, LeaseBackend};
 use leasehold::redis::redis::aio::MultiplexedConnection;
 use leasehold::redis::{KeyLayout, RedisBackend, Topology};
 use leasehold::{LeaseKey, LeaseManager, LeaseOptions, LossReason, Ttl};

@@ -1,6 +1,9 @@
 //! Waiting without polling, the local queue across managers, and elections,
 //! on a real `redis-server`.
 
+use leasehold::backend::{
+    HandoverBackend, PermitBackend, ReadWriteBackend, ReleaseReport, WatchPolicy,
+};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -11,8 +14,7 @@ use leasehold::backend::{
 };
 use leasehold::redis::RedisBackend;
 use leasehold::{
-    Backoff, CancellationToken, Election, LeaseKey, LeaseManager, LeaseOptions, PermitLimit,
-    ReleaseOutcome, Ttl,
+    Backoff, CancellationToken, Election, LeaseKey, LeaseManager, LeaseOptions, PermitLimit, Ttl,
 };
 use leasehold_testkit::{Proxy, ProxyMode, RedisServer};
 use tokio::time::Instant;
@@ -343,7 +345,7 @@ async fn release_to_hands_over_only_while_no_other_connection_listens() -> TestR
     ));
 
     // Our own single watch does not count as someone else.
-    let own = backend.watch_releases(&key).await?;
+    let own = backend.watch_releases(&key, WatchPolicy::Counted).await?;
     let next = HolderId::generate()?;
     let HandoverOutcome::HandedOver(grant) =
         backend.release_to(&key, &holder, &request(next)).await?
@@ -367,7 +369,7 @@ async fn release_to_hands_over_only_while_no_other_connection_listens() -> TestR
 
     // A second watch on the same backend (another manager sharing it)
     // counts as someone else: a plain, announced release.
-    let mut second = backend.watch_releases(&key).await?;
+    let mut second = backend.watch_releases(&key, WatchPolicy::Counted).await?;
     assert_eq!(
         backend
             .release_to(&key, &holder, &request(HolderId::generate()?))
@@ -381,7 +383,7 @@ async fn release_to_hands_over_only_while_no_other_connection_listens() -> TestR
     // So does a watch of another backend (another process).
     holder = HolderId::generate()?;
     backend.try_acquire(&request(holder)).await?;
-    let mut theirs = other.watch_releases(&key).await?;
+    let mut theirs = other.watch_releases(&key, WatchPolicy::Counted).await?;
     assert_eq!(
         backend
             .release_to(&key, &holder, &request(HolderId::generate()?))
@@ -415,30 +417,30 @@ async fn a_release_is_heard_only_by_a_listener_elsewhere() -> TestResult {
     let holder = HolderId::generate()?;
     acquired(holder).await?;
     assert_eq!(
-        backend.release_heard(&key, &holder).await?,
-        (ReleaseOutcome::Released, false)
+        backend.release(&key, &holder).await?,
+        ReleaseReport::Released { heard: false }
     );
     // Only this backend's own watch listens: not someone else.
-    let own = backend.watch_releases(&key).await?;
+    let own = backend.watch_releases(&key, WatchPolicy::Counted).await?;
     let holder = HolderId::generate()?;
     acquired(holder).await?;
     assert_eq!(
-        backend.release_heard(&key, &holder).await?,
-        (ReleaseOutcome::Released, false)
+        backend.release(&key, &holder).await?,
+        ReleaseReport::Released { heard: false }
     );
     // A watch of another backend (another process) hears it.
-    let mut theirs = other.watch_releases(&key).await?;
+    let mut theirs = other.watch_releases(&key, WatchPolicy::Counted).await?;
     let holder = HolderId::generate()?;
     acquired(holder).await?;
     assert_eq!(
-        backend.release_heard(&key, &holder).await?,
-        (ReleaseOutcome::Released, true)
+        backend.release(&key, &holder).await?,
+        ReleaseReport::Released { heard: true }
     );
     tokio::time::timeout(Duration::from_secs(5), theirs.released()).await?;
     // Not ours: nothing happens, and no one is told.
     assert_eq!(
-        backend.release_heard(&key, &holder).await?,
-        (ReleaseOutcome::NotHeld, false)
+        backend.release(&key, &holder).await?,
+        ReleaseReport::NotHeld
     );
     drop(own);
     Ok(())
@@ -487,16 +489,16 @@ async fn a_permit_or_share_release_is_heard_by_a_listener_of_its_key_elsewhere()
         let taken = take(permit, holder).await?;
         assert_ne!(&taken, key, "a share or permit has a key of its own");
         assert_eq!(
-            backend.release_heard(&taken, &holder).await?,
-            (ReleaseOutcome::Released, false)
+            backend.release(&taken, &holder).await?,
+            ReleaseReport::Released { heard: false }
         );
         // A watch of the semaphore or lease elsewhere hears it.
-        let mut theirs = other.watch_releases_afresh(key).await?;
+        let mut theirs = other.watch_releases(key, WatchPolicy::Afresh).await?;
         let holder = HolderId::generate()?;
         let taken = take(permit, holder).await?;
         assert_eq!(
-            backend.release_heard(&taken, &holder).await?,
-            (ReleaseOutcome::Released, true),
+            backend.release(&taken, &holder).await?,
+            ReleaseReport::Released { heard: true },
             "the release of {taken} was not heard by a watch of {key}"
         );
         within(Duration::from_secs(5), "the notice", theirs.released()).await;
@@ -575,11 +577,11 @@ async fn a_process_that_waits_again_keeps_its_subscription() -> TestResult {
     let backend = RedisBackend::connect(server.url()).await?;
     let key = LeaseKey::new("linger")?;
     let channel = "leasehold:{linger}:released";
-    drop(backend.watch_releases(&key).await?);
+    drop(backend.watch_releases(&key, WatchPolicy::Counted).await?);
     // No watch left: the channel stays subscribed on the server.
     assert_eq!(subscribers(&server, channel)?, "1");
     server.cli(&["CONFIG", "RESETSTAT"])?;
-    let mut again = backend.watch_releases(&key).await?;
+    let mut again = backend.watch_releases(&key, WatchPolicy::Counted).await?;
     assert_eq!(
         (calls(&server, "subscribe")?, calls(&server, "unsubscribe")?),
         (0, 0),
@@ -598,7 +600,9 @@ async fn a_process_that_waits_again_keeps_its_subscription() -> TestResult {
     within(Duration::from_secs(5), "the notice", again.released()).await;
     drop(again);
     // Watching another key unsubscribes the one no one watches.
-    let _elsewhere = backend.watch_releases(&LeaseKey::new("elsewhere")?).await?;
+    let _elsewhere = backend
+        .watch_releases(&LeaseKey::new("elsewhere")?, WatchPolicy::Counted)
+        .await?;
     assert_eq!(subscribers(&server, channel)?, "0");
     Ok(())
 }
@@ -611,7 +615,7 @@ async fn a_process_does_not_hear_its_own_release_while_no_waiter_listens() -> Te
     let key = LeaseKey::new("own")?;
     let ttl = Ttl::parse("10s")?;
     // A wait here ended: the channel lingers with no watch.
-    drop(backend.watch_releases(&key).await?);
+    drop(backend.watch_releases(&key, WatchPolicy::Counted).await?);
     let ours = HolderId::generate()?;
     assert!(matches!(
         backend
@@ -623,12 +627,12 @@ async fn a_process_does_not_hear_its_own_release_while_no_waiter_listens() -> Te
     // that starts while the notice is on its way (joined after the release
     // is sent, so its watch exists before the notice can arrive) must not
     // take it for the next holder's release.
-    let mut theirs = other.watch_releases(&key).await?;
+    let mut theirs = other.watch_releases(&key, WatchPolicy::Counted).await?;
     let (released, next) = tokio::join!(
-        backend.release_heard(&key, &ours),
-        backend.watch_releases(&key)
+        backend.release(&key, &ours),
+        backend.watch_releases(&key, WatchPolicy::Counted)
     );
-    assert_eq!(released?, (ReleaseOutcome::Released, true));
+    assert_eq!(released?, ReleaseReport::Released { heard: true });
     let mut next = next?;
     // The other process's watch shows the notice went out; ours would
     // have it within milliseconds.
@@ -662,17 +666,17 @@ async fn a_racing_waiter_subscribes_its_lingering_channel_afresh() -> TestResult
     let backend = RedisBackend::connect(server.url()).await?;
     let key = LeaseKey::new("afresh")?;
     let channel = "leasehold:{afresh}:released";
-    drop(backend.watch_releases_afresh(&key).await?);
+    drop(backend.watch_releases(&key, WatchPolicy::Afresh).await?);
     assert_eq!(subscribers(&server, channel)?, "1", "the channel lingers");
     server.cli(&["CONFIG", "RESETSTAT"])?;
-    let mut first = backend.watch_releases_afresh(&key).await?;
+    let mut first = backend.watch_releases(&key, WatchPolicy::Afresh).await?;
     assert_eq!(
         (calls(&server, "unsubscribe")?, calls(&server, "subscribe")?),
         (1, 1),
         "the lingering channel is subscribed again"
     );
     assert_eq!(subscribers(&server, channel)?, "1");
-    let mut second = backend.watch_releases_afresh(&key).await?;
+    let mut second = backend.watch_releases(&key, WatchPolicy::Afresh).await?;
     assert_eq!(
         (calls(&server, "unsubscribe")?, calls(&server, "subscribe")?),
         (1, 1),
@@ -730,16 +734,21 @@ async fn a_release_during_a_resubscription_here_is_not_heard() -> TestResult {
     // One release first, so that the script is loaded before the delay.
     let holder = HolderId::generate()?;
     let permit = take(holder).await?;
-    backend.release_heard(&permit, &holder).await?;
+    backend.release(&permit, &holder).await?;
     let holder = HolderId::generate()?;
     let permit = take(holder).await?;
-    drop(backend.watch_releases_afresh(&semaphore).await?);
+    drop(
+        backend
+            .watch_releases(&semaphore, WatchPolicy::Afresh)
+            .await?,
+    );
     assert_eq!(subscribers(&server, channel)?, "1", "the channel lingers");
     server.cli(&["CONFIG", "RESETSTAT"])?;
     link.set_mode(ProxyMode::Delay(Duration::from_millis(600)));
     let watching = backend.clone();
     let watched = semaphore.clone();
-    let resubscribing = tokio::spawn(async move { watching.watch_releases_afresh(&watched).await });
+    let resubscribing =
+        tokio::spawn(async move { watching.watch_releases(&watched, WatchPolicy::Afresh).await });
     let deadline = Instant::now() + Duration::from_secs(10);
     while calls(&server, "subscribe")? == 0 {
         assert!(Instant::now() < deadline, "no SUBSCRIBE reached the server");
@@ -749,10 +758,10 @@ async fn a_release_during_a_resubscription_here_is_not_heard() -> TestResult {
         !resubscribing.is_finished(),
         "the SUBSCRIBE's reply came before the release was sent"
     );
-    let heard = backend.release_heard(&permit, &holder).await?;
+    let heard = backend.release(&permit, &holder).await?;
     assert_eq!(
         heard,
-        (ReleaseOutcome::Released, false),
+        ReleaseReport::Released { heard: false },
         "a release here was heard, with only this process subscribed"
     );
     within(Duration::from_secs(10), "the resubscription", resubscribing).await??;

@@ -1,11 +1,13 @@
-//! The backend contract: one async method per atomic server-side operation.
+//! The core of the backend contract: one async method per atomic
+//! server-side operation every backend has (the optional capabilities are
+//! in `capability.rs`).
 
 use std::future::Future;
 use std::time::Duration;
 
 use crate::{
-    BackendError, ChangeWatch, Error, FairOutcome, FencingToken, Grant, HandoverWatch, HolderId,
-    LeaseKey, LockDelay, PermitLimit, PlaceTtl, ReleaseWatch, Ttl,
+    BackendError, ChangeBackend, Error, FairBackend, FencingToken, Grant, HandoverBackend,
+    HolderId, LeaseKey, LockDelay, PermitBackend, ReadWriteBackend, ReleaseWatch, Ttl, Unsupported,
 };
 
 /// A request to acquire a lease.
@@ -223,7 +225,9 @@ pub enum RenewOutcome {
     Lost,
 }
 
-/// The outcome of [`LeaseBackend::release`].
+/// What a holder is told of its release (the manager's `Lease::release`
+/// returns it); a backend's [`LeaseBackend::release`] reports it as a
+/// [`ReleaseReport`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ReleaseOutcome {
     /// The lease was ours and is not any more: it is free, or, when it was
@@ -235,7 +239,53 @@ pub enum ReleaseOutcome {
     NotHeld,
 }
 
-/// The outcome of [`LeaseBackend::release_to`].
+/// The outcome of [`LeaseBackend::release`]: the [`ReleaseOutcome`], and
+/// for a release whether it was heard.
+///
+/// A release is *heard* when its notice reached a listener other than this
+/// backend's own watches, that is a waiter that may be in another process.
+/// A manager then lets that waiter go first instead of taking the lease
+/// straight back with its next acquisition. A backend that cannot tell
+/// says `heard: false`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ReleaseReport {
+    /// The lease was ours and is not any more (see
+    /// [`ReleaseOutcome::Released`]).
+    Released {
+        /// Whether the release notice reached a listener other than this
+        /// backend's own watches; `false` when the backend cannot tell, and
+        /// for a lease kept under its minimum hold (no notice is sent).
+        heard: bool,
+    },
+    /// The lease was not ours any more (see [`ReleaseOutcome::NotHeld`]).
+    NotHeld,
+}
+
+impl ReleaseReport {
+    /// What the holder is told: the report without whether it was heard.
+    #[must_use]
+    pub const fn outcome(self) -> ReleaseOutcome {
+        match self {
+            Self::Released { .. } => ReleaseOutcome::Released,
+            Self::NotHeld => ReleaseOutcome::NotHeld,
+        }
+    }
+
+    /// Whether a release was heard (see [`ReleaseReport`]); `false` for
+    /// [`NotHeld`](Self::NotHeld).
+    #[must_use]
+    pub const fn heard(self) -> bool {
+        matches!(self, Self::Released { heard: true })
+    }
+}
+
+impl From<ReleaseReport> for ReleaseOutcome {
+    fn from(report: ReleaseReport) -> Self {
+        report.outcome()
+    }
+}
+
+/// The outcome of [`HandoverBackend::release_to`](crate::HandoverBackend::release_to).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum HandoverOutcome {
     /// The lease was ours; it was freed and granted to the offered request
@@ -253,7 +303,55 @@ pub enum HandoverOutcome {
     NotHeld,
 }
 
-/// One atomic server-side operation per method.
+/// How [`LeaseBackend::watch_releases`] subscribes: what the waiter needs
+/// of the subscription. The policy is the waiter's business; a backend
+/// that has only one way to subscribe treats every policy alike.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub enum WatchPolicy {
+    /// A waiter that takes turns with the waiters of other processes: the
+    /// watch knows how many processes listen ([`ReleaseWatch::listeners`]),
+    /// where the backend can count them (Redis: one `PUBSUB NUMSUB` round
+    /// trip).
+    #[default]
+    Counted,
+    /// A waiter with no use for [`ReleaseWatch::listeners`] (a waiter in a
+    /// fair queue, whose turn the server decides; an observer of a
+    /// leader): a backend that counts listeners with a round trip of its
+    /// own skips it.
+    Uncounted,
+    /// As [`Counted`](Self::Counted), for a waiter that races the waiters
+    /// of other processes on each notice (a permit's, a share's: a release
+    /// may make room for several, so they do not take turns). Redis tells a
+    /// channel's subscribers in the order they subscribed, so a process
+    /// still subscribed from an earlier wait would hear every release
+    /// before the processes that subscribed after it, and win nearly every
+    /// race: a backend with such an order subscribes this process anew, at
+    /// the end of it.
+    Afresh,
+}
+
+/// The core of the backend contract: one async method per atomic
+/// server-side operation that every backend has.
+///
+/// A third-party backend starts here: it implements the four required
+/// methods ([`try_acquire`](Self::try_acquire),
+/// [`renew_many`](Self::renew_many), [`release`](Self::release),
+/// [`inspect`](Self::inspect)) and may add
+/// [`watch_releases`](Self::watch_releases), so that waiters need not poll.
+/// What not every backend can do is a capability trait of its own, which a
+/// backend implements when it can and announces through the accessor
+/// here that returns it (`Some(self)`; the default, `None`, says the
+/// backend lacks it, and the manager refuses that kind of lease with
+/// [`BackendError::Unsupported`]):
+///
+/// | capability | trait | accessor |
+/// | --- | --- | --- |
+/// | counting leases | [`PermitBackend`] | [`permits`](Self::permits) |
+/// | read-write leases | [`ReadWriteBackend`] | [`read_write`](Self::read_write) |
+/// | fair mode | [`FairBackend`] | [`fair`](Self::fair) |
+/// | handover to a local waiter | [`HandoverBackend`] | [`handover`](Self::handover) |
+/// | change feed | [`ChangeBackend`] | [`changes`](Self::changes) |
 ///
 /// Backends are cheap to clone (a clone shares connections) and never spawn
 /// tasks of their own. Outcomes the server decides are values; an `Err`
@@ -262,7 +360,8 @@ pub enum HandoverOutcome {
 /// # Cancel safety
 ///
 /// Dropping a returned future before it completes leaves the operation's
-/// effect unknown, as a timeout does: it may or may not have run.
+/// effect unknown, as a timeout does: it may or may not have run. The same
+/// holds for the capability traits.
 pub trait LeaseBackend: Clone + Send + Sync + 'static {
     /// Acquires `request.key` for `request.holder` if it is free (or already
     /// theirs, which refreshes the ttl and keeps the fencing token).
@@ -275,212 +374,6 @@ pub trait LeaseBackend: Clone + Send + Sync + 'static {
         &self,
         request: &AcquireRequest,
     ) -> impl Future<Output = Result<AcquireOutcome, BackendError>> + Send;
-
-    /// Takes one of the `limit` permits of the semaphore `request.key` for
-    /// `request.holder`: the first free permit key (see
-    /// [`LeaseKey::permit`]), granted exactly as
-    /// [`try_acquire`](Self::try_acquire) grants a lease, in one atomic
-    /// operation. A holder that already has a permit of the semaphore gets
-    /// it refreshed, with the same fencing token.
-    ///
-    /// The grant's key is the permit key: renew, release and inspect it as
-    /// any lease. Its fencing token comes from the semaphore's counter, so
-    /// tokens strictly increase across all permits of the semaphore; its
-    /// release wakes the watchers of the semaphore key. A permit whose
-    /// holder vanished frees itself when its ttl runs out. When every permit
-    /// is taken, the outcome is [`AcquireOutcome::Held`] with the permit
-    /// that frees first.
-    ///
-    /// # Errors
-    ///
-    /// [`BackendError::PermitLimitMismatch`] when permits of the semaphore
-    /// are held under another limit (nothing is taken); the limit a
-    /// semaphore is held under changes only once all its permits are free.
-    /// [`BackendError::Unsupported`] from a backend that has no permits
-    /// (the default). Otherwise as [`try_acquire`](Self::try_acquire).
-    fn try_acquire_permit(
-        &self,
-        request: &AcquireRequest,
-        limit: PermitLimit,
-    ) -> impl Future<Output = Result<AcquireOutcome, BackendError>> + Send {
-        let _ = limit;
-        std::future::ready(Err(BackendError::Unsupported {
-            op: "acquire_permit",
-            key: request.key.as_str().to_owned(),
-            reason: "this backend has no counting leases (permits)",
-        }))
-    }
-
-    /// Takes a shared (read) hold on the read-write lease `request.key` for
-    /// `request.holder`, on its own reader key (see
-    /// [`LeaseKey::reader_key`]), in one atomic operation: granted unless
-    /// the lease has a writer, or a writer other than `request.holder` is
-    /// waiting for it (writer preference: a writer refused because readers
-    /// hold the lease leaves an *intent* that lives for its ttl, and new
-    /// readers respect it, so the writer waits only for the readers that
-    /// held before it). A reader that holds already gets its hold
-    /// refreshed, with the same fencing token.
-    ///
-    /// The grant's key is the reader key: renew, release and inspect it as
-    /// any lease. Its fencing token comes from the counter of
-    /// `request.key`, shared by readers and writers, so tokens strictly
-    /// increase across both; its release wakes the watchers of
-    /// `request.key`. A reader whose holder vanished frees itself when its
-    /// ttl runs out. When refused, the outcome is [`AcquireOutcome::Held`]
-    /// with the writer's lease, or the waiting writer's label and the time
-    /// left on its intent (no fencing token: it holds nothing yet).
-    ///
-    /// # Errors
-    ///
-    /// [`BackendError::Unsupported`] from a backend that has no read-write
-    /// leases (the default), or when `request.key` is itself a reader's or
-    /// writer's key. Otherwise as [`try_acquire`](Self::try_acquire).
-    fn try_acquire_read(
-        &self,
-        request: &AcquireRequest,
-    ) -> impl Future<Output = Result<AcquireOutcome, BackendError>> + Send {
-        std::future::ready(Err(BackendError::Unsupported {
-            op: "acquire_read",
-            key: request.key.as_str().to_owned(),
-            reason: "this backend has no read-write leases",
-        }))
-    }
-
-    /// Takes the exclusive (write) hold on the read-write lease
-    /// `request.key` for `request.holder`, on its writer key (see
-    /// [`LeaseKey::writer_key`]), in one atomic operation: granted when no
-    /// one holds the lease, neither a writer nor a live reader. A writer
-    /// that holds already gets its hold refreshed, with the same fencing
-    /// token.
-    ///
-    /// When refused, the writer leaves its intent (unless another waiting
-    /// writer's is there), which refuses new readers for `request.ttl`;
-    /// asking again refreshes it, and being granted clears it. The outcome
-    /// is then [`AcquireOutcome::Held`] with the writer's lease, or the
-    /// live reader that frees first. Fencing tokens, release notices and
-    /// expiry are as for [`try_acquire_read`](Self::try_acquire_read).
-    ///
-    /// # Errors
-    ///
-    /// As [`try_acquire_read`](Self::try_acquire_read).
-    fn try_acquire_write(
-        &self,
-        request: &AcquireRequest,
-    ) -> impl Future<Output = Result<AcquireOutcome, BackendError>> + Send {
-        std::future::ready(Err(BackendError::Unsupported {
-            op: "acquire_write",
-            key: request.key.as_str().to_owned(),
-            reason: "this backend has no read-write leases",
-        }))
-    }
-
-    /// Withdraws the intent the waiting writer `holder` left on the
-    /// read-write lease `key` (see
-    /// [`try_acquire_write`](Self::try_acquire_write)), if it is still
-    /// `holder`'s (compare-and-delete): a writer that gives up waiting
-    /// stops holding new readers back at once, rather than when the intent
-    /// expires. Another writer's intent is left alone. Returns whether
-    /// `holder`'s intent was there.
-    ///
-    /// The default has no intents to withdraw (a backend without
-    /// read-write leases) and answers `false`.
-    ///
-    /// # Errors
-    ///
-    /// A [`BackendError`] when the server could not be asked; the intent
-    /// then expires by itself, at most the writer's ttl after its last
-    /// attempt.
-    fn withdraw_write_intent(
-        &self,
-        key: &LeaseKey,
-        holder: &HolderId,
-    ) -> impl Future<Output = Result<bool, BackendError>> + Send {
-        let _ = (key, holder);
-        std::future::ready(Ok(false))
-    }
-
-    /// Fair mode (see [`PlaceTtl`]): in one atomic operation, drops
-    /// the expired places of `request.key`'s fair queue, takes a place at
-    /// its tail for `request.holder` (or refreshes the one it has) to live
-    /// for `place_ttl`, and grants the lease as
-    /// [`try_acquire`](Self::try_acquire) does only if it is free and this
-    /// place is at the head; the place is then left. A holder that holds
-    /// the lease already gets it refreshed, with the same fencing token.
-    ///
-    /// The grant is an ordinary lease of `request.key`: renew, release and
-    /// inspect it as any other. Its release announces itself as every
-    /// release does, which is what wakes the next head.
-    ///
-    /// # Errors
-    ///
-    /// [`BackendError::Unsupported`] from a backend that has no fair queue
-    /// (the default). Otherwise as [`try_acquire`](Self::try_acquire).
-    ///
-    /// `handover`, when given, asks that a release of the lease by a fair
-    /// holder ([`release_fair`](Self::release_fair)) hand it straight to
-    /// this waiter when its place is first: the server then keeps the
-    /// lease for `handover` from this call (or from the waiter's latest
-    /// call) and announces it to [`watch_handover`](Self::watch_handover),
-    /// so that the waiter need not ask again. A waiter that died while
-    /// first holds the queue up for at most `handover` after its last call.
-    /// A backend that does not hand over ignores it.
-    fn try_acquire_fair(
-        &self,
-        request: &AcquireRequest,
-        place_ttl: PlaceTtl,
-        handover: Option<Duration>,
-    ) -> impl Future<Output = Result<FairOutcome, BackendError>> + Send {
-        let _ = (place_ttl, handover);
-        std::future::ready(Err(BackendError::Unsupported {
-            op: "acquire_fair",
-            key: request.key.as_str().to_owned(),
-            reason: "this backend has no fair queue; acquire without fair mode",
-        }))
-    }
-
-    /// Frees the lease as [`release`](Self::release) does and, in the same
-    /// atomic operation, grants it to the first live place of the key's
-    /// fair queue when that waiter asked for a handover (see
-    /// [`try_acquire_fair`](Self::try_acquire_fair)), announcing the grant
-    /// to the waiter's [`watch_handover`](Self::watch_handover). Otherwise
-    /// the release is announced as any other, and the head asks for the
-    /// lease itself. A lease taken in fair mode is released this way.
-    ///
-    /// The default never hands over: it calls [`release`](Self::release).
-    fn release_fair(
-        &self,
-        key: &LeaseKey,
-        holder: &HolderId,
-    ) -> impl Future<Output = Result<ReleaseOutcome, BackendError>> + Send {
-        self.release(key, holder)
-    }
-
-    /// Listens for a release that hands the lease `key` to `holder`, a
-    /// waiter in its fair queue (see [`release_fair`](Self::release_fair)).
-    /// Called before the waiter's first place call, so that no handover
-    /// after that call goes unheard.
-    ///
-    /// The default never hands over ([`HandoverWatch::unsupported`]).
-    fn watch_handover(
-        &self,
-        key: &LeaseKey,
-        holder: &HolderId,
-    ) -> impl Future<Output = Result<HandoverWatch, BackendError>> + Send {
-        let _ = (key, holder);
-        std::future::ready(Ok(HandoverWatch::unsupported()))
-    }
-
-    /// Leaves `holder`'s place in the fair queue of `key`, if it has one,
-    /// so that the waiters behind it need not wait for the place to expire.
-    /// The default has no queue and does nothing.
-    fn leave_fair_queue(
-        &self,
-        key: &LeaseKey,
-        holder: &HolderId,
-    ) -> impl Future<Output = Result<(), BackendError>> + Send {
-        let _ = (key, holder);
-        std::future::ready(Ok(()))
-    }
 
     /// Extends the lease to another `ttl` if `holder` still holds it
     /// (compare-and-pexpire); the key is kept for
@@ -513,62 +406,20 @@ pub trait LeaseBackend: Clone + Send + Sync + 'static {
         requests: &[RenewRequest],
     ) -> impl Future<Output = Vec<Result<RenewOutcome, BackendError>>> + Send;
 
-    /// Frees the lease if `holder` still holds it (compare-and-delete).
+    /// Frees the lease if `holder` still holds it (compare-and-delete), and
+    /// reports whether the release was heard (see [`ReleaseReport`]).
     ///
     /// A lease granted with a minimum hold
     /// ([`AcquireRequest::hold_at_least`]) that has not run out is not
     /// freed: the backend keeps it, still `holder`'s, until the grant +
     /// the minimum by its own clock, and frees it by itself then, without
-    /// a release notice. The outcome is [`ReleaseOutcome::Released`] either
+    /// a release notice. The outcome is [`ReleaseReport::Released`] either
     /// way: the lease is no longer the caller's to use.
     fn release(
         &self,
         key: &LeaseKey,
         holder: &HolderId,
-    ) -> impl Future<Output = Result<ReleaseOutcome, BackendError>> + Send;
-
-    /// Frees the lease as [`release`](Self::release) does, and tells
-    /// whether the release was heard: `true` when its notice reached a
-    /// listener other than this backend's own watches, that is a waiter
-    /// that may be in another process. A manager then lets that waiter go
-    /// first instead of taking the lease straight back with its next
-    /// acquisition. The default cannot tell: it releases and says `false`.
-    fn release_heard(
-        &self,
-        key: &LeaseKey,
-        holder: &HolderId,
-    ) -> impl Future<Output = Result<(ReleaseOutcome, bool), BackendError>> + Send {
-        async move { Ok((self.release(key, holder).await?, false)) }
-    }
-
-    /// Frees the lease if `holder` still holds it and, in the same atomic
-    /// operation, grants it to `next` (a waiter of the caller's own) unless
-    /// someone else may be waiting for it: then it is only released, and
-    /// announced, so that the waiter elsewhere is not overtaken.
-    ///
-    /// "Someone else" is any listener for the key's release notices other
-    /// than a single watch of this backend (the one `next`'s waiter holds):
-    /// a backend that cannot tell must not hand over. The grant's
-    /// `valid_until` counts from the moment the request was sent. The
-    /// default never hands over: it calls [`release`](Self::release).
-    /// A lease under its minimum hold is handed to no one: it is kept as
-    /// [`release`](Self::release) keeps it, and the outcome is
-    /// [`HandoverOutcome::Released`]. A grant to a `next` that carries a
-    /// minimum hold starts its own.
-    fn release_to(
-        &self,
-        key: &LeaseKey,
-        holder: &HolderId,
-        next: &AcquireRequest,
-    ) -> impl Future<Output = Result<HandoverOutcome, BackendError>> + Send {
-        let _ = next;
-        async move {
-            Ok(match self.release(key, holder).await? {
-                ReleaseOutcome::Released => HandoverOutcome::Released,
-                ReleaseOutcome::NotHeld => HandoverOutcome::NotHeld,
-            })
-        }
-    }
+    ) -> impl Future<Output = Result<ReleaseReport, BackendError>> + Send;
 
     /// Reads who holds a lease, without changing it. `None` when it is free.
     fn inspect(
@@ -577,58 +428,50 @@ pub trait LeaseBackend: Clone + Send + Sync + 'static {
     ) -> impl Future<Output = Result<Option<LeaseInfo>, BackendError>> + Send;
 
     /// Subscribes to the release notices of `key`, so a waiter can retry the
-    /// moment the lease is freed instead of polling.
+    /// moment the lease is freed instead of polling; `policy` says what the
+    /// waiter needs of the subscription (see [`WatchPolicy`]).
     ///
     /// The default has no notices ([`ReleaseWatch::unsupported`]): waiters
-    /// then poll. A backend that publishes notices on release overrides it.
+    /// then poll. A backend that publishes notices on release overrides it;
+    /// a backend that wraps another passes the policy on.
     fn watch_releases(
         &self,
         key: &LeaseKey,
+        policy: WatchPolicy,
     ) -> impl Future<Output = Result<ReleaseWatch, BackendError>> + Send {
-        let _ = key;
+        let _ = (key, policy);
         std::future::ready(Ok(ReleaseWatch::unsupported()))
     }
 
-    /// Subscribes to the release notices of `key` as
-    /// [`watch_releases`](Self::watch_releases) does, for a waiter that has
-    /// no use for [`ReleaseWatch::listeners`] (a waiter in a fair queue,
-    /// whose turn the server decides): a backend that counts listeners with
-    /// a round trip of its own may skip it. The default calls
-    /// `watch_releases`.
-    fn watch_releases_uncounted(
-        &self,
-        key: &LeaseKey,
-    ) -> impl Future<Output = Result<ReleaseWatch, BackendError>> + Send {
-        self.watch_releases(key)
+    /// The backend's counting leases, if it has them: `Some(self)` from a
+    /// backend that implements [`PermitBackend`]. The default has none.
+    fn permits(&self) -> Option<&impl PermitBackend> {
+        None::<&Unsupported>
     }
 
-    /// Subscribes to the release notices of `key` as
-    /// [`watch_releases`](Self::watch_releases) does, for a waiter that
-    /// races the waiters of other processes on each notice (a permit's, a
-    /// share's: a release may make room for several, so they do not take
-    /// turns). Redis tells a channel's subscribers in the order they
-    /// subscribed, so a process still subscribed from an earlier wait would
-    /// hear every release before the processes that subscribed after it, and
-    /// win nearly every race: a backend with such an order subscribes this
-    /// process anew, at the end of it. The default calls `watch_releases`;
-    /// a backend that wraps another should pass this call on.
-    fn watch_releases_afresh(
-        &self,
-        key: &LeaseKey,
-    ) -> impl Future<Output = Result<ReleaseWatch, BackendError>> + Send {
-        self.watch_releases(key)
+    /// The backend's read-write leases, if it has them: `Some(self)` from
+    /// a backend that implements [`ReadWriteBackend`]. The default has none.
+    fn read_write(&self) -> Option<&impl ReadWriteBackend> {
+        None::<&Unsupported>
     }
 
-    /// Subscribes to the changes of the leases this backend renews, so a
-    /// holder can renew at once when its lease was changed behind its back
-    /// (deleted, overwritten, taken over) instead of learning at its next
-    /// renewal. A lease is watched from its first renewal through this
-    /// backend (or a clone) on.
-    ///
-    /// The default reports nothing ([`ChangeWatch::unsupported`]): holders
-    /// then learn of a loss at their next renewal. A backend whose server
-    /// can tell it of changes overrides it.
-    fn watch_changes(&self) -> impl Future<Output = Result<ChangeWatch, BackendError>> + Send {
-        std::future::ready(Ok(ChangeWatch::unsupported()))
+    /// The backend's fair queue, if it has one: `Some(self)` from a
+    /// backend that implements [`FairBackend`]. The default has none.
+    fn fair(&self) -> Option<&impl FairBackend> {
+        None::<&Unsupported>
+    }
+
+    /// The backend's handover to a local waiter, if it has one:
+    /// `Some(self)` from a backend that implements [`HandoverBackend`].
+    /// The default has none: a release is only a release.
+    fn handover(&self) -> Option<&impl HandoverBackend> {
+        None::<&Unsupported>
+    }
+
+    /// The backend's change feed, if it has one: `Some(self)` from a
+    /// backend that implements [`ChangeBackend`]. The default has none:
+    /// holders learn of a loss at their next renewal.
+    fn changes(&self) -> Option<&impl ChangeBackend> {
+        None::<&Unsupported>
     }
 }

@@ -5,17 +5,17 @@
 //! first after a release. In fair mode a waiter takes a *place* in a queue
 //! the server keeps beside the lease, and the lease is granted only to the
 //! waiter at the head of that queue, when the lease is free (see
-//! [`LeaseBackend::try_acquire_fair`]). Once granted it is an ordinary
+//! [`FairBackend::try_acquire_fair`]). Once granted it is an ordinary
 //! lease: renewed, released, fenced and delayed as any other.
 //!
 //! A place lives for a bounded time, the *place ttl*, and each call
 //! refreshes it: a waiter that died (its process killed, its runtime
 //! dropped) stops refreshing, and once its place expires the queue skips
 //! it. A waiter that gives up leaves its place at once
-//! ([`LeaseBackend::leave_fair_queue`]).
+//! ([`FairBackend::leave_fair_queue`]).
 //!
-//! [`LeaseBackend::try_acquire_fair`]: crate::LeaseBackend::try_acquire_fair
-//! [`LeaseBackend::leave_fair_queue`]: crate::LeaseBackend::leave_fair_queue
+//! [`FairBackend::try_acquire_fair`]: crate::FairBackend::try_acquire_fair
+//! [`FairBackend::leave_fair_queue`]: crate::FairBackend::leave_fair_queue
 
 use std::time::Duration;
 
@@ -113,7 +113,7 @@ pub struct FairPlace {
     pub holder: Option<LeaseInfo>,
 }
 
-/// The outcome of [`LeaseBackend::try_acquire_fair`](crate::LeaseBackend::try_acquire_fair).
+/// The outcome of [`FairBackend::try_acquire_fair`](crate::FairBackend::try_acquire_fair).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum FairOutcome {
     /// The lease is ours; `queued` places are left behind us.
@@ -128,7 +128,7 @@ pub enum FairOutcome {
 }
 
 /// Where a waiter in a fair queue learns that a release handed it the
-/// lease ([`LeaseBackend::release_fair`]): the fencing token of the grant.
+/// lease ([`FairBackend::release_fair`]): the fencing token of the grant.
 ///
 /// A release that hands over grants the lease to the queue's head on the
 /// server, in the same atomic operation, and tells the head's process; the
@@ -136,7 +136,7 @@ pub enum FairOutcome {
 /// hands over returns [`HandoverWatch::unsupported`], whose
 /// [`handed_over`](Self::handed_over) never completes.
 ///
-/// [`LeaseBackend::release_fair`]: crate::LeaseBackend::release_fair
+/// [`FairBackend::release_fair`]: crate::FairBackend::release_fair
 pub struct HandoverWatch {
     grant: Option<oneshot::Receiver<FencingToken>>,
     _registration: Option<Box<dyn Send + Sync>>,

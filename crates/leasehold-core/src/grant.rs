@@ -48,14 +48,14 @@ impl Grant {
 
 impl Grant {
     /// Builds the grant of a lease that a release handed to a waiter in a
-    /// fair queue (see [`LeaseBackend::release_fair`]). The server kept it
+    /// fair queue (see [`FairBackend::release_fair`]). The server kept it
     /// for `hold` from when it last saw the waiter's place call, which this
     /// process sent at `placed_at`; so the lease is certainly held until
     /// `placed_at + hold`, less the [`clock_drift`] allowance of the ttl,
     /// however late the handover came. Its renewals then extend it to the
     /// full `ttl`.
     ///
-    /// [`LeaseBackend::release_fair`]: crate::LeaseBackend::release_fair
+    /// [`FairBackend::release_fair`]: crate::FairBackend::release_fair
     #[must_use]
     pub fn handed_over(
         key: LeaseKey,

@@ -10,12 +10,17 @@
 //! - [`LockDelay`]: how long a key stays taken after its holder vanished;
 //! - [`Grant`]: what a successful acquisition hands back, with a local,
 //!   monotonic [`Grant::valid_until`];
-//! - [`LeaseBackend`]: one async method per atomic server-side operation;
+//! - [`LeaseBackend`]: the core of the backend contract, one async method
+//!   per atomic server-side operation every backend has, where a
+//!   third-party backend starts; the optional capabilities are traits of
+//!   their own ([`PermitBackend`], [`ReadWriteBackend`], [`FairBackend`],
+//!   [`HandoverBackend`], [`ChangeBackend`]) that a backend implements when
+//!   it can;
 //! - [`PermitLimit`] and [`LeaseKey::permit`]: counting leases, where up
 //!   to N holders share a semaphore, each on a permit that is a lease;
 //! - [`LeaseKey::writer_key`] and [`LeaseKey::reader_key`]: read-write
 //!   leases, where readers share a key and a writer holds it alone;
-//! - [`PlaceTtl`] and [`LeaseBackend::try_acquire_fair`]: fair mode, where
+//! - [`PlaceTtl`] and [`FairBackend::try_acquire_fair`]: fair mode, where
 //!   waiters of every process queue on the server in arrival order;
 //! - [`MemoryBackend`]: the same semantics in process, on the tokio clock.
 //!
@@ -34,6 +39,7 @@
 //! ```
 
 mod backend;
+mod capability;
 mod change;
 mod error;
 mod fair;
@@ -51,7 +57,10 @@ mod ttl;
 
 pub use backend::{
     AcquireOutcome, AcquireRequest, HandoverOutcome, LeaseBackend, LeaseInfo, ReleaseOutcome,
-    RenewOutcome, RenewRequest,
+    ReleaseReport, RenewOutcome, RenewRequest, WatchPolicy,
+};
+pub use capability::{
+    ChangeBackend, FairBackend, HandoverBackend, PermitBackend, ReadWriteBackend, Unsupported,
 };
 pub use change::{ChangeFeed, ChangeWatch, LeaseChange};
 pub use error::{BackendError, Cause, Error};

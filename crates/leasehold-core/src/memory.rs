@@ -10,9 +10,11 @@ use tokio::time::Instant;
 
 use crate::fair::FairQueue;
 use crate::{
-    AcquireOutcome, AcquireRequest, BackendError, ChangeWatch, FairOutcome, FairPlace,
-    FencingToken, Grant, HandoverOutcome, HolderId, LeaseBackend, LeaseChange, LeaseInfo, LeaseKey,
-    PermitLimit, PlaceTtl, ReleaseOutcome, ReleaseWatch, RenewOutcome, RenewRequest, Ttl,
+    AcquireOutcome, AcquireRequest, BackendError, ChangeBackend, ChangeWatch, FairBackend,
+    FairOutcome, FairPlace, FencingToken, Grant, HandoverBackend, HandoverOutcome, HandoverWatch,
+    HolderId, LeaseBackend, LeaseChange, LeaseInfo, LeaseKey, PermitBackend, PermitLimit, PlaceTtl,
+    ReadWriteBackend, ReleaseOutcome, ReleaseReport, ReleaseWatch, RenewOutcome, RenewRequest, Ttl,
+    WatchPolicy,
 };
 
 /// A [`LeaseBackend`] kept in this process, on the tokio clock.
@@ -375,7 +377,7 @@ impl MemoryBackend {
     /// client of its own.
     ///
     /// ```
-    /// use leasehold_core::{AcquireRequest, HolderId, LeaseBackend, LeaseChange, LeaseKey, MemoryBackend, Ttl};
+    /// use leasehold_core::{AcquireRequest, ChangeBackend, HolderId, LeaseBackend, LeaseChange, LeaseKey, MemoryBackend, Ttl};
     ///
     /// # #[tokio::main(flavor = "current_thread", start_paused = true)] async fn main() -> Result<(), Box<dyn std::error::Error>> {
     /// let one = MemoryBackend::new();
@@ -530,7 +532,7 @@ impl MemoryBackend {
     /// were [cut](Self::cut_changes).
     ///
     /// ```
-    /// use leasehold_core::{AcquireRequest, HolderId, LeaseBackend, LeaseChange, LeaseKey, MemoryBackend, Ttl};
+    /// use leasehold_core::{AcquireRequest, ChangeBackend, HolderId, LeaseBackend, LeaseChange, LeaseKey, MemoryBackend, Ttl};
     ///
     /// # #[tokio::main(flavor = "current_thread", start_paused = true)] async fn main() -> Result<(), Box<dyn std::error::Error>> {
     /// let backend = MemoryBackend::new();
@@ -660,6 +662,100 @@ impl LeaseBackend for MemoryBackend {
         Ok(AcquireOutcome::Acquired(state.grant(request, now, sent_at)))
     }
 
+    async fn renew(&self, request: &RenewRequest) -> Result<RenewOutcome, BackendError> {
+        self.gate("renew", &request.key).await?;
+        Ok(self.renew_now(request))
+    }
+
+    async fn renew_many(
+        &self,
+        requests: &[RenewRequest],
+    ) -> Vec<Result<RenewOutcome, BackendError>> {
+        if let Err(source) = self.wait_gate().await {
+            return requests
+                .iter()
+                .map(|r| {
+                    Err(BackendError::Unavailable {
+                        op: "renew",
+                        key: r.key.as_str().to_owned(),
+                        source: Arc::clone(&source),
+                    })
+                })
+                .collect();
+        }
+        requests.iter().map(|r| Ok(self.renew_now(r))).collect()
+    }
+
+    /// Heard when the key's notices have a watch: every watch on a memory
+    /// backend counts, as managers sharing one stand for separate processes.
+    async fn release(
+        &self,
+        key: &LeaseKey,
+        holder: &HolderId,
+    ) -> Result<ReleaseReport, BackendError> {
+        self.gate("release", key).await?;
+        let now = Instant::now();
+        let mut state = self.state();
+        if state.keep(key, holder, now) {
+            return Ok(ReleaseReport::Released { heard: false });
+        }
+        match state.live(key, now) {
+            Some(entry) if entry.holder == *holder => {
+                state.leases.remove(key);
+                let listeners = state.announce(key);
+                Ok(ReleaseReport::Released {
+                    heard: listeners > 0,
+                })
+            }
+            _ => Ok(ReleaseReport::NotHeld),
+        }
+    }
+
+    async fn inspect(&self, key: &LeaseKey) -> Result<Option<LeaseInfo>, BackendError> {
+        self.gate("inspect", key).await?;
+        let now = Instant::now();
+        Ok(self.state().live(key, now).map(|e| e.info(now)))
+    }
+
+    /// Every policy alike: one process has no order of subscribers to
+    /// favour, and the count is free.
+    async fn watch_releases(
+        &self,
+        key: &LeaseKey,
+        _policy: WatchPolicy,
+    ) -> Result<ReleaseWatch, BackendError> {
+        self.gate("watch_releases", key).await?;
+        let receiver = self
+            .state()
+            .notices
+            .entry(key.counted_as())
+            .or_insert_with(|| watch::Sender::new(0))
+            .subscribe();
+        Ok(ReleaseWatch::new(receiver, ()))
+    }
+
+    fn permits(&self) -> Option<&impl PermitBackend> {
+        Some(self)
+    }
+
+    fn read_write(&self) -> Option<&impl ReadWriteBackend> {
+        Some(self)
+    }
+
+    fn fair(&self) -> Option<&impl FairBackend> {
+        Some(self)
+    }
+
+    fn handover(&self) -> Option<&impl HandoverBackend> {
+        Some(self)
+    }
+
+    fn changes(&self) -> Option<&impl ChangeBackend> {
+        Some(self)
+    }
+}
+
+impl PermitBackend for MemoryBackend {
     /// Permits are kept as the Redis backend keeps them: each a lease on
     /// its permit key, the limit beside them.
     async fn try_acquire_permit(
@@ -732,7 +828,9 @@ impl LeaseBackend for MemoryBackend {
             soonest.map(|e| e.info(now)).unwrap_or_default(),
         ))
     }
+}
 
+impl ReadWriteBackend for MemoryBackend {
     /// Kept as the Redis backend keeps them: each reader on its own key,
     /// an index of them per lease, the waiting writer's intent beside.
     async fn try_acquire_read(
@@ -830,7 +928,9 @@ impl LeaseBackend for MemoryBackend {
         }
         Ok(mine)
     }
+}
 
+impl FairBackend for MemoryBackend {
     /// The queue is kept as the Redis backend keeps it (`fair.lua`): places
     /// in arrival order, each expiring unless refreshed.
     async fn try_acquire_fair(
@@ -879,6 +979,26 @@ impl LeaseBackend for MemoryBackend {
         Ok(FairOutcome::Acquired { grant, queued })
     }
 
+    /// In one process a release notice reaches the head at once: nothing
+    /// is handed over, the lease is released as any other.
+    async fn release_fair(
+        &self,
+        key: &LeaseKey,
+        holder: &HolderId,
+    ) -> Result<ReleaseOutcome, BackendError> {
+        Ok(self.release(key, holder).await?.outcome())
+    }
+
+    /// Nothing is handed over (see [`release_fair`](Self::release_fair)).
+    async fn watch_handover(
+        &self,
+        key: &LeaseKey,
+        holder: &HolderId,
+    ) -> Result<HandoverWatch, BackendError> {
+        let _ = (key, holder);
+        Ok(HandoverWatch::unsupported())
+    }
+
     async fn leave_fair_queue(
         &self,
         key: &LeaseKey,
@@ -894,62 +1014,9 @@ impl LeaseBackend for MemoryBackend {
         }
         Ok(())
     }
+}
 
-    async fn renew(&self, request: &RenewRequest) -> Result<RenewOutcome, BackendError> {
-        self.gate("renew", &request.key).await?;
-        Ok(self.renew_now(request))
-    }
-
-    async fn renew_many(
-        &self,
-        requests: &[RenewRequest],
-    ) -> Vec<Result<RenewOutcome, BackendError>> {
-        if let Err(source) = self.wait_gate().await {
-            return requests
-                .iter()
-                .map(|r| {
-                    Err(BackendError::Unavailable {
-                        op: "renew",
-                        key: r.key.as_str().to_owned(),
-                        source: Arc::clone(&source),
-                    })
-                })
-                .collect();
-        }
-        requests.iter().map(|r| Ok(self.renew_now(r))).collect()
-    }
-
-    async fn release(
-        &self,
-        key: &LeaseKey,
-        holder: &HolderId,
-    ) -> Result<ReleaseOutcome, BackendError> {
-        Ok(self.release_heard(key, holder).await?.0)
-    }
-
-    /// Heard when the key's notices have a watch: every watch on a memory
-    /// backend counts, as managers sharing one stand for separate processes.
-    async fn release_heard(
-        &self,
-        key: &LeaseKey,
-        holder: &HolderId,
-    ) -> Result<(ReleaseOutcome, bool), BackendError> {
-        self.gate("release", key).await?;
-        let now = Instant::now();
-        let mut state = self.state();
-        if state.keep(key, holder, now) {
-            return Ok((ReleaseOutcome::Released, false));
-        }
-        match state.live(key, now) {
-            Some(entry) if entry.holder == *holder => {
-                state.leases.remove(key);
-                let listeners = state.announce(key);
-                Ok((ReleaseOutcome::Released, listeners > 0))
-            }
-            _ => Ok((ReleaseOutcome::NotHeld, false)),
-        }
-    }
-
+impl HandoverBackend for MemoryBackend {
     /// Hands over while the key's notices have at most one watch (the
     /// offering waiter's own); with more, someone else waits: release and
     /// announce instead.
@@ -981,24 +1048,9 @@ impl LeaseBackend for MemoryBackend {
         }
         Ok(HandoverOutcome::HandedOver(state.grant(next, now, sent_at)))
     }
+}
 
-    async fn inspect(&self, key: &LeaseKey) -> Result<Option<LeaseInfo>, BackendError> {
-        self.gate("inspect", key).await?;
-        let now = Instant::now();
-        Ok(self.state().live(key, now).map(|e| e.info(now)))
-    }
-
-    async fn watch_releases(&self, key: &LeaseKey) -> Result<ReleaseWatch, BackendError> {
-        self.gate("watch_releases", key).await?;
-        let receiver = self
-            .state()
-            .notices
-            .entry(key.counted_as())
-            .or_insert_with(|| watch::Sender::new(0))
-            .subscribe();
-        Ok(ReleaseWatch::new(receiver, ()))
-    }
-
+impl ChangeBackend for MemoryBackend {
     /// Reports the changes made by [`vanish`](MemoryBackend::vanish) and
     /// [`hand_over`](MemoryBackend::hand_over) (nothing else changes a
     /// lease behind its holder's back here), and the grants and releases
@@ -1058,8 +1110,14 @@ mod tests {
             panic!("an expired key must be acquired");
         };
         assert!(second.fencing_token > first.fencing_token);
-        assert_eq!(backend.release(&key(), &a).await?, ReleaseOutcome::NotHeld);
-        assert_eq!(backend.release(&key(), &b).await?, ReleaseOutcome::Released);
+        assert_eq!(
+            backend.release(&key(), &a).await?.outcome(),
+            ReleaseOutcome::NotHeld
+        );
+        assert_eq!(
+            backend.release(&key(), &b).await?.outcome(),
+            ReleaseOutcome::Released
+        );
         assert_eq!(backend.inspect(&key()).await?, None);
         Ok(())
     }

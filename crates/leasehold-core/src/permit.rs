@@ -4,7 +4,7 @@
 //! to `S:permit:N-1` (`{S}:permit:i` when `S` has no hash tag), each an
 //! ordinary exclusive lease. Taking a permit means taking the first free
 //! one of them, in one atomic operation that also checks that every holder
-//! agrees on `N` (see [`LeaseBackend::try_acquire_permit`]). The grant names
+//! agrees on `N` (see [`PermitBackend::try_acquire_permit`]). The grant names
 //! the permit key it won, so renewing, releasing and inspecting a permit are
 //! the operations of any other lease, and the watchdog renews permits in the
 //! same batches as every other lease.
@@ -15,7 +15,7 @@
 //! announced to the waiters of the semaphore, so a waiter for any permit
 //! wakes.
 //!
-//! [`LeaseBackend::try_acquire_permit`]: crate::LeaseBackend::try_acquire_permit
+//! [`PermitBackend::try_acquire_permit`]: crate::PermitBackend::try_acquire_permit
 
 use std::fmt;
 

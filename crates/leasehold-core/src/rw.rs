@@ -10,11 +10,11 @@
 //! Both count with `K` (see [`LeaseKey::counted_as`]): their fencing tokens
 //! come from `K`'s counter, so they strictly increase across readers and
 //! writers, and their releases wake the waiters of `K`. Which holders may
-//! coexist is decided by [`LeaseBackend::try_acquire_read`] and
-//! [`LeaseBackend::try_acquire_write`].
+//! coexist is decided by [`ReadWriteBackend::try_acquire_read`] and
+//! [`ReadWriteBackend::try_acquire_write`].
 //!
-//! [`LeaseBackend::try_acquire_read`]: crate::LeaseBackend::try_acquire_read
-//! [`LeaseBackend::try_acquire_write`]: crate::LeaseBackend::try_acquire_write
+//! [`ReadWriteBackend::try_acquire_read`]: crate::ReadWriteBackend::try_acquire_read
+//! [`ReadWriteBackend::try_acquire_write`]: crate::ReadWriteBackend::try_acquire_write
 
 use std::time::Duration;
 

@@ -3,8 +3,8 @@
 use std::time::Duration;
 
 use leasehold_core::{
-    AcquireOutcome, AcquireRequest, BackendError, HolderId, LeaseBackend, LeaseChange, LeaseKey,
-    MemoryBackend, ReleaseOutcome, RenewOutcome, RenewRequest, Ttl,
+    AcquireOutcome, AcquireRequest, BackendError, ChangeBackend, HolderId, LeaseBackend,
+    LeaseChange, LeaseKey, MemoryBackend, ReleaseOutcome, RenewOutcome, RenewRequest, Ttl,
 };
 use tokio::time::Instant;
 
@@ -57,7 +57,10 @@ async fn fail_next_fails_exactly_n_operations_of_any_kind() -> TestResult {
         backend.try_acquire(&acquire).await?,
         AcquireOutcome::Acquired(_)
     ));
-    assert_eq!(backend.release(&key, &me).await?, ReleaseOutcome::Released);
+    assert_eq!(
+        backend.release(&key, &me).await?.outcome(),
+        ReleaseOutcome::Released
+    );
     Ok(())
 }
 
@@ -138,7 +141,10 @@ async fn a_hung_backend_lets_leases_expire_and_vanish_and_hand_over_replace_them
     );
     let theirs = backend.hand_over(&key, ttl)?;
     assert!(theirs.fencing_token > mine.fencing_token);
-    assert_eq!(backend.release(&key, &me).await?, ReleaseOutcome::NotHeld);
+    assert_eq!(
+        backend.release(&key, &me).await?.outcome(),
+        ReleaseOutcome::NotHeld
+    );
     assert!(backend.vanish(&key));
     assert!(!backend.vanish(&key));
     Ok(())

@@ -8,9 +8,10 @@
 use std::time::Duration;
 
 use leasehold_core::{
-    AcquireOutcome, AcquireRequest, BackendError, Grant, HandoverOutcome, HolderId, LeaseBackend,
-    LeaseInfo, LeaseKey, LockDelay, MemoryBackend, PermitLimit, ReleaseOutcome, RenewOutcome,
-    RenewRequest, Ttl,
+    AcquireOutcome, AcquireRequest, BackendError, FairBackend, Grant, HandoverBackend,
+    HandoverOutcome, HolderId, LeaseBackend, LeaseInfo, LeaseKey, LockDelay, MemoryBackend,
+    PermitBackend, PermitLimit, ReadWriteBackend, ReleaseOutcome, RenewOutcome, RenewRequest, Ttl,
+    WatchPolicy,
 };
 use tokio::time::advance;
 
@@ -56,14 +57,17 @@ async fn an_early_release_keeps_the_key_until_grant_plus_minimum() -> TestResult
     let backend = MemoryBackend::new();
     let (a, b) = (HolderId::generate()?, HolderId::generate()?);
     let grant = acquired(&backend, &request(a)?).await?;
-    let mut watch = backend.watch_releases(&key()).await?;
+    let mut watch = backend.watch_releases(&key(), WatchPolicy::Counted).await?;
     advance(MS(600)).await;
     assert_eq!(
         backend.renew(&RenewRequest::new(key(), a, ttl())).await?,
         RenewOutcome::Renewed
     );
     advance(MS(400)).await;
-    assert_eq!(backend.release(&key(), &a).await?, ReleaseOutcome::Released);
+    assert_eq!(
+        backend.release(&key(), &a).await?.outcome(),
+        ReleaseOutcome::Released
+    );
 
     let info = held(&backend, &request(b)?).await?;
     assert_eq!(info.fencing_token, Some(grant.fencing_token));
@@ -94,9 +98,12 @@ async fn a_release_after_the_minimum_frees_the_key_at_once() -> TestResult {
     let mut lease = request(a)?;
     lease.ttl = Ttl::new(MS(10_000))?;
     acquired(&backend, &lease).await?;
-    let mut watch = backend.watch_releases(&key()).await?;
+    let mut watch = backend.watch_releases(&key(), WatchPolicy::Counted).await?;
     advance(MINIMUM).await;
-    assert_eq!(backend.release(&key(), &a).await?, ReleaseOutcome::Released);
+    assert_eq!(
+        backend.release(&key(), &a).await?.outcome(),
+        ReleaseOutcome::Released
+    );
     tokio::time::timeout(MS(1), watch.released()).await?;
     assert_eq!(backend.inspect(&key()).await?, None);
     acquired(&backend, &request(b)?).await?;
@@ -127,14 +134,20 @@ async fn no_handover_and_no_stranger_under_the_minimum() -> TestResult {
         backend.renew(&RenewRequest::new(key(), b, ttl())).await?,
         RenewOutcome::Lost
     );
-    assert_eq!(backend.release(&key(), &b).await?, ReleaseOutcome::NotHeld);
+    assert_eq!(
+        backend.release(&key(), &b).await?.outcome(),
+        ReleaseOutcome::NotHeld
+    );
     let info = backend
         .inspect(&key())
         .await?
         .ok_or("the kept key is gone")?;
     assert_eq!(info.ttl_left, Some(MS(3_000)));
     // The holder's second release (a retry) keeps the same end.
-    assert_eq!(backend.release(&key(), &a).await?, ReleaseOutcome::Released);
+    assert_eq!(
+        backend.release(&key(), &a).await?.outcome(),
+        ReleaseOutcome::Released
+    );
     advance(MS(3_000)).await;
     assert_eq!(backend.inspect(&key()).await?, None);
     Ok(())

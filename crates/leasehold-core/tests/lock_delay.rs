@@ -8,9 +8,9 @@
 use std::time::Duration;
 
 use leasehold_core::{
-    AcquireOutcome, AcquireRequest, Grant, HandoverOutcome, HolderId, LeaseBackend, LeaseInfo,
-    LeaseKey, LockDelay, MemoryBackend, PermitLimit, ReleaseOutcome, RenewOutcome, RenewRequest,
-    Ttl,
+    AcquireOutcome, AcquireRequest, Grant, HandoverBackend, HandoverOutcome, HolderId,
+    LeaseBackend, LeaseInfo, LeaseKey, LockDelay, MemoryBackend, PermitBackend, PermitLimit,
+    ReadWriteBackend, ReleaseOutcome, RenewOutcome, RenewRequest, Ttl,
 };
 use tokio::time::{Instant, advance};
 
@@ -94,7 +94,10 @@ async fn a_release_frees_the_key_at_once() -> TestResult {
     let backend = MemoryBackend::new();
     let (a, b) = (HolderId::generate()?, HolderId::generate()?);
     acquired(&backend, &request(a)).await?;
-    assert_eq!(backend.release(&key(), &a).await?, ReleaseOutcome::Released);
+    assert_eq!(
+        backend.release(&key(), &a).await?.outcome(),
+        ReleaseOutcome::Released
+    );
     assert_eq!(backend.inspect(&key()).await?, None);
     acquired(&backend, &request(b)).await?;
     Ok(())

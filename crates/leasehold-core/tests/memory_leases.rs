@@ -5,8 +5,9 @@
 use std::time::Duration;
 
 use leasehold_core::{
-    AcquireOutcome, AcquireRequest, FencingToken, Grant, HandoverOutcome, HolderId, LeaseBackend,
-    LeaseKey, MemoryBackend, ReleaseOutcome, RenewOutcome, RenewRequest, Ttl,
+    AcquireOutcome, AcquireRequest, FencingToken, Grant, HandoverBackend, HandoverOutcome,
+    HolderId, LeaseBackend, LeaseKey, MemoryBackend, ReleaseOutcome, ReleaseReport, RenewOutcome,
+    RenewRequest, Ttl, WatchPolicy,
 };
 use tokio::time::{Instant, advance, timeout};
 
@@ -134,7 +135,10 @@ async fn fencing_tokens_rise_by_one_per_key() -> TestResult {
                 .await?
                 .fencing_token,
         );
-        assert_eq!(backend.release(&a, &me).await?, ReleaseOutcome::Released);
+        assert_eq!(
+            backend.release(&a, &me).await?.outcome(),
+            ReleaseOutcome::Released
+        );
     }
     tokens.push(backend.hand_over(&a, ttl)?.fencing_token);
     let on_b = acquire(&backend, &AcquireRequest::new(b.clone(), me, ttl)).await?;
@@ -157,19 +161,16 @@ async fn releases_are_heard_by_watchers_and_handed_over_only_without_others() ->
 
     acquire(&backend, &mine).await?;
     assert_eq!(
-        backend.release_heard(&key, &me).await?,
-        (ReleaseOutcome::Released, false)
+        backend.release(&key, &me).await?,
+        ReleaseReport::Released { heard: false }
     );
     acquire(&backend, &mine).await?;
-    let mut watch = backend.watch_releases(&key).await?;
+    let mut watch = backend.watch_releases(&key, WatchPolicy::Counted).await?;
     assert!(watch.is_supported());
+    assert_eq!(backend.release(&key, &next).await?, ReleaseReport::NotHeld);
     assert_eq!(
-        backend.release_heard(&key, &next).await?,
-        (ReleaseOutcome::NotHeld, false)
-    );
-    assert_eq!(
-        backend.release_heard(&key, &me).await?,
-        (ReleaseOutcome::Released, true)
+        backend.release(&key, &me).await?,
+        ReleaseReport::Released { heard: true }
     );
     timeout(ms(1), watch.released()).await?;
 
@@ -193,11 +194,11 @@ async fn releases_are_heard_by_watchers_and_handed_over_only_without_others() ->
 
     // Two watches: someone else waits, so it is only released, and heard.
     assert_eq!(
-        backend.release(&key, &next).await?,
+        backend.release(&key, &next).await?.outcome(),
         ReleaseOutcome::Released
     );
     acquire(&backend, &mine).await?;
-    let mut other = backend.watch_releases(&key).await?;
+    let mut other = backend.watch_releases(&key, WatchPolicy::Counted).await?;
     assert_eq!(
         backend.release_to(&key, &me, &theirs).await?,
         HandoverOutcome::Released

@@ -8,7 +8,8 @@ use std::time::Duration;
 
 use leasehold_core::{
     AcquireOutcome, AcquireRequest, BackendError, Grant, HolderId, LeaseBackend, LeaseInfo,
-    LeaseKey, MemoryBackend, PermitLimit, ReleaseOutcome, RenewOutcome, RenewRequest, Ttl,
+    LeaseKey, MemoryBackend, PermitBackend, PermitLimit, ReleaseOutcome, ReleaseReport,
+    RenewOutcome, RenewRequest, Ttl, WatchPolicy,
 };
 use tokio::time::{advance, timeout};
 
@@ -36,7 +37,10 @@ async fn take(
     ttl: Ttl,
     n: u32,
 ) -> Result<AcquireOutcome, BackendError> {
+    // As the manager asks: through the backend's permits, if it has them.
     backend
+        .permits()
+        .ok_or_else(|| BackendError::no_permits(&jobs()))?
         .try_acquire_permit(&AcquireRequest::new(jobs(), who, ttl), limit(n))
         .await
 }
@@ -95,7 +99,7 @@ async fn at_most_n_holders_each_on_the_first_free_permit() -> TestResult {
 
     // A permit is a lease: released by its key, then the next holder gets it.
     assert_eq!(
-        backend.release(&gb.key, &b).await?,
+        backend.release(&gb.key, &b).await?.outcome(),
         ReleaseOutcome::Released
     );
     let next = granted(&backend, holder(), ttl, 3).await?;
@@ -168,13 +172,19 @@ async fn a_limit_mismatch_is_refused_while_permits_are_held() -> TestResult {
 async fn a_permit_release_wakes_the_semaphores_watchers() -> TestResult {
     let backend = MemoryBackend::new();
     let ttl = Ttl::parse("10s")?;
-    let mut plain = backend.watch_releases(&jobs()).await?;
-    let mut braced = backend.watch_releases(&LeaseKey::new("{jobs}")?).await?;
+    let mut plain = backend
+        .watch_releases(&jobs(), WatchPolicy::Counted)
+        .await?;
+    let mut braced = backend
+        .watch_releases(&LeaseKey::new("{jobs}")?, WatchPolicy::Counted)
+        .await?;
     let me = holder();
     granted(&backend, holder(), ttl, 2).await?;
     let grant = granted(&backend, me, ttl, 2).await?;
-    let (released, heard) = backend.release_heard(&grant.key, &me).await?;
-    assert_eq!((released, heard), (ReleaseOutcome::Released, true));
+    assert_eq!(
+        backend.release(&grant.key, &me).await?,
+        ReleaseReport::Released { heard: true }
+    );
     timeout(ms(1), plain.released()).await?;
     timeout(ms(1), braced.released()).await?;
     Ok(())
@@ -212,7 +222,7 @@ async fn permits_renew_in_one_batch_with_other_leases() -> TestResult {
 }
 
 /// A backend that implements only the required methods has no permits:
-/// the default refuses with a typed error.
+/// its `permits` is `None`, and the manager's refusal is a typed error.
 #[derive(Clone)]
 struct NoPermits(MemoryBackend);
 
@@ -230,7 +240,7 @@ impl LeaseBackend for NoPermits {
         &self,
         key: &LeaseKey,
         holder: &HolderId,
-    ) -> Result<ReleaseOutcome, BackendError> {
+    ) -> Result<ReleaseReport, BackendError> {
         self.0.release(key, holder).await
     }
     async fn inspect(&self, key: &LeaseKey) -> Result<Option<LeaseInfo>, BackendError> {

@@ -8,8 +8,9 @@
 use std::time::Duration;
 
 use leasehold_core::{
-    AcquireOutcome, AcquireRequest, BackendError, Grant, HolderId, LeaseBackend, LeaseInfo,
-    LeaseKey, MemoryBackend, ReleaseOutcome, RenewOutcome, RenewRequest, RwRole, Ttl,
+    AcquireOutcome, AcquireRequest, BackendError, Grant, HandoverBackend, HolderId, LeaseBackend,
+    LeaseInfo, LeaseKey, MemoryBackend, ReadWriteBackend, ReleaseOutcome, ReleaseReport,
+    RenewOutcome, RenewRequest, RwRole, Ttl, WatchPolicy,
 };
 use tokio::time::{advance, timeout};
 
@@ -95,7 +96,7 @@ async fn a_writer_overlaps_no_one() -> TestResult {
     let reader = granted(read(&backend, r, ttl("10s")).await?)?;
     refused(write(&backend, w, ttl("10s")).await?)?;
     assert_eq!(
-        backend.release(&reader.key, &r).await?,
+        backend.release(&reader.key, &r).await?.outcome(),
         ReleaseOutcome::Released
     );
 
@@ -127,13 +128,13 @@ async fn a_refused_writer_goes_before_new_readers() -> TestResult {
     assert_eq!(info.ttl_left, Some(ms(10_000)));
 
     assert_eq!(
-        backend.release(&first.key, &r1).await?,
+        backend.release(&first.key, &r1).await?.outcome(),
         ReleaseOutcome::Released
     );
     let writer = granted(write(&backend, w, ttl("10s")).await?)?;
     refused(read(&backend, r2, ttl("10s")).await?)?;
     assert_eq!(
-        backend.release(&writer.key, &w).await?,
+        backend.release(&writer.key, &w).await?.outcome(),
         ReleaseOutcome::Released
     );
     // Granting the writer cleared its intent.
@@ -203,7 +204,7 @@ async fn fencing_tokens_rise_across_readers_and_writers() -> TestResult {
 #[tokio::test(start_paused = true)]
 async fn a_release_of_any_share_wakes_the_leases_watchers() -> TestResult {
     let backend = MemoryBackend::new();
-    let mut watch = backend.watch_releases(&doc()).await?;
+    let mut watch = backend.watch_releases(&doc(), WatchPolicy::Counted).await?;
     let (r, w) = (holder(), holder());
     let reader = granted(read(&backend, r, ttl("10s")).await?)?;
     backend.release(&reader.key, &r).await?;
@@ -236,7 +237,7 @@ async fn share_keys_cannot_be_taken_around_the_rules() -> TestResult {
     }
     assert_eq!(backend.inspect(&writer_key).await?, None);
     let next = AcquireRequest::new(reader.key.clone(), holder(), ttl("10s"));
-    let _only_listener = backend.watch_releases(&doc()).await?;
+    let _only_listener = backend.watch_releases(&doc(), WatchPolicy::Counted).await?;
     assert_eq!(
         backend.release_to(&reader.key, &r, &next).await?,
         leasehold_core::HandoverOutcome::Released
@@ -297,7 +298,10 @@ async fn a_writer_never_overlaps_anyone_under_32_contenders() -> TestResult {
                 tokio::time::sleep(ms(2 + i % 3)).await;
                 holding.fetch_sub(weight, Ordering::SeqCst);
                 let released = backend.release(&grant.key, &me).await;
-                assert_eq!(released.ok(), Some(ReleaseOutcome::Released));
+                assert_eq!(
+                    released.ok().map(ReleaseReport::outcome),
+                    Some(ReleaseOutcome::Released)
+                );
                 me = holder();
             }
         }));

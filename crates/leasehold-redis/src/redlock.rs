@@ -7,9 +7,10 @@ use std::time::Duration;
 
 use futures_util::future::join_all;
 use leasehold_core::{
-    AcquireOutcome, AcquireRequest, BackendError, FairOutcome, FencingToken, Grant, HolderId,
-    LeaseBackend, LeaseInfo, LeaseKey, PermitLimit, PlaceTtl, ReleaseOutcome, ReleaseWatch,
-    RenewOutcome, RenewRequest, clock_drift,
+    AcquireOutcome, AcquireRequest, BackendError, FairBackend, FairOutcome, FencingToken, Grant,
+    HandoverWatch, HolderId, LeaseBackend, LeaseInfo, LeaseKey, PermitBackend, PermitLimit,
+    PlaceTtl, ReadWriteBackend, ReleaseOutcome, ReleaseReport, ReleaseWatch, RenewOutcome,
+    RenewRequest, WatchPolicy, clock_drift,
 };
 use tokio::time::Instant;
 
@@ -65,6 +66,11 @@ use crate::{Error, RedisBackend};
 ///   and a place pruned on one master lives on another. Ordering waiters
 ///   across independent masters needs a consensus the protocol does not
 ///   have; use a standalone, Sentinel or Cluster deployment for fair mode.
+///
+///   These three are capabilities the backend answers rather than lacks
+///   ([`LeaseBackend::permits`], [`LeaseBackend::read_write`] and
+///   [`LeaseBackend::fair`] return it), so that the refusal a manager
+///   passes on says why, and nothing is written on any master.
 /// - **A minimum hold** ([`AcquireRequest::hold_at_least`]) is refused with
 ///   [`BackendError::Unsupported`]. Each master would keep its key for the
 ///   minimum on a release, including the give-back of a vote that lost:
@@ -375,59 +381,6 @@ fn no_quorum(op: &'static str, key: &LeaseKey, cause: NoQuorum) -> BackendError 
 }
 
 impl LeaseBackend for RedlockBackend {
-    /// Refused: see the type's documentation.
-    async fn try_acquire_permit(
-        &self,
-        request: &AcquireRequest,
-        limit: PermitLimit,
-    ) -> Result<AcquireOutcome, BackendError> {
-        let _ = limit;
-        Err(BackendError::Unsupported {
-            op: "acquire_permit",
-            key: request.key.as_str().to_owned(),
-            reason: "Redlock has no counting leases: independent masters would each pick their own free permit, so no majority agrees on one; use a standalone, Sentinel or Cluster deployment for semaphores",
-        })
-    }
-
-    /// Refused: see the type's documentation.
-    async fn try_acquire_fair(
-        &self,
-        request: &AcquireRequest,
-        place_ttl: PlaceTtl,
-        handover: Option<std::time::Duration>,
-    ) -> Result<FairOutcome, BackendError> {
-        let _ = (place_ttl, handover);
-        Err(BackendError::Unsupported {
-            op: "acquire_fair",
-            key: request.key.as_str().to_owned(),
-            reason: "Redlock has no fair mode: each independent master would queue waiters in the order they reached it, so the heads split the votes and no majority agrees on whose turn it is; use a standalone, Sentinel or Cluster deployment for fair mode",
-        })
-    }
-
-    /// Refused: see the type's documentation.
-    async fn try_acquire_read(
-        &self,
-        request: &AcquireRequest,
-    ) -> Result<AcquireOutcome, BackendError> {
-        Err(BackendError::Unsupported {
-            op: "acquire_read",
-            key: request.key.as_str().to_owned(),
-            reason: REDLOCK_RW,
-        })
-    }
-
-    /// Refused: see the type's documentation.
-    async fn try_acquire_write(
-        &self,
-        request: &AcquireRequest,
-    ) -> Result<AcquireOutcome, BackendError> {
-        Err(BackendError::Unsupported {
-            op: "acquire_write",
-            key: request.key.as_str().to_owned(),
-            reason: REDLOCK_RW,
-        })
-    }
-
     async fn try_acquire(&self, request: &AcquireRequest) -> Result<AcquireOutcome, BackendError> {
         const OP: &str = "acquire";
         if request.hold_at_least.is_some() {
@@ -560,41 +513,29 @@ impl LeaseBackend for RedlockBackend {
     }
 
     /// Releases on every master. `Released` when any master still had the
-    /// lease, `NotHeld` when a majority did not; an error otherwise.
+    /// lease (heard when a master's notice reached a waiter elsewhere),
+    /// `NotHeld` when a majority did not; an error otherwise.
     async fn release(
         &self,
         key: &LeaseKey,
         holder: &HolderId,
-    ) -> Result<ReleaseOutcome, BackendError> {
-        Ok(self.release_heard(key, holder).await?.0)
-    }
-
-    /// Heard when a master's notice reached a waiter elsewhere.
-    async fn release_heard(
-        &self,
-        key: &LeaseKey,
-        holder: &HolderId,
-    ) -> Result<(ReleaseOutcome, bool), BackendError> {
-        let results = join_all(
-            self.shared
-                .nodes
-                .iter()
-                .map(|n| n.release_heard(key, holder)),
-        )
-        .await;
+    ) -> Result<ReleaseReport, BackendError> {
+        let results = join_all(self.shared.nodes.iter().map(|n| n.release(key, holder))).await;
         let released = results
             .iter()
-            .filter(|r| matches!(r, Ok((ReleaseOutcome::Released, _))))
+            .filter(|r| matches!(r, Ok(ReleaseReport::Released { .. })))
             .count();
-        let heard = results.iter().any(|r| matches!(r, Ok((_, true))));
+        let heard = results
+            .iter()
+            .any(|r| matches!(r, Ok(report) if report.heard()));
         let not_held = results
             .iter()
-            .filter(|r| matches!(r, Ok((ReleaseOutcome::NotHeld, _))))
+            .filter(|r| matches!(r, Ok(ReleaseReport::NotHeld)))
             .count();
         if released > 0 {
-            Ok((ReleaseOutcome::Released, heard))
+            Ok(ReleaseReport::Released { heard })
         } else if not_held >= self.shared.quorum {
-            Ok((ReleaseOutcome::NotHeld, false))
+            Ok(ReleaseReport::NotHeld)
         } else {
             Err(no_quorum(
                 "release",
@@ -608,24 +549,6 @@ impl LeaseBackend for RedlockBackend {
                 },
             ))
         }
-    }
-
-    /// Subscribes on every master that answers within the node timeout
-    /// (each master's release publishes there); the first notice wins. With
-    /// no master answering, waiters poll. Redlock never hands over: the
-    /// default [`release_to`](LeaseBackend::release_to) releases everywhere.
-    async fn watch_releases(&self, key: &LeaseKey) -> Result<ReleaseWatch, BackendError> {
-        let limit = self.shared.node_timeout;
-        let watches = join_all(
-            self.shared
-                .nodes
-                .iter()
-                .map(|n| tokio::time::timeout(limit, n.watch_releases(key))),
-        )
-        .await;
-        Ok(ReleaseWatch::any(
-            watches.into_iter().filter_map(|w| w.ok()?.ok()),
-        ))
     }
 
     /// Held when a majority of the masters holds the lease (the info shown
@@ -663,5 +586,146 @@ impl LeaseBackend for RedlockBackend {
                 },
             ))
         }
+    }
+
+    /// Subscribes on every master that answers within the node timeout
+    /// (each master's release publishes there); the first notice wins. With
+    /// no master answering, waiters poll. Redlock never hands over: the
+    /// backend has no [`handover`](LeaseBackend::handover): a release
+    /// releases everywhere. Every policy subscribes on the masters as
+    /// [`WatchPolicy::Counted`] does.
+    async fn watch_releases(
+        &self,
+        key: &LeaseKey,
+        policy: WatchPolicy,
+    ) -> Result<ReleaseWatch, BackendError> {
+        let _ = policy;
+        let limit = self.shared.node_timeout;
+        let watches = join_all(
+            self.shared
+                .nodes
+                .iter()
+                .map(|n| tokio::time::timeout(limit, n.watch_releases(key, WatchPolicy::Counted))),
+        )
+        .await;
+        Ok(ReleaseWatch::any(
+            watches.into_iter().filter_map(|w| w.ok()?.ok()),
+        ))
+    }
+
+    /// `Some`, to refuse permits with the reason (see the type's
+    /// documentation).
+    fn permits(&self) -> Option<&impl PermitBackend> {
+        Some(self)
+    }
+
+    /// `Some`, to refuse read-write leases with the reason (see the type's
+    /// documentation).
+    fn read_write(&self) -> Option<&impl ReadWriteBackend> {
+        Some(self)
+    }
+
+    /// `Some`, to refuse fair mode with the reason (see the type's
+    /// documentation).
+    fn fair(&self) -> Option<&impl FairBackend> {
+        Some(self)
+    }
+}
+
+impl PermitBackend for RedlockBackend {
+    /// Refused: see the type's documentation.
+    async fn try_acquire_permit(
+        &self,
+        request: &AcquireRequest,
+        limit: PermitLimit,
+    ) -> Result<AcquireOutcome, BackendError> {
+        let _ = limit;
+        Err(BackendError::Unsupported {
+            op: "acquire_permit",
+            key: request.key.as_str().to_owned(),
+            reason: "Redlock has no counting leases: independent masters would each pick their own free permit, so no majority agrees on one; use a standalone, Sentinel or Cluster deployment for semaphores",
+        })
+    }
+}
+
+impl ReadWriteBackend for RedlockBackend {
+    /// Refused: see the type's documentation.
+    async fn try_acquire_read(
+        &self,
+        request: &AcquireRequest,
+    ) -> Result<AcquireOutcome, BackendError> {
+        Err(BackendError::Unsupported {
+            op: "acquire_read",
+            key: request.key.as_str().to_owned(),
+            reason: REDLOCK_RW,
+        })
+    }
+
+    /// Refused: see the type's documentation.
+    async fn try_acquire_write(
+        &self,
+        request: &AcquireRequest,
+    ) -> Result<AcquireOutcome, BackendError> {
+        Err(BackendError::Unsupported {
+            op: "acquire_write",
+            key: request.key.as_str().to_owned(),
+            reason: REDLOCK_RW,
+        })
+    }
+
+    /// No intents to withdraw: no writer ever left one.
+    async fn withdraw_write_intent(
+        &self,
+        key: &LeaseKey,
+        holder: &HolderId,
+    ) -> Result<bool, BackendError> {
+        let _ = (key, holder);
+        Ok(false)
+    }
+}
+
+impl FairBackend for RedlockBackend {
+    /// Refused: see the type's documentation.
+    async fn try_acquire_fair(
+        &self,
+        request: &AcquireRequest,
+        place_ttl: PlaceTtl,
+        handover: Option<std::time::Duration>,
+    ) -> Result<FairOutcome, BackendError> {
+        let _ = (place_ttl, handover);
+        Err(BackendError::Unsupported {
+            op: "acquire_fair",
+            key: request.key.as_str().to_owned(),
+            reason: "Redlock has no fair mode: each independent master would queue waiters in the order they reached it, so the heads split the votes and no majority agrees on whose turn it is; use a standalone, Sentinel or Cluster deployment for fair mode",
+        })
+    }
+
+    /// Nothing to hand over: no lease is taken in fair mode.
+    async fn release_fair(
+        &self,
+        key: &LeaseKey,
+        holder: &HolderId,
+    ) -> Result<ReleaseOutcome, BackendError> {
+        Ok(self.release(key, holder).await?.outcome())
+    }
+
+    /// Nothing is handed over.
+    async fn watch_handover(
+        &self,
+        key: &LeaseKey,
+        holder: &HolderId,
+    ) -> Result<HandoverWatch, BackendError> {
+        let _ = (key, holder);
+        Ok(HandoverWatch::unsupported())
+    }
+
+    /// No queue to leave.
+    async fn leave_fair_queue(
+        &self,
+        key: &LeaseKey,
+        holder: &HolderId,
+    ) -> Result<(), BackendError> {
+        let _ = (key, holder);
+        Ok(())
     }
 }

@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use leasehold_core::{
     AcquireOutcome, AcquireRequest, BackendError, FencingToken, Grant, HandoverOutcome, LeaseInfo,
-    LeaseKey, ReleaseOutcome, RenewOutcome, RwInfo, WriteIntent,
+    LeaseKey, ReleaseReport, RenewOutcome, RwInfo, WriteIntent,
 };
 use redis::{ErrorKind, RedisError, RetryMethod, Value};
 use tokio::time::Instant;
@@ -362,11 +362,11 @@ pub(crate) fn renewed(count: usize, reply: &Value) -> Result<Vec<RenewOutcome>, 
 
 /// The reply of `release.lua`: 0 (not ours), 1 (released), or 2 (released,
 /// and a waiter elsewhere heard the notice).
-pub(crate) fn released_heard(reply: &Value) -> Result<(ReleaseOutcome, bool), Failure> {
+pub(crate) fn release_report(reply: &Value) -> Result<ReleaseReport, Failure> {
     match int(plain(reply)) {
-        Some(2) => Ok((ReleaseOutcome::Released, true)),
-        Some(1) => Ok((ReleaseOutcome::Released, false)),
-        Some(0) => Ok((ReleaseOutcome::NotHeld, false)),
+        Some(2) => Ok(ReleaseReport::Released { heard: true }),
+        Some(1) => Ok(ReleaseReport::Released { heard: false }),
+        Some(0) => Ok(ReleaseReport::NotHeld),
         _ => Err(unexpected("2, 1 or 0", reply)),
     }
 }
@@ -634,19 +634,19 @@ mod tests {
         }
 
         assert!(matches!(
-            released_heard(&Value::Int(2)),
-            Ok((ReleaseOutcome::Released, true))
+            release_report(&Value::Int(2)),
+            Ok(ReleaseReport::Released { heard: true })
         ));
         assert!(matches!(
-            released_heard(&Value::Int(1)),
-            Ok((ReleaseOutcome::Released, false))
+            release_report(&Value::Int(1)),
+            Ok(ReleaseReport::Released { heard: false })
         ));
         assert!(matches!(
-            released_heard(&Value::Int(0)),
-            Ok((ReleaseOutcome::NotHeld, false))
+            release_report(&Value::Int(0)),
+            Ok(ReleaseReport::NotHeld)
         ));
-        assert!(released_heard(&Value::Int(3)).is_err());
-        assert!(released_heard(&bulk("1")).is_err());
+        assert!(release_report(&Value::Int(3)).is_err());
+        assert!(release_report(&bulk("1")).is_err());
 
         assert!(matches!(
             inspected(&Value::Array(vec![Value::Nil, Value::Int(-2)])),
@@ -665,7 +665,7 @@ mod tests {
     #[test]
     fn descriptions_never_show_contents() {
         let secret = format!("{HOLDER}:1:");
-        let Err(Failure::Unexpected(detail)) = released_heard(&bulk(&secret)) else {
+        let Err(Failure::Unexpected(detail)) = release_report(&bulk(&secret)) else {
             panic!("a string is not a release reply");
         };
         assert!(!detail.contains(HOLDER), "{detail}");

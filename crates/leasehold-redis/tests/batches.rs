@@ -17,7 +17,8 @@ use common::{TestResult, acquire, connect, holder, key, storage_key, ttl};
 use futures_util::StreamExt;
 use futures_util::future::join_all;
 use leasehold_core::{
-    AcquireOutcome, AcquireRequest, BackendError, HolderId, LeaseBackend, LeaseKey, ReleaseOutcome,
+    AcquireOutcome, AcquireRequest, BackendError, ChangeBackend, HolderId, LeaseBackend, LeaseKey,
+    ReleaseOutcome, ReleaseReport,
 };
 use leasehold_redis::{KeyLayout, RedisBackend};
 use leasehold_testkit::{Proxy, ProxyMode, RedisCluster, RedisServer, redis_cli_binary};
@@ -65,7 +66,7 @@ async fn warm_up(
         }
         let released = join_all(three.iter().map(|k| backend.release(k, &me))).await;
         for outcome in released {
-            assert_eq!(outcome?, ReleaseOutcome::Released);
+            assert_eq!(outcome?.outcome(), ReleaseOutcome::Released);
         }
     }
     for server in servers {
@@ -218,7 +219,10 @@ async fn fencing_tokens_rise_across_a_batch_and_across_batches() -> TestResult {
         )
         .await?;
         assert_eq!(calls(&server, "evalsha")?, 2);
-        let released: Vec<ReleaseOutcome> = released.into_iter().collect::<Result<_, _>>()?;
+        let released: Vec<ReleaseOutcome> = released
+            .into_iter()
+            .map(|r| r.map(ReleaseReport::outcome))
+            .collect::<Result<_, _>>()?;
         assert_eq!(
             released,
             [
@@ -260,11 +264,11 @@ async fn batched_releases_keep_leases_under_their_minimum() -> TestResult {
     assert_eq!(server.cli(&["CONFIG", "RESETSTAT"])?, "OK");
     let released = tokio::time::timeout(
         BOUND,
-        join_all(keys.iter().map(|k| backend.release_heard(k, &me))),
+        join_all(keys.iter().map(|k| backend.release(k, &me))),
     )
     .await?;
     for outcome in released {
-        assert_eq!(outcome?, (ReleaseOutcome::Released, false));
+        assert_eq!(outcome?, ReleaseReport::Released { heard: false });
     }
     for k in &keys {
         let left = pttl(&server, k)?;
@@ -301,18 +305,18 @@ async fn batched_releases_publish_their_notices() -> TestResult {
     assert_eq!(server.cli(&["CONFIG", "RESETSTAT"])?, "OK");
     let released = tokio::time::timeout(
         BOUND,
-        join_all(keys.iter().map(|k| backend.release_heard(k, &me))),
+        join_all(keys.iter().map(|k| backend.release(k, &me))),
     )
     .await?;
     assert_eq!(calls(&server, "evalsha")?, 2);
-    let released: Vec<(ReleaseOutcome, bool)> = released.into_iter().collect::<Result<_, _>>()?;
+    let released: Vec<ReleaseReport> = released.into_iter().collect::<Result<_, _>>()?;
     assert_eq!(
         released,
         [
-            (ReleaseOutcome::Released, true),
-            (ReleaseOutcome::Released, true),
-            (ReleaseOutcome::Released, true),
-            (ReleaseOutcome::NotHeld, false),
+            ReleaseReport::Released { heard: true },
+            ReleaseReport::Released { heard: true },
+            ReleaseReport::Released { heard: true },
+            ReleaseReport::NotHeld,
         ]
     );
     let mut heard = Vec::new();

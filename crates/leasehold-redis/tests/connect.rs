@@ -213,7 +213,7 @@ async fn a_promoted_master_without_a_command_is_refused_by_name() -> TestResult 
         AcquireOutcome::Acquired(_)
     ));
     assert_eq!(
-        backend.release(&key, &first.holder).await?,
+        backend.release(&key, &first.holder).await?.outcome(),
         ReleaseOutcome::Released
     );
 

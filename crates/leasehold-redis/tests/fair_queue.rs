@@ -10,8 +10,8 @@ use std::time::Duration;
 use common::{TestResult, acquire, connect, holder, key, storage_key, ttl};
 use futures_util::StreamExt;
 use leasehold_core::{
-    AcquireRequest, BackendError, FairOutcome, FairPlace, Grant, HolderId, LeaseBackend, LeaseKey,
-    PlaceTtl, ReleaseOutcome,
+    AcquireRequest, BackendError, FairBackend, FairOutcome, FairPlace, Grant, HolderId,
+    LeaseBackend, LeaseKey, PlaceTtl, ReleaseOutcome, WatchPolicy,
 };
 use leasehold_redis::{RedisBackend, RedlockBackend};
 use leasehold_testkit::{RedisCluster, RedisServer};
@@ -22,7 +22,7 @@ fn place_ttl(ms: u64) -> PlaceTtl {
 }
 
 async fn fair(
-    backend: &impl LeaseBackend,
+    backend: &impl FairBackend,
     lease: &LeaseKey,
     who: HolderId,
     place: PlaceTtl,
@@ -32,7 +32,7 @@ async fn fair(
 
 /// A place call that asks for a handover kept `handover` from the call.
 async fn asking(
-    backend: &impl LeaseBackend,
+    backend: &impl FairBackend,
     lease: &LeaseKey,
     who: HolderId,
     place: PlaceTtl,
@@ -118,7 +118,7 @@ async fn the_lease_goes_to_the_waiters_in_arrival_order() -> TestResult {
     assert_eq!(queue(&server, &lease)?, hex);
     for (turn, who) in arrivals.iter().enumerate() {
         assert_eq!(
-            backend.release(&lease, &grant.holder).await?,
+            backend.release(&lease, &grant.holder).await?.outcome(),
             ReleaseOutcome::Released
         );
         // The later waiters ask first, in reverse: refused, the lease left free.
@@ -221,7 +221,7 @@ async fn a_fair_queue_lives_in_its_leases_cluster_slot() -> TestResult {
         let grant = granted(fair(&backend, &lease, a, place_ttl(5_000)).await?);
         let place = waiting(fair(&backend, &lease, b, place_ttl(5_000)).await?);
         assert_eq!((place.ahead, place.queued), (0, 1));
-        let _channel = backend.watch_releases(&lease).await?;
+        let _channel = backend.watch_releases(&lease, WatchPolicy::Counted).await?;
         let mut told_c = backend.watch_handover(&lease, &c).await?;
         let hold = Some(Duration::from_secs(5));
         waiting(asking(&backend, &lease, c, place_ttl(5_000), hold).await?);
@@ -294,7 +294,7 @@ async fn a_fair_release_hands_the_lease_to_the_head_that_asked() -> TestResult {
     let first = acquire(&backend, &lease, holder(), ttl("30s")).await?;
     let (a, b) = (holder(), holder());
     // The waiters' process listens on the lease's channel, as a waiter does.
-    let _channel = backend.watch_releases(&lease).await?;
+    let _channel = backend.watch_releases(&lease, WatchPolicy::Counted).await?;
     let mut told_a = backend.watch_handover(&lease, &a).await?;
     let mut told_b = backend.watch_handover(&lease, &b).await?;
     let hold = Some(Duration::from_secs(5));
@@ -384,7 +384,7 @@ async fn a_handed_over_lease_outlives_the_heads_validity_and_no_more() -> TestRe
     let first = acquire(&backend, &lease, holder(), ttl("30s")).await?;
     let head = holder();
     let hold = Duration::from_millis(1_500);
-    let _channel = backend.watch_releases(&lease).await?;
+    let _channel = backend.watch_releases(&lease, WatchPolicy::Counted).await?;
     let mut told = backend.watch_handover(&lease, &head).await?;
     let sent = Instant::now();
     waiting(asking(&backend, &lease, head, place_ttl(2_000), Some(hold)).await?);

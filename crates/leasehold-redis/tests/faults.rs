@@ -206,7 +206,10 @@ async fn scripts_are_reloaded_after_script_flush() -> TestResult {
         AcquireOutcome::Acquired(g) if g.fencing_token == grant.fencing_token
     ));
     server.cli(&["SCRIPT", "FLUSH"])?;
-    assert_eq!(backend.release(&k, &a).await?, ReleaseOutcome::Released);
+    assert_eq!(
+        backend.release(&k, &a).await?.outcome(),
+        ReleaseOutcome::Released
+    );
     Ok(())
 }
 

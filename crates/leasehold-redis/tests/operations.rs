@@ -8,8 +8,8 @@ use std::time::Duration;
 
 use common::{TestResult, acquire, connect, held, holder, key, storage_key, ttl};
 use leasehold_core::{
-    AcquireOutcome, AcquireRequest, FencingToken, LeaseBackend, ReleaseOutcome, RenewOutcome,
-    RenewRequest,
+    AcquireOutcome, AcquireRequest, FencingToken, HandoverBackend, LeaseBackend, ReleaseOutcome,
+    RenewOutcome, RenewRequest,
 };
 use leasehold_redis::RedisBackend;
 use leasehold_testkit::RedisServer;
@@ -60,9 +60,18 @@ async fn acquire_held_reacquire_release() -> TestResult {
             .starts_with(&a.to_hex())
     );
 
-    assert_eq!(backend.release(&k, &b).await?, ReleaseOutcome::NotHeld);
-    assert_eq!(backend.release(&k, &a).await?, ReleaseOutcome::Released);
-    assert_eq!(backend.release(&k, &a).await?, ReleaseOutcome::NotHeld);
+    assert_eq!(
+        backend.release(&k, &b).await?.outcome(),
+        ReleaseOutcome::NotHeld
+    );
+    assert_eq!(
+        backend.release(&k, &a).await?.outcome(),
+        ReleaseOutcome::Released
+    );
+    assert_eq!(
+        backend.release(&k, &a).await?.outcome(),
+        ReleaseOutcome::NotHeld
+    );
     assert_eq!(backend.inspect(&k).await?, None);
 
     let next = acquire(&backend, &k, b, ttl).await?;
@@ -295,7 +304,10 @@ async fn fencing_tokens_strictly_increase_over_1000_cycles() -> TestResult {
             grant.fencing_token
         );
         last = grant.fencing_token;
-        assert_eq!(backend.release(&k, &h).await?, ReleaseOutcome::Released);
+        assert_eq!(
+            backend.release(&k, &h).await?.outcome(),
+            ReleaseOutcome::Released
+        );
     }
     Ok(())
 }
@@ -356,7 +368,10 @@ async fn a_counter_ahead_of_the_clock_is_followed_and_a_bad_one_refused() -> Tes
     let grant = acquire(&backend, &k, h, ttl("10s")).await?;
     assert_eq!(grant.fencing_token, FencingToken(5_000_000_000_000_001));
     assert_eq!(server.cli(&["GET", &fence])?, "5000000000000001");
-    assert_eq!(backend.release(&k, &h).await?, ReleaseOutcome::Released);
+    assert_eq!(
+        backend.release(&k, &h).await?.outcome(),
+        ReleaseOutcome::Released
+    );
     let next = acquire(&backend, &k, holder(), ttl("10s")).await?;
     assert_eq!(next.fencing_token, FencingToken(5_000_000_000_000_002));
 
@@ -394,7 +409,7 @@ async fn a_counter_ahead_of_the_clock_is_followed_and_a_bad_one_refused() -> Tes
     assert!(err.to_string().contains("not an integer"), "{err}");
     assert_eq!(server.cli(&["GET", &fence])?, "twelve");
     assert_eq!(
-        backend.release(&handed, &releasing).await?,
+        backend.release(&handed, &releasing).await?.outcome(),
         ReleaseOutcome::Released,
         "the releasing holder still held it"
     );
@@ -434,7 +449,7 @@ async fn keys_written_by_others_show_as_held_without_token() -> TestResult {
     let info = held(&backend, &k, ttl("1s")).await?;
     assert_eq!((info.fencing_token, info.ttl_left), (None, None));
     assert_eq!(
-        backend.release(&k, &holder()).await?,
+        backend.release(&k, &holder()).await?.outcome(),
         ReleaseOutcome::NotHeld
     );
     assert_eq!(
@@ -522,7 +537,10 @@ async fn clones_share_the_connection_and_debug_shows_no_password() -> TestResult
     let clone = backend.clone();
     let (k, a) = (key("shared"), holder());
     acquire(&backend, &k, a, ttl("30s")).await?;
-    assert_eq!(clone.release(&k, &a).await?, ReleaseOutcome::Released);
+    assert_eq!(
+        clone.release(&k, &a).await?.outcome(),
+        ReleaseOutcome::Released
+    );
     let shown = format!("{backend:?}");
     assert!(!shown.contains("hunter2"), "{shown}");
     assert!(shown.contains(":***@127.0.0.1"), "{shown}");
@@ -566,6 +584,9 @@ async fn resp3_connections_read_the_same_replies() -> TestResult {
         .renew_many(&[RenewRequest::new(k.clone(), a, ttl("30s"))])
         .await;
     assert!(matches!(outcomes.as_slice(), [Ok(RenewOutcome::Renewed)]));
-    assert_eq!(backend.release(&k, &a).await?, ReleaseOutcome::Released);
+    assert_eq!(
+        backend.release(&k, &a).await?.outcome(),
+        ReleaseOutcome::Released
+    );
     Ok(())
 }

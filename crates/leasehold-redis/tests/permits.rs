@@ -12,8 +12,9 @@ use std::time::Duration;
 use common::{TestResult, connect, holder, key, ttl};
 use futures_util::StreamExt;
 use leasehold_core::{
-    AcquireOutcome, AcquireRequest, BackendError, FencingToken, Grant, HolderId, LeaseBackend,
-    LeaseChange, LeaseKey, PermitLimit, ReleaseOutcome, Ttl,
+    AcquireOutcome, AcquireRequest, BackendError, ChangeBackend, FencingToken, Grant, HolderId,
+    LeaseBackend, LeaseChange, LeaseKey, PermitBackend, PermitLimit, ReleaseOutcome, Ttl,
+    WatchPolicy,
 };
 use leasehold_redis::redis::{self, AsyncCommands};
 use leasehold_redis::{RedisBackend, RedlockBackend};
@@ -32,7 +33,7 @@ async fn side(url: &str) -> redis::RedisResult<redis::aio::MultiplexedConnection
 
 /// Takes a permit that must be free.
 async fn permit(
-    backend: &impl LeaseBackend,
+    backend: &impl PermitBackend,
     semaphore: &LeaseKey,
     who: HolderId,
     ttl: Ttl,
@@ -98,7 +99,7 @@ async fn n_permits_are_never_exceeded_under_32_contenders() -> TestResult {
                 assert!(stored(side.get(&redis_key).await?), "{redis_key} taken");
                 holding.fetch_sub(1, Ordering::SeqCst);
                 assert_eq!(
-                    backend.release(&grant.key, &me).await?,
+                    backend.release(&grant.key, &me).await?.outcome(),
                     ReleaseOutcome::Released
                 );
             }
@@ -278,14 +279,14 @@ async fn release_publishes_a_notice_on_the_semaphore_channel() -> TestResult {
         .get_async_pubsub()
         .await?;
     pubsub.subscribe("leasehold:{jobs}:released").await?;
-    let mut watch = waiter.watch_releases(&jobs).await?;
+    let mut watch = waiter.watch_releases(&jobs, WatchPolicy::Counted).await?;
 
     let me = holder();
     let _first = permit(&backend, &jobs, holder(), ttl("30s"), 2).await?;
     let grant = permit(&backend, &jobs, me, ttl("30s"), 2).await?;
     assert_eq!(grant.key.as_str(), "{jobs}:permit:1");
     assert_eq!(
-        backend.release(&grant.key, &me).await?,
+        backend.release(&grant.key, &me).await?.outcome(),
         ReleaseOutcome::Released
     );
     let message = timeout(Duration::from_secs(5), pubsub.on_message().next())

@@ -155,7 +155,7 @@ async fn acquire_and_release_are_one_evalsha_each_with_scripts_loaded_once() -> 
         let (k, a) = (key(&format!("cycle:{i}")), holder());
         acquire(&backend, &k, a, ttl("30s")).await?;
         assert_eq!(
-            backend.release(&k, &a).await?,
+            backend.release(&k, &a).await?.outcome(),
             leasehold_core::ReleaseOutcome::Released
         );
     }

@@ -13,8 +13,9 @@ use std::time::Duration;
 use common::{TestResult, connect, holder, key, ttl};
 use futures_util::StreamExt;
 use leasehold_core::{
-    AcquireOutcome, AcquireRequest, BackendError, FencingToken, Grant, HolderId, LeaseBackend,
-    LeaseChange, LeaseInfo, LeaseKey, ReleaseOutcome, Ttl,
+    AcquireOutcome, AcquireRequest, BackendError, ChangeBackend, FencingToken, Grant, HolderId,
+    LeaseBackend, LeaseChange, LeaseInfo, LeaseKey, ReadWriteBackend, ReleaseOutcome, Ttl,
+    WatchPolicy,
 };
 use leasehold_redis::redis::{self, AsyncCommands};
 use leasehold_redis::{RedisBackend, RedlockBackend};
@@ -42,7 +43,7 @@ fn reader_key(who: &HolderId) -> String {
 }
 
 async fn read(
-    b: &impl LeaseBackend,
+    b: &impl ReadWriteBackend,
     who: HolderId,
     t: Ttl,
 ) -> Result<AcquireOutcome, BackendError> {
@@ -51,7 +52,7 @@ async fn read(
 }
 
 async fn write(
-    b: &impl LeaseBackend,
+    b: &impl ReadWriteBackend,
     who: HolderId,
     t: Ttl,
 ) -> Result<AcquireOutcome, BackendError> {
@@ -183,7 +184,7 @@ async fn a_writer_never_overlaps_anyone_under_32_contenders() -> TestResult {
                 tokio::time::sleep(Duration::from_millis(2)).await;
                 holding.fetch_sub(weight, Ordering::SeqCst);
                 assert_eq!(
-                    backend.release(&grant.key, &me).await?,
+                    backend.release(&grant.key, &me).await?.outcome(),
                     ReleaseOutcome::Released
                 );
             }
@@ -395,16 +396,16 @@ async fn a_release_of_any_share_is_announced_on_the_leases_channel() -> TestResu
         .get_async_pubsub()
         .await?;
     pubsub.subscribe("leasehold:{doc}:released").await?;
-    let mut watch = waiter.watch_releases(&doc()).await?;
+    let mut watch = waiter.watch_releases(&doc(), WatchPolicy::Counted).await?;
     let (r, w) = (holder(), holder());
     let reader = granted(read(&backend, r, ttl("30s")).await?)?;
     assert_eq!(
-        backend.release(&reader.key, &r).await?,
+        backend.release(&reader.key, &r).await?.outcome(),
         ReleaseOutcome::Released
     );
     let writer = granted(write(&backend, w, ttl("30s")).await?)?;
     assert_eq!(
-        backend.release(&writer.key, &w).await?,
+        backend.release(&writer.key, &w).await?.outcome(),
         ReleaseOutcome::Released
     );
     let mut messages = pubsub.on_message();

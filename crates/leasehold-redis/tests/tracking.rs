@@ -7,8 +7,8 @@ use std::time::Duration;
 
 use common::{TestResult, acquire, connect, holder, key, retry_transient, storage_key, ttl};
 use leasehold_core::{
-    AcquireRequest, ChangeWatch, HandoverOutcome, LeaseBackend, LeaseChange, LeaseKey,
-    RenewOutcome, RenewRequest,
+    AcquireRequest, ChangeBackend, ChangeWatch, HandoverBackend, HandoverOutcome, LeaseBackend,
+    LeaseChange, LeaseKey, RenewOutcome, RenewRequest, WatchPolicy,
 };
 use leasehold_redis::RedisBackend;
 use leasehold_testkit::RedisServer;
@@ -131,7 +131,7 @@ async fn a_lease_is_tracked_from_its_grant_and_its_counter_is_not() -> TestResul
     let (k, first, next) = (key("handed"), holder(), holder());
     acquire(&backend, &k, first, ttl("30s")).await?;
     let before = tracked_keys(&server)?;
-    let _listening = backend.watch_releases(&k).await?;
+    let _listening = backend.watch_releases(&k, WatchPolicy::Counted).await?;
     let outcome = backend
         .release_to(
             &k,

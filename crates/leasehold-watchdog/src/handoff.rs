@@ -3,7 +3,7 @@
 //!
 //! While it waits, the head leaves an [`Offer`] (its acquisition request and
 //! a reply channel). A release of the key by this manager takes the offer
-//! and calls [`LeaseBackend::release_to`], which frees the lease and grants
+//! and calls [`HandoverBackend::release_to`], which frees the lease and grants
 //! it to the offered request in the same atomic operation, unless a waiter
 //! elsewhere listens for the key's release notices: that one must not be
 //! overtaken, so the lease is only released and announced then, and the
@@ -17,6 +17,8 @@
 //! acquisition of its own the next head subscribes anew while its offer
 //! stands. The baton is only good until the next local release of the key
 //! (counted in `releases`).
+//!
+//! [`HandoverBackend::release_to`]: leasehold_core::HandoverBackend::release_to
 
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
@@ -154,20 +156,20 @@ pub(crate) async fn release<B: LeaseBackend, W: Waiters + ?Sized>(
     if fair {
         // Fair mode's turns are the server's queue: the release hands the
         // lease to its head there, never to a local waiter.
-        return backend.release_fair(key, holder).await;
+        return crate::capability::release_fair(backend, key, holder).await;
     }
     // A permit is never handed over: its key's waiters here (if any) wait
     // for an exclusive lease of that name, not for a permit.
     let handoff = queues.handoff(key).filter(|_| key.permit_of().is_none());
     let Some(offer) = handoff.and_then(|h| h.claim()) else {
-        let (outcome, heard) = backend.release_heard(key, holder).await?;
-        if heard {
+        let report = backend.release(key, holder).await?;
+        if report.heard() {
             queues.note_heard(key);
         }
-        return Ok(outcome);
+        return Ok(report.outcome());
     };
     // Dropping the offer's reply unanswered tells the head to try itself.
-    match backend.release_to(key, holder, &offer.request).await? {
+    match crate::capability::release_to(backend, key, holder, &offer.request).await? {
         HandoverOutcome::HandedOver(grant) => {
             if let Err(grant) = offer.reply.send(grant) {
                 debug!(%key, "the waiter left during the handover; releasing its lease");

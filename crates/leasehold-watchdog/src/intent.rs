@@ -57,7 +57,7 @@ impl<B: LeaseBackend> Drop for IntentGuard<B> {
 /// One compare-and-delete of `holder`'s intent on `key`; a failure leaves
 /// the intent to expire by itself.
 async fn withdraw<B: LeaseBackend>(backend: B, key: LeaseKey, holder: HolderId) {
-    if let Err(error) = backend.withdraw_write_intent(&key, &holder).await {
+    if let Err(error) = crate::capability::withdraw_write_intent(&backend, &key, &holder).await {
         debug!(key = %key, %error, "could not withdraw a writer's intent; it expires by itself");
     }
 }

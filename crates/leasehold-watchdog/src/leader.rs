@@ -6,12 +6,12 @@
 //! and again whenever something says the lease may have changed:
 //!
 //! - a **change** of the key reported by the backend's change feed
-//!   ([`LeaseBackend::watch_changes`]): on Redis, client tracking pushes an
+//!   ([`ChangeBackend::watch_changes`](leasehold_core::ChangeBackend::watch_changes)): on Redis, client tracking pushes an
 //!   invalidation when another connection grants, renews, releases or
 //!   deletes the key, and when the server expires it (the driver's read
 //!   tracks the key again); [`LeaseChange::All`] (a flush, a lost
 //!   connection) counts too;
-//! - a **release notice** of the key ([`LeaseBackend::watch_releases_uncounted`]),
+//! - a **release notice** of the key ([`WatchPolicy::Uncounted`]),
 //!   which reaches every process, the releasing one included;
 //! - a **grant through this manager**: a server does not report a
 //!   connection's own writes back to it (Redis tracking runs with NOLOOP),
@@ -36,6 +36,7 @@ use std::time::Duration;
 
 use leasehold_core::{
     ChangeWatch, FencingToken, LeaseBackend, LeaseChange, LeaseInfo, LeaseKey, ReleaseWatch,
+    WatchPolicy,
 };
 use tokio::sync::{Notify, watch};
 use tokio::time::Instant;
@@ -132,8 +133,8 @@ impl Leaders {
         }
         // Subscribed before the first read, so that no change after the
         // read goes unheard.
-        let changes = backend.watch_changes().await?;
-        let releases = backend.watch_releases_uncounted(&key).await?;
+        let changes = crate::capability::watch_changes(backend).await?;
+        let releases = backend.watch_releases(&key, WatchPolicy::Uncounted).await?;
         let info = backend.inspect(&key).await?;
         let read_at = Instant::now();
         let mut drivers = self.lock();

@@ -41,6 +41,7 @@
 mod attempt;
 mod backoff;
 mod bounds;
+mod capability;
 mod changes;
 #[cfg(feature = "config")]
 mod config;

@@ -25,7 +25,7 @@ pub(crate) struct Record {
     /// Why the lease ended: 0 while it has not, [`RELEASED`] once the handle
     /// took the release, else a [`LossReason`] code.
     loss: AtomicU8,
-    /// Taken in fair mode: released by `LeaseBackend::release_fair`, which
+    /// Taken in fair mode: released by `FairBackend::release_fair`, which
     /// may hand it to the head of the server's queue. Fixed at acquisition;
     /// kept here, in the room the atomics leave, so that per-lease state
     /// does not grow.

@@ -463,7 +463,7 @@ impl<B: LeaseBackend> Watchdog<B> {
     }
 
     async fn run_loop(mut self) {
-        match self.backend.watch_changes().await {
+        match crate::capability::watch_changes(&self.backend).await {
             Ok(watch) => self.changes = Changes::new(watch),
             Err(error) => {
                 warn!(%error, "the backend's changes cannot be watched; leases learn of a loss at their next renewal");

@@ -185,7 +185,7 @@ impl Shared {
     }
 
     /// Whether the lease was taken in fair mode (and so is released by
-    /// `LeaseBackend::release_fair`).
+    /// `FairBackend::release_fair`).
     pub(crate) fn fair(&self) -> bool {
         self.record.fair()
     }

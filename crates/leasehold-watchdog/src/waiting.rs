@@ -52,7 +52,7 @@
 //! release may make room for several waiters, so their heads hold back
 //! one moment per rank and then try, racing the heads of other processes;
 //! they subscribe afresh on each wait
-//! ([`LeaseBackend::watch_releases_afresh`]), so that the order in which
+//! ([`WatchPolicy::Afresh`]), so that the order in which
 //! the server tells processes does not keep one of them ahead. A process
 //! that waits alone, or a backend without the count (memory, cluster),
 //! never holds back.
@@ -74,13 +74,14 @@ use std::time::Duration;
 
 use leasehold_core::{
     AcquireOutcome, AcquireRequest, BackendError, FencingToken, Grant, LeaseBackend, LeaseInfo,
-    LeaseKey, ReleaseWatch,
+    LeaseKey, ReleaseWatch, WatchPolicy,
 };
 use tokio::sync::{mpsc, oneshot};
 use tokio::time::Instant;
 use tracing::debug;
 
 use crate::attempt::{Attempt, intent_refresh};
+use crate::capability;
 use crate::handoff::{Handoff, Withdrawn};
 use crate::home::OrphanGuard;
 use crate::queue::{QueueError, Queues, Turn, YIELD};
@@ -567,15 +568,27 @@ impl<'a, B: LeaseBackend> Waiter<'a, B> {
             Attempt::Lease => self.manager.backend.try_acquire(&self.request).await,
             Attempt::Permit(limit) => {
                 // Boxed for the reason `subscribe` is.
-                Box::pin(
-                    self.manager
-                        .backend
-                        .try_acquire_permit(&self.request, limit),
-                )
+                Box::pin(capability::acquire_permit(
+                    self.manager.backend,
+                    &self.request,
+                    limit,
+                ))
                 .await
             }
-            Attempt::Read => Box::pin(self.manager.backend.try_acquire_read(&self.request)).await,
-            Attempt::Write => Box::pin(self.manager.backend.try_acquire_write(&self.request)).await,
+            Attempt::Read => {
+                Box::pin(capability::acquire_read(
+                    self.manager.backend,
+                    &self.request,
+                ))
+                .await
+            }
+            Attempt::Write => {
+                Box::pin(capability::acquire_write(
+                    self.manager.backend,
+                    &self.request,
+                ))
+                .await
+            }
         }
     }
 
@@ -617,12 +630,22 @@ impl<'a, B: LeaseBackend> Waiter<'a, B> {
         // wait, and inline it would size (and be copied with) every
         // acquisition's future.
         let watch = if self.counts_turns() {
-            Box::pin(self.manager.backend.watch_releases(self.key)).await
+            Box::pin(
+                self.manager
+                    .backend
+                    .watch_releases(self.key, WatchPolicy::Counted),
+            )
+            .await
         } else {
             // Waiters that race on each notice: the order in which the
             // server tells processes must not favour the ones that
-            // subscribed first (`LeaseBackend::watch_releases_afresh`).
-            Box::pin(self.manager.backend.watch_releases_afresh(self.key)).await
+            // subscribed first (`WatchPolicy::Afresh`).
+            Box::pin(
+                self.manager
+                    .backend
+                    .watch_releases(self.key, WatchPolicy::Afresh),
+            )
+            .await
         };
         watch.unwrap_or_else(|error| {
             debug!(%error, "no release notices; polling");

@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use leasehold_core::{
     AcquireOutcome, AcquireRequest, BackendError, HolderId, LeaseBackend, LeaseInfo, LeaseKey,
-    MemoryBackend, ReleaseOutcome, RenewOutcome, RenewRequest, Ttl, clock_drift,
+    MemoryBackend, ReleaseReport, RenewOutcome, RenewRequest, Ttl, clock_drift,
 };
 use leasehold_watchdog::{LeaseManager, LeaseOptions, LossReason};
 use tokio::time::{Instant, sleep_until};
@@ -97,7 +97,7 @@ impl LeaseBackend for Recording {
         &self,
         key: &LeaseKey,
         holder: &HolderId,
-    ) -> Result<ReleaseOutcome, BackendError> {
+    ) -> Result<ReleaseReport, BackendError> {
         self.inner.release(key, holder).await
     }
 
@@ -249,7 +249,7 @@ impl LeaseBackend for Slow {
         &self,
         key: &LeaseKey,
         holder: &HolderId,
-    ) -> Result<ReleaseOutcome, BackendError> {
+    ) -> Result<ReleaseReport, BackendError> {
         self.inner.release(key, holder).await
     }
 

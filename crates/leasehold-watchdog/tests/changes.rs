@@ -6,8 +6,9 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use leasehold_core::{
-    AcquireOutcome, AcquireRequest, BackendError, ChangeWatch, HolderId, LeaseBackend, LeaseInfo,
-    LeaseKey, MemoryBackend, ReleaseOutcome, RenewOutcome, RenewRequest, Ttl,
+    AcquireOutcome, AcquireRequest, BackendError, ChangeBackend, ChangeWatch, HolderId,
+    LeaseBackend, LeaseInfo, LeaseKey, MemoryBackend, ReleaseOutcome, ReleaseReport, RenewOutcome,
+    RenewRequest, Ttl,
 };
 use leasehold_watchdog::{LeaseManager, LeaseOptions, LossReason};
 use tokio::time::{Instant, sleep, sleep_until, timeout};
@@ -60,7 +61,7 @@ impl LeaseBackend for SlowReplies {
         &self,
         key: &LeaseKey,
         holder: &HolderId,
-    ) -> Result<ReleaseOutcome, BackendError> {
+    ) -> Result<ReleaseReport, BackendError> {
         self.inner.release(key, holder).await
     }
 
@@ -68,6 +69,12 @@ impl LeaseBackend for SlowReplies {
         self.inner.inspect(key).await
     }
 
+    fn changes(&self) -> Option<&impl ChangeBackend> {
+        Some(self)
+    }
+}
+
+impl ChangeBackend for SlowReplies {
     async fn watch_changes(&self) -> Result<ChangeWatch, BackendError> {
         self.inner.watch_changes().await
     }

@@ -7,9 +7,9 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use leasehold_core::{
-    AcquireOutcome, AcquireRequest, BackendError, HandoverOutcome, HolderId, LeaseBackend,
-    LeaseInfo, LeaseKey, MemoryBackend, ReleaseOutcome, ReleaseWatch, RenewOutcome, RenewRequest,
-    Ttl,
+    AcquireOutcome, AcquireRequest, BackendError, HandoverBackend, HandoverOutcome, HolderId,
+    LeaseBackend, LeaseInfo, LeaseKey, MemoryBackend, ReleaseOutcome, ReleaseReport, ReleaseWatch,
+    RenewOutcome, RenewRequest, Ttl, WatchPolicy,
 };
 use leasehold_watchdog::{Backoff, Lease, LeaseManager, LeaseOptions};
 use tokio::time::{Instant, sleep};
@@ -106,20 +106,34 @@ impl LeaseBackend for Counting {
         &self,
         key: &LeaseKey,
         holder: &HolderId,
-    ) -> Result<ReleaseOutcome, BackendError> {
+    ) -> Result<ReleaseReport, BackendError> {
         self.counts.release.fetch_add(1, Ordering::SeqCst);
         self.inner.release(key, holder).await
     }
 
-    async fn release_heard(
-        &self,
-        key: &LeaseKey,
-        holder: &HolderId,
-    ) -> Result<(ReleaseOutcome, bool), BackendError> {
-        self.counts.release.fetch_add(1, Ordering::SeqCst);
-        self.inner.release_heard(key, holder).await
+    async fn inspect(&self, key: &LeaseKey) -> Result<Option<LeaseInfo>, BackendError> {
+        self.inner.inspect(key).await
     }
 
+    async fn watch_releases(
+        &self,
+        key: &LeaseKey,
+        policy: WatchPolicy,
+    ) -> Result<ReleaseWatch, BackendError> {
+        self.counts.watch.fetch_add(1, Ordering::SeqCst);
+        let watch = self.inner.watch_releases(key, policy).await?;
+        Ok(match self.listeners {
+            Some(listeners) => watch.with_listeners(listeners),
+            None => watch,
+        })
+    }
+
+    fn handover(&self) -> Option<&impl HandoverBackend> {
+        Some(self)
+    }
+}
+
+impl HandoverBackend for Counting {
     async fn release_to(
         &self,
         key: &LeaseKey,
@@ -132,19 +146,6 @@ impl LeaseBackend for Counting {
             self.counts.handed_over.fetch_add(1, Ordering::SeqCst);
         }
         outcome
-    }
-
-    async fn inspect(&self, key: &LeaseKey) -> Result<Option<LeaseInfo>, BackendError> {
-        self.inner.inspect(key).await
-    }
-
-    async fn watch_releases(&self, key: &LeaseKey) -> Result<ReleaseWatch, BackendError> {
-        self.counts.watch.fetch_add(1, Ordering::SeqCst);
-        let watch = self.inner.watch_releases(key).await?;
-        Ok(match self.listeners {
-            Some(listeners) => watch.with_listeners(listeners),
-            None => watch,
-        })
     }
 }
 

@@ -270,7 +270,7 @@ impl LeaseBackend for Unreporting {
         &self,
         key: &LeaseKey,
         holder: &HolderId,
-    ) -> Result<leasehold_core::ReleaseOutcome, leasehold_core::BackendError> {
+    ) -> Result<leasehold_core::ReleaseReport, leasehold_core::BackendError> {
         self.0.release(key, holder).await
     }
 

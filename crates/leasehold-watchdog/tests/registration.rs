@@ -11,8 +11,9 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use leasehold_core::{
-    AcquireOutcome, AcquireRequest, BackendError, ChangeWatch, HolderId, LeaseBackend, LeaseInfo,
-    LeaseKey, MemoryBackend, ReleaseOutcome, RenewOutcome, RenewRequest, Ttl,
+    AcquireOutcome, AcquireRequest, BackendError, ChangeBackend, ChangeWatch, HolderId,
+    LeaseBackend, LeaseInfo, LeaseKey, MemoryBackend, ReleaseOutcome, ReleaseReport, RenewOutcome,
+    RenewRequest, Ttl,
 };
 use leasehold_watchdog::{LeaseManager, LeaseOptions, LossReason};
 use tokio::time::{Instant, sleep, sleep_until, timeout};
@@ -64,7 +65,7 @@ impl LeaseBackend for Recording {
         &self,
         key: &LeaseKey,
         holder: &HolderId,
-    ) -> Result<ReleaseOutcome, BackendError> {
+    ) -> Result<ReleaseReport, BackendError> {
         self.inner.release(key, holder).await
     }
 
@@ -72,6 +73,12 @@ impl LeaseBackend for Recording {
         self.inner.inspect(key).await
     }
 
+    fn changes(&self) -> Option<&impl ChangeBackend> {
+        Some(self)
+    }
+}
+
+impl ChangeBackend for Recording {
     async fn watch_changes(&self) -> Result<ChangeWatch, BackendError> {
         self.inner.watch_changes().await
     }

@@ -8,9 +8,9 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use leasehold_core::{
-    AcquireOutcome, AcquireRequest, BackendError, ChangeFeed, ChangeWatch, HolderId, LeaseBackend,
-    LeaseChange, LeaseInfo, LeaseKey, MemoryBackend, ReleaseOutcome, RenewOutcome, RenewRequest,
-    Ttl,
+    AcquireOutcome, AcquireRequest, BackendError, ChangeBackend, ChangeFeed, ChangeWatch, HolderId,
+    LeaseBackend, LeaseChange, LeaseInfo, LeaseKey, MemoryBackend, ReleaseOutcome, ReleaseReport,
+    RenewOutcome, RenewRequest, Ttl,
 };
 use leasehold_watchdog::{LeaseManager, LeaseOptions, LossReason};
 use tokio::time::{Instant, sleep_until, timeout};
@@ -80,7 +80,7 @@ impl LeaseBackend for Recording {
         &self,
         key: &LeaseKey,
         holder: &HolderId,
-    ) -> Result<ReleaseOutcome, BackendError> {
+    ) -> Result<ReleaseReport, BackendError> {
         self.inner.release(key, holder).await
     }
 
@@ -88,6 +88,12 @@ impl LeaseBackend for Recording {
         self.inner.inspect(key).await
     }
 
+    fn changes(&self) -> Option<&impl ChangeBackend> {
+        Some(self)
+    }
+}
+
+impl ChangeBackend for Recording {
     async fn watch_changes(&self) -> Result<ChangeWatch, BackendError> {
         Ok(self.feed.lock().expect("not poisoned").subscribe())
     }

@@ -13,7 +13,7 @@
 //!                            └──────────────────────► Placing
 //! ```
 //!
-//! `Placing` is one [`try_acquire_fair`](LeaseBackend::try_acquire_fair)
+//! `Placing` is one [`try_acquire_fair`](leasehold_core::FairBackend::try_acquire_fair)
 //! call: it takes a place at the tail of the server's queue (or refreshes
 //! ours) and grants the lease only when it is free and ours is first. The
 //! server's order decides, so none of the default mode's ways to take
@@ -31,9 +31,9 @@
 //! backoff, and no later than the holder's ttl runs out.
 //!
 //! Handovers: where the backend can announce them
-//! ([`LeaseBackend::watch_handover`]), a waiter asks in each call that a
+//! ([`FairBackend::watch_handover`](leasehold_core::FairBackend::watch_handover)), a waiter asks in each call that a
 //! release hand it the lease when its place is first, and the release of a
-//! lease taken in fair mode ([`LeaseBackend::release_fair`]) grants it to
+//! lease taken in fair mode ([`FairBackend::release_fair`](leasehold_core::FairBackend::release_fair)) grants it to
 //! the head on the server, in the same atomic step. The head, Listening,
 //! then holds the lease without another call: an owner switch costs the
 //! release and its notice only. The server keeps a handed-over lease for
@@ -48,12 +48,13 @@ use std::time::Duration;
 
 use leasehold_core::{
     AcquireRequest, BackendError, FairOutcome, FairPlace, FencingToken, Grant, HandoverWatch,
-    LeaseBackend, LeaseInfo, LeaseKey, PlaceTtl, ReleaseWatch, clock_drift,
+    LeaseBackend, LeaseInfo, LeaseKey, PlaceTtl, ReleaseWatch, WatchPolicy, clock_drift,
 };
 use tokio::time::Instant;
 use tracing::debug;
 
 use super::{Manager, Won};
+use crate::capability;
 use crate::home::OrphanGuard;
 use crate::queue::Turn;
 use crate::{LeaseError, LeaseOptions};
@@ -109,7 +110,13 @@ pub(crate) async fn acquire<B: LeaseBackend>(
         // Placing.
         orphan.armed = true;
         let sent_at = Instant::now();
-        let outcome = Box::pin(manager.backend.try_acquire_fair(&request, place_ttl, hold)).await;
+        let outcome = Box::pin(capability::acquire_fair(
+            manager.backend,
+            &request,
+            place_ttl,
+            hold,
+        ))
+        .await;
         let now = Instant::now();
         let (failure, retry_at, releases) = match outcome {
             Ok(FairOutcome::Acquired { grant, queued }) => {
@@ -238,7 +245,7 @@ async fn watch_handover<B: LeaseBackend>(
 ) -> HandoverWatch {
     // Boxed, as in waiting.rs.
     let watch: Result<HandoverWatch, BackendError> =
-        Box::pin(backend.watch_handover(key, &request.holder)).await;
+        Box::pin(capability::watch_handover(backend, key, &request.holder)).await;
     watch.unwrap_or_else(|error| {
         debug!(%error, "no handovers; asking for the lease");
         HandoverWatch::unsupported()
@@ -278,7 +285,8 @@ async fn listen(
 /// Leaves the place on the server, so the waiters behind need not wait for
 /// it to expire; if that fails, it expires.
 async fn leave<B: LeaseBackend>(backend: &B, key: &LeaseKey, request: &AcquireRequest) {
-    if let Err(error) = Box::pin(backend.leave_fair_queue(key, &request.holder)).await {
+    if let Err(error) = Box::pin(capability::leave_fair_queue(backend, key, &request.holder)).await
+    {
         debug!(%error, "could not leave the fair queue; the place expires");
     }
 }
@@ -287,7 +295,7 @@ async fn subscribe<B: LeaseBackend>(backend: &B, key: &LeaseKey) -> ReleaseWatch
     // Boxed, as in waiting.rs. The server's queue decides the turns, so
     // the number of processes listening is of no use here.
     let watch: Result<ReleaseWatch, BackendError> =
-        Box::pin(backend.watch_releases_uncounted(key)).await;
+        Box::pin(backend.watch_releases(key, WatchPolicy::Uncounted)).await;
     watch.unwrap_or_else(|error| {
         debug!(%error, "no release notices; polling");
         ReleaseWatch::unsupported()

@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use leasehold_core::{
     AcquireOutcome, AcquireRequest, BackendError, HolderId, LeaseBackend, LeaseInfo, LeaseKey,
-    MemoryBackend, ReleaseOutcome, RenewOutcome, RenewRequest, Ttl,
+    MemoryBackend, ReleaseReport, RenewOutcome, RenewRequest, Ttl,
 };
 use leasehold_watchdog::{Backoff, Lease, LeaseError, LeaseManager, LeaseOptions, LossReason};
 use tokio::time::Instant;
@@ -43,8 +43,9 @@ pub(crate) fn waiting(ttl: &str, poll: Duration) -> LeaseOptions {
         .expect("valid options")
 }
 
-/// `MemoryBackend` with only the required methods: the trait's defaults
-/// refuse permits and read-write leases (`Unsupported`).
+/// `MemoryBackend` with only the required methods: its capability
+/// accessors answer `None`, so a manager refuses permits and read-write
+/// leases (`Unsupported`).
 #[derive(Clone)]
 pub(crate) struct RequiredOnly(pub(crate) MemoryBackend);
 
@@ -64,7 +65,7 @@ impl LeaseBackend for RequiredOnly {
         &self,
         key: &LeaseKey,
         holder: &HolderId,
-    ) -> Result<ReleaseOutcome, BackendError> {
+    ) -> Result<ReleaseReport, BackendError> {
         self.0.release(key, holder).await
     }
 

@@ -1,4 +1,9 @@
 //! [`RedisBackend`]: leases on a standalone Redis server.
+//!
+//! This file holds the backend and the core of the contract
+//! ([`LeaseBackend`]); each optional capability is a file of its own,
+//! beside its scripts: `permits.rs`, `rw.rs`, `fair.rs`, `handover.rs` and
+//! `changes.rs`.
 
 use std::fmt;
 use std::future::Future;
@@ -9,9 +14,9 @@ use std::collections::HashMap;
 
 use futures_util::future::join_all;
 use leasehold_core::{
-    AcquireOutcome, AcquireRequest, BackendError, ChangeWatch, FairOutcome, HandoverOutcome,
-    HandoverWatch, HolderId, LeaseBackend, LeaseInfo, LeaseKey, PermitLimit, PlaceTtl,
-    ReleaseOutcome, ReleaseWatch, RenewOutcome, RenewRequest, RwInfo,
+    AcquireOutcome, AcquireRequest, BackendError, ChangeBackend, FairBackend, HandoverBackend,
+    HolderId, LeaseBackend, LeaseInfo, LeaseKey, PermitBackend, ReadWriteBackend, ReleaseReport,
+    ReleaseWatch, RenewOutcome, RenewRequest, RwInfo, WatchPolicy,
 };
 use redis::RedisResult;
 use redis::Value;
@@ -23,10 +28,16 @@ use crate::coalesce::{Coalescer, Lane};
 use crate::connection::{Conn, Reply, Wait};
 use crate::layout::KeyLayout;
 use crate::notices::Notices;
-use crate::reply::{self, Failure, Permitted};
+use crate::reply::{self, Failure};
 use crate::scripts::{self, Call};
 use crate::tracking::{Prelude, Tracking};
 use crate::url::Topology;
+
+mod changes;
+mod fair;
+mod handover;
+mod permits;
+mod rw;
 
 /// A [`LeaseBackend`] on one standalone Redis server (or a primary with
 /// replicas that it does not fail over to).
@@ -88,7 +99,7 @@ struct Shared {
     /// Acquisitions in flight together on a lane, sent as one call.
     acquires: Coalescer<AcquireRequest, Result<AcquireOutcome, BackendError>>,
     /// Releases in flight together on a lane, sent as one call.
-    releases: Coalescer<scripts::Release, Result<(ReleaseOutcome, bool), BackendError>>,
+    releases: Coalescer<scripts::Release, Result<ReleaseReport, BackendError>>,
     /// Batches (of acquisitions, renewals, releases) never cross cluster
     /// slots: on a cluster, and on a server that refuses a script whose
     /// keys hash to different slots (a cluster behind one address, as a
@@ -273,8 +284,8 @@ impl RedisBackend {
     }
 
     /// Reads the read-write lease `key` (as taken with
-    /// [`LeaseBackend::try_acquire_read`] and
-    /// [`LeaseBackend::try_acquire_write`]) at one instant: its writer, its
+    /// [`ReadWriteBackend::try_acquire_read`] and
+    /// [`ReadWriteBackend::try_acquire_write`]) at one instant: its writer, its
     /// live readers and a waiting writer's intent, each with the time the
     /// server has left for it.
     ///
@@ -704,7 +715,7 @@ impl RedisBackend {
     async fn release_batch(
         &self,
         batch: &[scripts::Release],
-    ) -> Vec<Result<(ReleaseOutcome, bool), BackendError>> {
+    ) -> Vec<Result<ReleaseReport, BackendError>> {
         const OP: &str = "release";
         let fail = |failure: &Failure| {
             batch
@@ -742,58 +753,19 @@ impl RedisBackend {
             Err(failure) => return fail(&failure),
         };
         if let [release] = batch {
-            return vec![reply::released_heard(&reply).map_err(|f| f.for_key(OP, &release.key))];
+            return vec![reply::release_report(&reply).map_err(|f| f.for_key(OP, &release.key))];
         }
         match self.each(batch.len(), reply) {
             Ok(items) => batch
                 .iter()
                 .zip(items)
                 .map(|(release, item)| {
-                    item.and_then(|value| reply::released_heard(&value))
+                    item.and_then(|value| reply::release_report(&value))
                         .map_err(|f| f.for_key(OP, &release.key))
                 })
                 .collect(),
             Err(failure) => fail(&failure),
         }
-    }
-
-    /// One `read.lua` or `write.lua` call for `request` (granted on the
-    /// share key `share`), over the connection and with the replica
-    /// acknowledgement of `try_acquire`.
-    async fn acquire_share(
-        &self,
-        op: &'static str,
-        request: &AcquireRequest,
-        share: LeaseKey,
-        call: scripts::Call,
-    ) -> Result<AcquireOutcome, BackendError> {
-        if let Some(notices) = &self.shared.notices
-            && notices.needs_restore()
-        {
-            // As in try_acquire.
-            Box::pin(notices.restore()).await;
-        }
-        let route = self
-            .lease_writes(true, || self.shared.layout.lease(&share))
-            .await
-            .map_err(|f| f.for_key(op, &request.key))?;
-        let sent_at = Instant::now();
-        let reply = self
-            .eval_write(&call, route, self.shared.wait)
-            .await
-            .map_err(|f| f.for_key(op, &request.key))?;
-        let mut granted = request.clone();
-        granted.key = share;
-        let outcome = reply::shared(&granted, sent_at, &reply.value)
-            .map_err(|f| f.for_key(op, &request.key))?;
-        if let AcquireOutcome::Acquired(grant) = &outcome
-            && let Some(failure) = self.missing_ack(&reply, "; the hold was given back")
-        {
-            // As in try_acquire: give back a grant a failover could lose.
-            let _ = self.release(&grant.key, &request.holder).await;
-            return Err(failure.for_key(op, &request.key));
-        }
-        Ok(outcome)
     }
 }
 
@@ -865,250 +837,6 @@ impl LeaseBackend for RedisBackend {
             .await
             .unwrap_or_else(|_| Err(Failure::Timeout(limit).for_key(OP, &request.key)))
     }
-    /// One `permit.lua` call (two when the semaphore is stored with a
-    /// larger limit than asked, whose permits must be checked too), over
-    /// the connection and with the replica acknowledgement of
-    /// [`try_acquire`](Self::try_acquire).
-    async fn try_acquire_permit(
-        &self,
-        request: &AcquireRequest,
-        limit: PermitLimit,
-    ) -> Result<AcquireOutcome, BackendError> {
-        const OP: &str = "acquire_permit";
-        exclusive_only(OP, request)?;
-        if let Some(notices) = &self.shared.notices
-            && notices.needs_restore()
-        {
-            // As in try_acquire.
-            Box::pin(notices.restore()).await;
-        }
-        let layout = &self.shared.layout;
-        let mut check = 0;
-        // A stored limit that grows between the calls is checked again;
-        // one that keeps growing is given up on.
-        for _ in 0..3 {
-            let call = scripts::permit(layout, request, limit, check).map_err(|_| {
-                BackendError::Unsupported {
-                    op: OP,
-                    key: request.key.as_str().to_owned(),
-                    reason: "a semaphore key must leave room for its permits' keys (\"{key}:permit:99\" within 512 bytes); choose a shorter key",
-                }
-            })?;
-            let route = self
-                .lease_writes(true, || layout.permit_limit(&request.key))
-                .await
-                .map_err(|f| f.for_key(OP, &request.key))?;
-            let sent_at = Instant::now();
-            let reply = self
-                .eval_write(&call, route, self.shared.wait)
-                .await
-                .map_err(|f| f.for_key(OP, &request.key))?;
-            let sent = limit.get().max(check);
-            match reply::permitted(request, sent, sent_at, &reply.value)
-                .map_err(|f| f.for_key(OP, &request.key))?
-            {
-                Permitted::Outcome(AcquireOutcome::Acquired(grant)) => {
-                    if let Some(failure) = self.missing_ack(&reply, "; the permit was given back") {
-                        // As in try_acquire: give back a grant a failover could lose.
-                        let _ = self.release(&grant.key, &request.holder).await;
-                        return Err(failure.for_key(OP, &request.key));
-                    }
-                    return Ok(AcquireOutcome::Acquired(grant));
-                }
-                Permitted::Outcome(held) => return Ok(held),
-                Permitted::Check(held) if held > check && held <= PermitLimit::MAX => {
-                    check = held;
-                }
-                // A limit above what this library accepts: held under it
-                // or not, it is not the limit asked for.
-                Permitted::Mismatch(held) | Permitted::Check(held) => {
-                    return Err(BackendError::PermitLimitMismatch {
-                        key: request.key.as_str().to_owned(),
-                        asked: limit.get(),
-                        held,
-                    });
-                }
-            }
-        }
-        Err(BackendError::UnexpectedReply {
-            op: OP,
-            key: request.key.as_str().to_owned(),
-            detail: "the semaphore's stored permit limit kept changing; try again".to_owned(),
-        })
-    }
-
-    /// One `fair.lua` call (see `fair.rs`), over the connection and with
-    /// the replica acknowledgement of [`try_acquire`](Self::try_acquire).
-    /// A handover is asked for only once this backend listens for
-    /// handovers (`watch_handover` drew its process name, which it does only
-    /// with release notices and no replicas to wait for): a handover no one
-    /// can hear would only hold the lease until the place call's handover
-    /// time ran out.
-    async fn try_acquire_fair(
-        &self,
-        request: &AcquireRequest,
-        place_ttl: PlaceTtl,
-        handover: Option<Duration>,
-    ) -> Result<FairOutcome, BackendError> {
-        const OP: &str = "acquire_fair";
-        not_a_share(OP, &request.key)?;
-        exclusive_only(OP, request)?;
-        if let Some(notices) = &self.shared.notices
-            && notices.needs_restore()
-        {
-            // As in try_acquire.
-            Box::pin(notices.restore()).await;
-        }
-        let route = self
-            .lease_writes(true, || self.shared.layout.lease(&request.key))
-            .await
-            .map_err(|f| f.for_key(OP, &request.key))?;
-        let tracked = matches!(route, WriteRoute::Tracked { .. });
-        // Where the handover is announced: this backend's own channel.
-        let process = self.shared.notices.as_ref().and_then(Notices::process);
-        let handover = handover
-            .zip(process)
-            .map_or((0, &[][..]), |(hold, process)| {
-                // The key is kept for the lock-delay beyond the validity, as
-                // for any grant.
-                let kept = hold.min(request.ttl.get()) + request.lock_delay.get();
-                let kept = u64::try_from(kept.as_millis()).unwrap_or(u64::MAX).max(1);
-                (kept, &process[..])
-            });
-        let call = scripts::fair(
-            &self.shared.layout,
-            request,
-            tracked,
-            place_ttl.as_millis(),
-            handover,
-        );
-        let sent_at = Instant::now();
-        let reply = self
-            .eval_write(&call, route, self.shared.wait)
-            .await
-            .map_err(|f| f.for_key(OP, &request.key))?;
-        let outcome = crate::fair::outcome(request, sent_at, &reply.value)
-            .map_err(|f| f.for_key(OP, &request.key))?;
-        if matches!(outcome, FairOutcome::Acquired { .. })
-            && let Some(failure) = self.missing_ack(&reply, "; the lease was given back")
-        {
-            // As in try_acquire: give back a grant a failover could lose.
-            let _ = self.release(&request.key, &request.holder).await;
-            return Err(failure.for_key(OP, &request.key));
-        }
-        Ok(outcome)
-    }
-
-    /// One `release_fair.lua` call, on the connection releases take: a
-    /// notice names the new holder when the queue's head got the lease.
-    async fn release_fair(
-        &self,
-        key: &LeaseKey,
-        holder: &HolderId,
-    ) -> Result<ReleaseOutcome, BackendError> {
-        const OP: &str = "release";
-        if key.permit_of().is_some() || key.rw_of().is_some() {
-            // Fair mode queues exclusive leases only.
-            return self.release(key, holder).await;
-        }
-        // No `own_subscription` mark, as `release` sets: a release that
-        // hands over announces nothing on `P:released`, so the mark would
-        // wait there to drop the next process's notice instead.
-        let notices = self.shared.notices.as_ref();
-        let call = scripts::release_fair(
-            &self.shared.layout,
-            key,
-            holder,
-            notices.is_some(),
-            notices.is_some_and(Notices::sharded),
-        );
-        let route = self
-            .lease_writes(false, || self.shared.layout.lease(key))
-            .await
-            .map_err(|f| f.for_key(OP, key))?;
-        let reply = self
-            .eval_write(&call, route, None)
-            .await
-            .map_err(|f| f.for_key(OP, key))?;
-        reply::released_heard(&reply.value)
-            .map(|(outcome, _)| outcome)
-            .map_err(|f| f.for_key(OP, key))
-    }
-
-    /// Listens on the backend's subscription connection (the waiter's
-    /// release watch keeps the lease's channel subscribed); without release
-    /// notices nothing is handed over, and the watch is unsupported.
-    async fn watch_handover(
-        &self,
-        key: &LeaseKey,
-        holder: &HolderId,
-    ) -> Result<HandoverWatch, BackendError> {
-        match &self.shared.notices {
-            Some(notices) if self.shared.wait.is_none() => notices
-                .watch_handover(self.shared.layout.released(key), holder)
-                .await
-                .map_err(|f| f.for_key("watch_handover", key)),
-            _ => Ok(HandoverWatch::unsupported()),
-        }
-    }
-
-    async fn leave_fair_queue(
-        &self,
-        key: &LeaseKey,
-        holder: &HolderId,
-    ) -> Result<(), BackendError> {
-        let call = scripts::fair_leave(&self.shared.layout, key, holder);
-        self.eval(&call)
-            .await
-            .map(drop)
-            .map_err(|f| f.for_key("leave_fair_queue", key))
-    }
-
-    /// One `read.lua` call, over the connection and with the replica
-    /// acknowledgement of [`try_acquire`](Self::try_acquire).
-    async fn try_acquire_read(
-        &self,
-        request: &AcquireRequest,
-    ) -> Result<AcquireOutcome, BackendError> {
-        const OP: &str = "acquire_read";
-        not_a_share(OP, &request.key)?;
-        exclusive_only(OP, request)?;
-        let reader = request
-            .key
-            .reader_key(&request.holder)
-            .map_err(|_| too_long(OP, &request.key))?;
-        let call = scripts::read(&self.shared.layout, request, &reader);
-        self.acquire_share(OP, request, reader, call).await
-    }
-
-    /// One `write.lua` call, as [`try_acquire_read`](Self::try_acquire_read).
-    async fn try_acquire_write(
-        &self,
-        request: &AcquireRequest,
-    ) -> Result<AcquireOutcome, BackendError> {
-        const OP: &str = "acquire_write";
-        not_a_share(OP, &request.key)?;
-        exclusive_only(OP, request)?;
-        let writer = request
-            .key
-            .writer_key()
-            .map_err(|_| too_long(OP, &request.key))?;
-        let call = scripts::write(&self.shared.layout, request);
-        self.acquire_share(OP, request, writer, call).await
-    }
-
-    /// One `withdraw.lua` call (compare-and-delete of `P:write-wanted`).
-    async fn withdraw_write_intent(
-        &self,
-        key: &LeaseKey,
-        holder: &HolderId,
-    ) -> Result<bool, BackendError> {
-        const OP: &str = "withdraw_write_intent";
-        not_a_share(OP, key)?;
-        let call = scripts::withdraw(&self.shared.layout, key, holder);
-        let reply = self.eval(&call).await.map_err(|f| f.for_key(OP, key))?;
-        reply::deleted(&reply).map_err(|f| f.for_key(OP, key))
-    }
 
     /// Renews in one script call per 1000 leases (in a cluster: per slot,
     /// and per 1000 leases in a slot, since one script may only touch keys
@@ -1161,21 +889,13 @@ impl LeaseBackend for RedisBackend {
             .collect()
     }
 
+    /// Heard when the `PUBLISH` reached a subscriber besides this
+    /// backend's own connection for notices.
     async fn release(
         &self,
         key: &LeaseKey,
         holder: &HolderId,
-    ) -> Result<ReleaseOutcome, BackendError> {
-        Ok(self.release_heard(key, holder).await?.0)
-    }
-
-    /// Heard when the `PUBLISH` reached a subscriber besides this
-    /// backend's own connection for notices.
-    async fn release_heard(
-        &self,
-        key: &LeaseKey,
-        holder: &HolderId,
-    ) -> Result<(ReleaseOutcome, bool), BackendError> {
+    ) -> Result<ReleaseReport, BackendError> {
         const OP: &str = "release";
         let own = self.shared.notices.as_ref().map_or(0, |n| {
             n.own_subscription(|| self.shared.layout.released(key))
@@ -1196,53 +916,6 @@ impl LeaseBackend for RedisBackend {
             )
             .await
             .unwrap_or_else(|_| Err(Failure::Timeout(limit).for_key(OP, key)))
-    }
-
-    /// One `handover.lua` call: hands over only while the key's release
-    /// channel has no subscriber but this backend's own single watch. A
-    /// deployment without notices never hands over (a waiter elsewhere
-    /// would poll unseen and could be overtaken for ever): it releases. Nor
-    /// does one that waits for replicas, whose grants must be acknowledged.
-    async fn release_to(
-        &self,
-        key: &LeaseKey,
-        holder: &HolderId,
-        next: &AcquireRequest,
-    ) -> Result<HandoverOutcome, BackendError> {
-        const OP: &str = "release";
-        let Some(notices) = self
-            .shared
-            .notices
-            .as_ref()
-            // A share of a read-write lease is never handed over: its
-            // grant is decided against the lease's other shares.
-            .filter(|_| next.key == *key && self.shared.wait.is_none() && key.rw_of().is_none())
-        else {
-            return Ok(match self.release(key, holder).await? {
-                ReleaseOutcome::Released => HandoverOutcome::Released,
-                ReleaseOutcome::NotHeld => HandoverOutcome::NotHeld,
-            });
-        };
-        let own = notices.own_listeners(&self.shared.layout.released(key));
-        let call = scripts::handover(
-            &self.shared.layout,
-            key,
-            holder,
-            own,
-            notices.sharded(),
-            next,
-        );
-        let route = self
-            .lease_writes(true, || self.shared.layout.lease(key))
-            .await
-            .map_err(|f| f.for_key(OP, key))?;
-        let sent_at = Instant::now();
-        let reply = self
-            .eval_write(&call, route, None)
-            .await
-            .map(|reply| reply.value)
-            .map_err(|f| f.for_key(OP, key))?;
-        reply::handed_over(next, sent_at, &reply).map_err(|f| f.for_key(OP, key))
     }
 
     /// Reads the lease. While client tracking is on, over the tracked
@@ -1266,53 +939,59 @@ impl LeaseBackend for RedisBackend {
         reply::inspected(&reply).map_err(|f| f.for_key(OP, key))
     }
 
-    /// Reports the changes the server pushes for the leases renewed by this
-    /// backend (and its clones), when client tracking is on (see
-    /// [`RedisBackendBuilder::track_lease_changes`](crate::RedisBackendBuilder::track_lease_changes));
-    /// a lost renewal connection is reported as [`LeaseChange::All`](leasehold_core::LeaseChange::All).
-    /// The watch ends (`next` returns `None`) when tracking is turned off
-    /// for good: the server refused it, or its tracking table overflowed.
-    /// Behind Sentinel, a new resolution of the master is reported as
-    /// `All` too. Cluster deployments report nothing (the redis crate's
-    /// cluster client turns no tracking on for its node connections):
-    /// holders there learn of a change at their next renewal.
-    async fn watch_changes(&self) -> Result<ChangeWatch, BackendError> {
-        Ok(match &self.shared.tracking {
-            Some(tracking) if tracking.is_on() => tracking.watch(),
-            _ => ChangeWatch::unsupported(),
-        })
-    }
-
     /// Subscribes to `P:released` on the backend's subscription connection,
     /// opened on first use and shared by every waiter of every clone: a
     /// plain channel on a standalone server, a sharded one (`SSUBSCRIBE`,
     /// in the lease's slot) on a cluster. Behind Sentinel the connection
     /// goes to the current master, and the first acquisition attempt after
     /// it broke subscribes again on the master the sentinels name then.
-    async fn watch_releases(&self, key: &LeaseKey) -> Result<ReleaseWatch, BackendError> {
-        self.release_watch(key, true, false).await
+    ///
+    /// With [`WatchPolicy::Counted`] the watch knows how many processes
+    /// listen (one `PUBSUB NUMSUB` round trip); [`WatchPolicy::Uncounted`]
+    /// skips that round trip. With [`WatchPolicy::Afresh`], counted, a
+    /// channel still subscribed from an earlier wait, and watched by no one
+    /// here, is unsubscribed and subscribed again (two commands on the
+    /// notices connection), which puts this process at the end of the order
+    /// in which Redis tells the channel's subscribers.
+    async fn watch_releases(
+        &self,
+        key: &LeaseKey,
+        policy: WatchPolicy,
+    ) -> Result<ReleaseWatch, BackendError> {
+        let (count, afresh) = match policy {
+            WatchPolicy::Uncounted => (false, false),
+            WatchPolicy::Afresh => (true, true),
+            // Counted, and a policy added later: the full watch.
+            _ => (true, false),
+        };
+        self.release_watch(key, count, afresh).await
     }
 
-    /// As [`watch_releases`](Self::watch_releases), without the `PUBSUB
-    /// NUMSUB` round trip that counts the listeners.
-    async fn watch_releases_uncounted(&self, key: &LeaseKey) -> Result<ReleaseWatch, BackendError> {
-        self.release_watch(key, false, false).await
+    fn permits(&self) -> Option<&impl PermitBackend> {
+        Some(self)
     }
 
-    /// As [`watch_releases`](Self::watch_releases); a channel still
-    /// subscribed from an earlier wait, and watched by no one here, is
-    /// unsubscribed and subscribed again (two commands on the notices
-    /// connection), which puts this process at the end of the order in
-    /// which Redis tells the channel's subscribers.
-    async fn watch_releases_afresh(&self, key: &LeaseKey) -> Result<ReleaseWatch, BackendError> {
-        self.release_watch(key, true, true).await
+    fn read_write(&self) -> Option<&impl ReadWriteBackend> {
+        Some(self)
+    }
+
+    fn fair(&self) -> Option<&impl FairBackend> {
+        Some(self)
+    }
+
+    fn handover(&self) -> Option<&impl HandoverBackend> {
+        Some(self)
+    }
+
+    fn changes(&self) -> Option<&impl ChangeBackend> {
+        Some(self)
     }
 }
 
 impl RedisBackend {
     /// A watch of `P:released` (see `watch_releases`); with `count`, it
     /// knows how many processes listen; `afresh`, see
-    /// `watch_releases_afresh`.
+    /// [`WatchPolicy::Afresh`].
     async fn release_watch(
         &self,
         key: &LeaseKey,
