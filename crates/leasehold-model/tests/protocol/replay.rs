@@ -280,7 +280,12 @@ impl Replay {
                             }
                         }
                         Request::Release { holder } => {
-                            match self.backend.release(&self.key, &holder_id(holder)).await {
+                            match self
+                                .backend
+                                .release(&self.key, &holder_id(holder))
+                                .await
+                                .map(ReleaseOutcome::from)
+                            {
                                 Ok(ReleaseOutcome::Released) => Answer::Released,
                                 Ok(ReleaseOutcome::NotHeld) => Answer::NotHeld,
                                 Err(error) => fail(format!("release failed: {error}")),
