@@ -235,6 +235,7 @@ pub struct Suite<B> {
     long_ttl: Ttl,
     patience: Duration,
     notices: Option<bool>,
+    handover: Option<bool>,
 }
 
 type Checked<T = ()> = Result<T, ConformanceError>;
@@ -448,6 +449,7 @@ impl<B: LeaseBackend> Suite<B> {
             long_ttl: Ttl::new(Duration::from_secs(10)).expect("10 s is a valid ttl"),
             patience: Duration::from_secs(5),
             notices: None,
+            handover: None,
         }
     }
 
@@ -483,6 +485,18 @@ impl<B: LeaseBackend> Suite<B> {
     #[must_use]
     pub fn expect_notices(mut self, notices: Option<bool>) -> Self {
         self.notices = notices;
+        self
+    }
+
+    /// Whether the backend hands a lease over in
+    /// [`release_to`](LeaseBackend::release_to): `Some(false)` makes a
+    /// handover a broken [`Rule::ReleaseTo`] (a backend that must only
+    /// release, as Redlock), `Some(true)` a mere release when only the
+    /// caller's own watch listens (as [`Area::Handover`] does); `None`, the
+    /// default, accepts either and checks what was done.
+    #[must_use]
+    pub fn expect_handover(mut self, handover: Option<bool>) -> Self {
+        self.handover = handover;
         self
     }
 
@@ -563,6 +577,9 @@ impl<B: LeaseBackend> Suite<B> {
         let mut suite = self.clone();
         if areas.contains(&Area::ReleaseNotices) {
             suite.notices = Some(true);
+        }
+        if areas.contains(&Area::Handover) {
+            suite.handover = Some(true);
         }
         let mut checked = suite.core().await?;
         for area in areas {
@@ -1067,7 +1084,17 @@ impl<B: LeaseBackend> Suite<B> {
             info.fencing_token == Some(grant.fencing_token),
             || format!("a stranger's release_to changed the lease: {info:?}"),
         )?;
-        match call::release_to(&self.backend, RULE, &key, &me, &offered).await? {
+        let mut watch = call::watch_releases(&self.backend, RULE, &key).await?;
+        let outcome = call::release_to(&self.backend, RULE, &key, &me, &offered).await?;
+        if let Some(handover) = self.handover {
+            let handed = matches!(outcome, HandoverOutcome::HandedOver(_));
+            ensure(RULE, handed == handover, || {
+                format!(
+                    "the backend should hand over: {handover}, with only our own watch listening it answered {outcome:?}"
+                )
+            })?;
+        }
+        match outcome {
             HandoverOutcome::HandedOver(given) => {
                 self.handed_over_to(RULE, &key, next, &grant, &given)
                     .await?;
@@ -1079,6 +1106,16 @@ impl<B: LeaseBackend> Suite<B> {
                     "the holder's release_to was answered NotHeld",
                 ));
             }
+        }
+        if watch.is_supported() {
+            tokio::time::timeout(self.patience, watch.released())
+                .await
+                .map_err(|_| {
+                    violated(
+                        RULE,
+                        format!("no release notice within {:?}", self.patience),
+                    )
+                })?;
         }
         let again = call::release_to(&self.backend, RULE, &key, &me, &offered).await?;
         ensure(RULE, again == HandoverOutcome::NotHeld, || {
