@@ -286,10 +286,7 @@ mod call {
         rule: Rule,
         request: &RenewRequest,
     ) -> Checked<RenewOutcome> {
-        backend
-            .renew(request)
-            .await
-            .map_err(failed(rule, "renew"))
+        backend.renew(request).await.map_err(failed(rule, "renew"))
     }
 
     /// Every outcome, errors kept in place: the order is what is checked.
@@ -330,10 +327,7 @@ mod call {
         rule: Rule,
         key: &LeaseKey,
     ) -> Checked<Option<LeaseInfo>> {
-        backend
-            .inspect(key)
-            .await
-            .map_err(failed(rule, "inspect"))
+        backend.inspect(key).await.map_err(failed(rule, "inspect"))
     }
 
     pub(super) async fn watch_releases<B: LeaseBackend>(
@@ -678,7 +672,10 @@ impl<B: LeaseBackend> Suite<B> {
         let key = self.key("refuse")?;
         let (me, stranger) = (HolderId::generate()?, HolderId::generate()?);
         let grant = self
-            .grant(RULE, &self.request(&key, me).with_label("conformance-holder")?)
+            .grant(
+                RULE,
+                &self.request(&key, me).with_label("conformance-holder")?,
+            )
             .await?;
         let info = self.refused(RULE, &self.request(&key, stranger)).await?;
         ensure(
@@ -815,8 +812,12 @@ impl<B: LeaseBackend> Suite<B> {
         let key = self.key("renew")?;
         let (me, stranger) = (HolderId::generate()?, HolderId::generate()?);
         let longer = Ttl::new(self.long_ttl.get() * 2)?;
-        let free = call::renew(&self.backend, RULE, &RenewRequest::new(key.clone(), me, longer))
-            .await?;
+        let free = call::renew(
+            &self.backend,
+            RULE,
+            &RenewRequest::new(key.clone(), me, longer),
+        )
+        .await?;
         ensure(RULE, free == RenewOutcome::Lost, || {
             format!("the renewal of a free key was answered {free:?}")
         })?;
@@ -835,11 +836,17 @@ impl<B: LeaseBackend> Suite<B> {
         ensure(
             RULE,
             info.fencing_token == Some(grant.fencing_token)
-                && info.ttl_left.is_some_and(|left| left <= self.long_ttl.get()),
+                && info
+                    .ttl_left
+                    .is_some_and(|left| left <= self.long_ttl.get()),
             || format!("a stranger's renewal changed the lease: {info:?}"),
         )?;
-        let mine =
-            call::renew(&self.backend, RULE, &RenewRequest::new(key.clone(), me, longer)).await?;
+        let mine = call::renew(
+            &self.backend,
+            RULE,
+            &RenewRequest::new(key.clone(), me, longer),
+        )
+        .await?;
         ensure(RULE, mine == RenewOutcome::Renewed, || {
             format!("the holder's renewal was answered {mine:?}")
         })?;
@@ -851,8 +858,12 @@ impl<B: LeaseBackend> Suite<B> {
             || format!("renewed for {longer:?}, the lease shows {info:?}"),
         )?;
         self.release_own(RULE, &key, &me).await?;
-        let after = call::renew(&self.backend, RULE, &RenewRequest::new(key.clone(), me, longer))
-            .await?;
+        let after = call::renew(
+            &self.backend,
+            RULE,
+            &RenewRequest::new(key.clone(), me, longer),
+        )
+        .await?;
         ensure(RULE, after == RenewOutcome::Lost, || {
             format!("a renewal after the release was answered {after:?}")
         })?;
@@ -899,7 +910,11 @@ impl<B: LeaseBackend> Suite<B> {
     /// As [`core`](Self::core).
     pub async fn renew_many_in_order(&self) -> Checked {
         const RULE: Rule = Rule::RenewManyInOrder;
-        let (a, b, never) = (self.key("many-a")?, self.key("many-b")?, self.key("many-x")?);
+        let (a, b, never) = (
+            self.key("many-a")?,
+            self.key("many-b")?,
+            self.key("many-x")?,
+        );
         let (me, stranger) = (HolderId::generate()?, HolderId::generate()?);
         let ttl = self.long_ttl;
         let none = call::renew_many(&self.backend, &[]).await;
@@ -910,9 +925,18 @@ impl<B: LeaseBackend> Suite<B> {
         self.grant(RULE, &self.request(&b, stranger)).await?;
         let asked = [
             (RenewRequest::new(a.clone(), me, ttl), RenewOutcome::Renewed),
-            (RenewRequest::new(a.clone(), stranger, ttl), RenewOutcome::Lost),
-            (RenewRequest::new(never.clone(), me, ttl), RenewOutcome::Lost),
-            (RenewRequest::new(b.clone(), stranger, ttl), RenewOutcome::Renewed),
+            (
+                RenewRequest::new(a.clone(), stranger, ttl),
+                RenewOutcome::Lost,
+            ),
+            (
+                RenewRequest::new(never.clone(), me, ttl),
+                RenewOutcome::Lost,
+            ),
+            (
+                RenewRequest::new(b.clone(), stranger, ttl),
+                RenewOutcome::Renewed,
+            ),
             (RenewRequest::new(b.clone(), me, ttl), RenewOutcome::Lost),
             (RenewRequest::new(a.clone(), me, ttl), RenewOutcome::Renewed),
         ];
@@ -1031,7 +1055,9 @@ impl<B: LeaseBackend> Suite<B> {
         let supported = watch.is_supported();
         if let Some(expected) = self.notices {
             ensure(RULE, supported == expected, || {
-                format!("the backend should have release notices: {expected}, its watch is supported: {supported}")
+                format!(
+                    "the backend should have release notices: {expected}, its watch is supported: {supported}"
+                )
             })?;
         }
         self.release_own(RULE, &key, &me).await?;
@@ -1133,11 +1159,9 @@ impl<B: LeaseBackend> Suite<B> {
         before: &Grant,
         given: &Grant,
     ) -> Checked {
-        ensure(
-            rule,
-            given.holder == next && given.key == *key,
-            || format!("handed over to someone else than offered: {given:?}"),
-        )?;
+        ensure(rule, given.holder == next && given.key == *key, || {
+            format!("handed over to someone else than offered: {given:?}")
+        })?;
         ensure(rule, given.fencing_token > before.fencing_token, || {
             format!(
                 "handed over with token {}, after {}",
@@ -1150,9 +1174,12 @@ impl<B: LeaseBackend> Suite<B> {
             info.fencing_token == Some(given.fencing_token),
             || format!("the handed-over lease shows {info:?}"),
         )?;
-        let renewed =
-            call::renew(&self.backend, rule, &RenewRequest::new(key.clone(), next, self.long_ttl))
-                .await?;
+        let renewed = call::renew(
+            &self.backend,
+            rule,
+            &RenewRequest::new(key.clone(), next, self.long_ttl),
+        )
+        .await?;
         ensure(rule, renewed == RenewOutcome::Renewed, || {
             format!("the new holder's renewal was answered {renewed:?}")
         })?;
@@ -1184,8 +1211,12 @@ impl<B: LeaseBackend> Suite<B> {
             || format!("halfway through its ttl the lease shows {info:?}"),
         )?;
         let taken = self.after_expiry(RULE, &key, expires, next).await?;
-        let renewed =
-            call::renew(&self.backend, RULE, &RenewRequest::new(key.clone(), me, ttl)).await?;
+        let renewed = call::renew(
+            &self.backend,
+            RULE,
+            &RenewRequest::new(key.clone(), me, ttl),
+        )
+        .await?;
         ensure(RULE, renewed == RenewOutcome::Lost, || {
             format!("the expired holder's renewal was answered {renewed:?}")
         })?;
@@ -1380,20 +1411,20 @@ impl<B: LeaseBackend> Suite<B> {
             HolderId::generate()?,
         );
         let read = async |holder| -> Checked<Result<Grant, LeaseInfo>> {
-            Ok(match call::acquire_read(&self.backend, RULE, &self.request(&doc, holder))
-            .await?
-        {
-            AcquireOutcome::Acquired(grant) => Ok(grant),
-            AcquireOutcome::Held(info) => Err(info),
-        })
+            Ok(
+                match call::acquire_read(&self.backend, RULE, &self.request(&doc, holder)).await? {
+                    AcquireOutcome::Acquired(grant) => Ok(grant),
+                    AcquireOutcome::Held(info) => Err(info),
+                },
+            )
         };
         let write = async |holder| -> Checked<Result<Grant, LeaseInfo>> {
-            Ok(match call::acquire_write(&self.backend, RULE, &self.request(&doc, holder))
-            .await?
-        {
-            AcquireOutcome::Acquired(grant) => Ok(grant),
-            AcquireOutcome::Held(info) => Err(info),
-        })
+            Ok(
+                match call::acquire_write(&self.backend, RULE, &self.request(&doc, holder)).await? {
+                    AcquireOutcome::Acquired(grant) => Ok(grant),
+                    AcquireOutcome::Held(info) => Err(info),
+                },
+            )
         };
         let one = read(r1)
             .await?
@@ -1404,7 +1435,12 @@ impl<B: LeaseBackend> Suite<B> {
         ensure(
             RULE,
             one.key == doc.reader_key(&r1)? && two.key == doc.reader_key(&r2)?,
-            || format!("readers got {} and {}, not their reader keys", one.key, two.key),
+            || {
+                format!(
+                    "readers got {} and {}, not their reader keys",
+                    one.key, two.key
+                )
+            },
         )?;
         ensure(RULE, two.fencing_token > one.fencing_token, || {
             format!(
@@ -1426,9 +1462,9 @@ impl<B: LeaseBackend> Suite<B> {
         }
         self.release_own(RULE, &one.key, &r1).await?;
         self.release_own(RULE, &two.key, &r2).await?;
-        let writer = write(w)
-            .await?
-            .map_err(|info| violated(RULE, format!("a writer was refused a free lease: {info:?}")))?;
+        let writer = write(w).await?.map_err(|info| {
+            violated(RULE, format!("a writer was refused a free lease: {info:?}"))
+        })?;
         ensure(RULE, writer.key == doc.writer_key()?, || {
             format!("the writer got {}, not the writer key", writer.key)
         })?;
@@ -1496,7 +1532,10 @@ impl<B: LeaseBackend> Suite<B> {
             call::acquire_fair(&self.backend, RULE, &self.request(&key, who), place_ttl).await
         };
         let FairOutcome::Acquired { grant, .. } = fair(holder).await? else {
-            return Err(violated(RULE, "a free key with an empty queue was not granted"));
+            return Err(violated(
+                RULE,
+                "a free key with an empty queue was not granted",
+            ));
         };
         for (who, ahead) in [(first, 0), (second, 1), (third, 2)] {
             match fair(who).await? {
@@ -1535,7 +1574,10 @@ impl<B: LeaseBackend> Suite<B> {
             }
         }
         let FairOutcome::Acquired { grant: given, .. } = fair(second).await? else {
-            return Err(violated(RULE, "the head of the queue was refused a free lease"));
+            return Err(violated(
+                RULE,
+                "the head of the queue was refused a free lease",
+            ));
         };
         ensure(RULE, given.fencing_token > grant.fencing_token, || {
             format!(
@@ -1548,7 +1590,9 @@ impl<B: LeaseBackend> Suite<B> {
             format!("the head's release was answered {released:?}")
         })?;
         match fair(third).await? {
-            FairOutcome::Acquired { grant, .. } => self.release_own(RULE, &key, &grant.holder).await,
+            FairOutcome::Acquired { grant, .. } => {
+                self.release_own(RULE, &key, &grant.holder).await
+            }
             FairOutcome::Waiting(place) => Err(violated(
                 RULE,
                 format!("the last waiter, alone, was refused a free lease: {place:?}"),
@@ -1577,8 +1621,12 @@ impl<B: LeaseBackend> Suite<B> {
         let grant = self
             .grant(RULE, &AcquireRequest::new(key.clone(), me, ttl))
             .await?;
-        let renewed =
-            call::renew(&self.backend, RULE, &RenewRequest::new(key.clone(), me, ttl)).await?;
+        let renewed = call::renew(
+            &self.backend,
+            RULE,
+            &RenewRequest::new(key.clone(), me, ttl),
+        )
+        .await?;
         ensure(RULE, renewed == RenewOutcome::Renewed, || {
             format!("the holder's renewal was answered {renewed:?}")
         })?;
