@@ -15,6 +15,10 @@
 //! matter. The memory backend is the oracle of every paused-clock test:
 //! this is what ties it to the server's scripts.
 
+// The operation strategy (one `prop_oneof!` of thirteen arms) is a deep
+// type; clippy walks it past the default limit.
+#![recursion_limit = "256"]
+
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
 use std::time::Duration;
