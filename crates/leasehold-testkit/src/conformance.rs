@@ -1,6 +1,6 @@
 //! The backend contract as a suite any [`LeaseBackend`] can run.
 //!
-//! Every backend, leasehold's own ([`MemoryBackend`], the Redis backends)
+//! Every backend, leasehold's own ([`MemoryBackend`](leasehold_core::MemoryBackend), the Redis backends)
 //! and a third party's, must keep the same contract (docs/design.md, "The
 //! backend contract"). A [`Suite`] checks it against a live backend, on keys
 //! of its own under a prefix, and says which [`Rule`] was broken when one
