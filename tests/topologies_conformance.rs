@@ -25,15 +25,16 @@ use holders::{crash_holding_at, manager_at, stored, within};
 type TestResult = Result<(), Box<dyn std::error::Error>>;
 
 /// Every area the Redis backend has, standalone, behind Sentinel and on a
-/// cluster: notices, handover, the minimum hold, permits, read-write leases
-/// and the fair queue.
-const REDIS_AREAS: [Area; 6] = [
+/// cluster: notices, handover, the minimum hold, permits, read-write leases,
+/// the fair queue and its handover.
+const REDIS_AREAS: [Area; 7] = [
     Area::ReleaseNotices,
     Area::Handover,
     Area::MinimumHold,
     Area::Permits,
     Area::ReadWrite,
     Area::FairQueue,
+    Area::FairHandover,
 ];
 
 const OP_TIMEOUT: Duration = Duration::from_millis(500);
@@ -52,7 +53,7 @@ async fn standalone_keeps_the_contract() -> TestResult {
     let checked = Suite::new(backend.clone(), "standalone")
         .run(&REDIS_AREAS)
         .await?;
-    assert_eq!(checked.len(), Rule::CORE.len() + 5);
+    assert_eq!(checked.len(), Rule::CORE.len() + 6);
     // Client tracking reports to this backend what a second connection did.
     Suite::new(backend, "standalone")
         .change_feed(&connect(server.url()).await?)

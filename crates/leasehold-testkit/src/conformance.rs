@@ -13,9 +13,9 @@
 //!   [`Suite::refuses_with_holder_info`], ...).
 //! - The optional areas, for a backend that has them, are functions of
 //!   their own: [`Suite::permits`], [`Suite::read_write`],
-//!   [`Suite::fair_queue`], [`Suite::handover`], [`Suite::minimum_hold`]
-//!   and [`Suite::change_feed`] (which needs a second client of the same
-//!   store).
+//!   [`Suite::fair_queue`], [`Suite::fair_handover`], [`Suite::handover`],
+//!   [`Suite::minimum_hold`] and [`Suite::change_feed`] (which needs a
+//!   second client of the same store).
 //! - [`Suite::run`] runs the core and the areas it is given, and returns
 //!   the rules it checked.
 //!
@@ -115,6 +115,9 @@ pub enum Rule {
     /// The change feed reports a change made by another client to a lease
     /// this backend renews.
     ChangeFeed,
+    /// A fair holder's release hands the lease to the queue's head that
+    /// asked for a handover, and tells its watch the new token.
+    FairHandover,
 }
 
 impl Rule {
@@ -154,6 +157,7 @@ impl Rule {
             Rule::ReadWrite => "read-write",
             Rule::FairQueue => "fair-queue",
             Rule::ChangeFeed => "change-feed",
+            Rule::FairHandover => "fair-handover",
         }
     }
 }
@@ -165,7 +169,10 @@ impl fmt::Display for Rule {
 }
 
 /// Why a conformance check failed.
-#[derive(Debug, thiserror::Error)]
+///
+/// Its `Debug` form is its message, so that a test returning it prints the
+/// broken rule and what the backend did.
+#[derive(thiserror::Error)]
 #[non_exhaustive]
 pub enum ConformanceError {
     /// The backend answered, and the answer breaks `rule`.
@@ -191,6 +198,12 @@ pub enum ConformanceError {
     /// no entropy for a holder id, a short ttl out of range).
     #[error("the conformance suite could not build its inputs: {0}")]
     Setup(#[from] leasehold_core::Error),
+}
+
+impl fmt::Debug for ConformanceError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Display::fmt(self, f)
+    }
 }
 
 impl ConformanceError {
@@ -224,6 +237,8 @@ pub enum Area {
     ReadWrite,
     /// [`Suite::fair_queue`].
     FairQueue,
+    /// [`Suite::fair_handover`].
+    FairHandover,
 }
 
 /// The conformance suite, bound to one backend and a key prefix.
@@ -260,10 +275,12 @@ fn ensure(rule: Rule, holds: bool, detail: impl FnOnce() -> String) -> Checked {
 /// method.
 mod call {
     use super::{Checked, ConformanceError, Rule};
+    use std::time::Duration;
+
     use leasehold_core::{
         AcquireOutcome, AcquireRequest, BackendError, ChangeWatch, FairOutcome, HandoverOutcome,
-        HolderId, LeaseBackend, LeaseInfo, LeaseKey, PermitLimit, PlaceTtl, ReleaseOutcome,
-        ReleaseWatch, RenewOutcome, RenewRequest,
+        HandoverWatch, HolderId, LeaseBackend, LeaseInfo, LeaseKey, PermitLimit, PlaceTtl,
+        ReleaseOutcome, ReleaseWatch, RenewOutcome, RenewRequest,
     };
 
     fn failed(rule: Rule, op: &'static str) -> impl FnOnce(BackendError) -> ConformanceError {
@@ -399,9 +416,10 @@ mod call {
         rule: Rule,
         request: &AcquireRequest,
         place_ttl: PlaceTtl,
+        handover: Option<Duration>,
     ) -> Checked<FairOutcome> {
         backend
-            .try_acquire_fair(request, place_ttl, None)
+            .try_acquire_fair(request, place_ttl, handover)
             .await
             .map_err(failed(rule, "try_acquire_fair"))
     }
@@ -416,6 +434,18 @@ mod call {
             .release_fair(key, holder)
             .await
             .map_err(failed(rule, "release_fair"))
+    }
+
+    pub(super) async fn watch_handover<B: LeaseBackend>(
+        backend: &B,
+        rule: Rule,
+        key: &LeaseKey,
+        holder: &HolderId,
+    ) -> Checked<HandoverWatch> {
+        backend
+            .watch_handover(key, holder)
+            .await
+            .map_err(failed(rule, "watch_handover"))
     }
 
     pub(super) async fn leave_fair_queue<B: LeaseBackend>(
@@ -598,6 +628,10 @@ impl<B: LeaseBackend> Suite<B> {
                 Area::FairQueue => {
                     suite.fair_queue().await?;
                     checked.push(Rule::FairQueue);
+                }
+                Area::FairHandover => {
+                    suite.fair_handover().await?;
+                    checked.push(Rule::FairHandover);
                 }
             }
         }
@@ -1553,7 +1587,14 @@ impl<B: LeaseBackend> Suite<B> {
             HolderId::generate()?,
         );
         let fair = async |who: HolderId| {
-            call::acquire_fair(&self.backend, RULE, &self.request(&key, who), place_ttl).await
+            call::acquire_fair(
+                &self.backend,
+                RULE,
+                &self.request(&key, who),
+                place_ttl,
+                None,
+            )
+            .await
         };
         let FairOutcome::Acquired { grant, .. } = fair(holder).await? else {
             return Err(violated(
@@ -1622,6 +1663,90 @@ impl<B: LeaseBackend> Suite<B> {
                 format!("the last waiter, alone, was refused a free lease: {place:?}"),
             )),
         }
+    }
+
+    /// [`Rule::FairHandover`]: a waiter at the head of the fair queue that
+    /// asked for a handover (and watches for it) is granted the lease by
+    /// the fair holder's release, in the same operation: its watch tells
+    /// the new token, higher than the holder's, the lease shows it, and the
+    /// waiter renews and releases it as its own without asking again.
+    ///
+    /// # Errors
+    ///
+    /// As [`core`](Self::core); an unsupported handover watch breaks the
+    /// rule too.
+    pub async fn fair_handover(&self) -> Checked {
+        const RULE: Rule = Rule::FairHandover;
+        let key = self.key("fair-handover")?;
+        let place_ttl = PlaceTtl::new(self.patience.max(PlaceTtl::MIN).min(PlaceTtl::MAX))?;
+        let (holder, waiter) = (HolderId::generate()?, HolderId::generate()?);
+        let FairOutcome::Acquired { grant, .. } = call::acquire_fair(
+            &self.backend,
+            RULE,
+            &self.request(&key, holder),
+            place_ttl,
+            None,
+        )
+        .await?
+        else {
+            return Err(violated(
+                RULE,
+                "a free key with an empty queue was not granted",
+            ));
+        };
+        let mut watch = call::watch_handover(&self.backend, RULE, &key, &waiter).await?;
+        ensure(RULE, watch.is_supported(), || {
+            "the handover watch is unsupported".to_owned()
+        })?;
+        let waiting = call::acquire_fair(
+            &self.backend,
+            RULE,
+            &self.request(&key, waiter),
+            place_ttl,
+            Some(self.long_ttl.get()),
+        )
+        .await?;
+        ensure(
+            RULE,
+            matches!(&waiting, FairOutcome::Waiting(place) if place.ahead == 0),
+            || format!("the only waiter behind a holder got {waiting:?}"),
+        )?;
+        let released = call::release_fair(&self.backend, RULE, &key, &holder).await?;
+        ensure(RULE, released == ReleaseOutcome::Released, || {
+            format!("the fair holder's release was answered {released:?}")
+        })?;
+        let token = tokio::time::timeout(self.patience, watch.handed_over())
+            .await
+            .map_err(|_| {
+                violated(
+                    RULE,
+                    format!("no handover announced within {:?}", self.patience),
+                )
+            })?;
+        ensure(RULE, token > grant.fencing_token, || {
+            format!(
+                "handed over with token {token}, after {}",
+                grant.fencing_token
+            )
+        })?;
+        let info = self.held(RULE, &key).await?;
+        ensure(RULE, info.fencing_token == Some(token), || {
+            format!("the handed-over lease shows {info:?}, the watch said token {token}")
+        })?;
+        let renewed = call::renew(
+            &self.backend,
+            RULE,
+            &RenewRequest::new(key.clone(), waiter, self.long_ttl),
+        )
+        .await?;
+        ensure(RULE, renewed == RenewOutcome::Renewed, || {
+            format!("the waiter's renewal of the lease handed to it was answered {renewed:?}")
+        })?;
+        let released = call::release_fair(&self.backend, RULE, &key, &waiter).await?;
+        ensure(RULE, released == ReleaseOutcome::Released, || {
+            format!("the new holder's release was answered {released:?}")
+        })?;
+        self.free(RULE, &key, "released by the new holder").await
     }
 
     /// [`Rule::ChangeFeed`]: a lease this backend acquired and renewed
