@@ -25,20 +25,27 @@
 //! nonce, so that runs on one server do not meet; each check releases what
 //! it took, and what it leaves expires within [`Suite::long_ttl`].
 //!
-//! A third-party backend runs it from a test of its own:
+//! A third-party backend runs it from a test of its own (here
+//! `MemoryBackend` stands in for it):
 //!
 //! ```no_run
-//! use leasehold_core::MemoryBackend;
-//! use leasehold_testkit::conformance::{Area, Suite};
+//! use leasehold_core::MemoryBackend as MyBackend;
+//! use leasehold_testkit::conformance::{Area, ConformanceError, Rule, Suite};
 //!
-//! # async fn run() -> Result<(), leasehold_testkit::conformance::ConformanceError> {
-//! // Stand-in for `MyBackend::connect(..).await?`.
-//! let backend = MemoryBackend::new();
-//! let checked = Suite::new(backend, "my-backend")
-//!     .run(&[Area::ReleaseNotices, Area::Permits, Area::ReadWrite])
-//!     .await?;
-//! println!("kept {} rules", checked.len());
-//! # Ok(()) }
+//! #[tokio::test]
+//! async fn my_backend_keeps_the_contract() -> Result<(), ConformanceError> {
+//!     let backend = MyBackend::new(); // connected to a store of its own
+//!     // The core, then the optional areas the backend has.
+//!     let checked = Suite::new(backend.clone(), "my-backend")
+//!         .run(&[Area::ReleaseNotices, Area::Permits, Area::ReadWrite])
+//!         .await?;
+//!     assert!(checked.contains(&Rule::TokensIncrease));
+//!     // One rule alone, and the change feed, which needs a second client
+//!     // of the same store (a second connection, as another process).
+//!     let suite = Suite::new(backend.clone(), "my-backend");
+//!     suite.release_owner_checked().await?;
+//!     suite.change_feed(&backend.client()).await
+//! }
 //! ```
 //!
 //! A broken rule reads, for example:
