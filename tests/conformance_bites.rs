@@ -38,6 +38,8 @@ enum Flaw {
     SilentRelease,
     /// Leases are kept twenty times as long as asked.
     NeverExpires,
+    /// Leases are kept 250 ms longer than asked.
+    LateExpiry,
     /// `valid_until` without the clock-drift allowance.
     NoDriftAllowance,
 }
@@ -76,8 +78,15 @@ impl Minimal {
 impl LeaseBackend for Minimal {
     async fn try_acquire(&self, request: &AcquireRequest) -> Result<AcquireOutcome, BackendError> {
         let mut asked = request.clone();
-        if self.flaw == Flaw::NeverExpires {
-            asked.ttl = Ttl::new(request.ttl.get() * 20).expect("a valid ttl");
+        match self.flaw {
+            Flaw::NeverExpires => {
+                asked.ttl = Ttl::new(request.ttl.get() * 20).expect("a valid ttl")
+            }
+            Flaw::LateExpiry => {
+                asked.ttl =
+                    Ttl::new(request.ttl.get() + Duration::from_millis(250)).expect("a valid ttl");
+            }
+            _ => {}
         }
         let again = self.holder_of(&request.key) == Some(request.holder);
         Ok(match self.inner.try_acquire(&asked).await? {
@@ -231,6 +240,8 @@ async fn each_flaw_breaks_its_rule() {
     expect!(Flaw::InspectBlind, Rule::Inspect, inspect);
     expect!(Flaw::SilentRelease, Rule::ReleaseNotices, release_notices);
     expect!(Flaw::NeverExpires, Rule::ExpiryFrees, expiry_frees);
+    expect!(Flaw::LateExpiry, Rule::ExpiryFrees, expiry_frees);
+    expect!(Flaw::LateExpiry, Rule::TokensIncrease, tokens_increase);
     expect!(Flaw::NoDriftAllowance, Rule::GrantsFreeKey, grants_free_key);
     assert!(missed.is_empty(), "flaws the suite missed: {missed:?}");
 }

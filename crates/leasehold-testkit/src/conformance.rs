@@ -256,6 +256,7 @@ pub struct Suite<B> {
     short_ttl: Ttl,
     long_ttl: Ttl,
     patience: Duration,
+    expiry_slack: Duration,
     notices: Option<bool>,
     handover: Option<bool>,
 }
@@ -479,6 +480,7 @@ impl<B: LeaseBackend> Suite<B> {
             short_ttl: Ttl::new(Duration::from_millis(300)).expect("300 ms is a valid ttl"),
             long_ttl: Ttl::new(Duration::from_secs(10)).expect("10 s is a valid ttl"),
             patience: Duration::from_secs(5),
+            expiry_slack: Duration::from_millis(100),
             notices: None,
             handover: None,
         }
@@ -501,11 +503,23 @@ impl<B: LeaseBackend> Suite<B> {
     }
 
     /// How long the suite waits for something the backend should do soon
-    /// (a release notice, a change report, an expired key to free) before
-    /// it calls the rule broken (default 5 s).
+    /// (a release notice, a change report, a handover) before it calls the
+    /// rule broken (default 5 s). An expired key has a tighter bound, see
+    /// [`expiry_slack`](Self::expiry_slack).
     #[must_use]
     pub fn patience(mut self, patience: Duration) -> Self {
         self.patience = patience;
+        self
+    }
+
+    /// How late after its ttl (or minimum hold) a lease may still be
+    /// refused to a stranger (default 100 ms): an acquisition sent later
+    /// than the latest moment the lease could have been meant to end, plus
+    /// this, must be granted. Redis and `MemoryBackend` free a key within
+    /// a millisecond of its expiry.
+    #[must_use]
+    pub fn expiry_slack(mut self, slack: Duration) -> Self {
+        self.expiry_slack = slack;
         self
     }
 
@@ -1043,36 +1057,45 @@ impl<B: LeaseBackend> Suite<B> {
         let holder = HolderId::generate()?;
         let short = AcquireRequest::new(key.clone(), holder, self.short_ttl);
         let grant = self.grant(RULE, &short).await?;
+        let granted = Instant::now();
         rising(&grant, "after a release")?;
         let next = HolderId::generate()?;
+        let ttl = self.short_ttl.get();
         let grant = self
-            .after_expiry(RULE, &key, grant.sent_at + self.short_ttl.get(), next)
+            .after_expiry(RULE, &key, (grant.sent_at + ttl, granted + ttl), next)
             .await?;
         rising(&grant, "after an expiry")?;
         self.release_own(RULE, &key, &next).await
     }
 
-    /// Waits until `expires` and a little more, then acquires `key` for
-    /// `holder`, retrying within the suite's patience.
+    /// Acquires `key` for `holder` once it has expired: from `earliest`
+    /// (before which the backend cannot have let it expire) on, every
+    /// 10 ms, until granted. A refusal of a request sent later than
+    /// `latest` (after which it must have expired) + the suite's
+    /// [`expiry_slack`](Self::expiry_slack) breaks `rule`: judged by when
+    /// each request was sent, so a slow process is not blamed on the
+    /// backend.
     async fn after_expiry(
         &self,
         rule: Rule,
         key: &LeaseKey,
-        expires: Instant,
+        (earliest, latest): (Instant, Instant),
         holder: HolderId,
     ) -> Checked<Grant> {
-        tokio::time::sleep_until(expires + Duration::from_millis(5)).await;
+        tokio::time::sleep_until(earliest).await;
         let request = self.request(key, holder);
-        let deadline = Instant::now() + self.patience;
+        let deadline = latest + self.expiry_slack;
         loop {
+            let sent = Instant::now();
             match call::acquire(&self.backend, rule, &request).await? {
                 AcquireOutcome::Acquired(grant) => return Ok(grant),
-                AcquireOutcome::Held(info) if Instant::now() >= deadline => {
+                AcquireOutcome::Held(info) if sent >= deadline => {
                     return Err(violated(
                         rule,
                         format!(
-                            "still held {:?} after its ttl ran out: {info:?}",
-                            expires.elapsed()
+                            "still held {:?} after it had to expire (slack {:?}): {info:?}",
+                            sent.saturating_duration_since(latest),
+                            self.expiry_slack
                         ),
                     ));
                 }
@@ -1228,9 +1251,9 @@ impl<B: LeaseBackend> Suite<B> {
         self.free(rule, key, "released by the new holder").await
     }
 
-    /// [`Rule::ExpiryFrees`]: held until about its ttl, free soon after
-    /// (within the suite's patience), and the old holder's renewal and
-    /// release then say so.
+    /// [`Rule::ExpiryFrees`]: held halfway through its ttl, free at the
+    /// ttl (within the suite's [`expiry_slack`](Self::expiry_slack)), and
+    /// the old holder's renewal and release then say so.
     ///
     /// # Errors
     ///
@@ -1240,12 +1263,13 @@ impl<B: LeaseBackend> Suite<B> {
         let (me, next) = (HolderId::generate()?, HolderId::generate()?);
         let ttl = self.short_ttl;
         let mut attempt = 0;
-        let (key, grant) = loop {
+        let (key, grant, granted) = loop {
             attempt += 1;
             let key = self.key("expiry")?;
             let grant = self
                 .grant(RULE, &AcquireRequest::new(key.clone(), me, ttl))
                 .await?;
+            let granted = Instant::now();
             tokio::time::sleep_until(grant.sent_at + ttl.get() / 2).await;
             match call::acquire(&self.backend, RULE, &self.request(&key, next)).await? {
                 AcquireOutcome::Held(info) => {
@@ -1254,7 +1278,7 @@ impl<B: LeaseBackend> Suite<B> {
                         info.fencing_token == Some(grant.fencing_token),
                         || format!("halfway through its ttl the lease shows {info:?}"),
                     )?;
-                    break (key, grant);
+                    break (key, grant, granted);
                 }
                 // Answered while the lease was certainly valid: broken.
                 // Answered later (this process stalled for half a ttl),
@@ -1274,7 +1298,7 @@ impl<B: LeaseBackend> Suite<B> {
                 AcquireOutcome::Acquired(_) => self.release_own(RULE, &key, &next).await?,
             }
         };
-        let expires = grant.sent_at + ttl.get();
+        let expires = (grant.sent_at + ttl.get(), granted + ttl.get());
         let taken = self.after_expiry(RULE, &key, expires, next).await?;
         let renewed = call::renew(
             &self.backend,
@@ -1347,6 +1371,7 @@ impl<B: LeaseBackend> Suite<B> {
         let released = Instant::now();
         self.release_own(RULE, &key, &me).await?;
         let info = self.refused(RULE, &self.request(&key, stranger)).await?;
+        let told = Instant::now();
         ensure(
             RULE,
             info.fencing_token == Some(grant.fencing_token),
@@ -1359,7 +1384,7 @@ impl<B: LeaseBackend> Suite<B> {
             format!("kept for {left:?} more, not about the {minimum:?} minimum")
         })?;
         let taken = self
-            .after_expiry(RULE, &key, released + left, stranger)
+            .after_expiry(RULE, &key, (released + left, told + left), stranger)
             .await?;
         ensure(RULE, taken.fencing_token > grant.fencing_token, || {
             format!(
