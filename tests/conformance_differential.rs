@@ -1,5 +1,5 @@
 //! `MemoryBackend` against a real server: random sequences of operations
-//! (acquire with and without a minimum hold, renew, renew_many, release,
+//! (acquire with and without a minimum hold or a lock-delay, renew, renew_many, release,
 //! release_to, inspect, permits, read and write holds, a withdrawn intent,
 //! fair-queue places, leaving and releasing) by a few holders on a few keys
 //! run on a fresh `MemoryBackend` and on `RedisBackend` side by side, and
@@ -28,7 +28,9 @@ use leasehold::backend::{
     LeaseBackend, RenewOutcome, RenewRequest,
 };
 use leasehold::redis::RedisBackend;
-use leasehold::{LeaseInfo, LeaseKey, MemoryBackend, PermitLimit, PlaceTtl, ReleaseOutcome, Ttl};
+use leasehold::{
+    LeaseInfo, LeaseKey, LockDelay, MemoryBackend, PermitLimit, PlaceTtl, ReleaseOutcome, Ttl,
+};
 use leasehold_testkit::RedisServer;
 use proptest::prelude::*;
 use proptest::test_runner::{Config, TestCaseError, TestRunner};
@@ -45,6 +47,13 @@ const FAIR: usize = 2;
 const TTLS: [u64; 3] = [30, 60, 90];
 /// The minimum hold some acquisitions carry: above every ttl.
 const MINIMUM_HOLD: Duration = Duration::from_secs(120);
+/// The lock-delay some acquisitions and renewals carry.
+const LOCK_DELAY: Duration = Duration::from_secs(5);
+
+fn lock_delay() -> LockDelay {
+    LockDelay::new(LOCK_DELAY).expect("a valid lock-delay")
+}
+
 /// The fair queue's place ttl: the longest, far above a run.
 fn place_ttl() -> PlaceTtl {
     PlaceTtl::new(PlaceTtl::MAX).expect("the longest place ttl is valid")
@@ -71,6 +80,8 @@ enum Op {
         ttl: usize,
         /// With a minimum hold of [`MINIMUM_HOLD`].
         held: bool,
+        /// With a lock-delay of [`LOCK_DELAY`].
+        delayed: bool,
     },
     AcquireFair {
         holder: usize,
@@ -105,6 +116,8 @@ enum Op {
         holder: usize,
         target: Target,
         ttl: usize,
+        /// With a lock-delay of [`LOCK_DELAY`].
+        delayed: bool,
     },
     RenewMany(Vec<(usize, Target)>),
     Release {
@@ -131,8 +144,8 @@ fn target() -> impl Strategy<Value = Target> {
 fn op() -> impl Strategy<Value = Op> {
     let (h, t) = (0..HOLDERS, 0..TTLS.len());
     prop_oneof![
-        4 => (h.clone(), 0..FAIR, t.clone(), proptest::bool::weighted(0.2))
-            .prop_map(|(holder, key, ttl, held)| Op::Acquire { holder, key, ttl, held: held && key == 0 }),
+        4 => (h.clone(), 0..FAIR, t.clone(), proptest::bool::weighted(0.2), proptest::bool::weighted(0.2))
+            .prop_map(|(holder, key, ttl, held, delayed)| Op::Acquire { holder, key, ttl, held: held && key == 0, delayed }),
         2 => (h.clone(), t.clone()).prop_map(|(holder, ttl)| Op::AcquireFair { holder, key: FAIR, ttl }),
         1 => h.clone().prop_map(|holder| Op::LeaveFair { holder, key: FAIR }),
         1 => h.clone().prop_map(|holder| Op::ReleaseFair { holder, key: FAIR }),
@@ -140,7 +153,8 @@ fn op() -> impl Strategy<Value = Op> {
         1 => (h.clone(), t.clone()).prop_map(|(holder, ttl)| Op::AcquireRead { holder, ttl }),
         1 => (h.clone(), t.clone()).prop_map(|(holder, ttl)| Op::AcquireWrite { holder, ttl }),
         1 => h.clone().prop_map(|holder| Op::WithdrawIntent { holder }),
-        3 => (h.clone(), target(), t).prop_map(|(holder, target, ttl)| Op::Renew { holder, target, ttl }),
+        3 => (h.clone(), target(), t, proptest::bool::weighted(0.2))
+            .prop_map(|(holder, target, ttl, delayed)| Op::Renew { holder, target, ttl, delayed }),
         1 => proptest::collection::vec((h.clone(), target()), 0..5).prop_map(Op::RenewMany),
         3 => (h.clone(), target()).prop_map(|(holder, target)| Op::Release { holder, target }),
         1 => (h.clone(), 0..FAIR, h).prop_map(|(holder, key, next)| Op::ReleaseTo { holder, key, next }),
@@ -299,11 +313,15 @@ impl World {
                     key,
                     ttl,
                     held,
+                    delayed,
                 } => {
                     let key = &self.plain[*key];
                     let mut request = self.request(key, *holder, *ttl);
                     if *held {
                         request = request.with_hold_at_least(MINIMUM_HOLD).map_err(fail)?;
+                    }
+                    if *delayed {
+                        request = request.with_lock_delay(lock_delay());
                     }
                     let outcome = backend.try_acquire(&request).await;
                     self.acquired(key, outcome)
@@ -374,10 +392,14 @@ impl World {
                     holder,
                     target,
                     ttl: t,
+                    delayed,
                 } => {
                     let key = self.key(*target).map_err(fail)?;
-                    let request =
+                    let mut request =
                         RenewRequest::new(key, self.holders[*holder], ttl_of(*holder, *t));
+                    if *delayed {
+                        request = request.with_lock_delay(lock_delay());
+                    }
                     renewed(backend.renew(&request).await)
                 }
                 Op::RenewMany(batch) => {
@@ -553,6 +575,7 @@ async fn release_fair_keeps_a_minimum_hold_as_release_does() -> TestResult {
             key: 0,
             ttl: 0,
             held: true,
+            delayed: false,
         },
         Op::ReleaseFair { holder: 0, key: 0 },
         Op::Inspect(Target::Plain(0)),
@@ -587,6 +610,7 @@ async fn a_fair_refresh_leaves_the_holders_place_on_both() -> TestResult {
             key: 0,
             ttl: 0,
             held: false,
+            delayed: false,
         },
         Op::AcquireFair {
             holder: 0,
@@ -602,6 +626,7 @@ async fn a_fair_refresh_leaves_the_holders_place_on_both() -> TestResult {
             key: 0,
             ttl: 0,
             held: false,
+            delayed: false,
         },
         Op::AcquireFair {
             holder: 0,
