@@ -33,7 +33,8 @@
 //! the same kind of break, with a shrunk sequence: a stranger's release
 //! (memory Released, redis NotHeld after one acquire), tokens (a handover's
 //! token ranked 0 against 1), renewal owner check, ttl refresh, minimum
-//! hold, permit limit, writer preference and fair order.
+//! hold, permit limit, writer preference, fair order and the lock-delay
+//! (a grant kept for its ttl alone: 32 s left against the server's 37 s).
 
 use leasehold::MemoryBackend;
 use leasehold_testkit::conformance::{Area, ConformanceError, Rule, Suite};
