@@ -1,6 +1,7 @@
 //! The backend contract as a suite any [`LeaseBackend`] can run.
 //!
-//! Every backend, leasehold's own ([`MemoryBackend`](leasehold_core::MemoryBackend), the Redis backends)
+//! Every backend, leasehold's own
+//! ([`MemoryBackend`](leasehold_core::MemoryBackend), the Redis backends)
 //! and a third party's, must keep the same contract (docs/design.md, "The
 //! backend contract"). A [`Suite`] checks it against a live backend, on keys
 //! of its own under a prefix, and says which [`Rule`] was broken when one
@@ -21,7 +22,8 @@
 //!
 //! Real time runs: the ttls the checks wait out are short (300 ms by
 //! default, see [`Suite::short_ttl`]) and every wait is bounded (see
-//! [`Suite::patience`]); the core takes about a second. Keys carry a random
+//! [`Suite::patience`] and [`Suite::expiry_slack`]); the core takes about
+//! a second. Keys carry a random
 //! nonce, so that runs on one server do not meet; each check releases what
 //! it took, and what it leaves expires within [`Suite::long_ttl`].
 //!
@@ -54,9 +56,12 @@
 //! release-owner-checked: a stranger's release of a held lease was answered Released, not NotHeld
 //! ```
 //!
-//! Every backend call of the suite goes through the thin functions of the
-//! private `call` module, so that a change of the trait's shape is made in
-//! one place.
+//! A backend needs no more than the trait's required methods to run the
+//! core (the repository's tests/conformance_bites.rs runs it on one of five
+//! methods, and on the same backend with one flaw each, to show every rule
+//! can fail). Every backend call of the suite goes through the thin
+//! functions of the private `call` module, so that a change of the trait's
+//! shape is made in one place.
 
 use std::fmt;
 use std::time::Duration;
