@@ -1,7 +1,18 @@
-//! One contract, every Redis topology: the same checks against a standalone
-//! server, a cluster, a Sentinel-monitored master and Redlock; and permits
+//! One contract, every Redis topology: the testkit's conformance suite
+//! (`leasehold_testkit::conformance`, the one a third-party backend runs)
+//! against a standalone server, a cluster, a Sentinel-monitored master and
+//! Redlock, with every area each has; and permits
 //! and read-write leases through the manager on each, judged by the
 //! server's keys on a side connection to the node that holds them.
+//!
+//! Seen red on the server, each script broken once and restored (the
+//! suite's own checks are seen red on `MemoryBackend`, see
+//! tests/conformance_memory.rs): renew.lua without its holder check,
+//! "renew-owner-checked: a stranger's renewal was answered Renewed, not
+//! Lost"; release.lua without it, "release-owner-checked: a stranger's
+//! release of a held lease was answered Released, not NotHeld";
+//! release_fair.lua never handing over, "fair-handover: no handover
+//! announced within 5s".
 
 // Each test binary uses part of the shared helpers.
 #[allow(dead_code)]
@@ -10,15 +21,11 @@ mod holders;
 
 use std::time::Duration;
 
-use leasehold::backend::{
-    AcquireOutcome, AcquireRequest, BackendError, HandoverBackend, HandoverOutcome, HolderId,
-    LeaseBackend, ReleaseReport, RenewOutcome, RenewRequest, WatchPolicy, clock_drift,
-};
+use leasehold::backend::{BackendError, LeaseBackend};
 use leasehold::redis::redis::{self, AsyncCommands};
 use leasehold::redis::{RedisBackend, RedlockBackend};
-use leasehold::{
-    Backoff, LeaseError, LeaseKey, LeaseManager, LeaseOptions, PermitLimit, ReleaseOutcome, Ttl,
-};
+use leasehold::{Backoff, LeaseError, LeaseManager, LeaseOptions, PermitLimit, Ttl};
+use leasehold_testkit::conformance::{Area, Rule, Suite};
 use leasehold_testkit::{RedisCluster, RedisServer, SentinelSet, independent_masters};
 use tokio::time::Instant;
 
@@ -26,290 +33,70 @@ use holders::{crash_holding_at, manager_at, stored, within};
 
 type TestResult = Result<(), Box<dyn std::error::Error>>;
 
-/// What every backend must do, on keys of its own (`prefix` keeps runs apart).
-async fn contract(backend: &impl LeaseBackend, prefix: &str) -> TestResult {
-    let ttl = Ttl::parse("10s")?;
-    let key = LeaseKey::new(format!("{prefix}:lease"))?;
-    let (me, stranger) = (HolderId::generate()?, HolderId::generate()?);
-    let mine = AcquireRequest::new(key.clone(), me, ttl);
-
-    let AcquireOutcome::Acquired(grant) = backend.try_acquire(&mine).await? else {
-        return Err("a free lease was not acquired".into());
-    };
-    assert_eq!(
-        grant.valid_until,
-        grant.sent_at + ttl.get() - clock_drift(ttl.get())
-    );
-    let AcquireOutcome::Acquired(again) = backend.try_acquire(&mine).await? else {
-        return Err("the holder could not acquire its own lease again".into());
-    };
-    assert_eq!(
-        again.fencing_token, grant.fencing_token,
-        "a re-acquire keeps the token"
-    );
-    let AcquireOutcome::Held(info) = backend
-        .try_acquire(&AcquireRequest::new(key.clone(), stranger, ttl))
-        .await?
-    else {
-        return Err("a held lease was acquired by someone else".into());
-    };
-    assert_eq!(info.fencing_token, Some(grant.fencing_token));
-    assert!(
-        info.ttl_left.is_some_and(|left| left <= ttl.get()),
-        "{info:?}"
-    );
-
-    let other = LeaseKey::new(format!("{prefix}:other"))?;
-    let AcquireOutcome::Acquired(_) = backend
-        .try_acquire(&AcquireRequest::new(other.clone(), me, ttl))
-        .await?
-    else {
-        return Err("a second free lease was not acquired".into());
-    };
-    let outcomes = backend
-        .renew_many(&[
-            RenewRequest::new(key.clone(), me, ttl),
-            RenewRequest::new(key.clone(), stranger, ttl),
-            RenewRequest::new(other.clone(), me, ttl),
-            RenewRequest::new(LeaseKey::new(format!("{prefix}:never"))?, me, ttl),
-        ])
-        .await;
-    let outcomes: Vec<Option<RenewOutcome>> = outcomes.into_iter().map(Result::ok).collect();
-    assert_eq!(
-        outcomes,
-        [
-            Some(RenewOutcome::Renewed),
-            Some(RenewOutcome::Lost),
-            Some(RenewOutcome::Renewed),
-            Some(RenewOutcome::Lost)
-        ]
-    );
-    assert_eq!(
-        backend
-            .renew(&RenewRequest::new(key.clone(), me, ttl))
-            .await?,
-        RenewOutcome::Renewed
-    );
-    let shown = backend
-        .inspect(&key)
-        .await?
-        .ok_or("a held lease inspects as free")?;
-    assert_eq!(shown.fencing_token, Some(grant.fencing_token));
-
-    assert_eq!(
-        backend.release(&key, &stranger).await?.outcome(),
-        ReleaseOutcome::NotHeld
-    );
-    assert_eq!(
-        backend.release(&key, &me).await?.outcome(),
-        ReleaseOutcome::Released
-    );
-    assert_eq!(
-        backend.release(&key, &me).await?.outcome(),
-        ReleaseOutcome::NotHeld
-    );
-    assert_eq!(backend.inspect(&key).await?, None);
-    assert_eq!(
-        backend
-            .renew(&RenewRequest::new(key.clone(), me, ttl))
-            .await?,
-        RenewOutcome::Lost
-    );
-    let AcquireOutcome::Acquired(next) = backend
-        .try_acquire(&AcquireRequest::new(key.clone(), stranger, ttl))
-        .await?
-    else {
-        return Err("a released lease was not acquired".into());
-    };
-    assert!(
-        next.fencing_token > grant.fencing_token,
-        "fencing tokens rise"
-    );
-    assert_eq!(
-        backend.release(&other, &me).await?.outcome(),
-        ReleaseOutcome::Released
-    );
-    Ok(())
-}
-
-/// `release_to` as a manager calls it: through the backend's handover,
-/// and for a backend without one (Redlock) a release, which hands nothing
-/// over.
-async fn release_to(
-    backend: &impl LeaseBackend,
-    key: &LeaseKey,
-    holder: &HolderId,
-    next: &AcquireRequest,
-) -> Result<HandoverOutcome, BackendError> {
-    match backend.handover() {
-        Some(handover) => handover.release_to(key, holder, next).await,
-        None => Ok(match backend.release(key, holder).await? {
-            ReleaseReport::Released { .. } => HandoverOutcome::Released,
-            ReleaseReport::NotHeld => HandoverOutcome::NotHeld,
-        }),
-    }
-}
-
-/// Release notices and `release_to`. With `notices`, a release wakes a
-/// watch; with `handover` too, a release with only our own single watch
-/// listening hands the lease over. Otherwise `release_to` only releases
-/// (and, without notices, the watch never fires).
-async fn notices_and_handover(
-    backend: &impl LeaseBackend,
-    prefix: &str,
-    notices: bool,
-    handover: bool,
-) -> TestResult {
-    let ttl = Ttl::parse("10s")?;
-    let key = LeaseKey::new(format!("{prefix}:notice"))?;
-    let me = HolderId::generate()?;
-    let AcquireOutcome::Acquired(grant) = backend
-        .try_acquire(&AcquireRequest::new(key.clone(), me, ttl))
-        .await?
-    else {
-        return Err("a free lease was not acquired".into());
-    };
-    let mut watch = backend.watch_releases(&key, WatchPolicy::Counted).await?;
-    assert_eq!(watch.is_supported(), notices);
-    let next = HolderId::generate()?;
-    let outcome = release_to(
-        backend,
-        &key,
-        &me,
-        &AcquireRequest::new(key.clone(), next, ttl),
-    )
-    .await?;
-    if handover {
-        let HandoverOutcome::HandedOver(given) = outcome else {
-            return Err(
-                format!("not handed over with only our watch listening: {outcome:?}").into(),
-            );
-        };
-        assert_eq!(given.holder, next);
-        assert!(given.fencing_token > grant.fencing_token);
-        let shown = backend
-            .inspect(&key)
-            .await?
-            .ok_or("the handed-over lease is gone")?;
-        assert_eq!(shown.fencing_token, Some(given.fencing_token));
-        assert_eq!(
-            backend
-                .renew(&RenewRequest::new(key.clone(), next, ttl))
-                .await?,
-            RenewOutcome::Renewed
-        );
-        assert_eq!(
-            backend.release(&key, &next).await?.outcome(),
-            ReleaseOutcome::Released
-        );
-        tokio::time::timeout(Duration::from_secs(5), watch.released())
-            .await
-            .map_err(|_| "no release notice")?;
-    } else if notices {
-        assert_eq!(outcome, HandoverOutcome::Released);
-        tokio::time::timeout(Duration::from_secs(5), watch.released())
-            .await
-            .map_err(|_| "no release notice")?;
-    } else {
-        assert_eq!(outcome, HandoverOutcome::Released);
-        assert!(
-            tokio::time::timeout(Duration::from_millis(100), watch.released())
-                .await
-                .is_err(),
-            "an unsupported watch fired"
-        );
-    }
-    assert_eq!(backend.inspect(&key).await?, None);
-    assert_eq!(
-        release_to(
-            backend,
-            &key,
-            &me,
-            &AcquireRequest::new(key.clone(), next, ttl)
-        )
-        .await?,
-        HandoverOutcome::NotHeld
-    );
-    Ok(())
-}
-
-/// The minimum hold on a topology that has it: released at once, the
-/// lease stays taken, still the holder's (same fencing token), for about
-/// the minimum, as the server reports it to a stranger; after the minimum,
-/// it is free. A cluster runs it on keys of any slot (the scripts build
-/// the mark's name from the lease's, in its slot).
-async fn minimum_hold(backend: &impl LeaseBackend, prefix: &str) -> TestResult {
-    let ttl = Ttl::parse("10s")?;
-    let minimum = Duration::from_millis(1_000);
-    let key = LeaseKey::new(format!("{prefix}:minimum"))?;
-    let (me, stranger) = (HolderId::generate()?, HolderId::generate()?);
-    let mine = AcquireRequest::new(key.clone(), me, ttl).with_hold_at_least(minimum)?;
-    let theirs = AcquireRequest::new(key.clone(), stranger, ttl);
-    let AcquireOutcome::Acquired(grant) = backend.try_acquire(&mine).await? else {
-        return Err("a free lease was not acquired".into());
-    };
-    let released = Instant::now();
-    assert_eq!(
-        backend.release(&key, &me).await?.outcome(),
-        ReleaseOutcome::Released
-    );
-    let AcquireOutcome::Held(info) = backend.try_acquire(&theirs).await? else {
-        return Err("a lease released under its minimum was free at once".into());
-    };
-    assert_eq!(info.fencing_token, Some(grant.fencing_token));
-    let left = info.ttl_left.ok_or("no ttl on a kept lease")?;
-    assert!(
-        left <= minimum && left > minimum / 2,
-        "kept for {left:?} more, not about the {minimum:?} minimum"
-    );
-    tokio::time::sleep_until(released + left + Duration::from_millis(50)).await;
-    let AcquireOutcome::Acquired(next) = backend.try_acquire(&theirs).await? else {
-        return Err("the lease was still taken after its minimum".into());
-    };
-    assert!(next.fencing_token > grant.fencing_token);
-    backend.release(&key, &stranger).await?;
-    Ok(())
-}
+/// Every area the Redis backend has, standalone, behind Sentinel and on a
+/// cluster: notices, handover, the minimum hold, permits, read-write leases,
+/// the fair queue and its handover.
+const REDIS_AREAS: [Area; 7] = [
+    Area::ReleaseNotices,
+    Area::Handover,
+    Area::MinimumHold,
+    Area::Permits,
+    Area::ReadWrite,
+    Area::FairQueue,
+    Area::FairHandover,
+];
 
 const OP_TIMEOUT: Duration = Duration::from_millis(500);
+
+async fn connect(url: String) -> Result<RedisBackend, leasehold::redis::Error> {
+    RedisBackend::builder(url)
+        .op_timeout(OP_TIMEOUT)
+        .connect()
+        .await
+}
 
 #[tokio::test]
 async fn standalone_keeps_the_contract() -> TestResult {
     let server = RedisServer::start()?;
-    let backend = RedisBackend::builder(server.url())
-        .op_timeout(OP_TIMEOUT)
-        .connect()
+    let backend = connect(server.url()).await?;
+    let checked = Suite::new(backend.clone(), "standalone")
+        .run(&REDIS_AREAS)
         .await?;
-    contract(&backend, "standalone").await?;
-    minimum_hold(&backend, "standalone").await?;
-    notices_and_handover(&backend, "standalone", true, true).await
+    assert_eq!(checked.len(), Rule::CORE.len() + 6);
+    // Client tracking reports to this backend what a second connection did.
+    Suite::new(backend, "standalone")
+        .change_feed(&connect(server.url()).await?)
+        .await?;
+    Ok(())
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cluster_keeps_the_contract() -> TestResult {
     let cluster = RedisCluster::start(3, 0)?;
-    let backend = RedisBackend::builder(cluster.url())
-        .op_timeout(OP_TIMEOUT)
-        .connect()
+    let backend = connect(cluster.url()).await?;
+    Suite::new(backend.clone(), "cluster")
+        .run(&REDIS_AREAS)
         .await?;
-    contract(&backend, "cluster").await?;
     // Keys with one hash tag: one slot, one script call per batch.
-    contract(&backend, "cluster:{tagged}").await?;
-    minimum_hold(&backend, "cluster").await?;
-    minimum_hold(&backend, "cluster:{tagged}").await?;
-    notices_and_handover(&backend, "cluster", true, true).await
+    Suite::new(backend.clone(), "cluster:{tagged}")
+        .run(&REDIS_AREAS)
+        .await?;
+    // No client tracking on a cluster's node connections: no change feed.
+    assert!(!backend.watch_changes().await?.is_supported());
+    Ok(())
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sentinel_keeps_the_contract() -> TestResult {
     let set = SentinelSet::start()?;
-    let backend = RedisBackend::builder(set.url())
-        .op_timeout(OP_TIMEOUT)
-        .connect()
+    let backend = connect(set.url()).await?;
+    Suite::new(backend.clone(), "sentinel")
+        .run(&REDIS_AREAS)
         .await?;
-    contract(&backend, "sentinel").await?;
-    minimum_hold(&backend, "sentinel").await?;
-    notices_and_handover(&backend, "sentinel", true, true).await
+    Suite::new(backend, "sentinel")
+        .change_feed(&connect(set.url()).await?)
+        .await?;
+    Ok(())
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -319,9 +106,13 @@ async fn redlock_keeps_the_contract() -> TestResult {
         .connect()
         .await?;
     assert_eq!(backend.quorum(), 3);
-    contract(&backend, "redlock").await?;
-    // Notices from every master; a release never hands over.
-    notices_and_handover(&backend, "redlock", true, false).await
+    // Notices from every master; a release never hands over. Permits,
+    // read-write leases and the fair queue are refused (below).
+    Suite::new(backend, "redlock")
+        .expect_handover(Some(false))
+        .run(&[Area::ReleaseNotices])
+        .await?;
+    Ok(())
 }
 
 /// The hash tag of every key the manager-level checks use: one slot, so
@@ -379,7 +170,7 @@ async fn permits_through_the_manager(
     let second = b
         .acquire_permit(&jobs, limit, &options("5s", Duration::ZERO))
         .await?;
-    let mut held = vec![stored(&first.server_key()), stored(&second.server_key())];
+    let mut held = vec![stored(first.key()), stored(second.key())];
     held.sort();
     assert_eq!(keys_on(witness, &permit_keys).await?, held);
     let third = b
@@ -416,7 +207,7 @@ async fn permits_through_the_manager(
     )
     .await?;
     let waited = crashed_at.elapsed();
-    assert_eq!(stored(&got.server_key()), crashed);
+    assert_eq!(stored(got.key()), crashed);
     assert!(
         waited >= Duration::from_millis(u64::try_from(pttl)?.saturating_sub(50)),
         "freed after {waited:?}, before its PTTL of {pttl} ms"
@@ -450,7 +241,7 @@ async fn rw_through_the_manager(
     );
     let r1 = a.acquire_read(&doc, &options("5s", Duration::ZERO)).await?;
     let r2 = b.acquire_read(&doc, &options("5s", Duration::ZERO)).await?;
-    let mut both = vec![stored(&r1.server_key()), stored(&r2.server_key())];
+    let mut both = vec![stored(r1.key()), stored(r2.key())];
     both.sort();
     assert_eq!(keys_on(witness, &readers).await?, both, "readers share");
     assert!(!witness.exists::<_, bool>(&writer).await?);
@@ -482,7 +273,7 @@ async fn rw_through_the_manager(
     r1.release().await?;
     r2.release().await?;
     let held = within(Duration::from_secs(10), "the writer", waiting).await??;
-    assert_eq!(stored(&held.server_key()), writer);
+    assert_eq!(stored(held.key()), writer);
     assert!(witness.exists::<_, bool>(&writer).await?);
     assert_eq!(keys_on(witness, &readers).await?, Vec::<String>::new());
     assert!(

@@ -19,7 +19,9 @@
 //! (delay, blackhole, reset, switchable at runtime). A [`History`] of what
 //! lease holders believed, and of the writes a fenced resource accepted,
 //! is judged by [`History::check`]; a [`FaultPlan`] drawn from a seed
-//! schedules the faults of a campaign.
+//! schedules the faults of a campaign. The [`conformance`] suite checks
+//! the backend contract against any `LeaseBackend`, leasehold's own or a
+//! third party's.
 //! The server is Redis by default; `LEASEHOLD_SERVER=valkey` runs every
 //! server, cluster and sentinel on `valkey-server` (and `valkey-cli`)
 //! instead. The binary is found on `PATH`, or named directly by
@@ -47,6 +49,7 @@ mod binary;
 mod campaign;
 mod clock;
 mod cluster;
+pub mod conformance;
 mod error;
 mod history;
 mod masters;
