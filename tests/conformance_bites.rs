@@ -10,10 +10,10 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use leasehold::backend::{
-    AcquireOutcome, AcquireRequest, BackendError, HolderId, LeaseBackend, ReleaseWatch,
-    RenewOutcome, RenewRequest,
+    AcquireOutcome, AcquireRequest, BackendError, HolderId, LeaseBackend, ReleaseReport,
+    ReleaseWatch, RenewOutcome, RenewRequest, WatchPolicy,
 };
-use leasehold::{FencingToken, LeaseInfo, LeaseKey, MemoryBackend, ReleaseOutcome, Ttl};
+use leasehold::{FencingToken, LeaseInfo, LeaseKey, MemoryBackend, Ttl};
 use leasehold_testkit::conformance::{ConformanceError, Rule, Suite};
 use tokio::sync::watch;
 
@@ -144,7 +144,7 @@ impl LeaseBackend for Minimal {
         &self,
         key: &LeaseKey,
         holder: &HolderId,
-    ) -> Result<ReleaseOutcome, BackendError> {
+    ) -> Result<ReleaseReport, BackendError> {
         let holder = match self.flaw {
             Flaw::StrangerRelease => self.holder_of(key).unwrap_or(*holder),
             _ => *holder,
@@ -164,10 +164,14 @@ impl LeaseBackend for Minimal {
         })
     }
 
-    async fn watch_releases(&self, key: &LeaseKey) -> Result<ReleaseWatch, BackendError> {
+    async fn watch_releases(
+        &self,
+        key: &LeaseKey,
+        policy: WatchPolicy,
+    ) -> Result<ReleaseWatch, BackendError> {
         match self.flaw {
             Flaw::SilentRelease => Ok(ReleaseWatch::new(self.silent.subscribe(), ())),
-            _ => self.inner.watch_releases(key).await,
+            _ => self.inner.watch_releases(key, policy).await,
         }
     }
 }

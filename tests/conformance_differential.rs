@@ -24,8 +24,9 @@ use std::fmt;
 use std::time::Duration;
 
 use leasehold::backend::{
-    AcquireOutcome, AcquireRequest, BackendError, FairOutcome, HandoverOutcome, HolderId,
-    LeaseBackend, RenewOutcome, RenewRequest,
+    AcquireOutcome, AcquireRequest, BackendError, FairBackend, FairOutcome, HandoverBackend,
+    HandoverOutcome, HolderId, LeaseBackend, PermitBackend, ReadWriteBackend, RenewOutcome,
+    RenewRequest,
 };
 use leasehold::redis::RedisBackend;
 use leasehold::{
@@ -301,7 +302,7 @@ impl World {
     /// Runs `ops` on `backend`, and says what each did.
     async fn run(
         &self,
-        backend: &impl LeaseBackend,
+        backend: &(impl LeaseBackend + PermitBackend + ReadWriteBackend + FairBackend + HandoverBackend),
         ops: &[Op],
     ) -> Result<Vec<Seen>, TestCaseError> {
         let mut seen = Vec::with_capacity(ops.len());
@@ -425,7 +426,11 @@ impl World {
                 }
                 Op::Release { holder, target } => {
                     let key = self.key(*target).map_err(fail)?;
-                    match backend.release(&key, &self.holders[*holder]).await {
+                    match backend
+                        .release(&key, &self.holders[*holder])
+                        .await
+                        .map(ReleaseOutcome::from)
+                    {
                         Ok(ReleaseOutcome::Released) => Seen::Released,
                         Ok(ReleaseOutcome::NotHeld) => Seen::NotHeld,
                         Err(error) => Seen::Error(error_kind(&error)),

@@ -21,7 +21,7 @@ mod holders;
 
 use std::time::Duration;
 
-use leasehold::backend::{BackendError, LeaseBackend};
+use leasehold::backend::{BackendError, ChangeBackend};
 use leasehold::redis::redis::{self, AsyncCommands};
 use leasehold::redis::{RedisBackend, RedlockBackend};
 use leasehold::{Backoff, LeaseError, LeaseManager, LeaseOptions, PermitLimit, Ttl};

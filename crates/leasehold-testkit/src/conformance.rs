@@ -291,9 +291,10 @@ mod call {
     use std::time::Duration;
 
     use leasehold_core::{
-        AcquireOutcome, AcquireRequest, BackendError, ChangeWatch, FairOutcome, HandoverOutcome,
-        HandoverWatch, HolderId, LeaseBackend, LeaseInfo, LeaseKey, PermitLimit, PlaceTtl,
-        ReleaseOutcome, ReleaseWatch, RenewOutcome, RenewRequest,
+        AcquireOutcome, AcquireRequest, BackendError, ChangeBackend, ChangeWatch, FairBackend,
+        FairOutcome, HandoverBackend, HandoverOutcome, HandoverWatch, HolderId, LeaseBackend,
+        LeaseInfo, LeaseKey, PermitBackend, PermitLimit, PlaceTtl, ReadWriteBackend,
+        ReleaseOutcome, ReleaseWatch, RenewOutcome, RenewRequest, WatchPolicy,
     };
 
     fn failed(rule: Rule, op: &'static str) -> impl FnOnce(BackendError) -> ConformanceError {
@@ -336,6 +337,7 @@ mod call {
         backend
             .release(key, holder)
             .await
+            .map(ReleaseOutcome::from)
             .map_err(failed(rule, "release"))
     }
 
@@ -346,10 +348,19 @@ mod call {
         holder: &HolderId,
         next: &AcquireRequest,
     ) -> Checked<HandoverOutcome> {
-        backend
-            .release_to(key, holder, next)
-            .await
-            .map_err(failed(rule, "release_to"))
+        // Without the capability a handover is a plain release, as the
+        // manager makes it: the rule then checks that nothing is handed.
+        match backend.handover() {
+            Some(handover) => handover.release_to(key, holder, next).await,
+            None => backend
+                .release(key, holder)
+                .await
+                .map(|report| match report.outcome() {
+                    ReleaseOutcome::Released => HandoverOutcome::Released,
+                    _ => HandoverOutcome::NotHeld,
+                }),
+        }
+        .map_err(failed(rule, "release_to"))
     }
 
     pub(super) async fn inspect<B: LeaseBackend>(
@@ -366,7 +377,7 @@ mod call {
         key: &LeaseKey,
     ) -> Checked<ReleaseWatch> {
         backend
-            .watch_releases(key)
+            .watch_releases(key, WatchPolicy::Counted)
             .await
             .map_err(failed(rule, "watch_releases"))
     }
@@ -375,10 +386,11 @@ mod call {
         backend: &B,
         rule: Rule,
     ) -> Checked<ChangeWatch> {
-        backend
-            .watch_changes()
-            .await
-            .map_err(failed(rule, "watch_changes"))
+        match backend.changes() {
+            Some(changes) => changes.watch_changes().await,
+            None => Ok(ChangeWatch::unsupported()),
+        }
+        .map_err(failed(rule, "watch_changes"))
     }
 
     /// The raw result: a limit mismatch is an error the rule expects.
@@ -387,7 +399,10 @@ mod call {
         request: &AcquireRequest,
         limit: PermitLimit,
     ) -> Result<AcquireOutcome, BackendError> {
-        backend.try_acquire_permit(request, limit).await
+        match backend.permits() {
+            Some(permits) => permits.try_acquire_permit(request, limit).await,
+            None => Err(BackendError::no_permits(&request.key)),
+        }
     }
 
     pub(super) async fn acquire_read<B: LeaseBackend>(
@@ -395,10 +410,11 @@ mod call {
         rule: Rule,
         request: &AcquireRequest,
     ) -> Checked<AcquireOutcome> {
-        backend
-            .try_acquire_read(request)
-            .await
-            .map_err(failed(rule, "try_acquire_read"))
+        match backend.read_write() {
+            Some(rw) => rw.try_acquire_read(request).await,
+            None => Err(BackendError::no_read_write("acquire_read", &request.key)),
+        }
+        .map_err(failed(rule, "try_acquire_read"))
     }
 
     pub(super) async fn acquire_write<B: LeaseBackend>(
@@ -406,10 +422,11 @@ mod call {
         rule: Rule,
         request: &AcquireRequest,
     ) -> Checked<AcquireOutcome> {
-        backend
-            .try_acquire_write(request)
-            .await
-            .map_err(failed(rule, "try_acquire_write"))
+        match backend.read_write() {
+            Some(rw) => rw.try_acquire_write(request).await,
+            None => Err(BackendError::no_read_write("acquire_write", &request.key)),
+        }
+        .map_err(failed(rule, "try_acquire_write"))
     }
 
     pub(super) async fn withdraw_write_intent<B: LeaseBackend>(
@@ -418,10 +435,11 @@ mod call {
         key: &LeaseKey,
         holder: &HolderId,
     ) -> Checked<bool> {
-        backend
-            .withdraw_write_intent(key, holder)
-            .await
-            .map_err(failed(rule, "withdraw_write_intent"))
+        match backend.read_write() {
+            Some(rw) => rw.withdraw_write_intent(key, holder).await,
+            None => Err(BackendError::no_read_write("withdraw_write_intent", key)),
+        }
+        .map_err(failed(rule, "withdraw_write_intent"))
     }
 
     pub(super) async fn acquire_fair<B: LeaseBackend>(
@@ -431,10 +449,11 @@ mod call {
         place_ttl: PlaceTtl,
         handover: Option<Duration>,
     ) -> Checked<FairOutcome> {
-        backend
-            .try_acquire_fair(request, place_ttl, handover)
-            .await
-            .map_err(failed(rule, "try_acquire_fair"))
+        match backend.fair() {
+            Some(fair) => fair.try_acquire_fair(request, place_ttl, handover).await,
+            None => Err(BackendError::no_fair_queue(&request.key)),
+        }
+        .map_err(failed(rule, "try_acquire_fair"))
     }
 
     pub(super) async fn release_fair<B: LeaseBackend>(
@@ -443,10 +462,11 @@ mod call {
         key: &LeaseKey,
         holder: &HolderId,
     ) -> Checked<ReleaseOutcome> {
-        backend
-            .release_fair(key, holder)
-            .await
-            .map_err(failed(rule, "release_fair"))
+        match backend.fair() {
+            Some(fair) => fair.release_fair(key, holder).await,
+            None => Err(BackendError::no_fair_queue(key)),
+        }
+        .map_err(failed(rule, "release_fair"))
     }
 
     pub(super) async fn watch_handover<B: LeaseBackend>(
@@ -455,10 +475,11 @@ mod call {
         key: &LeaseKey,
         holder: &HolderId,
     ) -> Checked<HandoverWatch> {
-        backend
-            .watch_handover(key, holder)
-            .await
-            .map_err(failed(rule, "watch_handover"))
+        match backend.fair() {
+            Some(fair) => fair.watch_handover(key, holder).await,
+            None => Err(BackendError::no_fair_queue(key)),
+        }
+        .map_err(failed(rule, "watch_handover"))
     }
 
     pub(super) async fn leave_fair_queue<B: LeaseBackend>(
@@ -467,10 +488,11 @@ mod call {
         key: &LeaseKey,
         holder: &HolderId,
     ) -> Checked {
-        backend
-            .leave_fair_queue(key, holder)
-            .await
-            .map_err(failed(rule, "leave_fair_queue"))
+        match backend.fair() {
+            Some(fair) => fair.leave_fair_queue(key, holder).await,
+            None => Err(BackendError::no_fair_queue(key)),
+        }
+        .map_err(failed(rule, "leave_fair_queue"))
     }
 }
 
