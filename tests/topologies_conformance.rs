@@ -170,7 +170,7 @@ async fn permits_through_the_manager(
     let second = b
         .acquire_permit(&jobs, limit, &options("5s", Duration::ZERO))
         .await?;
-    let mut held = vec![stored(first.key()), stored(second.key())];
+    let mut held = vec![stored(&first.server_key()), stored(&second.server_key())];
     held.sort();
     assert_eq!(keys_on(witness, &permit_keys).await?, held);
     let third = b
@@ -207,7 +207,7 @@ async fn permits_through_the_manager(
     )
     .await?;
     let waited = crashed_at.elapsed();
-    assert_eq!(stored(got.key()), crashed);
+    assert_eq!(stored(&got.server_key()), crashed);
     assert!(
         waited >= Duration::from_millis(u64::try_from(pttl)?.saturating_sub(50)),
         "freed after {waited:?}, before its PTTL of {pttl} ms"
@@ -241,7 +241,7 @@ async fn rw_through_the_manager(
     );
     let r1 = a.acquire_read(&doc, &options("5s", Duration::ZERO)).await?;
     let r2 = b.acquire_read(&doc, &options("5s", Duration::ZERO)).await?;
-    let mut both = vec![stored(r1.key()), stored(r2.key())];
+    let mut both = vec![stored(&r1.server_key()), stored(&r2.server_key())];
     both.sort();
     assert_eq!(keys_on(witness, &readers).await?, both, "readers share");
     assert!(!witness.exists::<_, bool>(&writer).await?);
@@ -273,7 +273,7 @@ async fn rw_through_the_manager(
     r1.release().await?;
     r2.release().await?;
     let held = within(Duration::from_secs(10), "the writer", waiting).await??;
-    assert_eq!(stored(held.key()), writer);
+    assert_eq!(stored(&held.server_key()), writer);
     assert!(witness.exists::<_, bool>(&writer).await?);
     assert_eq!(keys_on(witness, &readers).await?, Vec::<String>::new());
     assert!(
