@@ -234,8 +234,9 @@ pub trait ChangeBackend: Send + Sync {
     /// Subscribes to the changes of the leases this backend renews, so a
     /// holder can renew at once when its lease was changed behind its back
     /// (deleted, overwritten, taken over) instead of learning at its next
-    /// renewal. A lease is watched from its first renewal through this
-    /// backend (or a clone) on. A backend that finds it cannot report
+    /// renewal. A lease is watched from the call that granted it through
+    /// this backend (or a clone): the Redis backend tracks it from its
+    /// grant script. A backend that finds it cannot report
     /// changes after all answers [`ChangeWatch::unsupported`].
     fn watch_changes(&self) -> impl Future<Output = Result<ChangeWatch, BackendError>> + Send;
 }

@@ -7,7 +7,7 @@
 //! |-----------------|------------------------------------------------------------------|
 //! | `P:fair`        | the waiters' holder ids, scored by arrival (server microseconds) |
 //! | `P:fair-places` | the same ids, scored by when each place expires (server milliseconds) |
-//! | `P:fair-asks`   | a hash: id → `<call ms>:<handover ms>:<label>`, for waiters that asked for a handover |
+//! | `P:fair-asks`   | a hash: id → `<call ms>:<handover ms>:<process>:<label>`, for waiters that asked for a handover |
 //!
 //! All three expire with the last place in them. One script call prunes
 //! the expired places, takes or refreshes the caller's, and grants the

@@ -56,9 +56,21 @@ use crate::Error;
 /// counter and release channel are `K`'s. All of them share the hash tag of
 /// `P`.
 ///
+/// A lease taken in fair mode (`fair.lua`) also has its queue:
+///
+/// | key                    | holds                                                   |
+/// |------------------------|---------------------------------------------------------|
+/// | `P:fair`               | sorted set: holder id → arrival (server µs)             |
+/// | `P:fair-places`        | sorted set: holder id → when the place expires (server ms) |
+/// | `P:fair-asks`          | hash: holder id → `<call ms>:<handover ms>:<process>:<label>`, for places that asked for a handover |
+/// | `P:released:<process>` | (a pub/sub channel) a fair handover to that process's waiter, `<holder hex>:<token>` |
+///
+/// The three queue keys live as long as the longest-lived place.
+///
 /// The namespace may not contain `{` or `}`: they would change the hash tag.
 /// A lease key with a hash tag may not end with `:fence`, `:permits`,
-/// `:readers`, `:write-wanted` or `:held-until` (`LeaseKey` refuses it): its `P` would be
+/// `:readers`, `:write-wanted`, `:held-until`, `:fair`, `:fair-places` or
+/// `:fair-asks` (`LeaseKey` refuses it): its `P` would be
 /// another lease's counter, another semaphore's limit, or another
 /// read-write lease's reader index or writer intent. `K` and `{K}` have the same `P`, and so are
 /// one lease.

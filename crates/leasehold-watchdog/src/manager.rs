@@ -276,9 +276,7 @@ impl<B: LeaseBackend> LeaseManager<B> {
     /// The baton carries the holder's watch if the holder got the lease by
     /// handover. After an acquisition of its own the holder passes no watch
     /// (and keeps its own until the lease is registered): the next head
-    /// subscribes anew (its offer standing meanwhile), which moves this
-    /// process to the end of the server's subscriber order, so that
-    /// processes take turns hearing of releases first. Then this task
+    /// makes its own watch (its offer standing meanwhile). Then this task
     /// yields once, so that the next head, woken from this task and so
     /// sitting in this worker's slot that other workers never steal, gets
     /// to leave its offer before this holder's work blocks the thread

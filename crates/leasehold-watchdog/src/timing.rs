@@ -60,8 +60,8 @@ impl Timing {
     }
 
     /// After the `failures`-th failed renewal in a row, try again this much
-    /// later (bounded by the deadline): 5 ms, 20 ms, 80 ms, then a quarter of
-    /// the renew interval. The first retry comes almost at once because the
+    /// later (bounded by the deadline): 5 ms, 20 ms, 80 ms, then 320 ms for
+    /// every later retry, each at most a quarter of the renew interval. The first retry comes almost at once because the
     /// commonest failure is a connection that broke (a restart, a failover),
     /// and the client reconnects on it: waiting longer would only delay
     /// learning whether the lease survived.
