@@ -597,14 +597,11 @@ async fn release_fair_keeps_a_minimum_hold_as_release_does() -> TestResult {
 
 /// Found by the test above: a waiter with a place in a fair queue that
 /// gets the lease another way (a plain acquisition, a `release_to`) and
-/// then asks through the queue again is refreshed by both backends; the
-/// Redis backend's fair.lua then drops the holder's place ("keep no place,
-/// the grant left it") and answers `queued` 0, `MemoryBackend` keeps the
-/// place (its refresh path leaves it in the queue, counted in `queued` and
-/// ahead of later waiters until it expires). Ignored until
-/// `MemoryBackend::try_acquire_fair` leaves the place on that path too.
+/// then asks through the queue again is refreshed by both backends, and
+/// both drop the holder's place (fair.lua: "keep no place, the grant left
+/// it"), answering `queued` 0. `MemoryBackend` used to keep the place,
+/// counted in `queued` and ahead of later waiters until it expired.
 #[tokio::test]
-#[ignore = "MemoryBackend's fair refresh keeps the holder's own place; fair.lua drops it"]
 async fn a_fair_refresh_leaves_the_holders_place_on_both() -> TestResult {
     let server = RedisServer::start()?;
     let redis = RedisBackend::builder(server.url()).connect().await?;

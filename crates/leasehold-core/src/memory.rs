@@ -950,11 +950,23 @@ impl FairBackend for MemoryBackend {
         let key = &request.key;
         let holder = match state.live(key, now) {
             Some(entry) if entry.holder == request.holder => {
-                // Ours already (a lost reply): refresh it, as try_acquire does.
+                // Ours already (a lost reply): refresh it, as try_acquire
+                // does, and leave our place if we still have one (fair.lua
+                // does both), so that it is not counted ahead of anyone.
                 entry.expires_at = now + request.expiry();
                 entry.label.clone_from(&request.label);
                 let token = entry.token;
-                let queued = state.fair.get(key).map_or(0, FairQueue::len);
+                let queued = match state.fair.get_mut(key) {
+                    Some(queue) => {
+                        queue.leave(&request.holder);
+                        let queued = queue.len();
+                        if queue.is_empty() {
+                            state.fair.remove(key);
+                        }
+                        queued
+                    }
+                    None => 0,
+                };
                 let grant = Grant::new(key.clone(), request.holder, token, request.ttl, sent_at);
                 return Ok(FairOutcome::Acquired { grant, queued });
             }
