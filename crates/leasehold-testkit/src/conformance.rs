@@ -561,7 +561,7 @@ impl<B: LeaseBackend> Suite<B> {
     }
 
     /// Whether the backend hands a lease over in
-    /// [`release_to`](LeaseBackend::release_to): `Some(false)` makes a
+    /// [`release_to`](leasehold_core::HandoverBackend::release_to): `Some(false)` makes a
     /// handover a broken [`Rule::ReleaseTo`] (a backend that must only
     /// release, as Redlock), `Some(true)` a mere release when only the
     /// caller's own watch listens (as [`Area::Handover`] does); `None`, the
