@@ -15,6 +15,7 @@
 //! - `leasehold/1-manager/notices`: the default, all workers in one manager;
 //! - `leasehold/1-manager/polling`: the same code with release notices off
 //!   and a fixed 10 ms retry interval, as polling lock libraries work;
+//! - `leasehold/1-manager/fair`: all workers in one manager, in fair mode;
 //! - `leasehold/16-managers/…`: one manager (connection) per worker, as 16
 //!   processes would have;
 //! - `redis-crate/polling`: the same work written directly with the `redis`
@@ -124,6 +125,9 @@ fn main() -> Result<(), BoxError> {
         let scenarios = [
             (1, true, false, false),
             (1, false, false, false),
+            // Fair mode in one manager: its 16 workers queue locally and
+            // only the head holds a place on the server.
+            (1, true, true, true),
             (WORKERS, true, false, false),
             (WORKERS, false, false, false),
             (WORKERS, true, true, true),

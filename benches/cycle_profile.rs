@@ -11,7 +11,8 @@
 //! with `--ignored --nocapture --exact cycles` (or `hold`), as
 //! `scripts/profile_cycle.sh` does. Settings:
 //!
-//! - `LEASEHOLD_PROFILE_CLIENT`: `leasehold_manager`, `leasehold_backend`,
+//! - `LEASEHOLD_PROFILE_CLIENT`: `leasehold_manager`,
+//!   `leasehold_manager_fair` (fair mode), `leasehold_backend`,
 //!   `raw_redis` (default) or `raw_redis_leasehold_scripts`;
 //! - `LEASEHOLD_PROFILE_CYCLES`: measured cycles (default 20000), after 100
 //!   cycles of warm-up;
@@ -40,7 +41,7 @@ use std::sync::LazyLock;
 use common::env_number;
 use leasehold::backend::{AcquireOutcome, AcquireRequest, HolderId, LeaseBackend};
 use leasehold::redis::RedisBackend;
-use leasehold::{Lease, LeaseKey, LeaseManager, LeaseOptions, ReleaseOutcome, Ttl};
+use leasehold::{Fair, Lease, LeaseKey, LeaseManager, LeaseOptions, ReleaseOutcome, Ttl};
 use leasehold_testkit::RedisServer;
 use redis::aio::ConnectionManager;
 
@@ -76,6 +77,11 @@ static LEASEHOLD_RELEASE: LazyLock<redis::Script> = LazyLock::new(|| {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Client {
     Manager,
+    /// The manager in fair mode (`LeaseOptionsBuilder::fair`): every
+    /// acquisition takes its place in the key's queue (`fair.lua`) and
+    /// every release may hand the lease to the queue's head
+    /// (`release_fair.lua`), even when no one waits.
+    ManagerFair,
     Backend,
     BackendUntracked,
     Raw,
@@ -91,6 +97,7 @@ impl Client {
         let name = std::env::var("LEASEHOLD_PROFILE_CLIENT").unwrap_or_else(|_| "raw_redis".into());
         Ok(match name.as_str() {
             "leasehold_manager" => Self::Manager,
+            "leasehold_manager_fair" => Self::ManagerFair,
             "leasehold_backend" => Self::Backend,
             "leasehold_backend_untracked" => Self::BackendUntracked,
             "raw_redis" => Self::Raw,
@@ -114,6 +121,8 @@ struct Clients {
     release: redis::Script,
     raw: ConnectionManager,
     options: LeaseOptions,
+    /// `options` in fair mode, for `leasehold_manager_fair`.
+    fair_options: LeaseOptions,
     ttl: Ttl,
 }
 
@@ -124,8 +133,13 @@ fn broken(what: &str) -> Box<dyn std::error::Error> {
 /// One acquire and release of `key`, checked as `acquire_release` checks it.
 async fn cycle(clients: &Clients, client: Client, key: &str) -> ProfileResult {
     match client {
-        Client::Manager => {
-            let lease = clients.manager.acquire(key, &clients.options).await?;
+        Client::Manager | Client::ManagerFair => {
+            let options = if client == Client::Manager {
+                &clients.options
+            } else {
+                &clients.fair_options
+            };
+            let lease = clients.manager.acquire(key, options).await?;
             if lease.release().await? != ReleaseOutcome::Released {
                 return Err(broken("the release found the lease gone"));
             }
@@ -314,6 +328,10 @@ async fn connect(url: &str) -> ProfileResult<Clients> {
         release: script("LEASEHOLD_PROFILE_RELEASE_LUA", &LEASEHOLD_RELEASE)?,
         raw: ConnectionManager::new(redis::Client::open(url)?).await?,
         options: LeaseOptions::with_ttl(ttl),
+        fair_options: LeaseOptions::builder()
+            .ttl(ttl)
+            .fair(Fair::default())
+            .build()?,
         ttl,
     })
 }
@@ -429,6 +447,7 @@ fn hold() -> ProfileResult {
         let task = manager_task(
             Arc::clone(c),
             "size".into(),
+            false,
             Arc::clone(&release),
             held_tx.clone(),
         );
@@ -450,7 +469,8 @@ fn hold() -> ProfileResult {
             let key = format!("hold:{i}");
             let (c, r, h) = (Arc::clone(&clients), Arc::clone(&release), held_tx.clone());
             tasks.push(match client {
-                Client::Manager => tokio::spawn(manager_task(c, key, r, h)),
+                Client::Manager => tokio::spawn(manager_task(c, key, false, r, h)),
+                Client::ManagerFair => tokio::spawn(manager_task(c, key, true, r, h)),
                 _ => tokio::spawn(raw_task(c, key, r, h)),
             });
             // One acquisition at a time: the peak heap is then that of the
@@ -475,12 +495,18 @@ type TaskResult = Result<(), String>;
 async fn manager_task(
     clients: Arc<Clients>,
     key: String,
+    fair: bool,
     release: Arc<tokio::sync::Semaphore>,
     held: tokio::sync::mpsc::UnboundedSender<()>,
 ) -> TaskResult {
+    let options = if fair {
+        &clients.fair_options
+    } else {
+        &clients.options
+    };
     let lease = clients
         .manager
-        .acquire(&key, &clients.options)
+        .acquire(&key, options)
         .await
         .map_err(|e| e.to_string())?;
     let _ = held.send(());
