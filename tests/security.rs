@@ -2,13 +2,10 @@
 //! commands leasehold needs, passwords, TLS with a throwaway CA, and no
 //! secret in any `Debug`, `Display`, log line or error.
 
-#[path = "common/process.rs"]
-mod process;
-
 use std::collections::HashSet;
 use std::io::Write;
 use std::path::Path;
-use std::process::Command;
+use std::process::{Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -235,8 +232,11 @@ async fn wrong_passwords_and_missing_rights_are_errors_that_hide_the_password() 
 fn make_certificates(dir: &Path) -> TestResult {
     let run = |args: &[&str]| -> TestResult {
         // A certificate takes openssl milliseconds; 30 s only stops a hang.
-        let out = process::output_within(
-            Command::new("openssl").args(args).current_dir(dir),
+        let out = leasehold_testkit::output_within(
+            Command::new("openssl")
+                .args(args)
+                .current_dir(dir)
+                .stdin(Stdio::null()),
             Duration::from_secs(30),
         )?;
         if out.status.success() {

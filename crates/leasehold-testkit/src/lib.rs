@@ -53,6 +53,7 @@ pub mod conformance;
 mod error;
 mod history;
 mod masters;
+mod process;
 mod proxy;
 mod resp;
 mod sentinel;
@@ -71,6 +72,7 @@ pub use history::{
     ServerTime, Share, StaleWrite, TokenViolation, WriteAttempt, Writes,
 };
 pub use masters::independent_masters;
+pub use process::output_within;
 pub use proxy::{Proxy, ProxyMode};
 pub use sentinel::{MASTER_NAME, SentinelSet};
 pub use server::{RedisServer, ServerBuilder, free_port};

@@ -171,68 +171,6 @@ pub(crate) trait OutputWithin {
 
 impl OutputWithin for Command {
     fn output_within(&mut self) -> std::io::Result<Output> {
-        output_within(self, PATIENCE)
-    }
-}
-
-/// `Command::output`, failing (and killing the child) if the command has
-/// not finished within `limit`. Its stdout and stderr are read on threads
-/// of their own, which report when the child closes them; then its exit
-/// is awaited until the same deadline.
-pub(crate) fn output_within(cmd: &mut Command, limit: Duration) -> std::io::Result<Output> {
-    use std::io::Read;
-    let deadline = Instant::now() + limit;
-    let mut child = cmd.stdout(Stdio::piped()).stderr(Stdio::piped()).spawn()?;
-    let (tx, rx) = std::sync::mpsc::channel();
-    let pipes: [Option<Box<dyn Read + Send>>; 2] = [
-        child
-            .stdout
-            .take()
-            .map(|p| Box::new(p) as Box<dyn Read + Send>),
-        child
-            .stderr
-            .take()
-            .map(|p| Box::new(p) as Box<dyn Read + Send>),
-    ];
-    for (i, pipe) in pipes.into_iter().enumerate() {
-        let tx = tx.clone();
-        std::thread::spawn(move || {
-            let mut buf = Vec::new();
-            if let Some(mut pipe) = pipe {
-                let _ = pipe.read_to_end(&mut buf);
-            }
-            let _ = tx.send((i, buf));
-        });
-    }
-    let timed_out = |child: &mut Child| {
-        let _ = child.kill();
-        let _ = child.wait();
-        std::io::Error::new(
-            std::io::ErrorKind::TimedOut,
-            format!("{cmd:?} did not finish within {limit:?}"),
-        )
-    };
-    let (mut stdout, mut stderr) = (Vec::new(), Vec::new());
-    for _ in 0..2 {
-        match rx.recv_timeout(deadline.saturating_duration_since(Instant::now())) {
-            Ok((0, buf)) => stdout = buf,
-            Ok((_, buf)) => stderr = buf,
-            Err(_) => return Err(timed_out(&mut child)),
-        }
-    }
-    // Both pipes closed: the child is exiting (or closed them and runs on,
-    // which the deadline catches); std can only poll for the exit itself.
-    loop {
-        if let Some(status) = child.try_wait()? {
-            return Ok(Output {
-                status,
-                stdout,
-                stderr,
-            });
-        }
-        if Instant::now() >= deadline {
-            return Err(timed_out(&mut child));
-        }
-        std::thread::sleep(Duration::from_millis(1));
+        leasehold_testkit::output_within(self, PATIENCE)
     }
 }
