@@ -30,7 +30,7 @@ use std::time::Duration;
 use futures_util::StreamExt;
 use leasehold::redis::RedisBackend;
 use leasehold::redis::redis::{self, AsyncCommands};
-use leasehold::{LeaseManager, LeaseOptions, LossReason, Ttl};
+use leasehold::{Lease, LeaseManager, LeaseOptions, LossReason, Ttl};
 use leasehold_testkit::{RedisServer, SentinelSet, ShiftedClock, faketime_server};
 use tokio::time::Instant;
 
@@ -155,24 +155,13 @@ async fn a_step_back_beyond_the_retention_after_the_counter_expired_can_lower_to
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_forward_jump_ends_a_lease_and_its_holder_hears_at_once() -> TestResult {
     let (server, clock) = start()?;
-    server.cli(&["CONFIG", "SET", "notify-keyspace-events", "Ex"])?;
     let holder = manager(&server, None).await?;
     let other = manager(&server, None).await?;
-    let mut events = redis::Client::open(server.url())?
-        .get_async_pubsub()
-        .await?;
-    events.subscribe("__keyevent@0__:expired").await?;
-    let mut events = events.into_on_message();
+    let expired = expiry_of(&server, "report").await?;
 
     let lease = holder.acquire("report", &options("3s")).await?;
     let token = lease.fencing_token();
-    let fired = {
-        let lease_token = lease.token();
-        tokio::spawn(async move {
-            lease_token.cancelled().await;
-            Instant::now()
-        })
-    };
+    let fired = token_fired(&lease);
     // Just after a renewal, so that the next one is a full interval away.
     tokio::time::sleep(Duration::from_millis(100)).await;
     jump(&server, &clock, 10_000)?;
@@ -180,15 +169,7 @@ async fn a_forward_jump_ends_a_lease_and_its_holder_hears_at_once() -> TestResul
     let expired_at = within(
         Duration::from_secs(2),
         "the server's expiry notice",
-        async {
-            loop {
-                let message = events.next().await.ok_or("the event subscription ended")?;
-                let key: String = message.get_payload()?;
-                if key == "leasehold:{report}" {
-                    return Ok::<_, Error>(Instant::now());
-                }
-            }
-        },
+        expired,
     )
     .await?;
     let next = other.acquire("report", &options("3s")).await?;
@@ -207,6 +188,16 @@ async fn a_forward_jump_ends_a_lease_and_its_holder_hears_at_once() -> TestResul
     println!("clock jump: the holder heard {late:?} after the server's expiry notice");
     next.release().await?;
     Ok(())
+}
+
+/// The instant `lease`'s token fires, taken by a task of its own so that
+/// it is the firing's time, not the time the test gets round to asking.
+fn token_fired(lease: &Lease) -> tokio::task::JoinHandle<Instant> {
+    let token = lease.token();
+    tokio::spawn(async move {
+        token.cancelled().await;
+        Instant::now()
+    })
 }
 
 /// A Sentinel set whose master, replica and sentinels all run under
@@ -291,13 +282,7 @@ async fn sentinel_a_forward_jump_of_the_master_ends_a_lease_and_its_holder_hears
 
     let lease = holder.acquire("report", &options("3s")).await?;
     let token = lease.fencing_token();
-    let fired = {
-        let lease_token = lease.token();
-        tokio::spawn(async move {
-            lease_token.cancelled().await;
-            Instant::now()
-        })
-    };
+    let fired = token_fired(&lease);
     tokio::time::sleep(Duration::from_millis(100)).await;
     jump(master, &skewed.master_clock, 10_000)?;
 
@@ -380,19 +365,13 @@ async fn sentinel_a_promoted_replica_whose_clock_is_ahead_drops_leases_and_fenci
 -> TestResult {
     let mut skewed = skewed_sentinel_set()?;
     jump(skewed.set.replica(), &skewed.replica_clock, 60_000)?;
-    let promoted = promotion_of(skewed.set.replica().url());
+    let mut promoted = promotion_of(skewed.set.replica().url());
     let holder = sentinel_manager(&skewed.set).await?;
     let options = options("10s");
 
     let lease = holder.acquire("report", &options).await?;
     let token = lease.fencing_token();
-    let fired = {
-        let lease_token = lease.token();
-        tokio::spawn(async move {
-            lease_token.cancelled().await;
-            Instant::now()
-        })
-    };
+    let fired = token_fired(&lease);
     // Replicated before the kill, so that the promoted replica has it (its
     // own reads already hide the key: on its clock it has expired).
     let acked = skewed.set.master().cli(&["WAIT", "1", "2000"])?;
@@ -405,7 +384,15 @@ async fn sentinel_a_promoted_replica_whose_clock_is_ahead_drops_leases_and_fenci
     // expiry notice cannot be heard; the lease is dropped as it becomes
     // master (on its clock the key has long expired, and its own reads
     // already hid it before).
-    let expired_at = within(Duration::from_secs(5), "the replica's promotion", promoted).await??;
+    let expired_at = within(
+        Duration::from_secs(5),
+        "the replica's promotion",
+        &mut promoted,
+    )
+    .await;
+    // The poller loops until it sees a master: stop it once it has.
+    promoted.abort();
+    let expired_at = expired_at??;
 
     let other = sentinel_manager(&skewed.set).await?;
     let next = other.acquire("report", &options).await?;
