@@ -79,7 +79,7 @@ for entry in "${mutants[@]}"; do
     fi
     result=caught
   fi
-  failing=$(grep -E "^test .* FAILED$|^    [a-z_:]+$" "$log" | sed 's/^ *//' | sort -u | head -5 | tr '\n' ' ')
+  failing=$(grep -oE "^test [^ ]+ \.\.\. FAILED" "$log" | awk '{print $2}' | sort -u | head -5 | tr '\n' ' ')
   echo "$name|$file|$what|$result|$failing" | tee -a "$out"
 done
 restore
