@@ -56,6 +56,30 @@ async fn until_queued(server: &RedisServer, key: &LeaseKey, n: usize) -> Result<
     .await
 }
 
+/// Waits (bounded) until the head of `key`'s queue listens: with
+/// `handover`, until the server holds its ask for a handover (made by the
+/// call after it subscribed); without, until its process subscribed to the
+/// lease's release channel. A place alone is not enough: the first call
+/// takes it before the waiter subscribes.
+async fn until_listening(server: &RedisServer, key: &LeaseKey, handover: bool) -> TestResult {
+    let layout = leasehold::redis::KeyLayout::default();
+    within(Duration::from_secs(10), "the head listening", async {
+        loop {
+            let listening = if handover {
+                server.cli(&["HLEN", &format!("{}:fair-asks", stored(key))])? == "1"
+            } else {
+                let reply = server.cli(&["PUBSUB", "NUMSUB", &layout.released(key)])?;
+                reply.lines().nth(1).is_some_and(|n| n.trim() != "0")
+            };
+            if listening {
+                return Ok::<_, Error>(());
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    })
+    .await
+}
+
 /// `waiters` managers, each on its own connection, start waiting one
 /// after another while the lease is held (each start confirmed by the
 /// server's queue growing by one); they get the lease in that order, with
@@ -244,7 +268,8 @@ fn fair_waiting_for_a_release(
 }
 
 /// A lease of `key` held on `server` while a head (its manager connected
-/// to `head_url`) waits in the server's queue, then released: the head's
+/// to `head_url`) waits in the server's queue and listens (asking for
+/// a handover when `handover`), then released: the head's
 /// lease, once its acquisition returns. `released` runs just before the
 /// release.
 async fn released_to_the_head(
@@ -252,6 +277,7 @@ async fn released_to_the_head(
     key: &LeaseKey,
     options: &LeaseOptions,
     head_url: String,
+    handover: bool,
     released: impl FnOnce() -> Result<(), Error>,
 ) -> Result<leasehold::Lease, Error> {
     let first = LeaseManager::new(RedisBackend::connect(server.url()).await?)?;
@@ -260,6 +286,7 @@ async fn released_to_the_head(
     let (key2, options2) = (key.clone(), options.clone());
     let waiting = tokio::spawn(async move { head.acquire(key2.as_str(), &options2).await });
     until_queued(server, key, 1).await?;
+    until_listening(server, key, handover).await?;
     released()?;
     held.release().await?;
     Ok(within(Duration::from_secs(10), "the head", waiting).await??)
@@ -276,6 +303,29 @@ fn calls(server: &RedisServer, command: &str) -> Result<u64, Error> {
         .map_or(Ok(0), str::parse)?)
 }
 
+/// Uncontended, fair mode costs the server what the default mode does:
+/// per acquisition one script call to acquire and one to release, no place
+/// taken in the queue (`ZADD`), no queue read on release (`ZRANGEBYSCORE`),
+/// and no subscription, judged by the server's own command statistics.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_uncontended_fair_acquisition_takes_no_place_and_no_subscription() -> TestResult {
+    const CYCLES: u64 = 10;
+    let server = RedisServer::start()?;
+    let manager = LeaseManager::new(RedisBackend::connect(server.url()).await?)?;
+    let options = fair_waiting_for_a_release("5s", Duration::from_secs(30), true)?;
+    server.cli(&["CONFIG", "RESETSTAT"])?;
+    for _ in 0..CYCLES {
+        let lease = manager.acquire("fair:alone", &options).await?;
+        lease.release().await?;
+    }
+    assert_eq!(calls(&server, "evalsha")?, 2 * CYCLES, "script calls");
+    assert_eq!(calls(&server, "zadd")?, 0, "places taken");
+    assert_eq!(calls(&server, "zrangebyscore")?, 0, "queue reads");
+    assert_eq!(calls(&server, "subscribe")?, 0, "subscriptions");
+    assert_eq!(queued(&server, &LeaseKey::new("fair:alone")?)?, 0);
+    Ok(())
+}
+
 /// With handovers, the head of the queue holds the lease after the fair
 /// release without a call of its own: from the release on, the server runs
 /// no place call (every `fair.lua` call adds a place with `ZADD`; the
@@ -288,7 +338,7 @@ async fn a_handed_over_head_holds_the_lease_without_asking_again() -> TestResult
         let server = RedisServer::start()?;
         let key = LeaseKey::new("fair:no-call")?;
         let options = fair_waiting_for_a_release("5s", Duration::from_secs(30), handover)?;
-        let lease = released_to_the_head(&server, &key, &options, server.url(), || {
+        let lease = released_to_the_head(&server, &key, &options, server.url(), handover, || {
             server.cli(&["CONFIG", "RESETSTAT"])?;
             Ok(())
         })
@@ -320,7 +370,7 @@ async fn a_handed_over_head_cut_off_fires_its_token_before_the_server_drops_the_
     let key = LeaseKey::new("fair:cut-off")?;
     let options = fair_waiting_for_a_release("3s", Duration::from_secs(1), true)?;
     let link = Proxy::start(server.addr()).await?;
-    let lease = released_to_the_head(&server, &key, &options, link.url(), || Ok(())).await?;
+    let lease = released_to_the_head(&server, &key, &options, link.url(), true, || Ok(())).await?;
     link.set_mode(ProxyMode::Blackhole);
     let token = lease.token();
     let fired = tokio::spawn(async move {
@@ -397,7 +447,7 @@ async fn a_handed_over_lease_is_renewed_to_its_full_ttl_in_time() -> TestResult 
     let key = LeaseKey::new("fair:renewed")?;
     let options = fair_waiting_for_a_release("9s", Duration::from_secs(1), true)?;
     let mut released = tokio::time::Instant::now();
-    let lease = released_to_the_head(&server, &key, &options, server.url(), || {
+    let lease = released_to_the_head(&server, &key, &options, server.url(), true, || {
         released = tokio::time::Instant::now();
         Ok(())
     })

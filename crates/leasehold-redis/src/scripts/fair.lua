@@ -58,6 +58,17 @@ if current and string.sub(current, 1, 33) == mine then
   return {1, token, redis.call('ZCARD', KEYS[3])}
 end
 
+-- 1b. Free, and no queue at all (no one waits, or every place expired with the queue
+--     keys): grant it at once, as acquire.lua does, without taking a place to leave
+--     again. Arrival order holds: a place anyone holds keeps the queue key alive (4).
+if not current and redis.call('EXISTS', KEYS[3]) == 0 then
+  local token, refused = grant(KEYS[1], KEYS[2], holder, ttl, label, track)
+  if not token then
+    return refused
+  end
+  return {1, token, 0}
+end
+
 -- 2. Drop the places that expired: their waiters stopped refreshing (they died, or
 --    were cut off), and must not hold up the ones behind them.
 local t = redis.call('TIME')

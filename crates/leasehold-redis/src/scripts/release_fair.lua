@@ -45,6 +45,14 @@ if not ARGV[2] or ARGV[2] == '' then
   return 1
 end
 
+-- 3b. No queue (no one waits): free the lease and announce it, as release.lua does,
+--     without reading the queue's other keys, which live and expire with it.
+if redis.call('EXISTS', KEYS[3]) == 0 then
+  redis.call('DEL', KEYS[1])
+  redis.call(ARGV[3], ARGV[2], '1')
+  return 1
+end
+
 -- 4. Drop the places that expired (as fair.lua does), then look at the head.
 local t = redis.call('TIME')
 local now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)

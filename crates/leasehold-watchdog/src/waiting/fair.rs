@@ -4,6 +4,7 @@
 //! ```text
 //!  Queued (waiting.rs) ──► Placing ──Acquired──────────────────► Granted
 //!                            │ Waiting (place kept), or a transient error
+//!                            ├── first time: Subscribing ──► Placing
 //!                            ▼
 //!                          Listening   (refused when the wait is over:
 //!                            │          leave the place, GaveUp)
@@ -17,7 +18,13 @@
 //! call: it takes a place at the tail of the server's queue (or refreshes
 //! ours) and grants the lease only when it is free and ours is first. The
 //! server's order decides, so none of the default mode's ways to take
-//! turns (yielding, deferring, the local handover) take part.
+//! turns (yielding, deferring, the local handover) take part. A free key
+//! with no queue is granted without a place, and the first call is made
+//! before any subscription: uncontended, fair mode costs one call to
+//! acquire and one to release, as the default mode does. Refused once, the
+//! waiter has its place, and `Subscribing` listens for releases (and
+//! handovers) before it places again at once, so that no release after the
+//! place was taken goes unheard.
 //!
 //! `Listening` knows how many places are ahead: after that many releases
 //! (one more while the lease is held) it is our turn, and each release
@@ -85,23 +92,16 @@ pub(crate) async fn acquire<B: LeaseBackend>(
         permits: None,
         share: None,
     };
-    // Subscribed before the first call, so that no release after it goes
-    // unheard.
-    let mut watch = if options.release_notices() {
-        Some(subscribe(manager.backend, key).await)
-    } else {
-        None
-    };
-    let notices = watch.as_ref().is_some_and(ReleaseWatch::is_supported);
-    // Listening for a handover before the first call, as for notices.
-    let mut handover = if notices && options.fair_handover() {
-        watch_handover(manager.backend, key, &request).await
-    } else {
-        HandoverWatch::unsupported()
-    };
-    let hold = handover
-        .is_supported()
-        .then(|| handover_hold(options, place_ttl));
+    // The first call is made before subscribing, and asks for no
+    // handover: on a free key with no queue it grants the lease at once
+    // (fair.lua, 1b), so an acquisition no one contends costs what it
+    // costs in the default mode. Refused, the waiter has its place;
+    // it subscribes, then calls again at once (`Subscribing`), so that
+    // no release after its place was taken goes unheard.
+    let mut watch: Option<ReleaseWatch> = None;
+    let mut notices = false;
+    let mut handover = HandoverWatch::unsupported();
+    let mut hold = None;
     let refresh = place_ttl.get() / 3;
     let mut attempt = 0u32;
     // When the latest call the server answered was sent.
@@ -154,6 +154,20 @@ pub(crate) async fn acquire<B: LeaseBackend>(
             leave(manager.backend, key, &request).await;
             return Err(failure);
         };
+        if watch.is_none() && options.release_notices() {
+            // Subscribing: after the first refusal, then at once Placing
+            // again (which keeps the place and asks for a handover).
+            let subscribed = subscribe(manager.backend, key).await;
+            notices = subscribed.is_supported();
+            watch = Some(subscribed);
+            if notices && options.fair_handover() {
+                handover = watch_handover(manager.backend, key, &request).await;
+            }
+            hold = handover
+                .is_supported()
+                .then(|| handover_hold(options, place_ttl));
+            continue;
+        }
         debug!(attempt, releases, "waiting in the fair queue");
         let until = retry_at.min(give_up_at);
         if let Some(token) = listen(watch.as_mut(), &mut handover, until, releases).await
