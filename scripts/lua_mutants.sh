@@ -30,8 +30,8 @@ mutants=(
   "read-writer|read.lua|s/if writer then\n  return \{0, writer, redis\.call\('PTTL', KEYS\[2\]\)\}/if false then\n  return {0, writer, redis.call('PTTL', KEYS[2])}/|a reader is granted while a writer holds|-p leasehold-redis --test rw_leases"
   "release-many-owner|release_many.lua|s/if not v or string\.sub\(v, 1, 33\) ~= holder \.\. ':' then/if not v then/|a batched release deletes a lease whoever holds it|-p leasehold-redis --test batches"
   "fair-head|fair.lua|s/^if ahead > 0 then/if false then/m|a fair waiter is granted while another place is first|-p leasehold-redis --test fair_queue"
-  "fair-free-queue|fair.lua|s/if not current and redis\.call\('EXISTS', KEYS\[3\]\) == 0 then/if not current then/|a newcomer takes a free lease past the places in its queue|-p leasehold-redis --test fair_queue"
-  "release-fair-queue|release_fair.lua|s/^if redis\.call\('EXISTS', KEYS\[3\]\) == 0 then/if true then/m|a fair release ignores its queue (no handover to the head)|-p leasehold-redis --test fair_queue"
+  "fair-free-queue|fair.lua|s/if not current and redis\.call\('EXISTS', queue\) == 0 then/if not current then/|a newcomer takes a free lease past the places in its queue|-p leasehold-redis --test fair_queue"
+  "release-fair-queue|release_fair.lua|s/^if redis\.call\('EXISTS', queue\) == 0 then/if true then/m|a fair release ignores its queue (no handover to the head)|-p leasehold-redis --test fair_queue"
 )
 
 selected=("$@")

@@ -343,9 +343,10 @@ pub(crate) fn fair(
     place_ttl: u64,
     handover: (u64, &[u8]),
 ) -> Call {
-    let mut call = Call::new(&FAIR, 5);
+    // The queue's keys are named by the script, from the lease's (see
+    // fair.lua's header for why).
+    let mut call = Call::new(&FAIR, 2);
     lease_and_fence(layout, &request.key, &mut call);
-    fair_keys(layout, &request.key, &mut call);
     call.cmd
         .arg(&request.holder.to_hex_bytes()[..])
         .arg(request.lock_delay.expiry_millis(request.ttl))
@@ -367,9 +368,9 @@ pub(crate) fn release_fair(
     channel: bool,
     sharded: bool,
 ) -> Call {
-    let mut call = Call::new(&RELEASE_FAIR, 5);
+    // As in `fair`: the script names the queue's keys.
+    let mut call = Call::new(&RELEASE_FAIR, 2);
     let mut lease = lease_and_fence(layout, key, &mut call);
-    fair_keys(layout, key, &mut call);
     lease.extend_from_slice(b":released");
     call.cmd
         .arg(&holder.to_hex_bytes()[..])

@@ -3,9 +3,10 @@
 --
 -- KEYS[1]  P              the lease: "<holder hex>:<fencing token>:<label>", with a PX expiry
 -- KEYS[2]  P:fence        the lease's fencing counter
--- KEYS[3]  P:fair         the queue, by arrival (see fair.lua)
--- KEYS[4]  P:fair-places  the places, by expiry
--- KEYS[5]  P:fair-asks    the handovers asked for: holder id ->
+-- and, named here from P as fair.lua names them (not passed in KEYS, see fair.lua):
+--          P:fair         the queue, by arrival
+--          P:fair-places  the places, by expiry
+--          P:fair-asks    the handovers asked for: holder id ->
 --                         "<call ms>:<handover ms>:<process>:<label>"
 -- ARGV[1]  holder         the releasing holder id expected in the lease, 32 lowercase hex digits
 -- ARGV[2]  channel        P:released; empty where no one can listen (then nothing is
@@ -25,6 +26,9 @@
 -- counts its validity from when it sent it; the lease is kept until that server time plus
 -- the handover ms, so it outlives the head's validity however late the release came. A
 -- head that died is not kept waiting for: the lease runs out at that same time.
+
+local queue = KEYS[1] .. ':fair'
+local places, asks = queue .. '-places', queue .. '-asks'
 
 -- 1. Read the lease; a key of another type gives its WRONGTYPE error back.
 local v = redis.pcall('GET', KEYS[1])
@@ -47,7 +51,7 @@ end
 
 -- 3b. No queue (no one waits): free the lease and announce it, as release.lua does,
 --     without reading the queue's other keys, which live and expire with it.
-if redis.call('EXISTS', KEYS[3]) == 0 then
+if redis.call('EXISTS', queue) == 0 then
   redis.call('DEL', KEYS[1])
   redis.call(ARGV[3], ARGV[2], '1')
   return 1
@@ -57,16 +61,16 @@ end
 local t = redis.call('TIME')
 local now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local now = string.format('%.0f', now_ms)
-local expired = redis.call('ZRANGEBYSCORE', KEYS[4], '-inf', now)
+local expired = redis.call('ZRANGEBYSCORE', places, '-inf', now)
 for i = 1, #expired do
-  redis.call('ZREM', KEYS[3], expired[i])
-  redis.call('HDEL', KEYS[5], expired[i])
+  redis.call('ZREM', queue, expired[i])
+  redis.call('HDEL', asks, expired[i])
 end
 if #expired > 0 then
-  redis.call('ZREMRANGEBYSCORE', KEYS[4], '-inf', now)
+  redis.call('ZREMRANGEBYSCORE', places, '-inf', now)
 end
-local head = redis.call('ZRANGE', KEYS[3], 0, 0)[1]
-local ask = head and redis.call('HGET', KEYS[5], head)
+local head = redis.call('ZRANGE', queue, 0, 0)[1]
+local ask = head and redis.call('HGET', asks, head)
 
 -- 5. A head that asked for a handover, whose lease would still outlive this moment: grant
 --    it (grant.lua, sent in front of this script) for what is left of its handover time;
@@ -85,9 +89,9 @@ if ask then
     if left and left >= 1 then
       local token = grant(KEYS[1], KEYS[2], head, string.format('%.0f', left), label, false)
       if token then
-        redis.call('ZREM', KEYS[3], head)
-        redis.call('ZREM', KEYS[4], head)
-        redis.call('HDEL', KEYS[5], head)
+        redis.call('ZREM', queue, head)
+        redis.call('ZREM', places, head)
+        redis.call('HDEL', asks, head)
         local channel = ARGV[2]
         if process ~= '' then
           channel = channel .. ':' .. process
