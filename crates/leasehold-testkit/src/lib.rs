@@ -68,8 +68,8 @@ pub use clock::{FAKETIME_SERVER_ENV, LIBFAKETIME_ENV, ShiftedClock, faketime_ser
 pub use cluster::RedisCluster;
 pub use error::TestkitError;
 pub use history::{
-    Excess, FENCED_WRITE_SCRIPT, GrantOrder, History, Hold, HoldEnd, HoldId, Overlap, Report,
-    ServerTime, Share, StaleWrite, TokenViolation, WriteAttempt, Writes,
+    Excess, Excuse, FENCED_WRITE_SCRIPT, GrantOrder, History, Hold, HoldEnd, HoldId, Overlap,
+    Report, ServerTime, Share, StaleWrite, TokenViolation, WriteAttempt, Writes,
 };
 pub use masters::independent_masters;
 pub use process::output_within;
