@@ -329,6 +329,14 @@ pub enum WatchPolicy {
     /// race: a backend with such an order subscribes this process anew, at
     /// the end of it.
     Afresh,
+    /// As [`Uncounted`](Self::Uncounted), but only where it costs no round
+    /// trip: the backend already listens on the key's channel (Redis: a
+    /// channel still subscribed from an earlier wait of this process). A
+    /// backend that would have to subscribe returns
+    /// [`ReleaseWatch::unsupported`] instead. For a waiter that asks
+    /// once before it subscribes, so that an acquisition no one contends
+    /// subscribes to nothing, unless its process is listening already.
+    AlreadyListening,
 }
 
 /// The core of the backend contract: one async method per atomic

@@ -448,6 +448,30 @@ impl Notices {
         }
     }
 
+    /// A watch of `channel` if this connection is subscribed to it already
+    /// (watched, or lingering from an earlier wait): no round trip. `None`
+    /// when it is not, or when the connection broke since (Sentinel: the
+    /// channel must be subscribed again first).
+    pub(crate) fn watch_subscribed(&self, channel: String) -> Option<ReleaseWatch> {
+        let name = channel.into_bytes();
+        let receiver = {
+            let mut channels = lock(&self.channels);
+            if channels.lost {
+                return None;
+            }
+            let entry = channels.watched.get_mut(&name).filter(|c| c.subscribed)?;
+            entry.watchers += 1;
+            let receiver = entry.notices.subscribe();
+            channels.stale.retain(|c| *c != name);
+            receiver
+        };
+        let subscription = Subscription {
+            channels: Arc::clone(&self.channels),
+            name,
+        };
+        Some(ReleaseWatch::new(receiver, subscription))
+    }
+
     /// This backend's name among waiting processes, once a waiter of it
     /// has listened for a handover (see [`Self::watch_handover`]).
     pub(crate) fn process(&self) -> Option<&[u8; 32]> {

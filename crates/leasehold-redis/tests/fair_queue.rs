@@ -441,3 +441,64 @@ async fn a_handover_no_one_listens_for_is_not_asked_for() -> TestResult {
     assert_eq!(queue(&server, &lease)?, [deaf.to_hex()]);
     Ok(())
 }
+
+/// How many times `server` ran `command` since its stats were reset.
+fn calls(server: &RedisServer, command: &str) -> Result<u64, Box<dyn std::error::Error>> {
+    let stats = server.cli(&["INFO", "commandstats"])?;
+    let prefix = format!("cmdstat_{command}:calls=");
+    Ok(stats
+        .lines()
+        .find_map(|line| line.trim().strip_prefix(&prefix))
+        .and_then(|rest| rest.split(',').next())
+        .map_or(Ok(0), str::parse)?)
+}
+
+/// `WatchPolicy::AlreadyListening` sends nothing: on a channel this
+/// process never subscribed it gives an unsupported watch (the server saw
+/// no `SUBSCRIBE`, and counts no subscriber); on a channel still
+/// subscribed from an earlier watch, since dropped, a working one, which
+/// hears the next release, still with the one `SUBSCRIBE` of the earlier
+/// watch on the server.
+#[tokio::test]
+async fn a_watch_already_listening_subscribes_to_nothing() -> TestResult {
+    let server = RedisServer::start()?;
+    let backend = connect(&server).await;
+    let lease = key("fair:listening");
+    let channel = backend.layout().released(&lease);
+    let subscribers = |server: &RedisServer| -> Result<String, Box<dyn std::error::Error>> {
+        let reply = server.cli(&["PUBSUB", "NUMSUB", &channel])?;
+        Ok(reply.lines().nth(1).unwrap_or_default().trim().to_owned())
+    };
+    server.cli(&["CONFIG", "RESETSTAT"])?;
+
+    let cold = backend
+        .watch_releases(&lease, WatchPolicy::AlreadyListening)
+        .await?;
+    assert!(
+        !cold.is_supported(),
+        "a watch with no subscription behind it"
+    );
+    assert_eq!(calls(&server, "subscribe")?, 0);
+    assert_eq!(subscribers(&server)?, "0");
+
+    drop(
+        backend
+            .watch_releases(&lease, WatchPolicy::Uncounted)
+            .await?,
+    );
+    assert_eq!(calls(&server, "subscribe")?, 1);
+    let mut warm = backend
+        .watch_releases(&lease, WatchPolicy::AlreadyListening)
+        .await?;
+    assert!(warm.is_supported(), "the lingering channel was not reused");
+    assert_eq!(calls(&server, "subscribe")?, 1);
+    assert_eq!(subscribers(&server)?, "1");
+
+    let other = connect(&server).await;
+    let held = acquire(&other, &lease, holder(), ttl("30s")).await?;
+    other.release_fair(&lease, &held.holder).await?;
+    timeout(Duration::from_secs(5), warm.released())
+        .await
+        .map_err(|_| "the reused watch never heard the release")?;
+    Ok(())
+}

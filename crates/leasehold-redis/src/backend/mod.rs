@@ -952,13 +952,24 @@ impl LeaseBackend for RedisBackend {
     /// channel still subscribed from an earlier wait, and watched by no one
     /// here, is unsubscribed and subscribed again (two commands on the
     /// notices connection), which puts this process at the end of the order
-    /// in which Redis tells the channel's subscribers.
+    /// in which Redis tells the channel's subscribers. With
+    /// [`WatchPolicy::AlreadyListening`], a watch only of a channel the
+    /// connection is subscribed to already (no command sent), else an
+    /// unsupported one.
     async fn watch_releases(
         &self,
         key: &LeaseKey,
         policy: WatchPolicy,
     ) -> Result<ReleaseWatch, BackendError> {
         let (count, afresh) = match policy {
+            WatchPolicy::AlreadyListening => {
+                return Ok(self
+                    .shared
+                    .notices
+                    .as_ref()
+                    .and_then(|n| n.watch_subscribed(self.shared.layout.released(key)))
+                    .unwrap_or_else(ReleaseWatch::unsupported));
+            }
             WatchPolicy::Uncounted => (false, false),
             WatchPolicy::Afresh => (true, true),
             // Counted, and a policy added later: the full watch.

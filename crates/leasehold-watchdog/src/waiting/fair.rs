@@ -92,16 +92,21 @@ pub(crate) async fn acquire<B: LeaseBackend>(
         permits: None,
         share: None,
     };
-    // The first call is made before subscribing, and asks for no
-    // handover: on a free key with no queue it grants the lease at once
-    // (fair.lua, 1b), so an acquisition no one contends costs what it
-    // costs in the default mode. Refused, the waiter has its place;
-    // it subscribes, then calls again at once (`Subscribing`), so that
-    // no release after its place was taken goes unheard.
-    let mut watch: Option<ReleaseWatch> = None;
-    let mut notices = false;
-    let mut handover = HandoverWatch::unsupported();
-    let mut hold = None;
+    // The first call is made before subscribing (unless this process
+    // still listens on the key's channel from an earlier wait, which
+    // costs nothing), and then asks for no handover: on a free key with
+    // no queue it grants the lease at once (fair.lua, 1b), so an
+    // acquisition no one contends costs what it costs in the default
+    // mode. Refused, the waiter has its place; it subscribes, then calls
+    // again at once (`Subscribing`), so that no release after its place
+    // was taken goes unheard.
+    let mut ears = Ears::deaf();
+    if options.release_notices() {
+        let listening = subscribe(manager.backend, key, WatchPolicy::AlreadyListening).await;
+        if listening.is_supported() {
+            ears = Ears::new(manager.backend, key, &request, options, listening).await;
+        }
+    }
     let refresh = place_ttl.get() / 3;
     let mut attempt = 0u32;
     // When the latest call the server answered was sent.
@@ -114,7 +119,7 @@ pub(crate) async fn acquire<B: LeaseBackend>(
             manager.backend,
             &request,
             place_ttl,
-            hold,
+            ears.hold,
         ))
         .await;
         let now = Instant::now();
@@ -123,7 +128,7 @@ pub(crate) async fn acquire<B: LeaseBackend>(
                 orphan.armed = false;
                 crate::metrics::fair_queued(options.shared_name(), queued);
                 if in_time(&grant, options) {
-                    return Ok(granted(&manager, key, grant, turn, watch));
+                    return Ok(granted(&manager, key, grant, turn, ears.releases));
                 }
                 // Too late to use: the next call (same holder) refreshes it;
                 // given up on, the guard releases it.
@@ -132,11 +137,11 @@ pub(crate) async fn acquire<B: LeaseBackend>(
             }
             Ok(FairOutcome::Waiting(place)) => {
                 // Asked for a handover, the lease may be ours from now on.
-                orphan.armed = hold.is_some();
+                orphan.armed = ears.hold.is_some();
                 placed_at = Some(sent_at);
                 crate::metrics::fair_queued(options.shared_name(), place.queued);
                 let (retry_at, releases) =
-                    listen_plan(&place, options, notices, attempt, now, refresh);
+                    listen_plan(&place, options, ears.notices(), attempt, now, refresh);
                 let holder = place.holder.unwrap_or_default();
                 (not_acquired(key, started, holder), retry_at, releases)
             }
@@ -154,24 +159,17 @@ pub(crate) async fn acquire<B: LeaseBackend>(
             leave(manager.backend, key, &request).await;
             return Err(failure);
         };
-        if watch.is_none() && options.release_notices() {
+        if ears.releases.is_none() && options.release_notices() {
             // Subscribing: after the first refusal, then at once Placing
             // again (which keeps the place and asks for a handover).
-            let subscribed = subscribe(manager.backend, key).await;
-            notices = subscribed.is_supported();
-            watch = Some(subscribed);
-            if notices && options.fair_handover() {
-                handover = watch_handover(manager.backend, key, &request).await;
-            }
-            hold = handover
-                .is_supported()
-                .then(|| handover_hold(options, place_ttl));
+            let subscribed = subscribe(manager.backend, key, WatchPolicy::Uncounted).await;
+            ears = Ears::new(manager.backend, key, &request, options, subscribed).await;
             continue;
         }
         debug!(attempt, releases, "waiting in the fair queue");
         let until = retry_at.min(give_up_at);
-        if let Some(token) = listen(watch.as_mut(), &mut handover, until, releases).await
-            && let (Some(placed_at), Some(hold)) = (placed_at, hold)
+        if let Some(token) = listen(&mut ears, until, releases).await
+            && let (Some(placed_at), Some(hold)) = (placed_at, ears.hold)
         {
             // Granted.
             let grant = Grant::handed_over(
@@ -184,7 +182,7 @@ pub(crate) async fn acquire<B: LeaseBackend>(
             );
             if in_time(&grant, options) {
                 orphan.armed = false;
-                return Ok(granted(&manager, key, grant, turn, watch));
+                return Ok(granted(&manager, key, grant, turn, ears.releases));
             }
             // Too late to use: the next call finds it ours and refreshes it.
             debug!("a handover came too late to use; asking for the lease");
@@ -268,15 +266,11 @@ async fn watch_handover<B: LeaseBackend>(
 
 /// `Listening`: until `until`, until `releases` notices (if any) came, or
 /// until a release hands us the lease (its fencing token).
-async fn listen(
-    watch: Option<&mut ReleaseWatch>,
-    handover: &mut HandoverWatch,
-    until: Instant,
-    releases: u32,
-) -> Option<FencingToken> {
+async fn listen(ears: &mut Ears, until: Instant, releases: u32) -> Option<FencingToken> {
     let poll = tokio::time::sleep_until(until);
+    let handover = &mut ears.handover;
     let notices = async {
-        match watch {
+        match ears.releases.as_mut() {
             Some(watch) if releases > 0 => {
                 for _ in 0..releases {
                     watch.released().await;
@@ -305,11 +299,68 @@ async fn leave<B: LeaseBackend>(backend: &B, key: &LeaseKey, request: &AcquireRe
     }
 }
 
-async fn subscribe<B: LeaseBackend>(backend: &B, key: &LeaseKey) -> ReleaseWatch {
-    // Boxed, as in waiting.rs. The server's queue decides the turns, so
-    // the number of processes listening is of no use here.
+/// What a fair waiter listens with.
+struct Ears {
+    /// Its release watch; `None` until it subscribed.
+    releases: Option<ReleaseWatch>,
+    handover: HandoverWatch,
+    /// How long a lease handed over is kept ([`handover_hold`]); `None`:
+    /// no handover is asked for.
+    hold: Option<Duration>,
+}
+
+impl Ears {
+    /// Before subscribing: nothing heard, no handover asked for.
+    fn deaf() -> Self {
+        Self {
+            releases: None,
+            handover: HandoverWatch::unsupported(),
+            hold: None,
+        }
+    }
+
+    /// With the release watch `releases`, and a handover watch where the
+    /// options and the backend allow one.
+    async fn new<B: LeaseBackend>(
+        backend: &B,
+        key: &LeaseKey,
+        request: &AcquireRequest,
+        options: &LeaseOptions,
+        releases: ReleaseWatch,
+    ) -> Self {
+        let handover = if releases.is_supported() && options.fair_handover() {
+            watch_handover(backend, key, request).await
+        } else {
+            HandoverWatch::unsupported()
+        };
+        let hold = handover
+            .is_supported()
+            .then(|| handover_hold(options, options.place_ttl()));
+        Self {
+            releases: Some(releases),
+            handover,
+            hold,
+        }
+    }
+
+    /// Whether release notices reach this waiter.
+    fn notices(&self) -> bool {
+        self.releases
+            .as_ref()
+            .is_some_and(ReleaseWatch::is_supported)
+    }
+}
+
+/// A release watch of `key` (`policy`: the server's queue decides the
+/// turns, so the number of processes listening is of no use here).
+async fn subscribe<B: LeaseBackend>(
+    backend: &B,
+    key: &LeaseKey,
+    policy: WatchPolicy,
+) -> ReleaseWatch {
+    // Boxed, as in waiting.rs.
     let watch: Result<ReleaseWatch, BackendError> =
-        Box::pin(backend.watch_releases(key, WatchPolicy::Uncounted)).await;
+        Box::pin(backend.watch_releases(key, policy)).await;
     watch.unwrap_or_else(|error| {
         debug!(%error, "no release notices; polling");
         ReleaseWatch::unsupported()
