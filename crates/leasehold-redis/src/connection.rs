@@ -5,11 +5,13 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
+use futures_util::FutureExt;
+use futures_util::future::BoxFuture;
 use redis::aio::{ConnectionLike, ConnectionManager, MultiplexedConnection};
 #[cfg(feature = "cluster")]
 use redis::cluster_async::ClusterConnection;
 use redis::cluster_routing::{
-    MultipleNodeRoutingInfo, Route, RoutingInfo, SingleNodeRoutingInfo, SlotAddr,
+    MultipleNodeRoutingInfo, Route, RoutingInfo, SingleNodeRoutingInfo, Slot, SlotAddr,
 };
 #[cfg(feature = "sentinel")]
 use redis::sentinel::SentinelClient;
@@ -20,7 +22,8 @@ use crate::absent::ClusterConnection;
 #[cfg(not(feature = "sentinel"))]
 use crate::absent::SentinelClient;
 use crate::capabilities::Needs;
-use crate::scripts::Call;
+use crate::loads::{Mark, Node, ScriptLoads};
+use crate::scripts::{self, Call};
 use crate::tracking::Tracking;
 
 /// The connection of a [`RedisBackend`](crate::RedisBackend).
@@ -53,16 +56,110 @@ impl Conn {
         matches!(self, Self::Cluster(_))
     }
 
-    /// Runs `call`, then `WAIT` if asked, loading the script on `NOSCRIPT`.
-    pub(crate) async fn eval(&self, call: &Call, wait: Option<Wait>) -> RedisResult<Reply> {
+    /// Runs `call`, then `WAIT` if asked. On `NOSCRIPT` the call waits for
+    /// the scripts to be loaded on the server that answered, one load at a
+    /// time per server for all the calls that met it (`loads.rs`), and is
+    /// sent again.
+    pub(crate) async fn eval(
+        &self,
+        call: &Call,
+        wait: Option<Wait>,
+        loads: &ScriptLoads,
+    ) -> RedisResult<Reply> {
+        let mut sends = 0;
+        loop {
+            let sent = loads.mark();
+            let noscript = match self.send(call, wait).await? {
+                Sent::Reply(reply) => return Ok(reply),
+                Sent::NoScript(err) => err,
+            };
+            sends += 1;
+            if sends == SENDS {
+                return Err(noscript);
+            }
+            // Boxed: it is rare, and the common path should not carry it.
+            Box::pin(self.reload(call, sent, loads)).await?;
+        }
+    }
+
+    /// Sends `call` once.
+    async fn send(&self, call: &Call, wait: Option<Wait>) -> RedisResult<Sent> {
         match self {
-            Self::Standalone(conn) => eval_on(&mut conn.clone(), call, wait).await,
+            Self::Standalone(conn) => send_on(&mut conn.clone(), call, wait).await,
             // Boxed: the cluster client's future is several kilobytes, and
             // unboxed it would size (and be copied with) every caller's
             // future on every topology.
-            Self::Cluster(conn) => Box::pin(eval_on_cluster(&mut conn.clone(), call, wait)).await,
+            Self::Cluster(conn) => Box::pin(send_on_cluster(&mut conn.clone(), call, wait)).await,
             Self::Sentinel(sentinel) => {
-                Box::pin(sentinel.on_master(async |conn| eval_on(conn, call, wait).await)).await
+                Box::pin(sentinel.on_master(async |conn| send_on(conn, call, wait).await)).await
+            }
+        }
+    }
+
+    /// After `call`, sent at `sent`, met `NOSCRIPT`: waits for the scripts
+    /// to be loaded on the server that answered (see
+    /// [`ScriptLoads::after_noscript`]).
+    async fn reload(&self, call: &Call, sent: Mark, loads: &ScriptLoads) -> RedisResult<()> {
+        let node = self.node_of(call).await;
+        loads
+            .after_noscript(node, sent, || self.load_scripts(call))
+            .await
+    }
+
+    /// The server `call` goes to, as the script loads know it. On a
+    /// cluster, the node of the call's first key names itself: the cluster
+    /// client routes by slot and does not say to which address, and a node
+    /// id stays right behind address translation. A node that does not
+    /// answer with its id is known by the call's slot instead, so that the
+    /// load is still tried (and fails on its own if the node is down).
+    // Without the feature the cluster arm is unreachable (`absent.rs`).
+    #[cfg_attr(not(feature = "cluster"), allow(unused_variables))]
+    async fn node_of(&self, call: &Call) -> Node {
+        let Self::Cluster(conn) = self else {
+            return Node::Only;
+        };
+        let mut myid = redis::cmd("CLUSTER");
+        myid.arg("MYID");
+        match routed(&mut conn.clone(), myid, route_for(call.first_key())).await {
+            Ok(Value::BulkString(id)) => Node::Cluster(String::from_utf8_lossy(&id).into_owned()),
+            Ok(Value::SimpleString(id)) => Node::Cluster(id),
+            _ => Node::Slot(Slot::for_key(call.first_key())),
+        }
+    }
+
+    /// A load of every script, in one round trip, on the server `call`
+    /// goes to; it owns what it needs, so that whichever waiter polls it
+    /// can drive it.
+    // Without the feature the cluster arm is unreachable (`absent.rs`).
+    #[cfg_attr(
+        not(feature = "cluster"),
+        allow(unused_variables, unused_mut, unreachable_code)
+    )]
+    fn load_scripts(&self, call: &Call) -> BoxFuture<'static, RedisResult<()>> {
+        let pipe = scripts::load_all();
+        match self {
+            Self::Standalone(conn) => {
+                let mut conn = conn.clone();
+                async move { loaded(pipe.query_async(&mut conn).await?) }.boxed()
+            }
+            Self::Cluster(conn) => {
+                let mut conn = conn.clone();
+                let node = SingleNodeRoutingInfo::SpecificNode(Route::with_key(
+                    call.first_key(),
+                    SlotAddr::Master,
+                ));
+                let count = scripts::all().len();
+                async move { loaded(conn.route_pipeline(pipe, 0, count, node).await?) }.boxed()
+            }
+            Self::Sentinel(sentinel) => {
+                let sentinel = Arc::clone(sentinel);
+                async move {
+                    let replies = sentinel
+                        .on_master(async |conn| pipe.query_async::<Vec<Value>>(conn).await)
+                        .await?;
+                    loaded(replies)
+                }
+                .boxed()
             }
         }
     }
@@ -160,68 +257,63 @@ fn is_noscript(err: &redis::RedisError) -> bool {
     err.kind() == ErrorKind::Server(ServerErrorKind::NoScript)
 }
 
+/// How many times a call is sent while it meets `NOSCRIPT`: once, again
+/// after a load, and once more after another (the scripts lost again
+/// while the first load ran, or a load that came just too late for the
+/// call); then the `NOSCRIPT` is its error.
+const SENDS: usize = 3;
+
+/// What one send of a call got.
+enum Sent {
+    Reply(Reply),
+    NoScript(redis::RedisError),
+}
+
+/// Every reply of a load pipeline, each an error if the server refused it.
+fn loaded(replies: Vec<Value>) -> RedisResult<()> {
+    for reply in replies {
+        reply.extract_error()?;
+    }
+    Ok(())
+}
+
 /// `EVALSHA` (and `WAIT`) on one connection; the pair goes out as one
 /// pipeline so that the `WAIT` cannot land on a newer connection than the
 /// write it acknowledges (a fresh connection has nothing to wait for and
 /// would be acknowledged at once).
-async fn eval_on(
+async fn send_on(
     conn: &mut impl ConnectionLike,
     call: &Call,
     wait: Option<Wait>,
-) -> RedisResult<Reply> {
+) -> RedisResult<Sent> {
     let Some(wait) = wait else {
         return match call.evalsha().query_async::<Value>(conn).await {
-            Err(err) if is_noscript(&err) => {
-                call.load().query_async::<Value>(conn).await?;
-                let value = call.evalsha().query_async::<Value>(conn).await?;
-                Ok(Reply { value, acked: None })
-            }
-            other => other.map(|value| Reply { value, acked: None }),
+            Err(err) if is_noscript(&err) => Ok(Sent::NoScript(err)),
+            other => other.map(|value| Sent::Reply(Reply { value, acked: None })),
         };
     };
-    let pipe = acked_pipeline(call, wait);
-    let replies: Vec<Value> = pipe.query_async(conn).await?;
-    match split_acked(replies)? {
-        Acked::NoScript => {
-            call.load().query_async::<Value>(conn).await?;
-            let replies: Vec<Value> = pipe.query_async(conn).await?;
-            split_acked(replies)?.into_reply()
-        }
-        acked => acked.into_reply(),
-    }
+    let replies: Vec<Value> = acked_pipeline(call, wait).query_async(conn).await?;
+    split_acked(replies)
 }
 
 /// The same on the cluster node of the call's first key.
-async fn eval_on_cluster(
+async fn send_on_cluster(
     conn: &mut ClusterConnection,
     call: &Call,
     wait: Option<Wait>,
-) -> RedisResult<Reply> {
-    let route = route_for(call.first_key());
+) -> RedisResult<Sent> {
     let Some(wait) = wait else {
-        return match routed(conn, call.evalsha().clone(), route.clone()).await {
-            Err(err) if is_noscript(&err) => {
-                routed(conn, call.load(), route.clone()).await?;
-                let value = routed(conn, call.evalsha().clone(), route).await?;
-                Ok(Reply { value, acked: None })
-            }
-            other => other.map(|value| Reply { value, acked: None }),
+        return match routed(conn, call.evalsha().clone(), route_for(call.first_key())).await {
+            Err(err) if is_noscript(&err) => Ok(Sent::NoScript(err)),
+            other => other.map(|value| Sent::Reply(Reply { value, acked: None })),
         };
     };
     let node =
         SingleNodeRoutingInfo::SpecificNode(Route::with_key(call.first_key(), SlotAddr::Master));
-    let pipe = acked_pipeline(call, wait);
     let replies = conn
-        .route_pipeline(pipe.clone(), 0, 2, node.clone())
+        .route_pipeline(acked_pipeline(call, wait), 0, 2, node)
         .await?;
-    match split_acked(replies)? {
-        Acked::NoScript => {
-            routed(conn, call.load(), route).await?;
-            let replies = conn.route_pipeline(pipe, 0, 2, node).await?;
-            split_acked(replies)?.into_reply()
-        }
-        acked => acked.into_reply(),
-    }
+    split_acked(replies)
 }
 
 /// A command sent with explicit routing; the cluster client hands error
@@ -245,24 +337,7 @@ fn acked_pipeline(call: &Call, wait: Wait) -> redis::Pipeline {
     pipe
 }
 
-enum Acked {
-    NoScript,
-    Done(Reply),
-}
-
-impl Acked {
-    fn into_reply(self) -> RedisResult<Reply> {
-        match self {
-            Self::Done(reply) => Ok(reply),
-            Self::NoScript => Err(redis::RedisError::from((
-                ErrorKind::Server(ServerErrorKind::NoScript),
-                "the server forgot the script again right after loading it",
-            ))),
-        }
-    }
-}
-
-fn split_acked(replies: Vec<Value>) -> RedisResult<Acked> {
+fn split_acked(replies: Vec<Value>) -> RedisResult<Sent> {
     let mut replies = replies.into_iter();
     let (Some(value), Some(acked), None) = (replies.next(), replies.next(), replies.next()) else {
         return Err(redis::RedisError::from((
@@ -271,7 +346,7 @@ fn split_acked(replies: Vec<Value>) -> RedisResult<Acked> {
         )));
     };
     let value = match value.extract_error() {
-        Err(err) if is_noscript(&err) => return Ok(Acked::NoScript),
+        Err(err) if is_noscript(&err) => return Ok(Sent::NoScript(err)),
         other => other?,
     };
     let acked = match acked.extract_error()? {
@@ -283,7 +358,7 @@ fn split_acked(replies: Vec<Value>) -> RedisResult<Acked> {
             )));
         }
     };
-    Ok(Acked::Done(Reply {
+    Ok(Sent::Reply(Reply {
         value,
         acked: Some(acked),
     }))

@@ -14,7 +14,8 @@
 //! | `inspect`      | `inspect.lua` | read the lease's label, fencing token and ttl                          |
 //!
 //! The scripts are built once and called by `EVALSHA`; a server that forgot
-//! them (restart, failover, `SCRIPT FLUSH`) gets them again on `NOSCRIPT`.
+//! them (restart, failover, `SCRIPT FLUSH`) gets them all again on
+//! `NOSCRIPT`, once for all the calls that met it there.
 //!
 //! ```no_run
 //! use std::time::Duration;
@@ -136,6 +137,7 @@ mod connection;
 mod error;
 mod fair;
 mod layout;
+mod loads;
 mod notices;
 mod redlock;
 mod reply;

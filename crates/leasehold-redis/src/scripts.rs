@@ -1,10 +1,11 @@
 //! The Lua scripts, one per atomic operation, and how their calls are built.
 //!
 //! Each script is built once (its SHA-1 computed once) into a static and
-//! called with `EVALSHA`; the connection loads it and retries when the
-//! server answers `NOSCRIPT` (after a restart, a failover or `SCRIPT
-//! FLUSH`), on the node that answered, so that a down node elsewhere in a
-//! cluster does not fail the load. The calls here only name keys and
+//! called with `EVALSHA`; when the server answers `NOSCRIPT` (after a
+//! restart, a failover or `SCRIPT FLUSH`) the connection loads every
+//! script, once for all the calls that met it there (`loads.rs`), on the
+//! node that answered, so that a down node elsewhere in a cluster does not
+//! fail the load, and sends the call again. The calls here only name keys and
 //! arguments, so every topology can send them over its own connection.
 //!
 //! Every `ttl` argument a script names is the key's expiry: the lease's ttl
@@ -44,7 +45,6 @@ impl Lua {
 /// `itoa`): a renewal batch of a thousand leases costs no allocation per
 /// lease.
 pub(crate) struct Call {
-    script: &'static Lua,
     cmd: Cmd,
 }
 
@@ -58,7 +58,7 @@ impl Call {
     fn with_capacity(script: &'static Lua, keys: usize, args: usize, bytes: usize) -> Self {
         let mut cmd = Cmd::with_capacity(3 + args, 64 + bytes);
         cmd.arg("EVALSHA").arg(script.get_hash()).arg(keys);
-        Self { script, cmd }
+        Self { cmd }
     }
 
     /// The first key: in a cluster, the call goes to the node of its slot.
@@ -73,11 +73,6 @@ impl Call {
     /// `EVALSHA sha numkeys KEYS… ARGV…`.
     pub(crate) fn evalsha(&self) -> &Cmd {
         &self.cmd
-    }
-
-    /// `SCRIPT LOAD source`, for a server that answered `NOSCRIPT`.
-    pub(crate) fn load(&self) -> Cmd {
-        load(self.script)
     }
 }
 
@@ -196,6 +191,16 @@ pub(crate) fn load(script: &Lua) -> Cmd {
     let mut cmd = redis::cmd("SCRIPT");
     cmd.arg("LOAD").arg(script.source);
     cmd
+}
+
+/// `SCRIPT LOAD` of every script, as one pipeline: what a server that
+/// answered `NOSCRIPT` is sent (`loads.rs`).
+pub(crate) fn load_all() -> redis::Pipeline {
+    let mut pipe = redis::pipe();
+    for script in all() {
+        pipe.add_command(load(script));
+    }
+    pipe
 }
 
 /// The most renewals sent in one script call: bounds how long one call keeps
@@ -906,7 +911,11 @@ mod tests {
             write(&layout, &request),
         ];
         for call in &granting {
-            assert!(call.script.source.contains("grant("));
+            let hash = args(call.evalsha()).get(1).cloned();
+            let script = all()
+                .into_iter()
+                .find(|s| Some(s.get_hash()) == hash.as_deref());
+            assert!(script.is_some_and(|s| s.source.contains("grant(")));
             assert_eq!(
                 args(call.evalsha()).last().map(String::as_str),
                 Some("90000")

@@ -1,17 +1,21 @@
 //! Scripts are loaded on every server at connect, so that many calls sent
 //! at once on a fresh connection meet no `NOSCRIPT` (each would load its
-//! script again): judged by the servers' own `INFO errorstats` and
+//! script again); a server that loses them later (`SCRIPT FLUSH`, a
+//! restart) is sent them once per loss, however many calls meet
+//! `NOSCRIPT` together. Judged by the servers' own `INFO errorstats` and
 //! `INFO commandstats`.
 
 mod common;
 
 use std::time::Duration;
 
-use common::{TestResult, holder, key, ttl};
+use common::{TestResult, holder, key, retry_transient, ttl};
 use futures_util::future::try_join_all;
-use leasehold_core::{AcquireOutcome, AcquireRequest, LeaseBackend};
+use leasehold_core::{
+    AcquireOutcome, AcquireRequest, BackendError, LeaseBackend, RenewOutcome, RenewRequest,
+};
 use leasehold_redis::RedisBackend;
-use leasehold_testkit::{RedisCluster, RedisServer};
+use leasehold_testkit::{Proxy, ProxyMode, RedisCluster, RedisServer};
 
 /// A counter of `INFO <section>`, 0 when the line is absent (a count never
 /// incremented); a server that cannot be asked fails the test rather than
@@ -89,5 +93,261 @@ async fn first_calls_on_a_server_meet_no_noscript() -> TestResult {
     server.cli(&["SCRIPT", "FLUSH"])?;
     acquire_together(&backend, "after-flush", 1).await?;
     assert!(stat(&server, "errorstats", "errorstat_NOSCRIPT", "count")? >= 1);
+    Ok(())
+}
+
+/// The backend's scripts: one load of them all is this many `SCRIPT LOAD`s.
+const SCRIPTS: u64 = 15;
+
+/// `SCRIPT LOAD`s the server has run since its counters were reset.
+fn loads(server: &RedisServer) -> Result<u64, Box<dyn std::error::Error>> {
+    stat(server, "commandstats", "cmdstat_script|load", "calls")
+}
+
+/// `NOSCRIPT` replies the server has sent since its counters were reset.
+fn noscripts(server: &RedisServer) -> Result<u64, Box<dyn std::error::Error>> {
+    stat(server, "errorstats", "errorstat_NOSCRIPT", "count")
+}
+
+/// Empties the server's script cache, as a restart or a failover does, and
+/// resets its counters so that what follows is counted alone.
+fn flush_scripts(server: &RedisServer) -> TestResult {
+    assert_eq!(server.cli(&["SCRIPT", "FLUSH"])?, "OK");
+    assert_eq!(server.cli(&["CONFIG", "RESETSTAT"])?, "OK");
+    Ok(())
+}
+
+/// Acquires `count` free leases at once, each for an hour, and returns
+/// their requests (to renew them).
+async fn hold(
+    backend: &RedisBackend,
+    prefix: &str,
+    count: usize,
+) -> Result<Vec<RenewRequest>, Box<dyn std::error::Error>> {
+    let requests: Vec<AcquireRequest> = (0..count)
+        .map(|i| AcquireRequest::new(key(&format!("{prefix}:{i}")), holder(), ttl("1h")))
+        .collect();
+    let outcomes = tokio::time::timeout(
+        Duration::from_secs(30),
+        try_join_all(requests.iter().map(|r| backend.try_acquire(r))),
+    )
+    .await??;
+    assert!(
+        outcomes
+            .iter()
+            .all(|o| matches!(o, AcquireOutcome::Acquired(_))),
+        "every free lease granted"
+    );
+    Ok(requests
+        .into_iter()
+        .map(|r| RenewRequest::new(r.key, r.holder, r.ttl))
+        .collect())
+}
+
+/// Renews every lease of `renewals` at once; each must still be held.
+async fn renew_together(backend: &RedisBackend, renewals: &[RenewRequest]) -> TestResult {
+    let outcomes = tokio::time::timeout(
+        Duration::from_secs(30),
+        try_join_all(renewals.iter().map(|r| backend.renew(r))),
+    )
+    .await??;
+    assert!(
+        outcomes.iter().all(|o| *o == RenewOutcome::Renewed),
+        "every held lease renewed"
+    );
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_flushed_server_is_sent_the_scripts_once_per_loss_however_many_calls_meet_it()
+-> TestResult {
+    let server = RedisServer::start()?;
+    let backend = RedisBackend::connect(server.url()).await?;
+    let held = hold(&backend, "held", 1000).await?;
+
+    // Acquisitions, renewals and reads at once: calls of several scripts
+    // meet NOSCRIPT together, over both of the backend's connections.
+    flush_scripts(&server)?;
+    let inspected: Vec<_> = held.iter().take(200).map(|r| r.key.clone()).collect();
+    let (acquired, renewed, read) = tokio::join!(
+        acquire_together(&backend, "burst", 2000),
+        renew_together(&backend, &held),
+        tokio::time::timeout(
+            Duration::from_secs(30),
+            try_join_all(inspected.iter().map(|k| backend.inspect(k)))
+        ),
+    );
+    acquired?;
+    renewed?;
+    assert!(read??.iter().all(Option::is_some), "every held lease read");
+    let (first_loads, first_noscripts) = (loads(&server)?, noscripts(&server)?);
+    eprintln!("first loss: {first_loads} SCRIPT LOADs, {first_noscripts} NOSCRIPT replies");
+    assert!(first_noscripts >= 1, "the flush was noticed");
+    assert_eq!(
+        first_loads, SCRIPTS,
+        "one load of all {SCRIPTS} scripts, not one per call that met NOSCRIPT ({first_noscripts} NOSCRIPT replies)"
+    );
+
+    // A later loss is noticed, and loaded for, again.
+    flush_scripts(&server)?;
+    let (acquired, renewed) = tokio::join!(
+        acquire_together(&backend, "again", 2000),
+        renew_together(&backend, &held),
+    );
+    acquired?;
+    renewed?;
+    let (second_loads, second_noscripts) = (loads(&server)?, noscripts(&server)?);
+    eprintln!("second loss: {second_loads} SCRIPT LOADs, {second_noscripts} NOSCRIPT replies");
+    assert!(second_noscripts >= 1, "the second flush was noticed");
+    assert_eq!(
+        second_loads, SCRIPTS,
+        "one load again ({second_noscripts} NOSCRIPT replies)"
+    );
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn held_leases_renew_through_a_restart_with_one_load_of_the_scripts() -> TestResult {
+    // Append-only with fsync always: the leases survive the restart, the
+    // script cache does not.
+    let mut server = RedisServer::builder().appendonly(true).start()?;
+    let backend = RedisBackend::connect(server.url()).await?;
+    let held = hold(&backend, "held", 1000).await?;
+    server.restart()?;
+
+    // Renewals, acquisitions and reads at once, so that calls of several
+    // scripts meet NOSCRIPT together. The first calls after the restart
+    // may meet the broken connection; each is retried (for at most 5 s)
+    // until it reaches the new process.
+    let fresh: Vec<AcquireRequest> = (0..1000)
+        .map(|i| AcquireRequest::new(key(&format!("fresh:{i}")), holder(), ttl("1h")))
+        .collect();
+    let (renewed, acquired, read) = tokio::time::timeout(Duration::from_secs(30), async {
+        tokio::join!(
+            try_join_all(held.iter().map(|r| retry_transient(|| backend.renew(r)))),
+            try_join_all(
+                fresh
+                    .iter()
+                    .map(|r| retry_transient(|| backend.try_acquire(r)))
+            ),
+            try_join_all(
+                held.iter()
+                    .take(200)
+                    .map(|r| retry_transient(|| backend.inspect(&r.key)))
+            ),
+        )
+    })
+    .await?;
+    assert!(
+        renewed?.iter().all(|o| *o == RenewOutcome::Renewed),
+        "every lease renewed through the restart"
+    );
+    assert!(
+        acquired?
+            .iter()
+            .all(|o| matches!(o, AcquireOutcome::Acquired(_))),
+        "every free lease granted after the restart"
+    );
+    assert!(read?.iter().all(Option::is_some), "every held lease read");
+    // The restarted process counts from zero.
+    let (after_loads, after_noscripts) = (loads(&server)?, noscripts(&server)?);
+    eprintln!("after the restart: {after_loads} SCRIPT LOADs, {after_noscripts} NOSCRIPT replies");
+    assert!(after_noscripts >= 1, "the restart lost the scripts");
+    assert_eq!(
+        after_loads, SCRIPTS,
+        "one load after the restart ({after_noscripts} NOSCRIPT replies)"
+    );
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_flushed_cluster_node_alone_is_sent_the_scripts_once() -> TestResult {
+    let cluster = RedisCluster::start(3, 0)?;
+    let backend = RedisBackend::connect(cluster.url()).await?;
+    let held = hold(&backend, "held", 1000).await?;
+    let flushed = &cluster.nodes()[0];
+    assert_eq!(flushed.cli(&["SCRIPT", "FLUSH"])?, "OK");
+    for node in cluster.nodes() {
+        assert_eq!(node.cli(&["CONFIG", "RESETSTAT"])?, "OK");
+    }
+    // Acquisitions and renewals at once, each slot's in its own calls.
+    let (acquired, renewed) = tokio::join!(
+        acquire_together(&backend, "job", 2000),
+        renew_together(&backend, &held),
+    );
+    acquired?;
+    renewed?;
+    for node in cluster.nodes() {
+        let (node_loads, node_noscripts) = (loads(node)?, noscripts(node)?);
+        eprintln!(
+            "node {}: {node_loads} SCRIPT LOADs, {node_noscripts} NOSCRIPT replies",
+            node.port()
+        );
+        assert!(
+            stat(node, "commandstats", "cmdstat_evalsha", "calls")? > 0,
+            "node {} served acquisitions",
+            node.port()
+        );
+        if node.port() == flushed.port() {
+            assert!(node_noscripts >= 1, "the flush was noticed");
+            assert_eq!(
+                node_loads, SCRIPTS,
+                "one load on the flushed node ({node_noscripts} NOSCRIPT replies)"
+            );
+        } else {
+            assert_eq!(
+                (node_loads, node_noscripts),
+                (0, 0),
+                "nothing loaded on node {}, which kept its scripts",
+                node.port()
+            );
+        }
+    }
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn calls_dropped_while_the_scripts_load_leave_no_load_stuck() -> TestResult {
+    let server = RedisServer::start()?;
+    let proxy = Proxy::start(server.addr()).await?;
+    let op_timeout = Duration::from_millis(300);
+    let backend = RedisBackend::builder(proxy.url())
+        .op_timeout(op_timeout)
+        .connect()
+        .await?;
+    let held = hold(&backend, "held", 50).await?;
+
+    // 100 ms each way: NOSCRIPT comes back after 200 ms and the load would
+    // take 200 ms more, so every call is dropped by its op timeout while
+    // it waits for the load.
+    flush_scripts(&server)?;
+    proxy.set_mode(ProxyMode::Delay(Duration::from_millis(100)));
+    let outcomes = tokio::time::timeout(
+        Duration::from_secs(10),
+        futures_util::future::join_all(held.iter().map(|r| backend.renew(r))),
+    )
+    .await?;
+    assert!(
+        outcomes
+            .iter()
+            .all(|o| matches!(o, Err(BackendError::Timeout { .. }))),
+        "every call timed out: {outcomes:?}"
+    );
+    // Let the abandoned load reach the server, so that it is not counted
+    // below (and cannot stand in for the load the next loss needs).
+    tokio::time::sleep(Duration::from_millis(500)).await;
+
+    // With the scripts lost again, later calls are not held up by the
+    // abandoned load: they get their replies.
+    proxy.set_mode(ProxyMode::Pass);
+    flush_scripts(&server)?;
+    renew_together(&backend, &held).await?;
+    acquire_together(&backend, "after", 200).await?;
+    let (after_loads, after_noscripts) = (loads(&server)?, noscripts(&server)?);
+    assert!(after_noscripts >= 1, "the second flush was noticed");
+    assert_eq!(
+        after_loads, SCRIPTS,
+        "one load for the second loss ({after_noscripts} NOSCRIPT replies)"
+    );
     Ok(())
 }

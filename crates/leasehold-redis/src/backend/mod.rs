@@ -27,6 +27,7 @@ use crate::capabilities::ServerInfo;
 use crate::coalesce::{Coalescer, Lane};
 use crate::connection::{Conn, Reply, Wait};
 use crate::layout::KeyLayout;
+use crate::loads::ScriptLoads;
 use crate::notices::Notices;
 use crate::reply::{self, Failure};
 use crate::scripts::{self, Call};
@@ -106,6 +107,9 @@ struct Shared {
     /// managed service or a proxy presents it), learnt at connect from
     /// `cluster_enabled:1`, or from its first `CROSSSLOT` refusal.
     by_slot: std::sync::atomic::AtomicBool,
+    /// Loads of the scripts on a server that answered `NOSCRIPT`, one at
+    /// a time per server, shared by both connections (`loads.rs`).
+    loads: ScriptLoads,
 }
 
 impl RedisBackend {
@@ -134,6 +138,7 @@ impl RedisBackend {
                 acquires: Coalescer::new(scripts::WRITE_BATCH).calls_in_flight(CALLS_IN_FLIGHT),
                 releases: Coalescer::new(scripts::WRITE_BATCH).calls_in_flight(CALLS_IN_FLIGHT),
                 by_slot,
+                loads: ScriptLoads::new(op_timeout),
             }),
         }
     }
@@ -332,9 +337,9 @@ impl RedisBackend {
         }
     }
 
-    /// Runs a script (`EVALSHA`, loading it on `NOSCRIPT`) under the op timeout.
+    /// Runs a script (`EVALSHA`, loading the scripts on `NOSCRIPT`) under the op timeout.
     async fn eval(&self, call: &Call) -> Result<Value, Failure> {
-        self.bounded(self.shared.conn.eval(call, None))
+        self.bounded(self.shared.conn.eval(call, None, &self.shared.loads))
             .await
             .map(|reply| reply.value)
     }
@@ -352,7 +357,8 @@ impl RedisBackend {
             WriteRoute::Tracked { .. } => &self.shared.renew_conn,
             WriteRoute::Untracked => &self.shared.conn,
         };
-        self.bounded(conn.eval(call, wait)).await
+        self.bounded(conn.eval(call, wait, &self.shared.loads))
+            .await
     }
 
     /// Where a script that writes `lease` (an acquisition, a handover, a
@@ -474,8 +480,12 @@ impl RedisBackend {
     /// Runs a renewal over the renewal connection and, if configured,
     /// `WAIT`s for its replicas.
     async fn eval_renewal(&self, call: &Call) -> Result<Reply, Failure> {
-        self.bounded(self.shared.renew_conn.eval(call, self.shared.wait))
-            .await
+        self.bounded(
+            self.shared
+                .renew_conn
+                .eval(call, self.shared.wait, &self.shared.loads),
+        )
+        .await
     }
 
     /// The failure of a write that too few replicas acknowledged, if so.
