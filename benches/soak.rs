@@ -1008,6 +1008,13 @@ async fn injector(
     Ok(())
 }
 
+/// The samples of the run's second half: a slope over them tells a creep
+/// (memory still growing once the run settled) from a step early on
+/// (buffers and caches filled by the first faults).
+fn second_half(points: &[(f64, f64)]) -> &[(f64, f64)] {
+    &points[points.len() / 2..]
+}
+
 /// Least-squares slope of `y` over `x`, per hour of `x` in seconds.
 fn slope_per_hour(points: &[(f64, f64)]) -> f64 {
     let n = points.len() as f64;
@@ -1230,11 +1237,19 @@ async fn run(config: Config) -> BenchResult {
         .num("rss_min", extreme(&rss, false))
         .num("rss_max", extreme(&rss, true))
         .num("rss_slope_per_hour", slope_per_hour(&rss))
+        .num(
+            "rss_slope_second_half_per_hour",
+            slope_per_hour(second_half(&rss)),
+        )
         .int("used_memory_start", first.used)
         .int("used_memory_end", last.used)
         .num("used_memory_min", extreme(&used, false))
         .num("used_memory_max", extreme(&used, true))
         .num("used_memory_slope_per_hour", slope_per_hour(&used))
+        .num(
+            "used_memory_slope_second_half_per_hour",
+            slope_per_hour(second_half(&used)),
+        )
         .int("samples", samples.len() as u64)
         .int("keys_at_end", keys_left)
         .num("keys_gone_after_secs", keys_gone_after.as_secs_f64())
@@ -1285,17 +1300,19 @@ async fn run(config: Config) -> BenchResult {
         load(&t.probe_gone),
     );
     eprintln!(
-        "  client RSS {:.1} MiB at the start, {:.1} at the end ({:.1} to {:.1}, {:+.2} MiB/h); Redis used_memory {:.1} MiB, {:.1} ({:.1} to {:.1}, {:+.2} MiB/h)",
+        "  client RSS {:.1} MiB at the start, {:.1} at the end ({:.1} to {:.1}, {:+.2} MiB/h, {:+.2} MiB/h over the second half); Redis used_memory {:.1} MiB, {:.1} ({:.1} to {:.1}, {:+.2} MiB/h, {:+.2} over the second half)",
         mib(first.rss as f64),
         mib(last.rss as f64),
         mib(extreme(&rss, false)),
         mib(extreme(&rss, true)),
         mib(slope_per_hour(&rss)),
+        mib(slope_per_hour(second_half(&rss))),
         mib(first.used as f64),
         mib(last.used as f64),
         mib(extreme(&used, false)),
         mib(extreme(&used, true)),
         mib(slope_per_hour(&used)),
+        mib(slope_per_hour(second_half(&used))),
     );
     eprintln!(
         "  keys of the namespace at the end: {keys_left} ({:.1} s after the releases)",
