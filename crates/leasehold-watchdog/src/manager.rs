@@ -199,18 +199,17 @@ impl<B: LeaseBackend> LeaseManager<B> {
         Box::pin(async move {
             let started = Instant::now();
             let result = self
-                .acquire_key(key, options, attempt)
+                .acquire_key(key, options, attempt, kind)
                 .instrument(span)
                 .await;
             let outcome = match &result {
-                Ok(_) => "acquired",
+                Ok(_) => crate::metrics::ACQUIRED,
                 Err(LeaseError::NotAcquired { .. }) => "not_acquired",
                 Err(LeaseError::Busy { .. }) => "busy",
                 Err(_) => "error",
             };
             crate::metrics::acquired(
-                options.shared_name(),
-                kind,
+                options.series(kind),
                 outcome,
                 started.elapsed(),
                 options.ttl().get(),
@@ -220,12 +219,14 @@ impl<B: LeaseBackend> LeaseManager<B> {
         })
     }
 
-    /// Acquires `key`'s lease, or one of its permits (`permits.rs`).
-    pub(crate) async fn acquire_key(
+    /// Acquires `key`'s lease, or one of its permits (`permits.rs`), of
+    /// `kind` in metrics.
+    async fn acquire_key(
         &self,
         key: LeaseKey,
         options: &LeaseOptions,
         attempt: Attempt,
+        kind: crate::metrics::Kind,
     ) -> Result<Lease, LeaseError> {
         if self.inner.shutdown.is_cancelled() {
             return Err(LeaseError::ManagerStopped);
@@ -263,7 +264,7 @@ impl<B: LeaseBackend> LeaseManager<B> {
         };
         // Granted: the grant cleared the intent (write.lua, 3).
         intent.disarm();
-        let (lease, watch, others) = self.took(key, won, options, attempt);
+        let (lease, watch, others) = self.took(key, won, options, attempt, kind);
         if others {
             tokio::task::yield_now().await;
         }
@@ -293,6 +294,7 @@ impl<B: LeaseBackend> LeaseManager<B> {
         won: Won,
         options: &LeaseOptions,
         attempt: Attempt,
+        kind: crate::metrics::Kind,
     ) -> (Result<Lease, LeaseError>, Option<ReleaseWatch>, bool) {
         let Won {
             grant,
@@ -307,16 +309,22 @@ impl<B: LeaseBackend> LeaseManager<B> {
                 .pass_baton(baton.filter(ReleaseWatch::is_supported));
         }
         drop(turn);
-        (self.register(key, grant, options, attempt), watch, others)
+        (
+            self.register(key, grant, options, attempt, kind),
+            watch,
+            others,
+        )
     }
 
-    /// Hands the lease `grant` on the user's `key` to the watchdog.
+    /// Hands the lease `grant` on the user's `key` to the watchdog, of
+    /// `kind` in metrics.
     fn register(
         &self,
         key: LeaseKey,
         grant: Grant,
         options: &LeaseOptions,
         attempt: Attempt,
+        kind: crate::metrics::Kind,
     ) -> Result<Lease, LeaseError> {
         let shape = match attempt {
             Attempt::Lease => Shape::Exclusive,
@@ -340,7 +348,7 @@ impl<B: LeaseBackend> LeaseManager<B> {
         let shared = Arc::new(
             Shared::new(
                 &grant,
-                options.shared_name().clone(),
+                Arc::clone(options.series(kind)),
                 Timing::new(
                     options.renew_interval(),
                     options.safety_margin(),
@@ -363,7 +371,7 @@ impl<B: LeaseBackend> LeaseManager<B> {
             grant.sent_at,
         )?;
         // Counted here, as the handle's release uncounts it on its own task.
-        crate::metrics::held(&shared.name, shared.kind(), 1.0);
+        crate::metrics::held(&shared.series, 1.0);
         Ok(Lease::new(shared, id, holder, Arc::clone(&self.inner.home)))
     }
 

@@ -271,12 +271,7 @@ impl Entry {
     fn finish(&mut self, how: &'static str) {
         if !self.ended {
             self.ended = true;
-            metrics::ended(
-                &self.shared.name,
-                self.shared.kind(),
-                how,
-                self.shared.acquired_at.elapsed(),
-            );
+            metrics::ended(&self.shared.series, how, self.shared.acquired_at.elapsed());
         }
     }
 
@@ -644,11 +639,7 @@ impl<B: LeaseBackend> Watchdog<B> {
                     let mut entry = entry;
                     if entry.shared.end(LossReason::Deadline) {
                         entry.finish(LossReason::Deadline.as_str());
-                        metrics::lost(
-                            &entry.shared.name,
-                            entry.shared.kind(),
-                            LossReason::Deadline.as_str(),
-                        );
+                        metrics::lost(&entry.shared.series, LossReason::Deadline.as_str());
                     }
                     self.release(&entry.key, Some(&entry.shared), entry.holder, None);
                     return;
@@ -1018,7 +1009,7 @@ impl<B: LeaseBackend> Watchdog<B> {
             }
             match outcome {
                 Ok(RenewOutcome::Renewed) => {
-                    tally.add(&entry.shared.name, RENEWED);
+                    tally.add(entry.shared.name(), RENEWED);
                     // Never valid past the maximum hold, whenever the
                     // renewal was sent.
                     let mut valid = valid_until(sent_at, entry.ttl);
@@ -1036,7 +1027,7 @@ impl<B: LeaseBackend> Watchdog<B> {
                     } else {
                         sent_at + entry.shared.timing.renew_interval()
                     };
-                    debug!(key = %entry.key, name = %entry.shared.name, "lease renewed");
+                    debug!(key = %entry.key, name = %entry.shared.name(), "lease renewed");
                     if let Some((when, place)) = self.schedule(place.slot, renew_at, now) {
                         match &mut staged {
                             Some((at, places)) if *at == when => places.push(place),
@@ -1052,12 +1043,12 @@ impl<B: LeaseBackend> Watchdog<B> {
                     }
                 }
                 Ok(RenewOutcome::Lost) => {
-                    tally.add(&entry.shared.name, RENEW_LOST);
+                    tally.add(entry.shared.name(), RENEW_LOST);
                     self.end(place.slot, LossReason::Lost);
                 }
                 Err(error) => {
-                    tally.add(&entry.shared.name, RENEW_ERROR);
-                    debug!(key = %entry.key, name = %entry.shared.name, %error, "renewal failed; retrying");
+                    tally.add(entry.shared.name(), RENEW_ERROR);
+                    debug!(key = %entry.key, name = %entry.shared.name(), %error, "renewal failed; retrying");
                     let retry_at = now + entry.shared.timing.retry_delay(entry.failures);
                     entry.failures = entry.failures.saturating_add(1);
                     if let Some((when, place)) = self.schedule_retry(place.slot, retry_at, now) {
@@ -1086,14 +1077,14 @@ impl<B: LeaseBackend> Watchdog<B> {
         // no loss to report, and its hold time is recorded elsewhere.
         if entry.shared.end(reason) {
             entry.finish(reason.as_str());
-            metrics::lost(&entry.shared.name, entry.shared.kind(), reason.as_str());
+            metrics::lost(&entry.shared.series, reason.as_str());
             let left = entry
                 .shared
                 .valid_until()
                 .saturating_duration_since(Instant::now());
             warn!(
                 key = %entry.key,
-                name = %entry.shared.name,
+                name = %entry.shared.name(),
                 reason = reason.as_str(),
                 validity_left_ms = u64::try_from(left.as_millis()).unwrap_or(u64::MAX),
                 "lease ended: {reason}",
@@ -1193,11 +1184,7 @@ impl<B: LeaseBackend> Watchdog<B> {
             };
             if entry.shared.end(LossReason::Shutdown) {
                 entry.finish(LossReason::Shutdown.as_str());
-                metrics::lost(
-                    &entry.shared.name,
-                    entry.shared.kind(),
-                    LossReason::Shutdown.as_str(),
-                );
+                metrics::lost(&entry.shared.series, LossReason::Shutdown.as_str());
             }
             self.release(&entry.key, Some(&entry.shared), entry.holder, None);
         }
@@ -1214,7 +1201,7 @@ impl<B: LeaseBackend> Watchdog<B> {
     ) {
         let backend = self.backend.clone();
         let queues = Arc::clone(&self.queues);
-        let name = shared.map(|s| &*s.name);
+        let name = shared.map(|s| &**s.name());
         let fair = shared.is_some_and(Shared::fair);
         let span = debug_span!("release", key = %key, name);
         let key = key.clone();
