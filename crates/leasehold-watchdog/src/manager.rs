@@ -17,7 +17,7 @@ use crate::bounds::Bounds;
 use crate::home::{BoxFuture, Home};
 use crate::intent::IntentGuard;
 use crate::leader::{Leader, Leaders};
-use crate::queue::Queues;
+use crate::queue::{Queues, Turn};
 use crate::renewal::{Registry, Watchdog};
 use crate::shared::{Shape, Shared};
 use crate::timing::Timing;
@@ -142,8 +142,11 @@ impl<B: LeaseBackend> LeaseManager<B> {
     /// Acquires `key`, waiting up to `options.wait()` while another holder
     /// has it, and hands the lease to the watchdog.
     ///
-    /// Waiters for one key in one manager queue in FIFO order and only the
-    /// first talks to the backend. It subscribes to the key's release
+    /// An acquisition of a key that no one in this manager waits for asks
+    /// the backend at once, before queueing; otherwise, and after that
+    /// first refusal, waiters for one key in one manager queue in FIFO
+    /// order and only the first talks to the backend (a newcomer never
+    /// asks ahead of a waiter already queued). It subscribes to the key's release
     /// notices after its first refused attempt and retries the moment one
     /// arrives; between notices it polls on the jittered
     /// [`Backoff`](crate::Backoff), never sleeping past the holder's expiry,
@@ -303,8 +306,14 @@ impl<B: LeaseBackend> LeaseManager<B> {
             handed_over,
         } = won;
         let baton = if handed_over { watch.take() } else { None };
-        let others = turn.others_waiting();
-        if others && options.release_notices() && matches!(attempt, Attempt::Lease) {
+        // Without a turn the first attempt, made before queueing, got the
+        // lease: no one queued then, and anyone queued since tries on its
+        // own, without a baton.
+        let others = turn.as_ref().is_some_and(Turn::others_waiting);
+        if let Some(turn) = turn.as_ref().filter(|_| others)
+            && options.release_notices()
+            && matches!(attempt, Attempt::Lease)
+        {
             turn.handoff()
                 .pass_baton(baton.filter(ReleaseWatch::is_supported));
         }

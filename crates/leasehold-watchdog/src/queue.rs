@@ -255,6 +255,25 @@ impl Queues {
         (Instant::now() < until).then_some(until)
     }
 
+    /// Whether a new acquisition of `key` may ask the backend before it
+    /// queues (`Trying`, waiting.rs): no task here waits for the key or
+    /// holds its turn (so no head's offer and no baton stands, and no
+    /// queued waiter can be overtaken), and, for an acquisition that
+    /// waits (`waits`), no yield is due after a release here that a
+    /// waiter elsewhere heard (see [`Queues::yield_until`], which the
+    /// queued path takes). Neither map is hashed into while it is empty,
+    /// as it is without contention.
+    pub(crate) fn quiet(&self, key: &LeaseKey, waits: bool) -> bool {
+        if self.keys().contains_key(key) {
+            return false;
+        }
+        if !waits {
+            return true;
+        }
+        let heard = self.heard.lock().unwrap_or_else(PoisonError::into_inner);
+        heard.is_empty() || !heard.contains_key(&key.counted_as())
+    }
+
     fn keys(&self) -> MutexGuard<'_, HashMap<LeaseKey, Arc<KeyQueue>>> {
         // Every update is a single insert or remove.
         self.keys.lock().unwrap_or_else(PoisonError::into_inner)
@@ -551,6 +570,30 @@ mod tests {
             .expect("the next head got its turn")
             .expect("not panicked");
         assert!(matches!(next, Ok(false)));
+    }
+
+    /// A key is quiet (an acquisition may ask before queueing) only while
+    /// no task here holds a ticket for it, and, for one that waits, while
+    /// no yield after a heard release is due for it.
+    #[tokio::test(start_paused = true)]
+    async fn a_key_is_quiet_only_without_tickets_or_a_due_yield() {
+        let queues = Arc::new(Queues::new(3));
+        let other = LeaseKey::new("other").expect("valid key");
+        assert!(queues.quiet(&key(), true));
+        let head = queues.enter(&key(), None).await.expect("free head");
+        assert!(!queues.quiet(&key(), true));
+        assert!(!queues.quiet(&key(), false));
+        assert!(queues.quiet(&other, true), "per key");
+        drop(head);
+        assert!(queues.quiet(&key(), true));
+
+        queues.note_heard(&key());
+        assert!(!queues.quiet(&key(), true), "a yield is due");
+        assert!(queues.quiet(&key(), false), "no yield without a wait");
+        assert!(queues.quiet(&other, true), "per key");
+        // The queued path takes the yield; then the key is quiet again.
+        assert!(queues.yield_until(&key()).is_some());
+        assert!(queues.quiet(&key(), true));
     }
 
     /// A wait that runs out reports the head as occupied, and leaves no
