@@ -202,7 +202,7 @@ impl<B: LeaseBackend> LeaseManager<B> {
         Box::pin(async move {
             let started = Instant::now();
             let result = self
-                .acquire_key(key, options, attempt, kind)
+                .acquire_key(key, options, attempt, kind, started)
                 .instrument(span)
                 .await;
             let outcome = match &result {
@@ -223,13 +223,14 @@ impl<B: LeaseBackend> LeaseManager<B> {
     }
 
     /// Acquires `key`'s lease, or one of its permits (`permits.rs`), of
-    /// `kind` in metrics.
+    /// `kind` in metrics, for an acquisition that began at `started`.
     async fn acquire_key(
         &self,
         key: LeaseKey,
         options: &LeaseOptions,
         attempt: Attempt,
         kind: crate::metrics::Kind,
+        started: Instant,
     ) -> Result<Lease, LeaseError> {
         if self.inner.shutdown.is_cancelled() {
             return Err(LeaseError::ManagerStopped);
@@ -254,8 +255,9 @@ impl<B: LeaseBackend> LeaseManager<B> {
         // recursion limit. Once per acquisition, beside a round trip.
         // A writer that gives up withdraws the intent its refusals left.
         let intent = IntentGuard::new(&self.inner.backend, &key, request.holder, attempt);
-        let waiting: Pin<Box<dyn Future<Output = Result<Won, LeaseError>> + Send + '_>> =
-            Box::pin(waiting::acquire(manager, &key, request, options, attempt));
+        let waiting: Pin<Box<dyn Future<Output = Result<Won, LeaseError>> + Send + '_>> = Box::pin(
+            waiting::acquire(manager, &key, request, options, attempt, started),
+        );
         let won = match waiting.await {
             Ok(won) => won,
             Err(error) => {

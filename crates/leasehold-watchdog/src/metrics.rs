@@ -138,6 +138,11 @@ impl Kind {
     /// notices are its semaphore's. Worked out once per acquisition: the
     /// lease keeps it in its [`Series`].
     pub(crate) fn of(key: &LeaseKey) -> Self {
+        // Permit and share keys carry a hash tag, and a key without `{`
+        // has none: most keys are told apart without parsing.
+        if !key.as_str().contains('{') {
+            return Self::Exclusive;
+        }
         if key.permit_of().is_some() {
             Self::Permit
         } else {

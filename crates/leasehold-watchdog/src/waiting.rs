@@ -133,14 +133,15 @@ pub(crate) struct Won {
 ///
 /// Dropping the future leaves the queue, takes a standing offer back, and
 /// has the watchdog release an attempt whose outcome is unknown.
+/// `started` is when the caller's acquisition began: the wait counts from it.
 pub(crate) async fn acquire<B: LeaseBackend>(
     manager: Manager<'_, B>,
     key: &LeaseKey,
     request: AcquireRequest,
     options: &LeaseOptions,
     attempt: Attempt,
+    started: Instant,
 ) -> Result<Won, LeaseError> {
-    let started = Instant::now();
     let give_up_at = options.wait().map(|wait| started + wait);
     if let (Some(_), Attempt::Lease) = (options.fair(), attempt) {
         // Fair mode: the server's queue decides from the head of the local
@@ -263,6 +264,12 @@ async fn queued(
     }
 }
 
+/// Whether `grant` leaves time, as of `now`, to use it before the safety
+/// margin.
+fn in_time(grant: &Grant, now: Instant, options: &LeaseOptions) -> bool {
+    now < grant.valid_until - options.safety_margin()
+}
+
 fn not_acquired(key: &LeaseKey, started: Instant, holder: LeaseInfo) -> LeaseError {
     LeaseError::NotAcquired {
         key: key.to_string(),
@@ -366,15 +373,18 @@ impl<'a, B: LeaseBackend> Waiter<'a, B> {
     /// `Attempting`: one `try_acquire`. `Granted` if the lease came in time
     /// to use, else `Refused`; an error that retrying cannot fix ends the wait.
     async fn attempting(&mut self) -> Result<Step<'a>, LeaseError> {
-        let mut retry_after = self.options.backoff().delay(self.attempt);
         self.orphan.armed = true;
         let sent = Instant::now();
         let outcome = self.try_acquire().await;
-        self.manager.queues.note_round_trip(sent.elapsed());
+        let replied = Instant::now();
+        self.manager
+            .queues
+            .note_round_trip(replied.saturating_duration_since(sent));
+        let mut holder_left = None;
         let failure = match outcome {
             Ok(AcquireOutcome::Acquired(grant)) => {
                 self.orphan.armed = false;
-                if self.in_time(&grant) {
+                if in_time(&grant, replied, self.options) {
                     return Ok(Step::Granted {
                         grant,
                         handed_over: false,
@@ -388,15 +398,18 @@ impl<'a, B: LeaseBackend> Waiter<'a, B> {
             Ok(AcquireOutcome::Held(holder)) => {
                 self.orphan.armed = false;
                 self.holder_token = holder.fencing_token;
-                if let Some(left) = holder.ttl_left {
-                    // No point sleeping past the holder's expiry.
-                    retry_after = retry_after.min(left + Duration::from_millis(1));
-                }
+                holder_left = holder.ttl_left;
                 self.not_acquired(holder)
             }
             Err(error) if error.is_transient() => LeaseError::Backend(error),
             Err(error) => return Err(error.into()),
         };
+        // Drawn only on a refusal: a grant needs no delay (nor its jitter).
+        let mut retry_after = self.options.backoff().delay(self.attempt);
+        if let Some(left) = holder_left {
+            // No point sleeping past the holder's expiry.
+            retry_after = retry_after.min(left + Duration::from_millis(1));
+        }
         if let Attempt::Write = self.kind {
             // The refusal left this writer's intent for one ttl: ask again
             // well within it, or readers may come in (`rw.rs`).
@@ -504,7 +517,7 @@ impl<'a, B: LeaseBackend> Waiter<'a, B> {
         if let Some(grant) = grant {
             // Ours now, whatever an earlier attempt of unknown outcome did.
             self.orphan.armed = false;
-            if self.in_time(&grant) {
+            if in_time(&grant, Instant::now(), self.options) {
                 return Step::Granted {
                     grant,
                     handed_over: true,
@@ -658,10 +671,6 @@ impl<'a, B: LeaseBackend> Waiter<'a, B> {
     }
 
     /// Whether `grant` leaves time to use it before the safety margin.
-    fn in_time(&self, grant: &Grant) -> bool {
-        Instant::now() < grant.valid_until - self.options.safety_margin()
-    }
-
     fn not_acquired(&self, holder: LeaseInfo) -> LeaseError {
         not_acquired(self.key, self.started, holder)
     }
