@@ -1,7 +1,5 @@
 //! The lease manager: acquires leases and owns the watchdog that keeps them.
 
-use std::future::Future;
-use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 
@@ -249,16 +247,12 @@ impl<B: LeaseBackend> LeaseManager<B> {
             queues: &self.inner.queues,
             commands: &self.inner.home.commands,
         };
-        // Boxed as a `dyn` future: its type is a state machine of state
-        // machines, and proving a caller's future `Send` through all of it
-        // for a deep backend type (Redlock's) overflows the compiler's
-        // recursion limit. Once per acquisition, beside a round trip.
+        // The waiting machine runs inline, inside the box `acquire_measured`
+        // makes (a `dyn` future: the caller's future never names its type,
+        // and no proof that it is `Send` goes through the backend's).
         // A writer that gives up withdraws the intent its refusals left.
         let intent = IntentGuard::new(&self.inner.backend, &key, request.holder, attempt);
-        let waiting: Pin<Box<dyn Future<Output = Result<Won, LeaseError>> + Send + '_>> = Box::pin(
-            waiting::acquire(manager, &key, request, options, attempt, started),
-        );
-        let won = match waiting.await {
+        let won = match waiting::acquire(manager, &key, request, options, attempt, started).await {
             Ok(won) => won,
             Err(error) => {
                 // Boxed: the backend call would otherwise sit in every

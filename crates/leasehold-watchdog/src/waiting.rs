@@ -199,7 +199,9 @@ pub(crate) async fn acquire<B: LeaseBackend>(
             Step::Attempting | Step::Listening { .. } => {}
         }
     }
-    turn = queued(queues, key, started, give_up_at).await?;
+    // Boxed: only contention queues, and inline the wait for the turn
+    // (a lock and a timer) would size every acquisition's state.
+    turn = Box::pin(queued(queues, key, started, give_up_at)).await?;
     let mut step = waiter.at_head(&turn, refused).await;
     loop {
         step = match step {
