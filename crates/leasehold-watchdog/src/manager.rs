@@ -480,7 +480,9 @@ pub struct LeaseManagerBuilder<B> {
 impl<B: LeaseBackend> LeaseManagerBuilder<B> {
     /// The most tasks that may wait for one key in this manager at once; one
     /// more gets [`LeaseError::Busy`] at once, without talking to the
-    /// backend. Default: [`DEFAULT_MAX_WAITERS`] (1024).
+    /// backend. An acquisition of a key no one here waits for makes its
+    /// first attempt before it queues, and takes a place only once that
+    /// attempt is refused. Default: [`DEFAULT_MAX_WAITERS`] (1024).
     pub fn max_waiters(mut self, max: usize) -> Self {
         self.max_waiters = max;
         self

@@ -32,10 +32,14 @@
 //! `Trying` is the uncontended acquisition: a key that no task of this
 //! manager waits for or holds the turn of has no local order to keep, no
 //! offer standing and no baton, so its first attempt needs no turn. It is
-//! made only then (`Queues::quiet`): a newcomer never asks before a waiter
-//! of this manager already queued for the key. Two newcomers that both
-//! find the key quiet may ask at once, as two processes do; the backend
-//! grants one. The attempt is armed as every attempt is: dropped while it
+//! made only then (`Queues::try_first`): a newcomer never asks before a
+//! waiter of this manager already queued for the key. One newcomer at a
+//! time tries a key (a light mark per key fingerprint, not a queue
+//! entry): others that come meanwhile queue, so a burst of acquisitions
+//! of one key sends one first attempt, plus the head's. A newcomer that
+//! queues while another tries may be head before the trying one is
+//! refused and queues behind it, as a process that asked later may get a
+//! lease first. The attempt is armed as every attempt is: dropped while it
 //! is out, it leaves the watchdog to release what it may have taken. A
 //! refused `Trying` queues, and at the head counts that refusal as its
 //! first (subscribe, then try again). Fair mode never tries before
@@ -187,14 +191,18 @@ pub(crate) async fn acquire<B: LeaseBackend>(
     // meet contention.
     let queues = waiter.manager.queues;
     let mut refused = None;
-    if queues.quiet(key, give_up_at.is_some()) {
-        match waiter.attempting().await? {
+    if let Some(trying) = queues.try_first(key, give_up_at.is_some()) {
+        let tried = waiter.attempting().await;
+        drop(trying);
+        match tried? {
             Step::Granted { grant, handed_over } => {
                 return Ok(waiter.granted(None, grant, handed_over));
             }
             // No wait: the answer is the refusal.
             Step::Refused(refusal) if give_up_at.is_none() => return Err(refusal.failure),
-            Step::Refused(refusal) => refused = Some(refusal),
+            // Boxed: carried across the wait for a turn, it would size every
+            // acquisition's state; only contention gets here.
+            Step::Refused(refusal) => refused = Some(Box::new(refusal)),
             // `attempting` ends in one of the two above.
             Step::Attempting | Step::Listening { .. } => {}
         }
@@ -311,7 +319,7 @@ impl<'a, B: LeaseBackend> Waiter<'a, B> {
     /// release here that a waiter elsewhere heard, `Yielding`; then
     /// `Refused` by the attempt of `Trying` (`tried`), if it made one,
     /// else `Attempting`.
-    async fn at_head(&mut self, turn: &Turn, tried: Option<Refusal>) -> Step<'a> {
+    async fn at_head(&mut self, turn: &Turn, tried: Option<Box<Refusal>>) -> Step<'a> {
         // Only with notices on: a head that polls leaves every grant to its
         // own attempts.
         let baton = turn
@@ -335,7 +343,7 @@ impl<'a, B: LeaseBackend> Waiter<'a, B> {
             Box::pin(self.yielding(until.min(give_up_at), give_up_at)).await;
         }
         // After a refusal, as after any: subscribe, then try again.
-        tried.map_or(Step::Attempting, Step::Refused)
+        tried.map_or(Step::Attempting, |refusal| Step::Refused(*refusal))
     }
 
     /// `Yielding`: this manager released the key a moment ago and a waiter

@@ -538,3 +538,31 @@ async fn a_dropped_first_attempt_that_took_the_lease_leaves_none_behind() -> Tes
     assert_eq!(backend.counts.release.load(Ordering::SeqCst), 1);
     Ok(())
 }
+
+/// A burst of acquisitions of one held key sends one attempt before
+/// queueing, not one each: the first newcomer tries, the others queue,
+/// and the head of the queue asks as a head does (before and after it
+/// subscribes).
+#[tokio::test(start_paused = true)]
+async fn a_burst_of_newcomers_sends_one_first_attempt() -> TestResult {
+    let backend = Counting::new();
+    let here = LeaseManager::new(backend.clone())?;
+    let elsewhere = LeaseManager::new(backend.clone())?;
+    let holder = elsewhere.acquire("job", &patient()).await?;
+    assert_eq!(backend.acquires(), 1);
+    let burst: Vec<_> = (0..5)
+        .map(|_| {
+            let here = here.clone();
+            tokio::spawn(async move { here.acquire("job", &patient()).await?.release().await })
+        })
+        .collect();
+    // Long enough for every attempt the burst makes before it listens.
+    sleep(10 * OP).await;
+    // The holder's, the first newcomer's, and the head's two.
+    assert_eq!(backend.acquires(), 4);
+    holder.release().await?;
+    for task in burst {
+        within(WAITER_LIMIT, "a waiter of the burst", task).await??;
+    }
+    Ok(())
+}
