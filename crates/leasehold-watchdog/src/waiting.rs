@@ -2,10 +2,10 @@
 //! its lease, as named states and one small function per transition.
 //!
 //! ```text
-//!  Trying   no one of this manager waits for the key, no yield due:
-//!    │      one attempt before queueing ───Acquired──────────────► Granted
+//!  Trying   no one of this manager waits for or tries the key, no
+//!    │      yield due: one attempt before queueing ──Acquired────► Granted
 //!    │ Held, or a transient error (no wait: GaveUp)
-//!    ▼      (straight to Queued when someone here waits for the key)
+//!    ▼      (straight to Queued when someone here waits for or tries it)
 //!  Queued ──(queue full / wait ran out)──────────────────────────► GaveUp
 //!    │ head of the key's local queue (queue.rs)
 //!    ├── baton from the previous head ──────────────► Refused (no attempt)
