@@ -392,12 +392,25 @@ async fn prometheus_evaluates_the_dashboard_and_fires_the_alerts() -> TestResult
         .wait(Duration::from_secs(30))
         .build()?;
     let mut waiter = Box::pin(queued.acquire("jobs:queue", &patient));
-    // Polled once, the waiter takes the queue's only place.
-    tokio::select! {
-        biased;
-        result = &mut waiter => panic!("the waiter did not wait: {:?}", result.map(|_| ())),
-        () = std::future::ready(()) => {}
-    }
+    // The waiter's first attempt, made before it queues, is refused; then
+    // it takes the queue's only place and, at its head, subscribes to the
+    // key's release notices: driven until the server counts it there.
+    within(Duration::from_secs(10), "the waiter in the queue", async {
+        loop {
+            tokio::select! {
+                biased;
+                result = &mut waiter => panic!("the waiter did not wait: {:?}", result.map(|_| ())),
+                () = tokio::time::sleep(Duration::from_millis(10)) => {}
+            }
+            let reply = server
+                .cli(&["PUBSUB", "NUMSUB", "leasehold:{jobs:queue}:released"])
+                .unwrap_or_default();
+            if reply.lines().nth(1).is_some_and(|n| n.trim() != "0") {
+                break;
+            }
+        }
+    })
+    .await;
     let refused = queued.acquire("jobs:queue", &patient).await;
     assert!(
         matches!(refused, Err(LeaseError::Busy { .. })),

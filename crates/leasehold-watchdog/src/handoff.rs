@@ -156,7 +156,12 @@ pub(crate) async fn release<B: LeaseBackend, W: Waiters + ?Sized>(
     if fair {
         // Fair mode's turns are the server's queue: the release hands the
         // lease to its head there, never to a local waiter.
-        return crate::capability::release_fair(backend, key, holder).await;
+        // Boxed, as the handover below is: the plain release is the
+        // common case, and a release's future is boxed by the handle
+        // (home.rs), so the rarer branches' states would make every
+        // release's allocation larger (past the allocator's small-size
+        // caches).
+        return Box::pin(crate::capability::release_fair(backend, key, holder)).await;
     }
     // A permit is never handed over: its key's waiters here (if any) wait
     // for an exclusive lease of that name, not for a permit.
@@ -169,7 +174,14 @@ pub(crate) async fn release<B: LeaseBackend, W: Waiters + ?Sized>(
         return Ok(report.outcome());
     };
     // Dropping the offer's reply unanswered tells the head to try itself.
-    match crate::capability::release_to(backend, key, holder, &offer.request).await? {
+    match Box::pin(crate::capability::release_to(
+        backend,
+        key,
+        holder,
+        &offer.request,
+    ))
+    .await?
+    {
         HandoverOutcome::HandedOver(grant) => {
             if let Err(grant) = offer.reply.send(grant) {
                 debug!(%key, "the waiter left during the handover; releasing its lease");

@@ -88,7 +88,7 @@ impl Lease {
     /// The lease's name in metrics and logs.
     #[must_use]
     pub fn name(&self) -> &str {
-        &self.shared.name
+        self.shared.name()
     }
 
     /// The fencing token of this acquisition: strictly greater than that of
@@ -200,9 +200,8 @@ impl Lease {
             id: self.id,
         };
         crate::metrics::ended(
-            &self.shared.name,
-            self.shared.kind(),
-            "released",
+            &self.shared.series,
+            crate::metrics::RELEASED,
             self.shared.acquired_at.elapsed(),
         );
         let key = &self.shared.server_key(&self.holder);
@@ -216,7 +215,7 @@ impl Lease {
             permits: None,
             share: None,
         };
-        let span = debug_span!("release", key = %key, name = %self.shared.name);
+        let span = debug_span!("release", key = %key, name = %self.shared.name());
         let outcome = home
             .release(key, &self.holder, self.shared.fair())
             .instrument(span)
@@ -259,7 +258,7 @@ impl fmt::Debug for Lease {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Lease")
             .field("key", &self.shared.key)
-            .field("name", &self.shared.name)
+            .field("name", self.shared.name())
             .field("fencing_token", &self.shared.fencing_token)
             .field("ttl", &self.shared.ttl())
             .field("renewals", &self.renewals())

@@ -1,7 +1,5 @@
 //! The lease manager: acquires leases and owns the watchdog that keeps them.
 
-use std::future::Future;
-use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 
@@ -17,7 +15,7 @@ use crate::bounds::Bounds;
 use crate::home::{BoxFuture, Home};
 use crate::intent::IntentGuard;
 use crate::leader::{Leader, Leaders};
-use crate::queue::Queues;
+use crate::queue::{Queues, Turn};
 use crate::renewal::{Registry, Watchdog};
 use crate::shared::{Shape, Shared};
 use crate::timing::Timing;
@@ -142,8 +140,11 @@ impl<B: LeaseBackend> LeaseManager<B> {
     /// Acquires `key`, waiting up to `options.wait()` while another holder
     /// has it, and hands the lease to the watchdog.
     ///
-    /// Waiters for one key in one manager queue in FIFO order and only the
-    /// first talks to the backend. It subscribes to the key's release
+    /// An acquisition of a key that no one in this manager waits for asks
+    /// the backend at once, before queueing; otherwise, and after that
+    /// first refusal, waiters for one key in one manager queue in FIFO
+    /// order and only the first talks to the backend (a newcomer never
+    /// asks ahead of a waiter already queued). It subscribes to the key's release
     /// notices after its first refused attempt and retries the moment one
     /// arrives; between notices it polls on the jittered
     /// [`Backoff`](crate::Backoff), never sleeping past the holder's expiry,
@@ -199,18 +200,17 @@ impl<B: LeaseBackend> LeaseManager<B> {
         Box::pin(async move {
             let started = Instant::now();
             let result = self
-                .acquire_key(key, options, attempt)
+                .acquire_key(key, options, attempt, kind, started)
                 .instrument(span)
                 .await;
             let outcome = match &result {
-                Ok(_) => "acquired",
+                Ok(_) => crate::metrics::ACQUIRED,
                 Err(LeaseError::NotAcquired { .. }) => "not_acquired",
                 Err(LeaseError::Busy { .. }) => "busy",
                 Err(_) => "error",
             };
             crate::metrics::acquired(
-                options.shared_name(),
-                kind,
+                options.series(kind),
                 outcome,
                 started.elapsed(),
                 options.ttl().get(),
@@ -220,12 +220,15 @@ impl<B: LeaseBackend> LeaseManager<B> {
         })
     }
 
-    /// Acquires `key`'s lease, or one of its permits (`permits.rs`).
-    pub(crate) async fn acquire_key(
+    /// Acquires `key`'s lease, or one of its permits (`permits.rs`), of
+    /// `kind` in metrics, for an acquisition that began at `started`.
+    async fn acquire_key(
         &self,
         key: LeaseKey,
         options: &LeaseOptions,
         attempt: Attempt,
+        kind: crate::metrics::Kind,
+        started: Instant,
     ) -> Result<Lease, LeaseError> {
         if self.inner.shutdown.is_cancelled() {
             return Err(LeaseError::ManagerStopped);
@@ -244,15 +247,12 @@ impl<B: LeaseBackend> LeaseManager<B> {
             queues: &self.inner.queues,
             commands: &self.inner.home.commands,
         };
-        // Boxed as a `dyn` future: its type is a state machine of state
-        // machines, and proving a caller's future `Send` through all of it
-        // for a deep backend type (Redlock's) overflows the compiler's
-        // recursion limit. Once per acquisition, beside a round trip.
+        // The waiting machine runs inline, inside the box `acquire_measured`
+        // makes (a `dyn` future: the caller's future never names its type,
+        // and no proof that it is `Send` goes through the backend's).
         // A writer that gives up withdraws the intent its refusals left.
         let intent = IntentGuard::new(&self.inner.backend, &key, request.holder, attempt);
-        let waiting: Pin<Box<dyn Future<Output = Result<Won, LeaseError>> + Send + '_>> =
-            Box::pin(waiting::acquire(manager, &key, request, options, attempt));
-        let won = match waiting.await {
+        let won = match waiting::acquire(manager, &key, request, options, attempt, started).await {
             Ok(won) => won,
             Err(error) => {
                 // Boxed: the backend call would otherwise sit in every
@@ -263,7 +263,7 @@ impl<B: LeaseBackend> LeaseManager<B> {
         };
         // Granted: the grant cleared the intent (write.lua, 3).
         intent.disarm();
-        let (lease, watch, others) = self.took(key, won, options, attempt);
+        let (lease, watch, others) = self.took(key, won, options, attempt, kind);
         if others {
             tokio::task::yield_now().await;
         }
@@ -293,6 +293,7 @@ impl<B: LeaseBackend> LeaseManager<B> {
         won: Won,
         options: &LeaseOptions,
         attempt: Attempt,
+        kind: crate::metrics::Kind,
     ) -> (Result<Lease, LeaseError>, Option<ReleaseWatch>, bool) {
         let Won {
             grant,
@@ -301,22 +302,34 @@ impl<B: LeaseBackend> LeaseManager<B> {
             handed_over,
         } = won;
         let baton = if handed_over { watch.take() } else { None };
-        let others = turn.others_waiting();
-        if others && options.release_notices() && matches!(attempt, Attempt::Lease) {
+        // Without a turn the first attempt, made before queueing, got the
+        // lease: no one queued then, and anyone queued since tries on its
+        // own, without a baton.
+        let others = turn.as_ref().is_some_and(Turn::others_waiting);
+        if let Some(turn) = turn.as_ref().filter(|_| others)
+            && options.release_notices()
+            && matches!(attempt, Attempt::Lease)
+        {
             turn.handoff()
                 .pass_baton(baton.filter(ReleaseWatch::is_supported));
         }
         drop(turn);
-        (self.register(key, grant, options, attempt), watch, others)
+        (
+            self.register(key, grant, options, attempt, kind),
+            watch,
+            others,
+        )
     }
 
-    /// Hands the lease `grant` on the user's `key` to the watchdog.
+    /// Hands the lease `grant` on the user's `key` to the watchdog, of
+    /// `kind` in metrics.
     fn register(
         &self,
         key: LeaseKey,
         grant: Grant,
         options: &LeaseOptions,
         attempt: Attempt,
+        kind: crate::metrics::Kind,
     ) -> Result<Lease, LeaseError> {
         let shape = match attempt {
             Attempt::Lease => Shape::Exclusive,
@@ -340,7 +353,7 @@ impl<B: LeaseBackend> LeaseManager<B> {
         let shared = Arc::new(
             Shared::new(
                 &grant,
-                options.shared_name().clone(),
+                Arc::clone(options.series(kind)),
                 Timing::new(
                     options.renew_interval(),
                     options.safety_margin(),
@@ -363,7 +376,7 @@ impl<B: LeaseBackend> LeaseManager<B> {
             grant.sent_at,
         )?;
         // Counted here, as the handle's release uncounts it on its own task.
-        crate::metrics::held(&shared.name, shared.kind(), 1.0);
+        crate::metrics::held(&shared.series, 1.0);
         Ok(Lease::new(shared, id, holder, Arc::clone(&self.inner.home)))
     }
 
@@ -467,7 +480,9 @@ pub struct LeaseManagerBuilder<B> {
 impl<B: LeaseBackend> LeaseManagerBuilder<B> {
     /// The most tasks that may wait for one key in this manager at once; one
     /// more gets [`LeaseError::Busy`] at once, without talking to the
-    /// backend. Default: [`DEFAULT_MAX_WAITERS`] (1024).
+    /// backend. An acquisition of a key no one here waits for makes its
+    /// first attempt before it queues, and takes a place only once that
+    /// attempt is refused. Default: [`DEFAULT_MAX_WAITERS`] (1024).
     pub fn max_waiters(mut self, max: usize) -> Self {
         self.max_waiters = max;
         self

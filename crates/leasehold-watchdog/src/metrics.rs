@@ -26,12 +26,14 @@
 #![allow(clippy::ptr_arg)]
 
 use std::borrow::Cow;
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use leasehold_core::LeaseKey;
 
 use ::metrics::{
-    Unit, counter, describe_counter, describe_gauge, describe_histogram, gauge, histogram,
+    Key, Label, Level, Metadata, Unit, counter, describe_counter, describe_gauge,
+    describe_histogram, gauge, histogram,
 };
 
 /// Counter: acquisitions, labelled `name`, `kind` and `outcome`
@@ -133,9 +135,14 @@ pub(crate) enum Kind {
 impl Kind {
     /// The kind of the lease on `key`: a permit key (`{K}:permit:i`) is a
     /// permit whichever call took it, as its fencing tokens and release
-    /// notices are its semaphore's. Read from the key rather than stored
-    /// beside it, so that the state shared per lease does not grow.
+    /// notices are its semaphore's. Worked out once per acquisition: the
+    /// lease keeps it in its [`Series`].
     pub(crate) fn of(key: &LeaseKey) -> Self {
+        // Permit and share keys carry a hash tag, and a key without `{`
+        // has none: most keys are told apart without parsing.
+        if !key.as_str().contains('{') {
+            return Self::Exclusive;
+        }
         if key.permit_of().is_some() {
             Self::Permit
         } else {
@@ -155,7 +162,109 @@ impl Kind {
             Self::Write => KIND_WRITE,
         }
     }
+
+    /// This kind's place in a [`SeriesCache`].
+    const fn index(self) -> usize {
+        match self {
+            Self::Exclusive => 0,
+            Self::Permit => 1,
+            Self::Read => 2,
+            Self::Write => 3,
+        }
+    }
 }
+
+/// What the `metrics` macros would say of a metric recorded here: this
+/// module, at the `INFO` level. One value for every series, as the macros
+/// make one per call site.
+static METADATA: Metadata<'static> =
+    Metadata::new(module_path!(), Level::INFO, Some(module_path!()));
+
+/// The labelled keys of the series that every acquisition and release of
+/// the leases of one name and kind records into, built once per
+/// [`LeaseOptions`](crate::LeaseOptions) value and kind (see
+/// [`SeriesCache`]) and shared by each lease taken with them.
+///
+/// A key, not a handle (`Counter`, `Gauge`, `Histogram`): each recording
+/// still asks the recorder in force at that moment (a local one, or the
+/// global one installed after these options were first used) for the
+/// handle of the key, and only the labelled key's building (a label list
+/// and its hash) is saved. A handle kept here would bind the series to the
+/// recorder of its first use for good. Rarer outcomes (a refusal, a loss,
+/// any other end of a hold) build their keys when they happen.
+pub(crate) struct Series {
+    /// The lease name, as given to the options.
+    pub(crate) name: Cow<'static, str>,
+    pub(crate) kind: Kind,
+    /// [`ACQUISITIONS`] and [`ACQUIRE_WAIT`] with `outcome="acquired"`.
+    acquired: Key,
+    acquired_wait: Key,
+    ttl: Key,
+    safety_margin: Key,
+    held: Key,
+    /// [`HOLD_TIME`] with `ended="released"`.
+    released: Key,
+}
+
+impl Series {
+    pub(crate) fn new(name: Cow<'static, str>, kind: Kind) -> Self {
+        let kind_str = kind.as_str();
+        let named = |metric: &'static str, extra: Option<(&'static str, &'static str)>| {
+            // In the order the macros below put them: name, kind, then
+            // the outcome or the end.
+            let mut labels = vec![
+                Label::new(LABEL_NAME, label(&name)),
+                Label::from_static_parts(LABEL_KIND, kind_str),
+            ];
+            if let Some((key, value)) = extra {
+                labels.push(Label::from_static_parts(key, value));
+            }
+            Key::from_parts(metric, labels)
+        };
+        let name_only = |metric: &'static str| {
+            Key::from_parts(metric, vec![Label::new(LABEL_NAME, label(&name))])
+        };
+        Self {
+            acquired: named(ACQUISITIONS, Some((LABEL_OUTCOME, ACQUIRED))),
+            acquired_wait: named(ACQUIRE_WAIT, Some((LABEL_OUTCOME, ACQUIRED))),
+            ttl: name_only(TTL),
+            safety_margin: name_only(SAFETY_MARGIN),
+            held: named(HELD, None),
+            released: named(HOLD_TIME, Some((LABEL_ENDED, RELEASED))),
+            name,
+            kind,
+        }
+    }
+}
+
+/// The outcome of an acquisition that got its lease.
+pub(crate) const ACQUIRED: &str = "acquired";
+/// How the hold of a lease its handle released ended.
+pub(crate) const RELEASED: &str = "released";
+
+/// The [`Series`] of one [`LeaseOptions`](crate::LeaseOptions) value, per
+/// kind, made on first use. Clones of the options share what was made
+/// before the clone; the name cannot change after `build`, so no entry
+/// goes stale.
+#[derive(Clone, Default)]
+pub(crate) struct SeriesCache([OnceLock<Arc<Series>>; 4]);
+
+impl SeriesCache {
+    /// The series of the leases of `kind` named `name` (the options' name).
+    pub(crate) fn get(&self, name: &Cow<'static, str>, kind: Kind) -> &Arc<Series> {
+        self.0[kind.index()].get_or_init(|| Arc::new(Series::new(name.clone(), kind)))
+    }
+}
+
+/// Derived from the options' name alone: two options equal in every
+/// setting are equal whatever either has cached.
+impl PartialEq for SeriesCache {
+    fn eq(&self, _: &Self) -> bool {
+        true
+    }
+}
+
+impl Eq for SeriesCache {}
 
 /// Describes every metric (unit and meaning) to the installed recorder.
 ///
@@ -224,20 +333,32 @@ fn label(name: &Cow<'static, str>) -> ::metrics::SharedString {
 }
 
 pub(crate) fn acquired(
-    name: &Cow<'static, str>,
-    kind: Kind,
+    series: &Series,
     outcome: &'static str,
     waited: Duration,
     ttl: Duration,
     safety_margin: Duration,
 ) {
-    let kind = kind.as_str();
-    counter!(ACQUISITIONS, LABEL_NAME => label(name), LABEL_KIND => kind, LABEL_OUTCOME => outcome)
-        .increment(1);
-    histogram!(ACQUIRE_WAIT, LABEL_NAME => label(name), LABEL_KIND => kind, LABEL_OUTCOME => outcome)
-        .record(waited);
-    gauge!(TTL, LABEL_NAME => label(name)).set(ttl);
-    gauge!(SAFETY_MARGIN, LABEL_NAME => label(name)).set(safety_margin);
+    ::metrics::with_recorder(|recorder| {
+        if outcome == ACQUIRED {
+            recorder
+                .register_counter(&series.acquired, &METADATA)
+                .increment(1);
+            recorder
+                .register_histogram(&series.acquired_wait, &METADATA)
+                .record(waited);
+        } else {
+            let (name, kind) = (&series.name, series.kind.as_str());
+            counter!(ACQUISITIONS, LABEL_NAME => label(name), LABEL_KIND => kind, LABEL_OUTCOME => outcome)
+                .increment(1);
+            histogram!(ACQUIRE_WAIT, LABEL_NAME => label(name), LABEL_KIND => kind, LABEL_OUTCOME => outcome)
+                .record(waited);
+        }
+        recorder.register_gauge(&series.ttl, &METADATA).set(ttl);
+        recorder
+            .register_gauge(&series.safety_margin, &METADATA)
+            .set(safety_margin);
+    });
 }
 
 pub(crate) fn fair_queued(name: &Cow<'static, str>, queued: u32) {
@@ -248,18 +369,31 @@ pub(crate) fn candidates(name: &Cow<'static, str>, delta: f64) {
     gauge!(CANDIDATES, LABEL_NAME => label(name)).increment(delta);
 }
 
-pub(crate) fn held(name: &Cow<'static, str>, kind: Kind, delta: f64) {
-    gauge!(HELD, LABEL_NAME => label(name), LABEL_KIND => kind.as_str()).increment(delta);
+pub(crate) fn held(series: &Series, delta: f64) {
+    ::metrics::with_recorder(|recorder| {
+        recorder
+            .register_gauge(&series.held, &METADATA)
+            .increment(delta);
+    });
 }
 
-pub(crate) fn ended(name: &Cow<'static, str>, kind: Kind, ended: &'static str, held_for: Duration) {
-    held(name, kind, -1.0);
-    histogram!(HOLD_TIME, LABEL_NAME => label(name), LABEL_KIND => kind.as_str(), LABEL_ENDED => ended)
-        .record(held_for);
+pub(crate) fn ended(series: &Series, ended: &'static str, held_for: Duration) {
+    held(series, -1.0);
+    if ended == RELEASED {
+        ::metrics::with_recorder(|recorder| {
+            recorder
+                .register_histogram(&series.released, &METADATA)
+                .record(held_for);
+        });
+    } else {
+        let (name, kind) = (&series.name, series.kind.as_str());
+        histogram!(HOLD_TIME, LABEL_NAME => label(name), LABEL_KIND => kind, LABEL_ENDED => ended)
+            .record(held_for);
+    }
 }
 
-pub(crate) fn lost(name: &Cow<'static, str>, kind: Kind, reason: &'static str) {
-    let kind = kind.as_str();
+pub(crate) fn lost(series: &Series, reason: &'static str) {
+    let (name, kind) = (&series.name, series.kind.as_str());
     counter!(LOSSES, LABEL_NAME => label(name), LABEL_KIND => kind, LABEL_REASON => reason)
         .increment(1);
 }

@@ -39,7 +39,7 @@ use crate::{Backoff, LeaseError};
 /// assert_eq!(options.renew_interval(), Duration::from_secs(10) / 3);
 /// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Clone, PartialEq, Eq)]
 pub struct LeaseOptions {
     ttl: Ttl,
     renew_interval: Duration,
@@ -57,6 +57,31 @@ pub struct LeaseOptions {
     fair: Option<Fair>,
     hold_at_most: Option<Duration>,
     progress_window: Option<Duration>,
+    /// The labelled metric keys of the leases taken with these options,
+    /// built on first use rather than on every acquisition and release.
+    series: crate::metrics::SeriesCache,
+}
+
+/// Every setting, and nothing of the metric keys cached beside them.
+impl std::fmt::Debug for LeaseOptions {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LeaseOptions")
+            .field("ttl", &self.ttl)
+            .field("renew_interval", &self.renew_interval)
+            .field("safety_margin", &self.safety_margin)
+            .field("wait", &self.wait)
+            .field("max_renewals", &self.max_renewals)
+            .field("backoff", &self.backoff)
+            .field("name", &self.name)
+            .field("label", &self.label)
+            .field("release_notices", &self.release_notices)
+            .field("lock_delay", &self.lock_delay)
+            .field("hold_at_least", &self.hold_at_least)
+            .field("fair", &self.fair)
+            .field("hold_at_most", &self.hold_at_most)
+            .field("progress_window", &self.progress_window)
+            .finish()
+    }
 }
 
 impl Default for LeaseOptions {
@@ -104,6 +129,7 @@ impl LeaseOptions {
             fair: b.fair,
             hold_at_most: b.hold_at_most,
             progress_window: b.progress_window,
+            series: crate::metrics::SeriesCache::default(),
         }
     }
 
@@ -154,6 +180,14 @@ impl LeaseOptions {
     /// acquired with these options, not copied per lease.
     pub(crate) fn shared_name(&self) -> &Cow<'static, str> {
         &self.name
+    }
+
+    /// The metric keys of the leases of `kind` taken with these options.
+    pub(crate) fn series(
+        &self,
+        kind: crate::metrics::Kind,
+    ) -> &std::sync::Arc<crate::metrics::Series> {
+        self.series.get(&self.name, kind)
     }
 
     /// The public label stored beside the lease.

@@ -8,7 +8,7 @@
 //! handover (see `handoff.rs`) while no waiter elsewhere listens.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
@@ -41,6 +41,48 @@ pub(crate) struct Queues {
     /// When a waiter here last heard a release notice of each key, and
     /// the longest interval between two of them lately (see [`Turns`]).
     turns: Mutex<HashMap<LeaseKey, Turns>>,
+    /// Keys with an acquisition in its attempt before queueing (`Trying`),
+    /// by a fingerprint of the key (see [`Queues::try_first`]).
+    trying: Box<[AtomicBool]>,
+}
+
+/// How many fingerprints [`Queues::trying`] tells apart: with 64
+/// acquisitions of distinct keys in their first attempt at once, a new one
+/// finds its fingerprint taken (and queues) about one time in sixteen.
+const TRYING_SLOTS: usize = 1024;
+
+/// A key's place in [`Queues::trying`]: from its length and its first and
+/// last eight bytes, where keys that differ usually differ. Two keys with
+/// one fingerprint only make the second queue as under contention, so the
+/// spread needs to be good, not perfect, and an adversary's keys can only
+/// take an acquisition off the shortcut.
+fn fingerprint(key: &LeaseKey) -> usize {
+    let bytes = key.as_str().as_bytes();
+    let word = |part: &[u8]| {
+        let mut buf = [0u8; 8];
+        buf[..part.len()].copy_from_slice(part);
+        u64::from_le_bytes(buf)
+    };
+    let head = word(&bytes[..bytes.len().min(8)]);
+    let tail = word(&bytes[bytes.len().saturating_sub(8)..]);
+    let mixed =
+        (head ^ tail.rotate_left(29) ^ (bytes.len() as u64)).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+    // The high bits are the best mixed.
+    (mixed >> 54) as usize % TRYING_SLOTS
+}
+
+/// An acquisition's claim on its key's attempt before queueing: while it
+/// stands, other newcomers for a key of the same fingerprint queue (a
+/// burst of acquisitions of one key sends one first attempt, not one
+/// each). Dropped when the attempt is over, or with the acquisition.
+pub(crate) struct Trying<'a> {
+    slot: &'a AtomicBool,
+}
+
+impl Drop for Trying<'_> {
+    fn drop(&mut self) {
+        self.slot.store(false, Ordering::Release);
+    }
 }
 
 /// Release notices of one key lately: when the last came, and the longest
@@ -146,6 +188,7 @@ impl Queues {
             won: Mutex::new(HashMap::new()),
             round_trip: AtomicU64::new(0),
             turns: Mutex::new(HashMap::new()),
+            trying: (0..TRYING_SLOTS).map(|_| AtomicBool::new(false)).collect(),
         }
     }
 
@@ -253,6 +296,31 @@ impl Queues {
         };
         let until = at + YIELD.max(self.window(key, at));
         (Instant::now() < until).then_some(until)
+    }
+
+    /// The claim of a new acquisition of `key` to ask the backend before
+    /// it queues (`Trying`, waiting.rs), if the key is quiet: no task here
+    /// waits for it or holds its turn (so no head's offer and no baton
+    /// stands, and no queued waiter can be overtaken), no other newcomer
+    /// is trying it (or a key of its fingerprint), and, for an acquisition
+    /// that waits (`waits`), no yield is due after a release here that a
+    /// waiter elsewhere heard (see [`Queues::yield_until`], which the
+    /// queued path takes). Neither map is hashed into while it is empty,
+    /// as it is without contention.
+    pub(crate) fn try_first(&self, key: &LeaseKey, waits: bool) -> Option<Trying<'_>> {
+        if self.keys().contains_key(key) {
+            return None;
+        }
+        if waits {
+            let heard = self.heard.lock().unwrap_or_else(PoisonError::into_inner);
+            if !heard.is_empty() && heard.contains_key(&key.counted_as()) {
+                return None;
+            }
+        }
+        let slot = self.trying.get(fingerprint(key))?;
+        slot.compare_exchange(false, true, Ordering::Acquire, Ordering::Relaxed)
+            .ok()?;
+        Some(Trying { slot })
     }
 
     fn keys(&self) -> MutexGuard<'_, HashMap<LeaseKey, Arc<KeyQueue>>> {
@@ -551,6 +619,55 @@ mod tests {
             .expect("the next head got its turn")
             .expect("not panicked");
         assert!(matches!(next, Ok(false)));
+    }
+
+    /// A key is quiet (an acquisition may ask before queueing) only while
+    /// no task here holds a ticket for it, and, for one that waits, while
+    /// no yield after a heard release is due for it.
+    #[tokio::test(start_paused = true)]
+    async fn a_key_is_quiet_only_without_tickets_a_first_attempt_or_a_due_yield() {
+        let queues = Arc::new(Queues::new(3));
+        let other = LeaseKey::new("other").expect("valid key");
+        assert_ne!(fingerprint(&key()), fingerprint(&other));
+        let quiet = |key: &LeaseKey, waits| queues.try_first(key, waits).is_some();
+        assert!(quiet(&key(), true));
+        let head = queues.enter(&key(), None).await.expect("free head");
+        assert!(!quiet(&key(), true));
+        assert!(!quiet(&key(), false));
+        assert!(quiet(&other, true), "per key");
+        drop(head);
+        assert!(quiet(&key(), true));
+
+        // One first attempt at a time: a second newcomer queues.
+        let first = queues.try_first(&key(), true);
+        assert!(first.is_some());
+        assert!(!quiet(&key(), true), "another newcomer is trying");
+        assert!(!quiet(&key(), false), "another newcomer is trying");
+        assert!(quiet(&other, true), "per key");
+        drop(first);
+        assert!(quiet(&key(), true), "the attempt is over");
+
+        queues.note_heard(&key());
+        assert!(!quiet(&key(), true), "a yield is due");
+        assert!(quiet(&key(), false), "no yield without a wait");
+        assert!(quiet(&other, true), "per key");
+        // The queued path takes the yield; then the key is quiet again.
+        assert!(queues.yield_until(&key()).is_some());
+        assert!(quiet(&key(), true));
+    }
+
+    /// Keys that differ in their last bytes, their first or their length
+    /// (the usual `job:1`, `job:2`, ...) mostly get fingerprints of their own.
+    #[test]
+    fn fingerprints_spread_numbered_keys() {
+        let name = |i: usize| LeaseKey::new(format!("jobs:nightly:{i}")).expect("valid key");
+        let slots: std::collections::HashSet<usize> =
+            (0..64).map(|i| fingerprint(&name(i))).collect();
+        assert!(slots.len() >= 60, "64 keys in {} slots", slots.len());
+        let long = |i: usize| LeaseKey::new(format!("{i}:{}", "x".repeat(40))).expect("valid key");
+        let slots: std::collections::HashSet<usize> =
+            (0..64).map(|i| fingerprint(&long(i))).collect();
+        assert!(slots.len() >= 60, "64 keys in {} slots", slots.len());
     }
 
     /// A wait that runs out reports the head as occupied, and leaves no

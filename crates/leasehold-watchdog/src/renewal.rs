@@ -24,10 +24,14 @@
 //! a [`Registry`] rather than its command channel: a note the watchdog reads
 //! whenever it wakes, before anything else. The watchdog publishes, each
 //! time it goes to sleep, when it will wake at the latest; a registration
-//! wakes it only if the new lease's first renewal (or its deadline) is due
-//! before that. Most leases are renewed at the same interval as those before
-//! them, so a steady flow of acquisitions and releases wakes the watchdog
-//! only when renewals fall due, not twice per lease. A release that has to
+//! wakes it only if the bucket the new lease's first renewal falls in (or
+//! its deadline) is due before that, worked out on the watchdog's own grid,
+//! or once [`NOTES_PER_WAKE`] notes wait, which bounds what released
+//! leases the notes keep alive. Most leases are renewed at the same
+//! interval as those before them, so a steady flow of acquisitions and
+//! releases wakes the watchdog once per that many notes, not twice per
+//! lease; and a lease registered and forgotten between two reads costs the
+//! watchdog nothing but the two notes. A release that has to
 //! reach the server (a dropped handle, an ended lease) still goes by the
 //! channel, and the watchdog reads the notes before every command, so it
 //! always knows the lease a command names.
@@ -115,9 +119,18 @@ enum Note {
     Forget { id: u64 },
 }
 
+/// How many notes may wait before a registration wakes the watchdog
+/// anyway: the notes of a steady flow of short leases are read in batches
+/// of about this many (a wake costs the task a turn), while the released
+/// leases they keep alive stay few.
+pub(crate) const NOTES_PER_WAKE: usize = 128;
+
 /// The notes waiting for the watchdog, and when it reads them at the latest.
 struct Notes {
     notes: Vec<Note>,
+    /// A registration woke the watchdog for the number of notes, and it
+    /// has not read them yet: no other wake is needed for that.
+    woken_for_notes: bool,
     /// When the watchdog wakes at the latest (its timer); `None` when only
     /// a command or a wake brings it. Set under this lock as the watchdog
     /// goes to sleep with no note left, so a note left after that sees it.
@@ -131,12 +144,17 @@ struct Notes {
 pub(crate) struct Registry {
     notes: Mutex<Notes>,
     wake: Notify,
+    /// Where the watchdog's renewal grid starts, so that a registration
+    /// knows the bucket its lease goes to.
+    epoch: Instant,
 }
 
 impl Registry {
     pub(crate) fn new() -> Self {
         Self {
+            epoch: Instant::now(),
             notes: Mutex::new(Notes {
+                woken_for_notes: false,
                 notes: Vec::new(),
                 reads_by: None,
                 closed: false,
@@ -165,7 +183,7 @@ impl Registry {
         holder: HolderId,
         sent_at: Instant,
     ) -> Result<(), LeaseError> {
-        let needed_at = first_due(&shared, sent_at);
+        let needed_at = first_due(&shared, sent_at, self.epoch);
         let wake = {
             let mut notes = self.lock();
             if notes.closed {
@@ -184,7 +202,11 @@ impl Registry {
                 // notes need no other wake.
                 notes.reads_by = Some(Instant::now());
             }
-            wake
+            let many = notes.notes.len() >= NOTES_PER_WAKE && !notes.woken_for_notes;
+            if many {
+                notes.woken_for_notes = true;
+            }
+            wake || many
         };
         if wake {
             self.wake.notify_one();
@@ -203,16 +225,33 @@ impl Registry {
 }
 
 /// The earliest the watchdog may have to act on a lease acquired at
-/// `sent_at`: a grid step before its first renewal (which the grid may move
-/// back by less than that), or its deadline if that comes first.
-fn first_due(shared: &Shared, sent_at: Instant) -> Instant {
+/// `sent_at`, with its renewal grid starting at `epoch`: the bucket its
+/// first renewal goes to, or its deadline if that comes first (or if no
+/// renewal is allowed), as `Watchdog::schedule` will place it.
+fn first_due(shared: &Shared, sent_at: Instant, epoch: Instant) -> Instant {
     let timing = shared.timing;
-    let step = timing.renew_interval() / RENEW_WINDOW_DIVISOR;
     let deadline = shared.valid_until() - timing.safety_margin();
-    first_renewal(shared, sent_at)
-        .checked_sub(step)
-        .unwrap_or(sent_at)
-        .min(deadline)
+    if timing.renewals_cap() == 0 {
+        return deadline;
+    }
+    on_grid(
+        epoch,
+        first_renewal(shared, sent_at),
+        timing.renew_interval_ns(),
+    )
+    .min(deadline)
+}
+
+/// `at`, rounded down to the renewal grid (starting at `epoch`) of a lease
+/// renewed every `interval_ns`: never later than `at`, at most
+/// `interval / 16` earlier.
+fn on_grid(epoch: Instant, at: Instant, interval_ns: u64) -> Instant {
+    let step = interval_ns / u64::from(RENEW_WINDOW_DIVISOR);
+    if step == 0 || at <= epoch {
+        return at;
+    }
+    let since = u64::try_from((at - epoch).as_nanos()).unwrap_or(u64::MAX);
+    at - Duration::from_nanos(since % step)
 }
 
 /// When a lease acquired at `sent_at` is first renewed: a renew interval
@@ -271,12 +310,7 @@ impl Entry {
     fn finish(&mut self, how: &'static str) {
         if !self.ended {
             self.ended = true;
-            metrics::ended(
-                &self.shared.name,
-                self.shared.kind(),
-                how,
-                self.shared.acquired_at.elapsed(),
-            );
+            metrics::ended(&self.shared.series, how, self.shared.acquired_at.elapsed());
         }
     }
 
@@ -387,6 +421,8 @@ pub(crate) struct Watchdog<B> {
     epoch: Instant,
     /// Changes the backend reports, and the leases each one names.
     changes: Changes,
+    /// An empty vector to swap for the registry's notes at the next read.
+    spare_notes: Vec<Note>,
     /// The leases with bounds, by slot: none for most managers.
     bounded: HashMap<u32, Bounded, BuildHasherDefault<IdHasher>>,
 }
@@ -417,7 +453,7 @@ impl<B: LeaseBackend> Watchdog<B> {
         registry: Arc<Registry>,
         shutdown: CancellationToken,
     ) -> Self {
-        let epoch = Instant::now();
+        let epoch = registry.epoch;
         Self {
             backend,
             queues,
@@ -437,19 +473,14 @@ impl<B: LeaseBackend> Watchdog<B> {
             shutdown,
             epoch,
             changes: Changes::none(),
+            spare_notes: Vec::new(),
             bounded: HashMap::default(),
         }
     }
 
-    /// `at`, rounded down to the renewal grid of a lease renewed every
-    /// `interval_ns`: never later than `at`, at most `interval / 16` earlier.
+    /// `at`, rounded down to this watchdog's renewal grid (see [`on_grid`]).
     fn on_grid(&self, at: Instant, interval_ns: u64) -> Instant {
-        let step = interval_ns / u64::from(RENEW_WINDOW_DIVISOR);
-        if step == 0 || at <= self.epoch {
-            return at;
-        }
-        let since = u64::try_from((at - self.epoch).as_nanos()).unwrap_or(u64::MAX);
-        at - Duration::from_nanos(since % step)
+        on_grid(self.epoch, at, interval_ns)
     }
 
     /// Runs until shut down, or until no handle or manager is left.
@@ -530,27 +561,51 @@ impl<B: LeaseBackend> Watchdog<B> {
     /// cannot wait until then.
     fn read_notes_and_sleep(&mut self) {
         loop {
-            let notes = {
-                let mut notes = self.registry.lock();
-                if notes.notes.is_empty() {
-                    notes.reads_by = self.next_due();
+            let mut notes = std::mem::take(&mut self.spare_notes);
+            {
+                let mut registry = self.registry.lock();
+                if registry.notes.is_empty() {
+                    registry.reads_by = self.next_due();
+                    drop(registry);
+                    self.spare_notes = notes;
                     return;
                 }
-                std::mem::take(&mut notes.notes)
-            };
+                std::mem::swap(&mut registry.notes, &mut notes);
+                registry.woken_for_notes = false;
+            }
             self.on_notes(notes);
         }
     }
 
     /// Reads the registry's notes.
     fn read_notes(&mut self) {
-        let notes = std::mem::take(&mut self.registry.lock().notes);
+        let mut notes = std::mem::take(&mut self.spare_notes);
+        {
+            let mut registry = self.registry.lock();
+            std::mem::swap(&mut registry.notes, &mut notes);
+            registry.woken_for_notes = false;
+        }
         self.on_notes(notes);
     }
 
-    fn on_notes(&mut self, notes: Vec<Note>) {
-        for note in notes {
+    /// Takes in `notes`, and keeps the emptied vector for the next read
+    /// (the registry and the watchdog swap two vectors, rather than one
+    /// growing a new one for every batch).
+    fn on_notes(&mut self, mut notes: Vec<Note>) {
+        // A lease registered and forgotten within one batch was released
+        // by its handle before the watchdog saw it: nothing to keep, renew
+        // or watch, so neither note is acted on.
+        let mut forgotten: Vec<u64> = notes
+            .iter()
+            .filter_map(|note| match note {
+                Note::Forget { id } => Some(*id),
+                Note::Register { .. } => None,
+            })
+            .collect();
+        forgotten.sort_unstable();
+        for note in notes.drain(..) {
             match note {
+                Note::Register { id, .. } if forgotten.binary_search(&id).is_ok() => {}
                 Note::Register {
                     id,
                     shared,
@@ -559,13 +614,15 @@ impl<B: LeaseBackend> Watchdog<B> {
                     sent_at,
                 } => self.on_register(id, shared, key, holder, sent_at),
                 Note::Forget { id } => {
-                    // The handle recorded the hold time when it took the release.
+                    // The handle recorded the hold time when it took the
+                    // release. A lease skipped above is not found.
                     if let Some(entry) = self.take(id) {
                         self.changes.remove(&entry.key, id);
                     }
                 }
             }
         }
+        self.spare_notes = notes;
     }
 
     /// The earliest instant something is due: a bucket or a batch deadline.
@@ -644,11 +701,7 @@ impl<B: LeaseBackend> Watchdog<B> {
                     let mut entry = entry;
                     if entry.shared.end(LossReason::Deadline) {
                         entry.finish(LossReason::Deadline.as_str());
-                        metrics::lost(
-                            &entry.shared.name,
-                            entry.shared.kind(),
-                            LossReason::Deadline.as_str(),
-                        );
+                        metrics::lost(&entry.shared.series, LossReason::Deadline.as_str());
                     }
                     self.release(&entry.key, Some(&entry.shared), entry.holder, None);
                     return;
@@ -1018,7 +1071,7 @@ impl<B: LeaseBackend> Watchdog<B> {
             }
             match outcome {
                 Ok(RenewOutcome::Renewed) => {
-                    tally.add(&entry.shared.name, RENEWED);
+                    tally.add(entry.shared.name(), RENEWED);
                     // Never valid past the maximum hold, whenever the
                     // renewal was sent.
                     let mut valid = valid_until(sent_at, entry.ttl);
@@ -1036,7 +1089,7 @@ impl<B: LeaseBackend> Watchdog<B> {
                     } else {
                         sent_at + entry.shared.timing.renew_interval()
                     };
-                    debug!(key = %entry.key, name = %entry.shared.name, "lease renewed");
+                    debug!(key = %entry.key, name = %entry.shared.name(), "lease renewed");
                     if let Some((when, place)) = self.schedule(place.slot, renew_at, now) {
                         match &mut staged {
                             Some((at, places)) if *at == when => places.push(place),
@@ -1052,12 +1105,12 @@ impl<B: LeaseBackend> Watchdog<B> {
                     }
                 }
                 Ok(RenewOutcome::Lost) => {
-                    tally.add(&entry.shared.name, RENEW_LOST);
+                    tally.add(entry.shared.name(), RENEW_LOST);
                     self.end(place.slot, LossReason::Lost);
                 }
                 Err(error) => {
-                    tally.add(&entry.shared.name, RENEW_ERROR);
-                    debug!(key = %entry.key, name = %entry.shared.name, %error, "renewal failed; retrying");
+                    tally.add(entry.shared.name(), RENEW_ERROR);
+                    debug!(key = %entry.key, name = %entry.shared.name(), %error, "renewal failed; retrying");
                     let retry_at = now + entry.shared.timing.retry_delay(entry.failures);
                     entry.failures = entry.failures.saturating_add(1);
                     if let Some((when, place)) = self.schedule_retry(place.slot, retry_at, now) {
@@ -1086,14 +1139,14 @@ impl<B: LeaseBackend> Watchdog<B> {
         // no loss to report, and its hold time is recorded elsewhere.
         if entry.shared.end(reason) {
             entry.finish(reason.as_str());
-            metrics::lost(&entry.shared.name, entry.shared.kind(), reason.as_str());
+            metrics::lost(&entry.shared.series, reason.as_str());
             let left = entry
                 .shared
                 .valid_until()
                 .saturating_duration_since(Instant::now());
             warn!(
                 key = %entry.key,
-                name = %entry.shared.name,
+                name = %entry.shared.name(),
                 reason = reason.as_str(),
                 validity_left_ms = u64::try_from(left.as_millis()).unwrap_or(u64::MAX),
                 "lease ended: {reason}",
@@ -1193,11 +1246,7 @@ impl<B: LeaseBackend> Watchdog<B> {
             };
             if entry.shared.end(LossReason::Shutdown) {
                 entry.finish(LossReason::Shutdown.as_str());
-                metrics::lost(
-                    &entry.shared.name,
-                    entry.shared.kind(),
-                    LossReason::Shutdown.as_str(),
-                );
+                metrics::lost(&entry.shared.series, LossReason::Shutdown.as_str());
             }
             self.release(&entry.key, Some(&entry.shared), entry.holder, None);
         }
@@ -1214,7 +1263,7 @@ impl<B: LeaseBackend> Watchdog<B> {
     ) {
         let backend = self.backend.clone();
         let queues = Arc::clone(&self.queues);
-        let name = shared.map(|s| &*s.name);
+        let name = shared.map(|s| &**s.name());
         let fair = shared.is_some_and(Shared::fair);
         let span = debug_span!("release", key = %key, name);
         let key = key.clone();
@@ -1253,6 +1302,62 @@ mod tests {
         assert!(lease <= 40, "Lease is {lease} bytes");
         // A lease's place in a bucket or a batch.
         assert_eq!(std::mem::size_of::<Place>(), 8);
+    }
+
+    /// A registration whose lease falls due after the watchdog's next
+    /// wake does not wake it, until [`NOTES_PER_WAKE`] notes wait: then one
+    /// wake (and only one) is rung for them; the watchdog's read of the
+    /// notes lets the count start over.
+    #[tokio::test(start_paused = true)]
+    async fn notes_wake_the_watchdog_once_per_batch() -> Result<(), Box<dyn std::error::Error>> {
+        use leasehold_core::{AcquireOutcome, AcquireRequest, MemoryBackend, Ttl};
+
+        let backend = MemoryBackend::new();
+        let ttl = Ttl::parse("30s")?;
+        let registry = Registry::new();
+        // Asleep until a second from now, long before any of these
+        // leases (renewed every 10 s) is due.
+        registry.lock().reads_by = Some(Instant::now() + Duration::from_secs(1));
+        let series = Arc::new(crate::metrics::Series::new(
+            "batch".into(),
+            crate::metrics::Kind::Exclusive,
+        ));
+        let timing = crate::timing::Timing::new(ttl.get() / 3, ttl.get() / 10, None);
+        let rung = || registry.wake.notified().now_or_never().is_some();
+        let register = |id: u64| -> Result<(), Box<dyn std::error::Error>> {
+            let key = LeaseKey::new(format!("k{id}"))?;
+            let request = AcquireRequest::new(key.clone(), HolderId::generate()?, ttl);
+            let AcquireOutcome::Acquired(grant) = backend
+                .try_acquire(&request)
+                .now_or_never()
+                .ok_or("pending")??
+            else {
+                return Err("not acquired".into());
+            };
+            let shared = Arc::new(Shared::new(&grant, Arc::clone(&series), timing));
+            registry.register(id, shared, key, grant.holder, grant.sent_at)?;
+            Ok(())
+        };
+        let batch = u64::try_from(NOTES_PER_WAKE)?;
+        // Two notes each: a forgotten lease's note counts too.
+        for id in 0..batch / 2 - 1 {
+            register(id)?;
+            registry.forget(id);
+        }
+        register(batch)?;
+        assert!(!rung(), "rung before the bound");
+        register(batch + 1)?;
+        assert!(rung(), "not rung at the bound");
+        register(batch + 2)?;
+        assert!(!rung(), "rung twice for one batch");
+        // The watchdog read them: a new batch starts.
+        let mut notes = registry.lock();
+        notes.notes.clear();
+        notes.woken_for_notes = false;
+        drop(notes);
+        register(batch + 3)?;
+        assert!(!rung(), "rung for one note");
+        Ok(())
     }
 
     /// Lease ids count up from 0: the hasher must still spread them over

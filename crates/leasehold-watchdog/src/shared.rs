@@ -10,6 +10,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::bounds::Bounds;
 use crate::loss::LossReason;
+use crate::metrics::Series;
 use crate::record::Record;
 use crate::timing::Timing;
 
@@ -24,7 +25,9 @@ pub(crate) struct Shared {
     pub(crate) timing: Timing,
     /// Validity, renewals and ending; the validity counts from `acquired_at`.
     record: Record,
-    pub(crate) name: std::borrow::Cow<'static, str>,
+    /// The lease's name and kind in metrics, and the keys of its series
+    /// (one value for every lease taken with the same options and kind).
+    pub(crate) series: Arc<Series>,
     /// When the acquisition was sent: the start of the hold-time metric,
     /// and what `valid_for_ns` counts from.
     pub(crate) acquired_at: Instant,
@@ -84,11 +87,11 @@ fn nanos_between(from: Instant, to: Instant) -> u64 {
 }
 
 impl Shared {
-    pub(crate) fn new(grant: &Grant, name: std::borrow::Cow<'static, str>, timing: Timing) -> Self {
+    pub(crate) fn new(grant: &Grant, series: Arc<Series>, timing: Timing) -> Self {
         Self {
             timing,
             record: Record::new(nanos_between(grant.sent_at, grant.valid_until)),
-            name,
+            series,
             acquired_at: grant.sent_at,
             key: grant.key.clone(),
             fencing_token: grant.fencing_token,
@@ -120,17 +123,9 @@ impl Shared {
             .unwrap_or_else(|_| self.key.clone())
     }
 
-    /// The lease's kind in metrics. An exclusive lease on a permit key
-    /// (`{K}:permit:i`) counts as a permit, as its fencing tokens and
-    /// release notices are its semaphore's.
-    pub(crate) fn kind(&self) -> crate::metrics::Kind {
-        use crate::metrics::Kind;
-        match self.shape {
-            Shape::Exclusive => Kind::of(&self.key),
-            Shape::Permit(_) => Kind::Permit,
-            Shape::Read => Kind::Read,
-            Shape::Write => Kind::Write,
-        }
+    /// The lease's name in metrics and logs.
+    pub(crate) fn name(&self) -> &std::borrow::Cow<'static, str> {
+        &self.series.name
     }
 
     /// This state for a lease with a maximum hold or a progress window.
@@ -216,7 +211,10 @@ mod tests {
             other => return Err(format!("not acquired: {other:?}").into()),
         };
         let timing = Timing::new(Duration::from_secs(1), Duration::from_millis(300), None);
-        let shared = Shared::new(&grant, "claimed".into(), timing);
+        let series = |name: &'static str| {
+            Arc::new(Series::new(name.into(), crate::metrics::Kind::Exclusive))
+        };
+        let shared = Shared::new(&grant, series("claimed"), timing);
         assert!(shared.claim_release());
         assert!(!shared.end(LossReason::Lost));
         assert!(!shared.token.is_cancelled());
@@ -226,7 +224,7 @@ mod tests {
 
         // A lease that ended first is not claimed: its handle asks the
         // watchdog, which kept the entry.
-        let ended = Shared::new(&grant, "ended".into(), timing);
+        let ended = Shared::new(&grant, series("ended"), timing);
         assert!(ended.end(LossReason::Deadline));
         assert!(!ended.claim_release());
         assert_eq!(ended.loss(), Some(LossReason::Deadline));

@@ -2,9 +2,14 @@
 //! its lease, as named states and one small function per transition.
 //!
 //! ```text
+//!  Trying   no one of this manager waits for or tries the key, no
+//!    │      yield due: one attempt before queueing ──Acquired────► Granted
+//!    │ Held, or a transient error (no wait: GaveUp)
+//!    ▼      (straight to Queued when someone here waits for or tries it)
 //!  Queued ──(queue full / wait ran out)──────────────────────────► GaveUp
 //!    │ head of the key's local queue (queue.rs)
 //!    ├── baton from the previous head ──────────────► Refused (no attempt)
+//!    ├── after Trying ───────────────────► Refused (by Trying's attempt)
 //!    ▼
 //!  Yielding   only after a release here that a waiter elsewhere heard:
 //!    │        listens for the next holder's notice (then Deferring)
@@ -23,6 +28,22 @@
 //!  Deferring  while waiters elsewhere waited longer: counts their
 //!             releases' notices until its turn ─────────► Attempting
 //! ```
+//!
+//! `Trying` is the uncontended acquisition: a key that no task of this
+//! manager waits for or holds the turn of has no local order to keep, no
+//! offer standing and no baton, so its first attempt needs no turn. It is
+//! made only then (`Queues::try_first`): a newcomer never asks before a
+//! waiter of this manager already queued for the key. One newcomer at a
+//! time tries a key (a light mark per key fingerprint, not a queue
+//! entry): others that come meanwhile queue, so a burst of acquisitions
+//! of one key sends one first attempt, plus the head's. A newcomer that
+//! queues while another tries may be head before the trying one is
+//! refused and queues behind it, as a process that asked later may get a
+//! lease first. The attempt is armed as every attempt is: dropped while it
+//! is out, it leaves the watchdog to release what it may have taken. A
+//! refused `Trying` queues, and at the head counts that refusal as its
+//! first (subscribe, then try again). Fair mode never tries before
+//! queueing: the server's queue decides who asks.
 //!
 //! `Deferring` is what keeps processes taking turns, and makes a release
 //! lead to about one attempt across processes, not one per process. A
@@ -57,8 +78,9 @@
 //! that waits alone, or a backend without the count (memory, cluster),
 //! never holds back.
 //!
-//! `Granted` hands the turn on (with a baton when others wait behind) and
-//! the manager registers the lease with the watchdog.
+//! `Granted` hands the turn on, if the waiter queued (with a baton when
+//! others wait behind), and the manager registers the lease with the
+//! watchdog.
 //!
 //! In fair mode (`LeaseOptions::fair`, for exclusive leases) `Queued` stays
 //! local and the head then waits in the server's queue instead
@@ -95,10 +117,12 @@ pub(crate) struct Manager<'a, B> {
     pub(crate) commands: &'a mpsc::UnboundedSender<Command>,
 }
 
-/// A waiter that got its lease, still at the head of the queue.
+/// A waiter that got its lease, still at the head of the queue if it
+/// queued.
 pub(crate) struct Won {
     pub(crate) grant: Grant,
-    pub(crate) turn: Turn,
+    /// `None` when the first attempt, made before queueing, got the lease.
+    pub(crate) turn: Option<Turn>,
     /// The waiter's release watch, if it subscribed.
     pub(crate) watch: Option<ReleaseWatch>,
     /// Whether the lease came by local handover (then the watch goes on
@@ -107,31 +131,37 @@ pub(crate) struct Won {
 }
 
 /// Waits for `request`'s lease (or permit, per `attempt`): the whole life,
-/// from `Queued` to `Granted` or `GaveUp` (an error).
+/// from `Trying` (or `Queued`) to `Granted` or `GaveUp` (an error).
 ///
 /// # Cancel safety
 ///
 /// Dropping the future leaves the queue, takes a standing offer back, and
 /// has the watchdog release an attempt whose outcome is unknown.
+/// `started` is when the caller's acquisition began: the wait counts from it.
 pub(crate) async fn acquire<B: LeaseBackend>(
     manager: Manager<'_, B>,
     key: &LeaseKey,
     request: AcquireRequest,
     options: &LeaseOptions,
     attempt: Attempt,
+    started: Instant,
 ) -> Result<Won, LeaseError> {
-    let started = Instant::now();
     let give_up_at = options.wait().map(|wait| started + wait);
-    let turn = queued(manager.queues, key, started, give_up_at).await?;
     if let (Some(_), Attempt::Lease) = (options.fair(), attempt) {
-        // Fair mode: the server's queue decides from here (`waiting/fair.rs`).
+        // Fair mode: the server's queue decides from the head of the local
+        // one on (`waiting/fair.rs`); no one asks before taking a place.
         // Boxed, so that an acquisition in the default mode does not carry
         // the fair waiter's state.
+        let turn = queued(manager.queues, key, started, give_up_at).await?;
         return Box::pin(fair::acquire(
             manager, key, request, options, turn, started, give_up_at,
         ))
         .await;
     }
+    // Declared before the waiter, so that it is dropped after it: the
+    // watch, then the orphan guard (which may hand a release to the
+    // watchdog), then the turn.
+    let turn: Turn;
     let mut waiter = Waiter {
         watch: None,
         orphan: OrphanGuard {
@@ -145,7 +175,6 @@ pub(crate) async fn acquire<B: LeaseBackend>(
             },
             share: attempt.share_key(key, &request.holder),
         },
-        turn,
         manager,
         key,
         options,
@@ -156,7 +185,32 @@ pub(crate) async fn acquire<B: LeaseBackend>(
         attempt: 0,
         holder_token: None,
     };
-    let mut step = waiter.at_head().await;
+    // `Trying`: with no one of this manager queued for the key (so no
+    // turn, offer or baton to respect) and no yield due, one attempt
+    // before queueing. The turn bookkeeping is left to acquisitions that
+    // meet contention.
+    let queues = waiter.manager.queues;
+    let mut refused = None;
+    if let Some(trying) = queues.try_first(key, give_up_at.is_some()) {
+        let tried = waiter.attempting().await;
+        drop(trying);
+        match tried? {
+            Step::Granted { grant, handed_over } => {
+                return Ok(waiter.granted(None, grant, handed_over));
+            }
+            // No wait: the answer is the refusal.
+            Step::Refused(refusal) if give_up_at.is_none() => return Err(refusal.failure),
+            // Boxed: carried across the wait for a turn, it would size every
+            // acquisition's state; only contention gets here.
+            Step::Refused(refusal) => refused = Some(Box::new(refusal)),
+            // `attempting` ends in one of the two above.
+            Step::Attempting | Step::Listening { .. } => {}
+        }
+    }
+    // Boxed: only contention queues, and inline the wait for the turn
+    // (a lock and a timer) would size every acquisition's state.
+    turn = Box::pin(queued(queues, key, started, give_up_at)).await?;
+    let mut step = waiter.at_head(&turn, refused).await;
     loop {
         step = match step {
             // Moved out and dropped, so that the step is not kept in the
@@ -165,13 +219,15 @@ pub(crate) async fn acquire<B: LeaseBackend>(
                 drop(attempting);
                 waiter.attempting().await?
             }
-            Step::Refused(refusal) => waiter.refused(refusal).await?,
+            Step::Refused(refusal) => waiter.refused(&turn, refusal).await?,
             // Boxed, as `yielding` is: a listening waiter's state (its
             // notice, poll and offer, raced) is the largest, and every
             // acquisition would otherwise carry it, listening or not; one
             // allocation per wait for a notice, beside that wait.
             Step::Listening { poll_at, offer } => Box::pin(waiter.listening(poll_at, offer)).await,
-            Step::Granted { grant, handed_over } => return Ok(waiter.granted(grant, handed_over)),
+            Step::Granted { grant, handed_over } => {
+                return Ok(waiter.granted(Some(turn), grant, handed_over));
+            }
         };
     }
 }
@@ -218,6 +274,12 @@ async fn queued(
     }
 }
 
+/// Whether `grant` leaves time, as of `now`, to use it before the safety
+/// margin.
+fn in_time(grant: &Grant, now: Instant, options: &LeaseOptions) -> bool {
+    now < grant.valid_until - options.safety_margin()
+}
+
 fn not_acquired(key: &LeaseKey, started: Instant, holder: LeaseInfo) -> LeaseError {
     LeaseError::NotAcquired {
         key: key.to_string(),
@@ -226,15 +288,15 @@ fn not_acquired(key: &LeaseKey, started: Instant, holder: LeaseInfo) -> LeaseErr
     }
 }
 
-/// The head of a key's queue and what it keeps while it waits.
+/// A waiter and what it keeps while it waits; its turn at the head of the
+/// key's queue, once it has one, is kept beside it (see [`acquire`]).
 struct Waiter<'a, B> {
     // Dropped in this order: the watch, then the orphan guard (which may
-    // hand a release to the watchdog), then the turn.
+    // hand a release to the watchdog).
     watch: Option<ReleaseWatch>,
     /// Releases in the background if the wait is dropped, or gives up,
     /// after an attempt whose outcome is unknown.
     orphan: OrphanGuard<'a>,
-    turn: Turn,
     manager: Manager<'a, B>,
     key: &'a LeaseKey,
     options: &'a LeaseOptions,
@@ -254,13 +316,13 @@ struct Waiter<'a, B> {
 impl<'a, B: LeaseBackend> Waiter<'a, B> {
     /// At the head: with a baton, straight to `Refused` (the lease is held
     /// in this manager and its release will look for our offer); after a
-    /// release here that a waiter elsewhere heard, `Yielding`; else
-    /// `Attempting`.
-    async fn at_head(&mut self) -> Step<'a> {
+    /// release here that a waiter elsewhere heard, `Yielding`; then
+    /// `Refused` by the attempt of `Trying` (`tried`), if it made one,
+    /// else `Attempting`.
+    async fn at_head(&mut self, turn: &Turn, tried: Option<Box<Refusal>>) -> Step<'a> {
         // Only with notices on: a head that polls leaves every grant to its
         // own attempts.
-        let baton = self
-            .turn
+        let baton = turn
             .handoff()
             .take_baton()
             .filter(|_| self.options.release_notices() && self.hands_over());
@@ -280,7 +342,8 @@ impl<'a, B: LeaseBackend> Waiter<'a, B> {
             // and otherwise carried by every acquisition.
             Box::pin(self.yielding(until.min(give_up_at), give_up_at)).await;
         }
-        Step::Attempting
+        // After a refusal, as after any: subscribe, then try again.
+        tried.map_or(Step::Attempting, |refusal| Step::Refused(*refusal))
     }
 
     /// `Yielding`: this manager released the key a moment ago and a waiter
@@ -320,15 +383,18 @@ impl<'a, B: LeaseBackend> Waiter<'a, B> {
     /// `Attempting`: one `try_acquire`. `Granted` if the lease came in time
     /// to use, else `Refused`; an error that retrying cannot fix ends the wait.
     async fn attempting(&mut self) -> Result<Step<'a>, LeaseError> {
-        let mut retry_after = self.options.backoff().delay(self.attempt);
         self.orphan.armed = true;
         let sent = Instant::now();
         let outcome = self.try_acquire().await;
-        self.manager.queues.note_round_trip(sent.elapsed());
+        let replied = Instant::now();
+        self.manager
+            .queues
+            .note_round_trip(replied.saturating_duration_since(sent));
+        let mut holder_left = None;
         let failure = match outcome {
             Ok(AcquireOutcome::Acquired(grant)) => {
                 self.orphan.armed = false;
-                if self.in_time(&grant) {
+                if in_time(&grant, replied, self.options) {
                     return Ok(Step::Granted {
                         grant,
                         handed_over: false,
@@ -342,15 +408,18 @@ impl<'a, B: LeaseBackend> Waiter<'a, B> {
             Ok(AcquireOutcome::Held(holder)) => {
                 self.orphan.armed = false;
                 self.holder_token = holder.fencing_token;
-                if let Some(left) = holder.ttl_left {
-                    // No point sleeping past the holder's expiry.
-                    retry_after = retry_after.min(left + Duration::from_millis(1));
-                }
+                holder_left = holder.ttl_left;
                 self.not_acquired(holder)
             }
             Err(error) if error.is_transient() => LeaseError::Backend(error),
             Err(error) => return Err(error.into()),
         };
+        // Drawn only on a refusal: a grant needs no delay (nor its jitter).
+        let mut retry_after = self.options.backoff().delay(self.attempt);
+        if let Some(left) = holder_left {
+            // No point sleeping past the holder's expiry.
+            retry_after = retry_after.min(left + Duration::from_millis(1));
+        }
         if let Attempt::Write = self.kind {
             // The refusal left this writer's intent for one ttl: ask again
             // well within it, or readers may come in (`rw.rs`).
@@ -366,15 +435,21 @@ impl<'a, B: LeaseBackend> Waiter<'a, B> {
     /// `Refused`: `GaveUp` when the wait is over; `Attempting` again at once
     /// when a baton went stale or the head has just subscribed; else
     /// `Listening`, with an offer when the watch works (or a baton stands).
-    async fn refused(&mut self, refusal: Refusal) -> Result<Step<'a>, LeaseError> {
+    async fn refused(&mut self, turn: &Turn, refusal: Refusal) -> Result<Step<'a>, LeaseError> {
         let now = Instant::now();
         let Some(give_up_at) = self.give_up_at.filter(|at| now < *at) else {
-            return Err(refusal.failure);
+            let mut failure = refusal.failure;
+            // The wait as it ended, not as of the refusal: a refusal of
+            // `Trying` may be a queue's wait old.
+            if let LeaseError::NotAcquired { waited, .. } = &mut failure {
+                *waited = self.started.elapsed();
+            }
+            return Err(failure);
         };
-        let mut offer = self.offer_guard();
+        let mut offer = self.offer_guard(turn);
         // With a baton, offer first: the holder's release looks for it.
         if let Some(releases) = refusal.baton {
-            offer.answer = self.turn.handoff().offer(&self.request, Some(releases));
+            offer.answer = turn.handoff().offer(&self.request, Some(releases));
             if offer.answer.is_none() {
                 // The baton went stale: the holder released meanwhile.
                 return Ok(Step::Attempting);
@@ -399,7 +474,7 @@ impl<'a, B: LeaseBackend> Waiter<'a, B> {
             && self.hands_over()
             && self.watch.as_ref().is_some_and(ReleaseWatch::is_supported)
         {
-            offer.answer = self.turn.handoff().offer(&self.request, None);
+            offer.answer = turn.handoff().offer(&self.request, None);
         }
         debug!(attempt = self.attempt, retry_after = ?refusal.retry_after, "lease not acquired yet; waiting");
         Ok(Step::Listening {
@@ -452,7 +527,7 @@ impl<'a, B: LeaseBackend> Waiter<'a, B> {
         if let Some(grant) = grant {
             // Ours now, whatever an earlier attempt of unknown outcome did.
             self.orphan.armed = false;
-            if self.in_time(&grant) {
+            if in_time(&grant, Instant::now(), self.options) {
                 return Step::Granted {
                     grant,
                     handed_over: true,
@@ -550,13 +625,13 @@ impl<'a, B: LeaseBackend> Waiter<'a, B> {
         (rank > 0).then(|| u32::try_from(rank).unwrap_or(u32::MAX))
     }
 
-    /// `Granted`: the lease and the turn go to the manager, which hands the
-    /// turn on and registers the lease.
-    fn granted(self, grant: Grant, handed_over: bool) -> Won {
+    /// `Granted`: the lease and the turn (if the waiter queued) go to the
+    /// manager, which hands the turn on and registers the lease.
+    fn granted(self, turn: Option<Turn>, grant: Grant, handed_over: bool) -> Won {
         self.manager.queues.note_won(self.key, grant.fencing_token);
         Won {
             grant,
-            turn: self.turn,
+            turn,
             watch: self.watch,
             handed_over,
         }
@@ -606,17 +681,13 @@ impl<'a, B: LeaseBackend> Waiter<'a, B> {
     }
 
     /// Whether `grant` leaves time to use it before the safety margin.
-    fn in_time(&self, grant: &Grant) -> bool {
-        Instant::now() < grant.valid_until - self.options.safety_margin()
-    }
-
     fn not_acquired(&self, holder: LeaseInfo) -> LeaseError {
         not_acquired(self.key, self.started, holder)
     }
 
-    fn offer_guard(&self) -> OfferGuard<'a> {
+    fn offer_guard(&self, turn: &Turn) -> OfferGuard<'a> {
         OfferGuard {
-            handoff: self.turn.shared_handoff(),
+            handoff: turn.shared_handoff(),
             commands: self.manager.commands,
             key: self.key,
             answer: None,

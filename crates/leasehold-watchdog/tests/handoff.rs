@@ -37,6 +37,9 @@ struct Counts {
     release_to: AtomicUsize,
     handed_over: AtomicUsize,
     watch: AtomicUsize,
+    /// While set, `try_acquire` does its work and never replies, as a
+    /// server cut off after it ran the command.
+    lose_replies: std::sync::atomic::AtomicBool,
     /// When each `try_acquire` was sent.
     attempts: std::sync::Mutex<Vec<Instant>>,
 }
@@ -92,7 +95,11 @@ impl LeaseBackend for Counting {
             .lock()
             .expect("not poisoned")
             .push(Instant::now());
-        self.inner.try_acquire(request).await
+        let outcome = self.inner.try_acquire(request).await;
+        if self.counts.lose_replies.load(Ordering::SeqCst) {
+            std::future::pending::<()>().await;
+        }
+        outcome
     }
 
     async fn renew_many(
@@ -503,5 +510,59 @@ async fn a_handover_after_an_attempt_of_unknown_outcome_is_kept() -> TestResult 
         Some(lease.fencing_token())
     );
     assert_eq!(lease.release().await?, ReleaseOutcome::Released);
+    Ok(())
+}
+
+/// An acquisition dropped while its first attempt is out (made before
+/// queueing, as the key is quiet), after the server granted it the lease,
+/// leaves no lease behind: the watchdog releases it.
+#[tokio::test(start_paused = true)]
+async fn a_dropped_first_attempt_that_took_the_lease_leaves_none_behind() -> TestResult {
+    let backend = Counting::new();
+    let manager = LeaseManager::new(backend.clone())?;
+    let key = LeaseKey::new("job")?;
+    backend.counts.lose_replies.store(true, Ordering::SeqCst);
+    let dropped = tokio::time::timeout(10 * OP, manager.acquire("job", &patient())).await;
+    assert!(dropped.is_err(), "the reply was lost: {dropped:?}");
+    backend.counts.lose_replies.store(false, Ordering::SeqCst);
+    assert_eq!(backend.acquires(), 1);
+    // Taken on the server, by the holder that went away.
+    assert!(backend.inspect(&key).await?.is_some());
+    within(Duration::from_secs(1), "the orphan's release", async {
+        while backend.inspect(&key).await?.is_some() {
+            sleep(OP).await;
+        }
+        Ok::<_, BackendError>(())
+    })
+    .await?;
+    assert_eq!(backend.counts.release.load(Ordering::SeqCst), 1);
+    Ok(())
+}
+
+/// A burst of acquisitions of one held key sends one attempt before
+/// queueing, not one each: the first newcomer tries, the others queue,
+/// and the head of the queue asks as a head does (before and after it
+/// subscribes).
+#[tokio::test(start_paused = true)]
+async fn a_burst_of_newcomers_sends_one_first_attempt() -> TestResult {
+    let backend = Counting::new();
+    let here = LeaseManager::new(backend.clone())?;
+    let elsewhere = LeaseManager::new(backend.clone())?;
+    let holder = elsewhere.acquire("job", &patient()).await?;
+    assert_eq!(backend.acquires(), 1);
+    let burst: Vec<_> = (0..5)
+        .map(|_| {
+            let here = here.clone();
+            tokio::spawn(async move { here.acquire("job", &patient()).await?.release().await })
+        })
+        .collect();
+    // Long enough for every attempt the burst makes before it listens.
+    sleep(10 * OP).await;
+    // The holder's, the first newcomer's, and the head's two.
+    assert_eq!(backend.acquires(), 4);
+    holder.release().await?;
+    for task in burst {
+        within(WAITER_LIMIT, "a waiter of the burst", task).await??;
+    }
     Ok(())
 }

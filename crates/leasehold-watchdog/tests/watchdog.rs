@@ -388,6 +388,61 @@ async fn local_waiters_are_served_in_order_bounded_and_may_leave() -> TestResult
     Ok(())
 }
 
+/// A newcomer that finds a waiter of its manager queued for the key
+/// queues behind it: only an acquisition for a key no one here waits for
+/// asks the backend before queueing, so a newcomer cannot take a freed
+/// key from under a queued waiter. The waiter polls (no notices, so no
+/// offer to hand the lease to), which leaves the key free from the
+/// release to its next poll, when a newcomer that asked first would get it.
+#[tokio::test(start_paused = true)]
+async fn a_newcomer_does_not_overtake_a_queued_local_waiter() -> TestResult {
+    let backend = MemoryBackend::new();
+    let manager = LeaseManager::new(backend.clone())?;
+    let polling = LeaseOptions::builder()
+        .ttl(Ttl::parse("3s")?)
+        .wait(Duration::from_secs(60))
+        .backoff(leasehold_watchdog::Backoff::fixed(Duration::from_millis(
+            400,
+        )))
+        .release_notices(false)
+        .build()?;
+    let holder = manager.acquire("queued", &polling).await?;
+    let start = Instant::now();
+    let order = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let take = |who: &'static str| {
+        let (manager, polling, order) = (manager.clone(), polling.clone(), order.clone());
+        tokio::spawn(async move {
+            let lease = manager.acquire("queued", &polling).await?;
+            order
+                .lock()
+                .map_err(|_| "poisoned")?
+                .push((who, Instant::now() - start));
+            sleep(Duration::from_millis(50)).await;
+            lease.release().await?;
+            Ok::<_, Box<dyn std::error::Error + Send + Sync>>(())
+        })
+    };
+    let waiter = take("waiter");
+    settle().await;
+    sleep(Duration::from_millis(100)).await;
+    holder.release().await?;
+    // The key is free now, and the waiter polls next at 400 ms.
+    let newcomer = take("newcomer");
+    let limit = Duration::from_secs(90);
+    within(limit, "the waiter", waiter)
+        .await?
+        .map_err(|e| e.to_string())?;
+    within(limit, "the newcomer", newcomer)
+        .await?
+        .map_err(|e| e.to_string())?;
+    let order = order.lock().map_err(|_| "poisoned")?.clone();
+    let ms = Duration::from_millis;
+    // The waiter at its poll; the newcomer, head from then on, refused
+    // while the waiter holds (400 ms), gets it at its own poll after.
+    assert_eq!(order, vec![("waiter", ms(400)), ("newcomer", ms(800))]);
+    Ok(())
+}
+
 #[tokio::test(start_paused = true)]
 async fn a_holder_that_crashed_blocks_others_for_at_most_its_ttl() -> TestResult {
     let backend = MemoryBackend::new();

@@ -202,7 +202,7 @@ fn granted<B: LeaseBackend>(
     manager.queues.note_won(key, grant.fencing_token);
     Won {
         grant,
-        turn,
+        turn: Some(turn),
         watch,
         handed_over: false,
     }
