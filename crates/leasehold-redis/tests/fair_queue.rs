@@ -139,7 +139,12 @@ async fn the_lease_goes_to_the_waiters_in_arrival_order() -> TestResult {
 /// A waiter that stops asking (it died) holds up the one behind it until
 /// its place expires, and no longer: the one behind is refused while the
 /// dead place lives (the server still lists it) and granted once it has
-/// expired. The queue's keys then expire with the last place in them.
+/// expired, judged on the server's clock: the grant's fencing token (the
+/// server's time in µs) against the dead place's arrival (also the
+/// server's µs). The server keeps a place's expiry in whole milliseconds
+/// (its arrival's millisecond plus the place ttl), so the place lives at
+/// least the place ttl less 1 ms. The queue's keys then expire with the
+/// last place in them.
 #[tokio::test]
 async fn a_dead_waiters_place_expires_and_is_skipped() -> TestResult {
     let server = RedisServer::start()?;
@@ -149,6 +154,12 @@ async fn a_dead_waiters_place_expires_and_is_skipped() -> TestResult {
     let first = acquire(&backend, &lease, holder(), ttl("30s")).await?;
     let placed = Instant::now();
     waiting(fair(&backend, &lease, dead, place_ttl(400)).await?);
+    // A score below 2^53 (µs since the epoch): exact as a float, however
+    // the server formats it.
+    let queue_key = format!("{}:fair", storage_key(&lease));
+    let arrival = server
+        .cli(&["ZSCORE", &queue_key, &dead.to_hex()])?
+        .parse::<f64>()? as u64;
     waiting(fair(&backend, &lease, alive, place_ttl(5_000)).await?);
     backend.release(&lease, &first.holder).await?;
     let mut refused = 0;
@@ -164,10 +175,10 @@ async fn a_dead_waiters_place_expires_and_is_skipped() -> TestResult {
         assert!(placed.elapsed() < Duration::from_secs(3), "never skipped");
         tokio::time::sleep(Duration::from_millis(20)).await;
     };
-    let waited = placed.elapsed();
+    let waited_us = grant.fencing_token.0.saturating_sub(arrival);
     assert!(
-        waited >= Duration::from_millis(400),
-        "granted after {waited:?}, before the dead place expired"
+        waited_us >= 400_000 - 1_000,
+        "granted {waited_us} µs after the dead place's arrival, on the server's clock, before it expired"
     );
     assert!(refused > 0);
     assert_eq!(holder_on_server(&server, &lease)?, alive.to_hex());
