@@ -66,6 +66,10 @@ enum Client {
     Raw,
     /// The `redis` crate by hand, running leasehold's scripts.
     RawScripts,
+    /// As `RawScripts`, on a connection with client tracking on (RESP3),
+    /// the grant read back so that the server tracks it: the same server
+    /// work as the leasehold rows, which track by default.
+    RawScriptsTracked,
 }
 
 impl Client {
@@ -75,6 +79,7 @@ impl Client {
             Self::Backend => "leasehold_backend",
             Self::Raw => "raw_redis",
             Self::RawScripts => "raw_redis_leasehold_scripts",
+            Self::RawScriptsTracked => "raw_redis_leasehold_scripts_tracked",
         }
     }
 }
@@ -84,6 +89,8 @@ struct Clients {
     manager: LeaseManager<RedisBackend>,
     backend: RedisBackend,
     raw: ConnectionManager,
+    /// A RESP3 connection with `CLIENT TRACKING ON`.
+    tracked: ConnectionManager,
     options: LeaseOptions,
     ttl: Ttl,
 }
@@ -149,7 +156,8 @@ async fn cycle(clients: &Clients, client: Client, key: &str) -> BenchResult<Cycl
                 token: Some(grant.fencing_token.get()),
             })
         }
-        Client::RawScripts => raw_scripts_cycle(clients, key).await,
+        Client::RawScripts => raw_scripts_cycle(clients, key, false).await,
+        Client::RawScriptsTracked => raw_scripts_cycle(clients, key, true).await,
         Client::Raw => {
             let mut conn = clients.raw.clone();
             let holder = format!("{:032x}", fastrand::u128(..));
@@ -180,11 +188,17 @@ async fn cycle(clients: &Clients, client: Client, key: &str) -> BenchResult<Cycl
     }
 }
 
-/// One acquire and release by hand with leasehold's scripts and its key layout.
-async fn raw_scripts_cycle(clients: &Clients, key: &str) -> BenchResult<Cycle> {
-    let mut conn = clients.raw.clone();
+/// One acquire and release by hand with leasehold's scripts and its key
+/// layout; `tracked`, on the tracking connection, the grant read back.
+async fn raw_scripts_cycle(clients: &Clients, key: &str, tracked: bool) -> BenchResult<Cycle> {
+    let mut conn = if tracked {
+        clients.tracked.clone()
+    } else {
+        clients.raw.clone()
+    };
     let holder = format!("{:032x}", fastrand::u128(..));
-    let (lease, fence) = (format!("{key}:raw"), format!("{key}:raw:fence"));
+    let lease = raw_key(key, tracked);
+    let fence = format!("{lease}:fence");
     let t0 = Instant::now();
     let acquired: redis::Value = LEASEHOLD_ACQUIRE
         .key(&lease)
@@ -192,8 +206,9 @@ async fn raw_scripts_cycle(clients: &Clients, key: &str) -> BenchResult<Cycle> {
         .arg(&holder)
         .arg(30_000)
         .arg("")
-        // The raw connection does not track: no read after the grant.
-        .arg("0")
+        // The plain connection does not track: no read after the grant;
+        // the tracking one reads it, as the backend's does.
+        .arg(if tracked { "1" } else { "0" })
         // No minimum hold; the counter kept for the default retention (1 h).
         .arg("0")
         .arg(3_600_000)
@@ -221,6 +236,12 @@ async fn raw_scripts_cycle(clients: &Clients, key: &str) -> BenchResult<Cycle> {
     })
 }
 
+/// The lease key of the hand-written script clients (one per client, so
+/// that the clients never meet).
+fn raw_key(key: &str, tracked: bool) -> String {
+    format!("{key}:{}", if tracked { "rawt" } else { "raw" })
+}
+
 /// A broken guarantee, as the error that ends the bench: the server is the
 /// bench's own, so nothing else can explain it.
 fn violation(key: &str, what: &str) -> Box<dyn std::error::Error> {
@@ -242,7 +263,8 @@ fn stored_keys(client: Client, keys: &[String]) -> BenchResult<Vec<String>> {
         .map(|key| {
             Ok(match client {
                 Client::Manager | Client::Backend => layout.lease(&LeaseKey::new(key.as_str())?),
-                Client::RawScripts => format!("{key}:raw"),
+                Client::RawScripts => raw_key(key, false),
+                Client::RawScriptsTracked => raw_key(key, true),
                 Client::Raw => key.clone(),
             })
         })
@@ -373,10 +395,21 @@ fn main() -> BenchResult {
             .connect()
             .await?;
         let client = redis::Client::open(server.url())?;
+        let mut tracked = ConnectionManager::new(redis::Client::open(format!(
+            "{}?protocol=resp3",
+            server.url()
+        ))?)
+        .await?;
+        let () = redis::cmd("CLIENT")
+            .arg("TRACKING")
+            .arg("ON")
+            .query_async(&mut tracked)
+            .await?;
         let clients = Clients {
             manager: LeaseManager::new(backend.clone())?,
             backend,
             raw: ConnectionManager::new(client).await?,
+            tracked,
             options: LeaseOptions::with_ttl(ttl),
             ttl,
         };
@@ -385,6 +418,7 @@ fn main() -> BenchResult {
             Client::Manager,
             Client::Backend,
             Client::RawScripts,
+            Client::RawScriptsTracked,
             Client::Raw,
         ]
         .into_iter()
