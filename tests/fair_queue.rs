@@ -294,13 +294,7 @@ async fn released_to_the_head(
 
 /// How many times the server ran `command` since its stats were reset.
 fn calls(server: &RedisServer, command: &str) -> Result<u64, Error> {
-    let stats = server.cli(&["INFO", "commandstats"])?;
-    let prefix = format!("cmdstat_{command}:calls=");
-    Ok(stats
-        .lines()
-        .find_map(|line| line.trim().strip_prefix(&prefix))
-        .and_then(|rest| rest.split(',').next())
-        .map_or(Ok(0), str::parse)?)
+    Ok(server.command_calls(command)?)
 }
 
 /// Uncontended, fair mode costs the server what the default mode does:

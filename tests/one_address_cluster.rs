@@ -24,17 +24,7 @@ type TestResult = Result<(), Error>;
 
 /// A counter of `INFO <section>`, such as `cmdstat_evalsha` / `calls`.
 fn stat(server: &RedisServer, section: &str, line: &str, field: &str) -> Result<u64, Error> {
-    let info = server.cli(&["INFO", section])?;
-    let Some(rest) = info
-        .lines()
-        .find_map(|l| l.strip_prefix(&format!("{line}:")))
-    else {
-        return Ok(0);
-    };
-    rest.split(',')
-        .find_map(|kv| kv.strip_prefix(&format!("{field}=")))
-        .and_then(|v| v.trim().parse().ok())
-        .ok_or_else(|| format!("no {field} in {line}: {rest}").into())
+    Ok(server.info_counter(section, line, field)?)
 }
 
 fn evalsha_calls(server: &RedisServer) -> Result<u64, Error> {

@@ -35,14 +35,7 @@ fn ttl(text: &str) -> Ttl {
 
 /// `cmdstat_evalsha:calls=N` of one node (0 when it ran none).
 fn evalsha_calls(node: &RedisServer) -> Result<u64, Box<dyn std::error::Error>> {
-    let stats = node.cli(&["INFO", "commandstats"])?;
-    Ok(stats
-        .lines()
-        .find_map(|l| l.trim().strip_prefix("cmdstat_evalsha:calls="))
-        .and_then(|rest| rest.split(',').next())
-        .map(str::parse)
-        .transpose()?
-        .unwrap_or(0))
+    Ok(node.command_calls("evalsha")?)
 }
 
 async fn acquire(backend: &RedisBackend, key: &LeaseKey, holder: HolderId) -> TestResult {

@@ -317,17 +317,8 @@ async fn notices_survive_a_dropped_subscription_connection() -> TestResult {
 fn evalsha_succeeded(
     server: &RedisServer,
 ) -> Result<u64, Box<dyn std::error::Error + Send + Sync>> {
-    let stats = server.cli(&["INFO", "commandstats"])?;
-    let Some(line) = stats.lines().find(|l| l.starts_with("cmdstat_evalsha:")) else {
-        return Ok(0);
-    };
-    let field = |name: &str| -> u64 {
-        line.split([':', ','])
-            .find_map(|kv| kv.strip_prefix(name)?.strip_prefix('='))
-            .and_then(|v| v.parse().ok())
-            .unwrap_or(0)
-    };
-    Ok(field("calls") - field("failed_calls") - field("rejected_calls"))
+    let field = |name: &str| server.info_counter("commandstats", "cmdstat_evalsha", name);
+    Ok(field("calls")? - field("failed_calls")? - field("rejected_calls")?)
 }
 
 #[tokio::test]
@@ -552,14 +543,7 @@ fn calls(
     server: &RedisServer,
     command: &str,
 ) -> Result<u64, Box<dyn std::error::Error + Send + Sync>> {
-    let stats = server.cli(&["INFO", "commandstats"])?;
-    let prefix = format!("cmdstat_{command}:calls=");
-    Ok(stats
-        .lines()
-        .find_map(|l| l.strip_prefix(prefix.as_str()))
-        .and_then(|rest| rest.split(',').next())
-        .and_then(|n| n.parse().ok())
-        .unwrap_or(0))
+    Ok(server.command_calls(command)?)
 }
 
 /// The server's count of a channel's subscribers.

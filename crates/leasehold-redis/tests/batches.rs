@@ -40,13 +40,7 @@ const BOUND: Duration = Duration::from_secs(10);
 /// How many times the server ran `command` since the last `CONFIG
 /// RESETSTAT`: the server's own count.
 fn calls(server: &RedisServer, command: &str) -> Result<u64, Box<dyn std::error::Error>> {
-    let stats = server.cli(&["INFO", "commandstats"])?;
-    let prefix = format!("cmdstat_{command}:calls=");
-    Ok(stats
-        .lines()
-        .find_map(|l| l.strip_prefix(prefix.as_str()))
-        .and_then(|rest| rest.split(',').next())
-        .map_or(Ok(0), str::parse)?)
+    Ok(server.command_calls(command)?)
 }
 
 /// Loads the scripts, the one-lease ones and the batch ones (a first call

@@ -455,13 +455,7 @@ async fn a_handover_no_one_listens_for_is_not_asked_for() -> TestResult {
 
 /// How many times `server` ran `command` since its stats were reset.
 fn calls(server: &RedisServer, command: &str) -> Result<u64, Box<dyn std::error::Error>> {
-    let stats = server.cli(&["INFO", "commandstats"])?;
-    let prefix = format!("cmdstat_{command}:calls=");
-    Ok(stats
-        .lines()
-        .find_map(|line| line.trim().strip_prefix(&prefix))
-        .and_then(|rest| rest.split(',').next())
-        .map_or(Ok(0), str::parse)?)
+    Ok(server.command_calls(command)?)
 }
 
 /// `WatchPolicy::AlreadyListening` sends nothing: on a channel this

@@ -130,14 +130,7 @@ async fn a_flood_of_acquisitions_does_not_delay_a_renewal() -> TestResult {
 
 /// `calls=` of one command in `INFO commandstats`, 0 when never called.
 fn command_calls(server: &RedisServer, command: &str) -> Result<u64, Box<dyn std::error::Error>> {
-    let stats = server.cli(&["INFO", "commandstats"])?;
-    let prefix = format!("cmdstat_{command}:calls=");
-    let calls = stats
-        .lines()
-        .find_map(|l| l.strip_prefix(prefix.as_str()))
-        .and_then(|rest| rest.split(',').next())
-        .unwrap_or("0");
-    Ok(calls.parse()?)
+    Ok(server.command_calls(command)?)
 }
 
 #[tokio::test]

@@ -26,17 +26,7 @@ fn stat(
     line: &str,
     field: &str,
 ) -> Result<u64, Box<dyn std::error::Error>> {
-    let info = server.cli(&["INFO", section])?;
-    let Some(rest) = info
-        .lines()
-        .find_map(|l| l.strip_prefix(&format!("{line}:")))
-    else {
-        return Ok(0);
-    };
-    rest.split(',')
-        .find_map(|kv| kv.strip_prefix(&format!("{field}=")))
-        .and_then(|v| v.trim().parse().ok())
-        .ok_or_else(|| format!("no {field} in {line}: {rest}").into())
+    Ok(server.info_counter(section, line, field)?)
 }
 
 async fn acquire_together(backend: &RedisBackend, prefix: &str, count: usize) -> TestResult {
