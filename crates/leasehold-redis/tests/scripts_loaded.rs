@@ -29,9 +29,16 @@ fn stat(
     Ok(server.info_counter(section, line, field)?)
 }
 
-async fn acquire_together(backend: &RedisBackend, prefix: &str, count: usize) -> TestResult {
+/// Acquires `count` free leases of `prefix` at once, each for `ttl`, and
+/// returns their requests; every one must be granted.
+async fn grant_all(
+    backend: &RedisBackend,
+    prefix: &str,
+    count: usize,
+    ttl_text: &str,
+) -> Result<Vec<AcquireRequest>, Box<dyn std::error::Error>> {
     let requests: Vec<AcquireRequest> = (0..count)
-        .map(|i| AcquireRequest::new(key(&format!("{prefix}:{i}")), holder(), ttl("30s")))
+        .map(|i| AcquireRequest::new(key(&format!("{prefix}:{i}")), holder(), ttl(ttl_text)))
         .collect();
     let outcomes = tokio::time::timeout(
         Duration::from_secs(30),
@@ -44,6 +51,11 @@ async fn acquire_together(backend: &RedisBackend, prefix: &str, count: usize) ->
             .all(|o| matches!(o, AcquireOutcome::Acquired(_))),
         "every free lease granted"
     );
+    Ok(requests)
+}
+
+async fn acquire_together(backend: &RedisBackend, prefix: &str, count: usize) -> TestResult {
+    grant_all(backend, prefix, count, "30s").await?;
     Ok(())
 }
 
@@ -114,24 +126,25 @@ async fn hold(
     prefix: &str,
     count: usize,
 ) -> Result<Vec<RenewRequest>, Box<dyn std::error::Error>> {
-    let requests: Vec<AcquireRequest> = (0..count)
-        .map(|i| AcquireRequest::new(key(&format!("{prefix}:{i}")), holder(), ttl("1h")))
-        .collect();
-    let outcomes = tokio::time::timeout(
-        Duration::from_secs(30),
-        try_join_all(requests.iter().map(|r| backend.try_acquire(r))),
-    )
-    .await??;
-    assert!(
-        outcomes
-            .iter()
-            .all(|o| matches!(o, AcquireOutcome::Acquired(_))),
-        "every free lease granted"
-    );
-    Ok(requests
+    Ok(grant_all(backend, prefix, count, "1h")
+        .await?
         .into_iter()
         .map(|r| RenewRequest::new(r.key, r.holder, r.ttl))
         .collect())
+}
+
+/// Asserts that `server` noticed the loss of its scripts (a `NOSCRIPT` at
+/// least) and was sent them once (one `SCRIPT LOAD` of each), since its
+/// counters were reset; `when` names the loss in the messages.
+fn loaded_once(server: &RedisServer, when: &str) -> TestResult {
+    let (loaded, refused) = (loads(server)?, noscripts(server)?);
+    eprintln!("{when}: {loaded} SCRIPT LOADs, {refused} NOSCRIPT replies");
+    assert!(refused >= 1, "{when}: the loss was noticed");
+    assert_eq!(
+        loaded, SCRIPTS,
+        "{when}: one load of all {SCRIPTS} scripts, not one per call that met NOSCRIPT ({refused} NOSCRIPT replies)"
+    );
+    Ok(())
 }
 
 /// Renews every lease of `renewals` at once; each must still be held.
@@ -170,13 +183,7 @@ async fn a_flushed_server_is_sent_the_scripts_once_per_loss_however_many_calls_m
     acquired?;
     renewed?;
     assert!(read??.iter().all(Option::is_some), "every held lease read");
-    let (first_loads, first_noscripts) = (loads(&server)?, noscripts(&server)?);
-    eprintln!("first loss: {first_loads} SCRIPT LOADs, {first_noscripts} NOSCRIPT replies");
-    assert!(first_noscripts >= 1, "the flush was noticed");
-    assert_eq!(
-        first_loads, SCRIPTS,
-        "one load of all {SCRIPTS} scripts, not one per call that met NOSCRIPT ({first_noscripts} NOSCRIPT replies)"
-    );
+    loaded_once(&server, "first loss")?;
 
     // A later loss is noticed, and loaded for, again.
     flush_scripts(&server)?;
@@ -186,13 +193,7 @@ async fn a_flushed_server_is_sent_the_scripts_once_per_loss_however_many_calls_m
     );
     acquired?;
     renewed?;
-    let (second_loads, second_noscripts) = (loads(&server)?, noscripts(&server)?);
-    eprintln!("second loss: {second_loads} SCRIPT LOADs, {second_noscripts} NOSCRIPT replies");
-    assert!(second_noscripts >= 1, "the second flush was noticed");
-    assert_eq!(
-        second_loads, SCRIPTS,
-        "one load again ({second_noscripts} NOSCRIPT replies)"
-    );
+    loaded_once(&server, "second loss")?;
     Ok(())
 }
 
@@ -240,13 +241,7 @@ async fn held_leases_renew_through_a_restart_with_one_load_of_the_scripts() -> T
     );
     assert!(read?.iter().all(Option::is_some), "every held lease read");
     // The restarted process counts from zero.
-    let (after_loads, after_noscripts) = (loads(&server)?, noscripts(&server)?);
-    eprintln!("after the restart: {after_loads} SCRIPT LOADs, {after_noscripts} NOSCRIPT replies");
-    assert!(after_noscripts >= 1, "the restart lost the scripts");
-    assert_eq!(
-        after_loads, SCRIPTS,
-        "one load after the restart ({after_noscripts} NOSCRIPT replies)"
-    );
+    loaded_once(&server, "after the restart")?;
     Ok(())
 }
 
@@ -268,25 +263,16 @@ async fn a_flushed_cluster_node_alone_is_sent_the_scripts_once() -> TestResult {
     acquired?;
     renewed?;
     for node in cluster.nodes() {
-        let (node_loads, node_noscripts) = (loads(node)?, noscripts(node)?);
-        eprintln!(
-            "node {}: {node_loads} SCRIPT LOADs, {node_noscripts} NOSCRIPT replies",
-            node.port()
-        );
         assert!(
             stat(node, "commandstats", "cmdstat_evalsha", "calls")? > 0,
             "node {} served acquisitions",
             node.port()
         );
         if node.port() == flushed.port() {
-            assert!(node_noscripts >= 1, "the flush was noticed");
-            assert_eq!(
-                node_loads, SCRIPTS,
-                "one load on the flushed node ({node_noscripts} NOSCRIPT replies)"
-            );
+            loaded_once(node, "the flushed node")?;
         } else {
             assert_eq!(
-                (node_loads, node_noscripts),
+                (loads(node)?, noscripts(node)?),
                 (0, 0),
                 "nothing loaded on node {}, which kept its scripts",
                 node.port()
@@ -333,11 +319,6 @@ async fn calls_dropped_while_the_scripts_load_leave_no_load_stuck() -> TestResul
     flush_scripts(&server)?;
     renew_together(&backend, &held).await?;
     acquire_together(&backend, "after", 200).await?;
-    let (after_loads, after_noscripts) = (loads(&server)?, noscripts(&server)?);
-    assert!(after_noscripts >= 1, "the second flush was noticed");
-    assert_eq!(
-        after_loads, SCRIPTS,
-        "one load for the second loss ({after_noscripts} NOSCRIPT replies)"
-    );
+    loaded_once(&server, "the loss after the abandoned load")?;
     Ok(())
 }
