@@ -38,6 +38,8 @@
 //! # Ok(()) }
 //! ```
 
+#[doc(hidden)]
+pub mod ablation;
 mod backend;
 mod capability;
 mod change;

@@ -385,7 +385,9 @@ impl Notices {
                     resubscribing: false,
                     own_release: None,
                 });
-            let again = afresh && entry.subscribed && entry.watchers == 0;
+            let again = (afresh || leasehold_core::ablation::off("linger"))
+                && entry.subscribed
+                && entry.watchers == 0;
             if again {
                 // Subscribed again below (see `resubscribing`).
                 entry.subscribed = false;
@@ -528,7 +530,7 @@ impl Notices {
         }
         match channels.watched.get_mut(channel().as_bytes()) {
             Some(c) if c.subscribed || c.resubscribing => {
-                if c.watchers == 0 {
+                if c.watchers == 0 && !leasehold_core::ablation::off("own-notice") {
                     c.own_release = Some(Instant::now());
                 }
                 1

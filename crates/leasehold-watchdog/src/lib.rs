@@ -67,6 +67,7 @@ mod scope;
 mod shared;
 pub mod tick;
 mod timing;
+mod turns;
 mod waiting;
 
 pub use backoff::Backoff;

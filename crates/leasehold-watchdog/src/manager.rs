@@ -309,6 +309,7 @@ impl<B: LeaseBackend> LeaseManager<B> {
         if let Some(turn) = turn.as_ref().filter(|_| others)
             && options.release_notices()
             && matches!(attempt, Attempt::Lease)
+            && !leasehold_core::ablation::off("baton")
         {
             turn.handoff()
                 .pass_baton(baton.filter(ReleaseWatch::is_supported));

@@ -70,13 +70,15 @@
 //! process that just released has the highest rank, and waits for the
 //! next holder's notice before it asks at all.
 //! Only the exclusive lease counts turns this way: a permit's or a share's
-//! release may make room for several waiters, so their heads hold back
-//! one moment per rank and then try, racing the heads of other processes;
-//! they subscribe afresh on each wait
-//! ([`WatchPolicy::Afresh`]), so that the order in which
-//! the server tells processes does not keep one of them ahead. A process
-//! that waits alone, or a backend without the count (memory, cluster),
-//! never holds back.
+//! release may make room for several waiters, so their heads try at once
+//! after each notice, racing the heads of other processes; they subscribe
+//! afresh on each wait ([`WatchPolicy::Afresh`]), so that the order in
+//! which the server tells processes does not keep one of them ahead. (A
+//! hold-back of one moment per rank for them was measured and dropped: it
+//! moved neither their throughput nor their fairness, on Redis or Valkey.)
+//! A process that waits alone, or a backend without the count (memory,
+//! cluster), never holds back. What the manager remembers for `Yielding`
+//! and `Deferring`, and their tunables, are in `turns.rs`.
 //!
 //! `Granted` hands the turn on, if the waiter queued (with a baton when
 //! others wait behind), and the manager registers the lease with the
@@ -106,7 +108,7 @@ use crate::attempt::{Attempt, intent_refresh};
 use crate::capability;
 use crate::handoff::{Handoff, Withdrawn};
 use crate::home::OrphanGuard;
-use crate::queue::{QueueError, Queues, Turn, YIELD};
+use crate::queue::{QueueError, Queues, Turn};
 use crate::renewal::Command;
 use crate::{LeaseError, LeaseOptions};
 
@@ -325,10 +327,11 @@ impl<'a, B: LeaseBackend> Waiter<'a, B> {
         let baton = turn
             .handoff()
             .take_baton()
-            .filter(|_| self.options.release_notices() && self.hands_over());
+            .filter(|_| self.options.release_notices() && self.hands_over())
+            .filter(|_| !leasehold_core::ablation::off("offer"));
         if let Some(baton) = baton {
             self.watch = baton.watch;
-            self.holder_token = self.manager.queues.last_won(self.key);
+            self.holder_token = self.manager.queues.turns().last_won(self.key);
             return Step::Refused(Refusal {
                 failure: self.not_acquired(LeaseInfo::default()),
                 retry_after: self.options.backoff().delay(self.attempt),
@@ -336,7 +339,7 @@ impl<'a, B: LeaseBackend> Waiter<'a, B> {
             });
         }
         if let Some(give_up_at) = self.give_up_at
-            && let Some(until) = self.manager.queues.yield_until(self.key)
+            && let Some(until) = self.manager.queues.turns().yield_until(self.key)
         {
             // Boxed: rare (a release here that a waiter elsewhere heard),
             // and otherwise carried by every acquisition.
@@ -370,10 +373,11 @@ impl<'a, B: LeaseBackend> Waiter<'a, B> {
         };
         self.watch = Some(watch);
         if heard {
-            self.manager.queues.note_notice(self.key);
+            self.manager.queues.turns().note_notice(self.key);
             self.holder_token = self
                 .manager
                 .queues
+                .turns()
                 .last_won(self.key)
                 .map(|won| FencingToken(won.0.saturating_add(1)));
             self.deferring(give_up_at).await;
@@ -389,6 +393,7 @@ impl<'a, B: LeaseBackend> Waiter<'a, B> {
         let replied = Instant::now();
         self.manager
             .queues
+            .turns()
             .note_round_trip(replied.saturating_duration_since(sent));
         let mut holder_left = None;
         let failure = match outcome {
@@ -472,6 +477,7 @@ impl<'a, B: LeaseBackend> Waiter<'a, B> {
         // listens at all.)
         if offer.answer.is_none()
             && self.hands_over()
+            && !leasehold_core::ablation::off("offer")
             && self.watch.as_ref().is_some_and(ReleaseWatch::is_supported)
         {
             offer.answer = turn.handoff().offer(&self.request, None);
@@ -506,7 +512,7 @@ impl<'a, B: LeaseBackend> Waiter<'a, B> {
             () = notice => {
                 debug!("release notice");
                 if self.counts_turns() {
-                    self.manager.queues.note_notice(self.key);
+                    self.manager.queues.turns().note_notice(self.key);
                 }
                 (None, true)
             }
@@ -537,7 +543,10 @@ impl<'a, B: LeaseBackend> Waiter<'a, B> {
             self.orphan.armed = true;
         }
         self.attempt = self.attempt.saturating_add(1);
-        if released && let Some(give_up_at) = self.give_up_at {
+        if released
+            && self.counts_turns()
+            && let Some(give_up_at) = self.give_up_at
+        {
             self.deferring(give_up_at).await;
         }
         Step::Attempting
@@ -554,7 +563,7 @@ impl<'a, B: LeaseBackend> Waiter<'a, B> {
         let Some(watch) = self.watch.as_mut() else {
             return;
         };
-        let moment = self.manager.queues.round_trip().unwrap_or(YIELD);
+        let moment = self.manager.queues.turns().moment();
         let _ = tokio::time::timeout(moment, watch.released()).await;
     }
 
@@ -572,16 +581,10 @@ impl<'a, B: LeaseBackend> Waiter<'a, B> {
             };
             let now = Instant::now();
             let poll_at = (now + self.options.backoff().delay(self.attempt)).min(give_up_at);
-            let moment = self.manager.queues.round_trip().unwrap_or(YIELD);
-            let turns = self.manager.queues.window(self.key, now);
+            let turn_taking = self.manager.queues.turns();
+            let moment = turn_taking.moment();
+            let turns = turn_taking.window(self.key, now);
             let hold_back = now + moment.saturating_mul(rank);
-            if !self.counts_turns() {
-                // One moment per rank, then try: a release of a permit or
-                // a share may make room for several.
-                debug!(rank, ?moment, "waiters elsewhere waited longer; deferring");
-                tokio::time::sleep_until(hold_back.min(poll_at)).await;
-                return;
-            }
             let until = (hold_back + turns).min(poll_at);
             debug!(
                 rank,
@@ -604,7 +607,7 @@ impl<'a, B: LeaseBackend> Waiter<'a, B> {
             }
             // One of those that went first released: the next notice
             // announces the release of the holder after it.
-            self.manager.queues.note_notice(self.key);
+            self.manager.queues.turns().note_notice(self.key);
             self.holder_token = self
                 .holder_token
                 .map(|token| FencingToken(token.0.saturating_add(1)));
@@ -616,19 +619,20 @@ impl<'a, B: LeaseBackend> Waiter<'a, B> {
     /// the one that just released it); `None` when this process goes at once:
     /// it waits alone, never held the key, or cannot tell.
     fn rank(&self) -> Option<u32> {
-        let listeners = self.watch.as_ref()?.listeners()?;
-        let last_won = self.manager.queues.last_won(self.key)?;
-        // Acquisitions since this process's last: 0 when it just released.
-        let since = self.holder_token?.0.saturating_sub(last_won.0);
-        let others = u64::try_from(listeners.saturating_sub(1)).unwrap_or(u64::MAX);
-        let rank = others.saturating_sub(since);
-        (rank > 0).then(|| u32::try_from(rank).unwrap_or(u32::MAX))
+        let listeners = self.watch.as_ref().and_then(ReleaseWatch::listeners);
+        self.manager
+            .queues
+            .turns()
+            .rank(self.key, listeners, self.holder_token)
     }
 
     /// `Granted`: the lease and the turn (if the waiter queued) go to the
     /// manager, which hands the turn on and registers the lease.
     fn granted(self, turn: Option<Turn>, grant: Grant, handed_over: bool) -> Won {
-        self.manager.queues.note_won(self.key, grant.fencing_token);
+        self.manager
+            .queues
+            .turns()
+            .note_won(self.key, grant.fencing_token);
         Won {
             grant,
             turn,
@@ -701,12 +705,13 @@ impl<'a, B: LeaseBackend> Waiter<'a, B> {
         // wait, and inline it would size (and be copied with) every
         // acquisition's future.
         let watch = if self.counts_turns() {
-            Box::pin(
-                self.manager
-                    .backend
-                    .watch_releases(self.key, WatchPolicy::Counted),
-            )
-            .await
+            // The count serves `Deferring` alone.
+            let policy = if leasehold_core::ablation::off("defer") {
+                WatchPolicy::Uncounted
+            } else {
+                WatchPolicy::Counted
+            };
+            Box::pin(self.manager.backend.watch_releases(self.key, policy)).await
         } else {
             // Waiters that race on each notice: the order in which the
             // server tells processes must not favour the ones that

@@ -199,7 +199,7 @@ fn granted<B: LeaseBackend>(
     turn: Turn,
     watch: Option<ReleaseWatch>,
 ) -> Won {
-    manager.queues.note_won(key, grant.fencing_token);
+    manager.queues.turns().note_won(key, grant.fencing_token);
     Won {
         grant,
         turn: Some(turn),
