@@ -320,7 +320,7 @@ pub enum WatchPolicy {
     /// leader): a backend that counts listeners with a round trip of its
     /// own skips it.
     Uncounted,
-    /// As [`Uncounted`](Self::Uncounted), for a waiter that races the waiters
+    /// As [`Counted`](Self::Counted), for a waiter that races the waiters
     /// of other processes on each notice (a permit's, a share's: a release
     /// may make room for several, so they do not take turns). Redis tells a
     /// channel's subscribers in the order they subscribed, so a process

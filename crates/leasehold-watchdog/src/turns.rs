@@ -18,7 +18,9 @@
 //!   ranks its process by how recently it held the key, counted in
 //!   acquisitions (fencing tokens) against the number of listening
 //!   processes, and lets the ones that held it longer ago go first: one
-//!   notice per process ahead of it, each a turn taken.
+//!   notice per process ahead of it, each a turn taken. A permit's or a
+//!   share's release may make room for several, so their waiters hold back
+//!   one [`TurnTaking::moment`] per rank, then try.
 //! - **Window** ([`TurnTaking::window`]): a deferring or yielding waiter
 //!   waits for the next notice at most two turns, a turn being the longest
 //!   interval between two notices heard here lately; then it tries anyway
@@ -134,7 +136,13 @@ impl TurnTaking {
         if paces.len() >= REMEMBERED_KEYS {
             paces.clear();
         }
-        paces.insert(key.clone(), Pace { at: now, turn: None });
+        paces.insert(
+            key.clone(),
+            Pace {
+                at: now,
+                turn: None,
+            },
+        );
     }
 
     /// How long a waiter here that heard a release of `key` at `at`
@@ -403,6 +411,9 @@ mod tests {
         queues.note_won(&name(REMEMBERED_KEYS), FencingToken(2));
         assert_eq!(queues.won.lock().expect("not poisoned").len(), 1);
         assert_eq!(queues.last_won(&key()), None);
-        assert_eq!(queues.last_won(&name(REMEMBERED_KEYS)), Some(FencingToken(2)));
+        assert_eq!(
+            queues.last_won(&name(REMEMBERED_KEYS)),
+            Some(FencingToken(2))
+        );
     }
 }

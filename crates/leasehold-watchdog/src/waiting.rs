@@ -70,15 +70,14 @@
 //! process that just released has the highest rank, and waits for the
 //! next holder's notice before it asks at all.
 //! Only the exclusive lease counts turns this way: a permit's or a share's
-//! release may make room for several waiters, so their heads try at once
-//! after each notice, racing the heads of other processes; they subscribe
-//! afresh on each wait ([`WatchPolicy::Afresh`]), so that the order in
-//! which the server tells processes does not keep one of them ahead. (A
-//! hold-back of one moment per rank for them was measured and dropped: it
-//! moved neither their throughput nor their fairness, on Redis or Valkey.)
-//! A process that waits alone, or a backend without the count (memory,
-//! cluster), never holds back. What the manager remembers for `Yielding`
-//! and `Deferring`, and their tunables, are in `turns.rs`.
+//! release may make room for several waiters, so their heads hold back
+//! one moment per rank and then try, racing the heads of other processes;
+//! they subscribe afresh on each wait
+//! ([`WatchPolicy::Afresh`]), so that the order in which
+//! the server tells processes does not keep one of them ahead. A process
+//! that waits alone, or a backend without the count (memory, cluster),
+//! never holds back. What the manager remembers for `Yielding` and
+//! `Deferring`, and their tunables, are in `turns.rs`.
 //!
 //! `Granted` hands the turn on, if the waiter queued (with a baton when
 //! others wait behind), and the manager registers the lease with the
@@ -543,10 +542,7 @@ impl<'a, B: LeaseBackend> Waiter<'a, B> {
             self.orphan.armed = true;
         }
         self.attempt = self.attempt.saturating_add(1);
-        if released
-            && self.counts_turns()
-            && let Some(give_up_at) = self.give_up_at
-        {
+        if released && let Some(give_up_at) = self.give_up_at {
             self.deferring(give_up_at).await;
         }
         Step::Attempting
@@ -585,6 +581,15 @@ impl<'a, B: LeaseBackend> Waiter<'a, B> {
             let moment = turn_taking.moment();
             let turns = turn_taking.window(self.key, now);
             let hold_back = now + moment.saturating_mul(rank);
+            if !self.counts_turns() {
+                // One moment per rank, then try: a release of a permit or
+                // a share may make room for several (measured: without it
+                // permits across 16 managers wait longer at the p99, see
+                // docs/performance.md).
+                debug!(rank, ?moment, "waiters elsewhere waited longer; deferring");
+                tokio::time::sleep_until(hold_back.min(poll_at)).await;
+                return;
+            }
             let until = (hold_back + turns).min(poll_at);
             debug!(
                 rank,

@@ -958,7 +958,7 @@ impl LeaseBackend for RedisBackend {
     ///
     /// With [`WatchPolicy::Counted`] the watch knows how many processes
     /// listen (one `PUBSUB NUMSUB` round trip); [`WatchPolicy::Uncounted`]
-    /// skips that round trip. With [`WatchPolicy::Afresh`], uncounted, a
+    /// skips that round trip. With [`WatchPolicy::Afresh`], counted, a
     /// channel still subscribed from an earlier wait, and watched by no one
     /// here, is unsubscribed and subscribed again (two commands on the
     /// notices connection), which puts this process at the end of the order
@@ -981,7 +981,7 @@ impl LeaseBackend for RedisBackend {
                     .unwrap_or_else(ReleaseWatch::unsupported));
             }
             WatchPolicy::Uncounted => (false, false),
-            WatchPolicy::Afresh => (false, !leasehold_core::ablation::off("afresh")),
+            WatchPolicy::Afresh => (true, !leasehold_core::ablation::off("afresh")),
             // Counted, and a policy added later: the full watch.
             _ => (true, false),
         };
