@@ -29,6 +29,12 @@
 //!             releases' notices until its turn ─────────► Attempting
 //! ```
 //!
+//! From the head of the queue on, each state is a value of `Step`, and
+//! [`acquire`]'s loop runs one transition function per state, each
+//! returning the next state: `at_head`, `yielding`, `attempting`,
+//! `refused`, `listening`, `deferring`, `granted`. `Trying` and `Queued`
+//! come before the loop, once.
+//!
 //! `Trying` is the uncontended acquisition: a key that no task of this
 //! manager waits for or holds the turn of has no local order to keep, no
 //! offer standing and no baton, so its first attempt needs no turn. It is
@@ -205,13 +211,16 @@ pub(crate) async fn acquire<B: LeaseBackend>(
             // acquisition's state; only contention gets here.
             Step::Refused(refusal) => refused = Some(Box::new(refusal)),
             // `attempting` ends in one of the two above.
-            Step::Attempting | Step::Listening { .. } => {}
+            Step::Attempting
+            | Step::Yielding { .. }
+            | Step::Listening { .. }
+            | Step::Deferring { .. } => {}
         }
     }
     // Boxed: only contention queues, and inline the wait for the turn
     // (a lock and a timer) would size every acquisition's state.
     turn = Box::pin(queued(queues, key, started, give_up_at)).await?;
-    let mut step = waiter.at_head(&turn, refused).await;
+    let mut step = waiter.at_head(&turn, refused);
     loop {
         step = match step {
             // Moved out and dropped, so that the step is not kept in the
@@ -221,11 +230,13 @@ pub(crate) async fn acquire<B: LeaseBackend>(
                 waiter.attempting().await?
             }
             Step::Refused(refusal) => waiter.refused(&turn, refusal).await?,
-            // Boxed, as `yielding` is: a listening waiter's state (its
-            // notice, poll and offer, raced) is the largest, and every
-            // acquisition would otherwise carry it, listening or not; one
-            // allocation per wait for a notice, beside that wait.
+            // Boxed, these three: their states (a notice, a poll and an
+            // offer, raced) are the largest, and every acquisition would
+            // otherwise carry them, waiting or not; one allocation per
+            // wait for a notice, beside that wait.
+            Step::Yielding { until, then } => Box::pin(waiter.yielding(until, then)).await,
             Step::Listening { poll_at, offer } => Box::pin(waiter.listening(poll_at, offer)).await,
+            Step::Deferring { then } => Box::pin(waiter.deferring(then)).await,
             Step::Granted { grant, handed_over } => {
                 return Ok(waiter.granted(Some(turn), grant, handed_over));
             }
@@ -235,6 +246,9 @@ pub(crate) async fn acquire<B: LeaseBackend>(
 
 /// Where a waiter at the head is, between transitions.
 enum Step<'a> {
+    /// After a release here that a waiter elsewhere heard: listening for
+    /// the next holder's notice until `until`, then `then`.
+    Yielding { until: Instant, then: Then },
     /// About to ask the backend.
     Attempting,
     /// Not granted (refused, failed, or not asked because of a baton).
@@ -245,8 +259,28 @@ enum Step<'a> {
         poll_at: Instant,
         offer: OfferGuard<'a>,
     },
+    /// After a notice: holding back while processes that held the key
+    /// longer ago take their turns, then `then`.
+    Deferring { then: Then },
     /// The lease is ours.
     Granted { grant: Grant, handed_over: bool },
+}
+
+/// Where `Yielding` and `Deferring` lead when they are over.
+enum Then {
+    /// Ask the backend.
+    Attempt,
+    /// Take up the refusal of `Trying` (subscribe, then ask again).
+    Refused(Box<Refusal>),
+}
+
+impl Then {
+    fn step<'a>(self) -> Step<'a> {
+        match self {
+            Then::Attempt => Step::Attempting,
+            Then::Refused(refusal) => Step::Refused(*refusal),
+        }
+    }
 }
 
 /// Why and for how long a waiter waits.
@@ -317,10 +351,10 @@ struct Waiter<'a, B> {
 impl<'a, B: LeaseBackend> Waiter<'a, B> {
     /// At the head: with a baton, straight to `Refused` (the lease is held
     /// in this manager and its release will look for our offer); after a
-    /// release here that a waiter elsewhere heard, `Yielding`; then
+    /// release here that a waiter elsewhere heard, `Yielding`; else
     /// `Refused` by the attempt of `Trying` (`tried`), if it made one,
     /// else `Attempting`.
-    async fn at_head(&mut self, turn: &Turn, tried: Option<Box<Refusal>>) -> Step<'a> {
+    fn at_head(&mut self, turn: &Turn, tried: Option<Box<Refusal>>) -> Step<'a> {
         // Only with notices on: a head that polls leaves every grant to its
         // own attempts.
         let baton = turn
@@ -337,15 +371,15 @@ impl<'a, B: LeaseBackend> Waiter<'a, B> {
                 baton: Some(baton.releases),
             });
         }
-        if let Some(give_up_at) = self.give_up_at
-            && let Some(until) = self.manager.queues.turns().yield_until(self.key)
-        {
-            // Boxed: rare (a release here that a waiter elsewhere heard),
-            // and otherwise carried by every acquisition.
-            Box::pin(self.yielding(until.min(give_up_at), give_up_at)).await;
-        }
         // After a refusal, as after any: subscribe, then try again.
-        tried.map_or(Step::Attempting, |refusal| Step::Refused(*refusal))
+        let then = tried.map_or(Then::Attempt, Then::Refused);
+        match self.give_up_at.and_then(|give_up_at| {
+            let until = self.manager.queues.turns().yield_until(self.key)?;
+            Some(until.min(give_up_at))
+        }) {
+            Some(until) => Step::Yielding { until, then },
+            None => then.step(),
+        }
     }
 
     /// `Yielding`: this manager released the key a moment ago and a waiter
@@ -355,32 +389,33 @@ impl<'a, B: LeaseBackend> Waiter<'a, B> {
     /// waiter takes its turn as after any notice (`Deferring`), without
     /// having asked the backend: a process that takes a key in a loop makes
     /// one attempt per acquisition, not one per release.
-    async fn yielding(&mut self, until: Instant, give_up_at: Instant) {
+    async fn yielding(&mut self, until: Instant, then: Then) -> Step<'a> {
         if !self.options.release_notices() {
             tokio::time::sleep_until(until).await;
-            return;
+            return then.step();
         }
         let mut watch = self.subscribe().await;
         if !self.counts_turns() {
             self.watch = Some(watch);
             tokio::time::sleep_until(until).await;
-            return;
+            return then.step();
         }
         let heard = tokio::select! {
             () = tokio::time::sleep_until(until) => false,
             () = watch.released() => true,
         };
         self.watch = Some(watch);
-        if heard {
-            self.manager.queues.turns().note_notice(self.key);
-            self.holder_token = self
-                .manager
-                .queues
-                .turns()
-                .last_won(self.key)
-                .map(|won| FencingToken(won.0.saturating_add(1)));
-            self.deferring(give_up_at).await;
+        if !heard {
+            return then.step();
         }
+        self.manager.queues.turns().note_notice(self.key);
+        self.holder_token = self
+            .manager
+            .queues
+            .turns()
+            .last_won(self.key)
+            .map(|won| FencingToken(won.0.saturating_add(1)));
+        Step::Deferring { then }
     }
 
     /// `Attempting`: one `try_acquire`. `Granted` if the lease came in time
@@ -542,8 +577,10 @@ impl<'a, B: LeaseBackend> Waiter<'a, B> {
             self.orphan.armed = true;
         }
         self.attempt = self.attempt.saturating_add(1);
-        if released && let Some(give_up_at) = self.give_up_at {
-            self.deferring(give_up_at).await;
+        if released && self.give_up_at.is_some() {
+            return Step::Deferring {
+                then: Then::Attempt,
+            };
         }
         Step::Attempting
     }
@@ -564,59 +601,57 @@ impl<'a, B: LeaseBackend> Waiter<'a, B> {
     }
 
     /// `Deferring`: after a release, holds back while processes that
-    /// waited longer than this one take their turns (see the module
-    /// documentation): each next release notice means one of them did, and
-    /// the rank is counted again; at rank 0, or when no notice comes within
-    /// two turns and one measured moment per rank, it tries. The fallback
-    /// poll starts again with each notice (the notices are flowing), and
-    /// bounds every hold-back, as the end of the wait does.
-    async fn deferring(&mut self, give_up_at: Instant) {
-        loop {
-            let Some(rank) = self.rank() else {
-                return;
-            };
-            let now = Instant::now();
-            let poll_at = (now + self.options.backoff().delay(self.attempt)).min(give_up_at);
-            let turn_taking = self.manager.queues.turns();
-            let moment = turn_taking.moment();
-            let turns = turn_taking.window(self.key, now);
-            let hold_back = now + moment.saturating_mul(rank);
-            if !self.counts_turns() {
-                // One moment per rank, then try: a release of a permit or
-                // a share may make room for several (measured: without it
-                // permits across 16 managers wait longer at the p99, see
-                // docs/performance.md).
-                debug!(rank, ?moment, "waiters elsewhere waited longer; deferring");
-                tokio::time::sleep_until(hold_back.min(poll_at)).await;
-                return;
-            }
-            let until = (hold_back + turns).min(poll_at);
-            debug!(
-                rank,
-                ?moment,
-                ?turns,
-                "waiters elsewhere waited longer; deferring"
-            );
-            let notice = async {
-                match self.watch.as_mut() {
-                    Some(watch) => watch.released().await,
-                    None => std::future::pending().await,
-                }
-            };
-            tokio::select! {
-                () = tokio::time::sleep_until(until) => {
-                    debug!(rank, "no release notice within the window; trying");
-                    return;
-                }
-                () = notice => {}
-            }
-            // One of those that went first released: the next notice
-            // announces the release of the holder after it.
-            self.manager.queues.turns().note_notice(self.key);
-            self.holder_token = self
-                .holder_token
-                .map(|token| FencingToken(token.0.saturating_add(1)));
+    /// held the key longer ago than this one take their turns (see the
+    /// module documentation). At rank 0, or when no notice comes within
+    /// two turns and one measured moment per rank, `then`; on the next
+    /// notice (one of those ahead took its turn), `Deferring` again, one
+    /// rank lower. The fallback poll starts again with each notice (the
+    /// notices are flowing), and bounds every hold-back, as the end of
+    /// the wait does.
+    async fn deferring(&mut self, then: Then) -> Step<'a> {
+        let (Some(rank), Some(give_up_at)) = (self.rank(), self.give_up_at) else {
+            return then.step();
+        };
+        let now = Instant::now();
+        let poll_at = (now + self.options.backoff().delay(self.attempt)).min(give_up_at);
+        let turn_taking = self.manager.queues.turns();
+        let moment = turn_taking.moment();
+        let hold_back = now + moment.saturating_mul(rank);
+        if !self.counts_turns() {
+            // One moment per rank, then try: a release of a permit or a
+            // share may make room for several.
+            debug!(rank, ?moment, "waiters elsewhere waited longer; deferring");
+            tokio::time::sleep_until(hold_back.min(poll_at)).await;
+            return then.step();
         }
+        let turns = turn_taking.window(self.key, now);
+        let until = (hold_back + turns).min(poll_at);
+        debug!(
+            rank,
+            ?moment,
+            ?turns,
+            "waiters elsewhere waited longer; deferring"
+        );
+        let notice = async {
+            match self.watch.as_mut() {
+                Some(watch) => watch.released().await,
+                None => std::future::pending().await,
+            }
+        };
+        tokio::select! {
+            () = tokio::time::sleep_until(until) => {
+                debug!(rank, "no release notice within the window; trying");
+                return then.step();
+            }
+            () = notice => {}
+        }
+        // One of those that went first released: the next notice
+        // announces the release of the holder after it.
+        self.manager.queues.turns().note_notice(self.key);
+        self.holder_token = self
+            .holder_token
+            .map(|token| FencingToken(token.0.saturating_add(1)));
+        Step::Deferring { then }
     }
 
     /// How many listening processes held the key longer ago than this one
