@@ -1314,6 +1314,25 @@ async fn run(config: Config) -> BenchResult {
         mib(slope_per_hour(&used)),
         mib(slope_per_hour(second_half(&used))),
     );
+    // The shape over the run, a point a minute (every sample in quick
+    // mode): a step with the faults' storms reads differently from a creep.
+    let every = (samples.len() / 60).max(1);
+    let shape: Vec<String> = samples
+        .iter()
+        .step_by(every)
+        .map(|s| {
+            format!(
+                "{:.0}s {:.1}/{:.1}",
+                s.at,
+                mib(s.rss as f64),
+                mib(s.used as f64)
+            )
+        })
+        .collect();
+    eprintln!(
+        "  memory over the run (client RSS / Redis used_memory, MiB): {}",
+        shape.join(", ")
+    );
     eprintln!(
         "  keys of the namespace at the end: {keys_left} ({:.1} s after the releases)",
         keys_gone_after.as_secs_f64()
