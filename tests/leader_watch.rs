@@ -58,19 +58,22 @@ type Seen = Arc<Mutex<Vec<(SystemTime, Option<u64>)>>>;
 
 /// Records every value `leader` takes, starting with the current one.
 fn record(mut leader: watch::Receiver<Option<Leader>>) -> Seen {
-    let seen: Seen = Arc::default();
+    let token_of = |leader: &Option<Leader>| {
+        leader
+            .as_ref()
+            .and_then(|l| l.fencing_token.map(|t| t.get()))
+    };
+    // The first value is read here, when the watch is made, not when the
+    // recording task first runs: on a loaded machine that may be after the
+    // first grant, and the watch's state before it would go unrecorded.
+    let first = token_of(&leader.borrow_and_update());
+    let seen: Seen = Arc::new(Mutex::new(vec![(SystemTime::now(), first)]));
     let out = Arc::clone(&seen);
     tokio::spawn(async move {
-        loop {
-            let token = leader
-                .borrow_and_update()
-                .as_ref()
-                .and_then(|l| l.fencing_token.map(|t| t.get()));
+        while leader.changed().await.is_ok() {
+            let token = token_of(&leader.borrow_and_update());
             let at = SystemTime::now();
             out.lock().expect("not poisoned").push((at, token));
-            if leader.changed().await.is_err() {
-                break;
-            }
         }
     });
     seen
