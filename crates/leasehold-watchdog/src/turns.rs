@@ -28,7 +28,13 @@
 //!
 //! The waiting path (`waiting.rs`) asks these questions; the local queue
 //! (`queue.rs`) and the local handover (`handoff.rs`) keep the order inside
-//! one manager, which needs none of this.
+//! one manager, which needs none of this. Three more mechanisms are about
+//! how a process subscribes, so they live with the Redis backend's release
+//! notices (`leasehold-redis/src/notices.rs`): a channel lingers between
+//! waits (no `SUBSCRIBE` per wait), a process drops the notice of its own
+//! release while its channel lingers, and a permit's or a share's waiter
+//! subscribes afresh (`WatchPolicy::Afresh`), so that Redis's delivery
+//! order keeps no process ahead. They were measured the same way.
 
 use std::collections::HashMap;
 use std::sync::Mutex;
