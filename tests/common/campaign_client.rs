@@ -166,6 +166,8 @@ pub(crate) struct Settings {
     pub(crate) keys: usize,
     pub(crate) ttl: Duration,
     pub(crate) options: LeaseOptions,
+    /// A writer's: as `options`, but waiting [`WRITER_WAIT_TTLS`] ttls.
+    pub(crate) writer_options: LeaseOptions,
     /// `Some` for a counting campaign: clients take a permit of semaphore
     /// `sem<k>` with this limit instead of the lease `key<k>`.
     pub(crate) permits: Option<PermitLimit>,
@@ -176,6 +178,12 @@ pub(crate) struct Settings {
 
 /// In a read-write campaign, one take in this many is a writer's.
 pub(crate) const WRITER_ONE_IN: u32 = 3;
+
+/// How many ttls a writer waits: it waits for every reader of its lease
+/// to leave, and readers hold for several renew intervals, so a wait of one
+/// ttl ran out for most writers on a loaded machine (two writer holds in a
+/// run, the lease's writing half barely exercised).
+pub(crate) const WRITER_WAIT_TTLS: u32 = 3;
 
 impl Settings {
     pub(crate) fn from_env(
@@ -193,6 +201,11 @@ impl Settings {
             options: LeaseOptions::builder()
                 .ttl(Ttl::new(ttl)?)
                 .wait(ttl)
+                .name("campaign")
+                .build()?,
+            writer_options: LeaseOptions::builder()
+                .ttl(Ttl::new(ttl)?)
+                .wait(ttl * WRITER_WAIT_TTLS)
                 .name("campaign")
                 .build()?,
             permits: None,
@@ -635,6 +648,7 @@ impl Clients {
                 name: format!("c{i}"),
                 manager: manager.clone(),
                 options: settings.options.clone(),
+                writer_options: settings.writer_options.clone(),
                 keys: settings.keys,
                 permits: settings.permits,
                 rw: settings.rw,
@@ -932,6 +946,7 @@ struct Client {
     name: String,
     manager: LeaseManager<RedisBackend>,
     options: LeaseOptions,
+    writer_options: LeaseOptions,
     keys: usize,
     permits: Option<PermitLimit>,
     rw: bool,
@@ -967,7 +982,9 @@ async fn client(mut c: Client) -> TestResult {
             () = c.stop.cancelled() => break,
             acquired = async {
                 match (share, c.permits) {
-                    (Some(Share::Writer), _) => c.manager.acquire_write(&rw, &c.options).await,
+                    (Some(Share::Writer), _) => {
+                        c.manager.acquire_write(&rw, &c.writer_options).await
+                    }
                     (Some(_), _) => c.manager.acquire_read(&rw, &c.options).await,
                     (None, None) => c.manager.acquire(format!("key{k}"), &c.options).await,
                     (None, Some(limit)) => {
