@@ -291,40 +291,40 @@ mod tests {
     /// key for exactly [`YIELD`], and only once.
     #[tokio::test(start_paused = true)]
     async fn a_heard_release_yields_for_exactly_the_yield_time() {
-        let queues = TurnTaking::new();
-        assert_eq!(queues.yield_until(&key()), None, "nothing heard");
+        let turns = TurnTaking::new();
+        assert_eq!(turns.yield_until(&key()), None, "nothing heard");
         let heard_at = Instant::now();
-        queues.note_heard(&key());
+        turns.note_heard(&key());
         tokio::time::advance(YIELD - Duration::from_millis(1)).await;
-        assert_eq!(queues.yield_until(&key()), Some(heard_at + YIELD));
+        assert_eq!(turns.yield_until(&key()), Some(heard_at + YIELD));
         // Taken: a second acquisition does not yield again.
-        assert_eq!(queues.yield_until(&key()), None);
+        assert_eq!(turns.yield_until(&key()), None);
 
-        queues.note_heard(&key());
+        turns.note_heard(&key());
         tokio::time::advance(YIELD).await;
         // At the very end of the yield there is nothing left to wait for.
-        assert_eq!(queues.yield_until(&key()), None);
+        assert_eq!(turns.yield_until(&key()), None);
     }
 
     /// Past [`HEARD_KEYS`] keys, noting a release drops the ones whose
     /// yield is over (and only those), so the map stays bounded.
     #[tokio::test(start_paused = true)]
     async fn heard_releases_past_the_bound_drop_the_stale_ones() {
-        let queues = TurnTaking::new();
-        let heard = |queues: &TurnTaking| queues.heard.lock().expect("not poisoned").len();
+        let turns = TurnTaking::new();
+        let heard = |turns: &TurnTaking| turns.heard.lock().expect("not poisoned").len();
         let name = |i: usize| LeaseKey::new(format!("k{i}")).expect("valid key");
         for i in 0..HEARD_KEYS - 1 {
-            queues.note_heard(&name(i));
+            turns.note_heard(&name(i));
         }
         tokio::time::advance(Duration::from_millis(1)).await;
         let fresh_at = Instant::now();
-        queues.note_heard(&key());
-        assert_eq!(heard(&queues), HEARD_KEYS);
+        turns.note_heard(&key());
+        assert_eq!(heard(&turns), HEARD_KEYS);
         // The first keys' yield ends now; `q`'s has a millisecond left.
         tokio::time::advance(YIELD - Duration::from_millis(1)).await;
-        queues.note_heard(&name(HEARD_KEYS));
-        assert_eq!(heard(&queues), 2);
-        assert_eq!(queues.yield_until(&key()), Some(fresh_at + YIELD));
+        turns.note_heard(&name(HEARD_KEYS));
+        assert_eq!(heard(&turns), 2);
+        assert_eq!(turns.yield_until(&key()), Some(fresh_at + YIELD));
     }
 
     /// A turn is the interval between the last two notices of a key (the
@@ -333,47 +333,43 @@ mod tests {
     /// of them.
     #[tokio::test(start_paused = true)]
     async fn the_window_is_two_turns_between_notices_while_fresh() {
-        let queues = TurnTaking::new();
+        let turns = TurnTaking::new();
         let ms = Duration::from_millis;
         let zero = Duration::ZERO;
-        queues.note_notice(&key());
-        assert_eq!(queues.window(&key(), Instant::now()), zero, "one notice");
+        turns.note_notice(&key());
+        assert_eq!(turns.window(&key(), Instant::now()), zero, "one notice");
         tokio::time::advance(ms(3)).await;
-        queues.note_notice(&key());
+        turns.note_notice(&key());
         let last = Instant::now();
-        assert_eq!(queues.window(&key(), last), ms(6));
-        assert_eq!(queues.window(&key(), last + ms(5)), ms(6));
-        assert_eq!(queues.window(&key(), last + ms(6)), zero, "stale");
+        assert_eq!(turns.window(&key(), last), ms(6));
+        assert_eq!(turns.window(&key(), last + ms(5)), ms(6));
+        assert_eq!(turns.window(&key(), last + ms(6)), zero, "stale");
         let other = LeaseKey::new("other").expect("valid key");
-        assert_eq!(queues.window(&other, last), zero, "per key");
+        assert_eq!(turns.window(&other, last), zero, "per key");
         tokio::time::advance(MAX_TURN + ms(1)).await;
-        queues.note_notice(&key());
-        assert_eq!(
-            queues.window(&key(), Instant::now()),
-            zero,
-            "too long a gap"
-        );
+        turns.note_notice(&key());
+        assert_eq!(turns.window(&key(), Instant::now()), zero, "too long a gap");
     }
 
     /// A turn is the longest interval lately: a shorter one that follows
     /// takes half the difference off it; a longer one replaces it.
     #[tokio::test(start_paused = true)]
     async fn a_turn_is_the_longest_interval_lately() {
-        let queues = TurnTaking::new();
+        let turns = TurnTaking::new();
         let ms = Duration::from_millis;
-        let window = || queues.window(&key(), Instant::now());
-        queues.note_notice(&key());
+        let window = || turns.window(&key(), Instant::now());
+        turns.note_notice(&key());
         tokio::time::advance(ms(20)).await;
-        queues.note_notice(&key());
+        turns.note_notice(&key());
         assert_eq!(window(), ms(40));
         tokio::time::advance(ms(4)).await;
-        queues.note_notice(&key());
+        turns.note_notice(&key());
         assert_eq!(window(), ms(24), "20 - (20 - 4) / 2 = 12 ms");
         tokio::time::advance(ms(4)).await;
-        queues.note_notice(&key());
+        turns.note_notice(&key());
         assert_eq!(window(), ms(16), "12 - (12 - 4) / 2 = 8 ms");
         tokio::time::advance(ms(30)).await;
-        queues.note_notice(&key());
+        turns.note_notice(&key());
         assert_eq!(window(), ms(60), "a longer one replaces it");
     }
 
@@ -382,43 +378,43 @@ mod tests {
     /// otherwise [`YIELD`].
     #[tokio::test(start_paused = true)]
     async fn a_heard_release_yields_two_turns_while_processes_take_turns() {
-        let queues = TurnTaking::new();
+        let turns = TurnTaking::new();
         let ms = Duration::from_millis;
-        queues.note_notice(&key());
+        turns.note_notice(&key());
         tokio::time::advance(ms(4)).await;
-        queues.note_notice(&key());
+        turns.note_notice(&key());
         tokio::time::advance(ms(4)).await;
         let heard_at = Instant::now();
-        queues.note_heard(&key());
-        assert_eq!(queues.yield_until(&key()), Some(heard_at + ms(8)));
+        turns.note_heard(&key());
+        assert_eq!(turns.yield_until(&key()), Some(heard_at + ms(8)));
         // Past two turns after the last notice, the turns are over.
         tokio::time::advance(ms(5)).await;
         let heard_at = Instant::now();
-        queues.note_heard(&key());
-        assert_eq!(queues.yield_until(&key()), Some(heard_at + YIELD));
+        turns.note_heard(&key());
+        assert_eq!(turns.yield_until(&key()), Some(heard_at + YIELD));
     }
 
     /// The last win of each key is remembered (the latest one), and past
     /// [`REMEMBERED_KEYS`] keys the map starts over instead of growing.
     #[test]
     fn the_last_win_per_key_is_remembered_within_a_bound() {
-        let queues = TurnTaking::new();
+        let turns = TurnTaking::new();
         let name = |i: usize| LeaseKey::new(format!("k{i}")).expect("valid key");
-        assert_eq!(queues.last_won(&key()), None);
-        queues.note_won(&key(), FencingToken(7));
-        queues.note_won(&key(), FencingToken(9));
-        assert_eq!(queues.last_won(&key()), Some(FencingToken(9)));
+        assert_eq!(turns.last_won(&key()), None);
+        turns.note_won(&key(), FencingToken(7));
+        turns.note_won(&key(), FencingToken(9));
+        assert_eq!(turns.last_won(&key()), Some(FencingToken(9)));
         for i in 0..REMEMBERED_KEYS - 1 {
-            queues.note_won(&name(i), FencingToken(1));
+            turns.note_won(&name(i), FencingToken(1));
         }
         // Full: updating a key it has does not start over.
-        queues.note_won(&key(), FencingToken(10));
-        assert_eq!(queues.last_won(&name(0)), Some(FencingToken(1)));
-        queues.note_won(&name(REMEMBERED_KEYS), FencingToken(2));
-        assert_eq!(queues.won.lock().expect("not poisoned").len(), 1);
-        assert_eq!(queues.last_won(&key()), None);
+        turns.note_won(&key(), FencingToken(10));
+        assert_eq!(turns.last_won(&name(0)), Some(FencingToken(1)));
+        turns.note_won(&name(REMEMBERED_KEYS), FencingToken(2));
+        assert_eq!(turns.won.lock().expect("not poisoned").len(), 1);
+        assert_eq!(turns.last_won(&key()), None);
         assert_eq!(
-            queues.last_won(&name(REMEMBERED_KEYS)),
+            turns.last_won(&name(REMEMBERED_KEYS)),
             Some(FencingToken(2))
         );
     }
