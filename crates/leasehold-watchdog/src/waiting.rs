@@ -360,8 +360,7 @@ impl<'a, B: LeaseBackend> Waiter<'a, B> {
         let baton = turn
             .handoff()
             .take_baton()
-            .filter(|_| self.options.release_notices() && self.hands_over())
-            .filter(|_| !leasehold_core::ablation::off("offer"));
+            .filter(|_| self.options.release_notices() && self.hands_over());
         if let Some(baton) = baton {
             self.watch = baton.watch;
             self.holder_token = self.manager.queues.turns().last_won(self.key);
@@ -511,7 +510,6 @@ impl<'a, B: LeaseBackend> Waiter<'a, B> {
         // listens at all.)
         if offer.answer.is_none()
             && self.hands_over()
-            && !leasehold_core::ablation::off("offer")
             && self.watch.as_ref().is_some_and(ReleaseWatch::is_supported)
         {
             offer.answer = turn.handoff().offer(&self.request, None);
@@ -713,7 +711,7 @@ impl<'a, B: LeaseBackend> Waiter<'a, B> {
 
     /// Whether this waiter takes part in the local handover.
     fn hands_over(&self) -> bool {
-        matches!(self.kind, Attempt::Lease)
+        matches!(self.kind, Attempt::Lease) && !leasehold_core::ablation::off("offer")
     }
 
     /// Whether this waiter counts turns by release notices (`Deferring`,
