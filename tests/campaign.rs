@@ -255,7 +255,7 @@ async fn run(seed: u64, mode: Mode) -> Result<String, BoxError> {
     }
     tokio::time::sleep_until(started + run_for).await;
     let (report, tally) = running
-        .finish(&managers, &resource, keys, Some(witness))
+        .finish(&managers, &resource, keys, vec![witness])
         .await?;
     let verdict = judge(&report, &applied, renew_interval);
     let effects = effects(&history, &applied);

@@ -8,31 +8,45 @@
 //! `CLUSTER FAILOVER`s (which lose nothing). Sentinel faults from
 //! `FaultPlan::draw_sentinel`: kills of the master after a lag, the same
 //! way. Each is applied once the previous one has healed (every replica
-//! linked again).
+//! linked again). A lag lasts its drawn length and, if need be, until the
+//! master has granted a lease in it (at most a ttl more), so that the kill
+//! takes a lease away from a holder that believes in it.
 //!
-//! CI size (both topologies at once, about 70 s): `cargo test --test
-//! campaign_failover -- --nocapture`, one fresh seed per topology (or
-//! `LEASEHOLD_CAMPAIGN_SEED=<seed>`; with `LEASEHOLD_CAMPAIGN_SEEDS=a,b` the
-//! first); a long run with `LEASEHOLD_CAMPAIGN_SECS=600 cargo test
-//! --release --test campaign_failover -- --nocapture`.
+//! Each topology runs its fixed seeds and then a fresh one (or
+//! `LEASEHOLD_CAMPAIGN_SEED=<seed>`, `LEASEHOLD_CAMPAIGN_SEEDS=a,b`), for
+//! 30 s each (`LEASEHOLD_CAMPAIGN_SECS`); both topologies at once, about
+//! 90 s: `cargo test --test campaign_failover -- --nocapture`.
 //!
-//! A token fired by deadline is judged by the server: a side connection
-//! (a backend of its own, straight to the deployment) reads the lease at
-//! once. There is no MONITOR witness here (the nodes change roles), so
-//! the grant order comes from the holders' own records only.
+//! Every data node has a MONITOR witness, read on a connection of its own
+//! and attached again when a killed node comes back: the grants and
+//! renewals each node made, with its own timestamps, ordered by the host
+//! clock all the nodes read. From it come the verdicts on grant order and
+//! stale writes, and the lag's grants: every lease a node granted after
+//! its replica's link was cut and before it was killed is gone from the
+//! promoted replica, and its holder must stop believing in it before the
+//! deadline its last possible renewal allows (the kill plus the ttl, less
+//! the safety margin and the drift allowance). Each topology's run must
+//! see at least one such lease ended by its holder's token.
+//!
+//! A token fired by deadline outside a failover is also judged by a side
+//! connection (a backend of its own, straight to the deployment) that reads
+//! the lease at once.
 
 mod common;
 
+use std::collections::HashMap;
 use std::fmt::Write as _;
+use std::net::SocketAddr;
 use std::time::Duration;
 
 use common::campaign_client::{
-    Applied, Clients, Probe, Settings, Side, Tally, TestResult, assert_sound, seeds, wall_us,
+    Applied, BoxError, Clients, Granted, Probe, Settings, Side, Tally, TestResult, Witness,
+    assert_sound, seeds, wall_us,
 };
 use leasehold::redis::{KeyLayout, RedisBackend};
 use leasehold::{LeaseKey, LeaseManager};
 use leasehold_testkit::{
-    Fault, FaultPlan, History, PlanShape, RedisCluster, RedisServer, Report, SentinelSet,
+    Fault, FaultPlan, History, HoldEnd, PlanShape, RedisCluster, RedisServer, Report, SentinelSet,
     fault_length,
 };
 use tokio::time::Instant;
@@ -47,6 +61,16 @@ const OP_TIMEOUT: Duration = Duration::from_millis(500);
 const SCHEDULING_ALLOWANCE: Duration = Duration::from_millis(50);
 /// The longest a failover and the rejoining of the old master may take.
 const HEAL_TIMEOUT: Duration = Duration::from_secs(30);
+/// Each seed's run, unless `LEASEHOLD_CAMPAIGN_SECS` says otherwise: a
+/// kill and a manual failover on the cluster, two kills behind Sentinel.
+const RUN_SECS: u64 = 30;
+/// The fixed seeds; a fresh one runs after them. Each cluster seed's plan
+/// begins with a kill.
+const CLUSTER_SEEDS: [u64; 1] = [3];
+const SENTINEL_SEEDS: [u64; 1] = [5];
+
+/// The witnesses of a deployment's data nodes, by address.
+type Witnesses = HashMap<SocketAddr, Witness>;
 
 /// The deployment a campaign runs on.
 enum Target {
@@ -62,6 +86,14 @@ impl Target {
         }
     }
 
+    /// Every data node (masters and replicas, not sentinels).
+    fn nodes(&self) -> Vec<SocketAddr> {
+        match self {
+            Self::Cluster(cluster) => cluster.nodes().iter().map(RedisServer::addr).collect(),
+            Self::Sentinel(set) => vec![set.master().addr(), set.replica().addr()],
+        }
+    }
+
     fn kinds(&self) -> &'static [&'static str] {
         match self {
             Self::Cluster(_) => &Fault::CLUSTER_KINDS,
@@ -73,7 +105,12 @@ impl Target {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cluster_failovers() -> TestResult {
     let cluster = tokio::task::block_in_place(|| RedisCluster::start(3, 1))?;
-    let applied = campaign(Target::Cluster(cluster), FaultPlan::draw_cluster).await?;
+    let applied = campaign(
+        Target::Cluster(cluster),
+        FaultPlan::draw_cluster,
+        &CLUSTER_SEEDS,
+    )
+    .await?;
     assert!(
         applied.iter().any(|a| a.fault == Fault::ClusterFailover),
         "no manual failover was applied"
@@ -88,20 +125,57 @@ async fn sentinel_failovers() -> TestResult {
     let set = tokio::task::block_in_place(|| {
         SentinelSet::start_with_down_after(Duration::from_millis(1500))
     })?;
-    let applied = campaign(Target::Sentinel(set), FaultPlan::draw_sentinel).await?;
+    let applied = campaign(
+        Target::Sentinel(set),
+        FaultPlan::draw_sentinel,
+        &SENTINEL_SEEDS,
+    )
+    .await?;
     assert!(!applied.is_empty(), "no failover was applied");
     Ok(())
 }
 
-/// Runs a campaign on `target` with faults drawn by `draw`; returns the
-/// faults applied, after asserting the verdicts.
+/// Runs the campaign on `target` with faults drawn by `draw`, once per
+/// seed (`fixed`, then a fresh one); returns the faults applied, after
+/// asserting the verdicts of each run and that some kill ended a lease.
 async fn campaign(
     mut target: Target,
     draw: fn(u64, PlanShape) -> FaultPlan,
-) -> Result<Vec<Applied>, Box<dyn std::error::Error + Send + Sync>> {
-    // One seed per topology: the two run in parallel for a minute each.
-    let seed = seeds(&[])?.first().copied().ok_or("no seed")?;
-    let settings = Settings::from_env(seed, TTL, 60, 3)?;
+    fixed: &[u64],
+) -> Result<Vec<Applied>, BoxError> {
+    let mut applied = Vec::new();
+    let mut ended_by_kills = 0;
+    for seed in seeds(fixed)? {
+        let (run, ended) = run(&mut target, draw, seed).await?;
+        applied.extend(run);
+        ended_by_kills += ended;
+    }
+    assert!(
+        ended_by_kills > 0,
+        "no kill ended a lease: the kills' lags granted no lease whose holder still believed in it at the kill, so the verdict on them was not exercised"
+    );
+    Ok(applied)
+}
+
+/// A kill that lost data, as the campaign judges it: the node killed,
+/// when its replica's link was cut and when it died (host clock, µs), and
+/// the grants its feed showed in between.
+struct Kill {
+    fault: usize,
+    cut_us: u64,
+    killed_us: u64,
+    killed: Instant,
+    lag_grants: Vec<Granted>,
+}
+
+/// One seed's run; returns the faults applied and how many leases the
+/// kills ended, after asserting the run's verdicts.
+async fn run(
+    target: &mut Target,
+    draw: fn(u64, PlanShape) -> FaultPlan,
+    seed: u64,
+) -> Result<(Vec<Applied>, usize), BoxError> {
+    let settings = Settings::from_env(seed, TTL, RUN_SECS, 3)?;
     let (clients, keys, run_for) = (settings.clients, settings.keys, settings.run_for);
     let renew_interval = settings.renew_interval();
     let plan = settings.plan(draw);
@@ -126,6 +200,12 @@ async fn campaign(
         .connect()
         .await?;
     let history = History::new();
+    history.several_feeds();
+    let mut witnesses = Witnesses::new();
+    for addr in target.nodes() {
+        let witness = tokio::task::block_in_place(|| Witness::start(addr, &history))?;
+        witnesses.insert(addr, witness);
+    }
     let running = Clients::start(
         &settings,
         &managers,
@@ -138,6 +218,7 @@ async fn campaign(
 
     let mut rng = fastrand::Rng::with_seed(seed);
     let mut applied = Vec::new();
+    let mut kills = Vec::new();
     let mut skipped = Vec::new();
     for scheduled in &plan.faults {
         let due = (started + scheduled.at).max(Instant::now());
@@ -149,9 +230,11 @@ async fn campaign(
         }
         tokio::time::sleep_until(started + scheduled.at).await;
         let (began, began_us) = (Instant::now(), wall_us());
-        let detail = match &mut target {
-            Target::Cluster(cluster) => apply(&scheduled.fault, cluster, keys, &mut rng).await,
-            Target::Sentinel(set) => fail_over(&scheduled.fault, set).await,
+        let (detail, kill) = match target {
+            Target::Cluster(cluster) => {
+                apply(&scheduled.fault, cluster, &mut witnesses, keys, &mut rng).await
+            }
+            Target::Sentinel(set) => fail_over(&scheduled.fault, set, &mut witnesses).await,
         }
         .map_err(|e| format!("seed {seed}: {e}"))?;
         let (healed, healed_us) = (Instant::now(), wall_us());
@@ -169,10 +252,21 @@ async fn campaign(
             healed_us,
         };
         a.declare_loss(&history, TTL, renew_interval + SCHEDULING_ALLOWANCE);
+        if let Some(mut kill) = kill {
+            kill.fault = applied.len();
+            kills.push(kill);
+        }
         applied.push(a);
     }
     tokio::time::sleep_until((started + run_for).max(Instant::now() + TTL)).await;
-    let (report, tally) = running.finish(&managers, &resource, keys, None).await?;
+    let (report, tally) = running
+        .finish(
+            &managers,
+            &resource,
+            keys,
+            witnesses.into_values().collect(),
+        )
+        .await?;
     let (allowed, forbidden) = judge(&report, &applied, renew_interval);
     println!(
         "seed {seed}: {}",
@@ -190,12 +284,12 @@ async fn campaign(
     assert_sound(&report, seed);
     // A lease that was not lost with a failover's data must still be on
     // the server when its token fires: a side connection finds it there.
-    // With no witness of the server's expiry here, a lease seen gone is
-    // judged by the margin the holder keeps: the server must keep it at
-    // least the safety margin after the token fired, so gone within it is a
-    // lease lost too early. Gone only later proves nothing (it may have
-    // expired by then), nor does a probe with no answer (a side connection
-    // reconnecting after a failover, a loaded machine).
+    // A lease seen gone is judged by the margin the holder keeps: the
+    // server must keep it at least the safety margin after the token
+    // fired, so gone within it is a lease lost too early. Gone only later
+    // proves nothing (it may have expired by then), nor does a probe with
+    // no answer (a side connection reconnecting after a failover, a loaded
+    // machine).
     let margin = settings.options.safety_margin();
     let (mut unproven, mut present, mut inconclusive) = (Vec::new(), 0, 0);
     for f in tally.deadlines().filter(|f| {
@@ -219,50 +313,137 @@ async fn campaign(
         unproven.is_empty(),
         "seed {seed}: tokens fired by deadline outside any failover, yet a side connection found the lease gone within the safety margin ({margin:?}) after: {unproven:?}"
     );
-    for a in &applied {
-        if a.fault.loses_data() {
-            // The lag's writes are lost with the master: some lease must
-            // have been renewed in them, so some holder must learn of it.
-            let ended = tally
-                .fired
-                .iter()
-                .filter(|f| f.acquired_at < a.healed && f.at > a.began)
-                .count();
-            println!("  {}: {ended} leases ended by it", a.fault);
-        }
-    }
+    let ended = judge_kills(&kills, &applied, &history, &tally, margin, seed);
     assert!(
         forbidden.is_empty(),
         "holders overlapped outside a kill after a lag, or for longer than a renew interval after one (seed {seed}): {forbidden:#?}"
     );
-    Ok(applied)
+    Ok((applied, ended))
+}
+
+/// Every lease a killed node granted in its lag is gone from the promoted
+/// replica. Its holder's last renewal was sent before the kill, so its
+/// token must fire by the kill plus the ttl, less the safety margin and
+/// the drift allowance (plus [`SCHEDULING_ALLOWANCE`] for the task that
+/// notes the firing): whether a renewal on the promoted node found the
+/// lease gone, or renewals failed until the deadline. A holder that
+/// released it before then never learned of the loss and is not judged.
+/// Asserts that no holder believed longer; returns how many leases the
+/// kills ended.
+fn judge_kills(
+    kills: &[Kill],
+    applied: &[Applied],
+    history: &History,
+    tally: &Tally,
+    margin: Duration,
+    seed: u64,
+) -> usize {
+    let drift = leasehold::backend::clock_drift(TTL);
+    let believed = TTL - margin - drift + SCHEDULING_ALLOWANCE;
+    let holds = history.holds();
+    let (mut ended, mut released, mut unanswered, mut before) = (0, 0, 0, 0);
+    let mut late = Vec::new();
+    for kill in kills {
+        let deadline_us = kill.killed_us + micros(believed);
+        let mut ended_here = 0;
+        for g in &kill.lag_grants {
+            let Some(hold) = holds.iter().find(|h| h.key == g.key && h.token == g.token) else {
+                // The node died before its holder read the grant.
+                unanswered += 1;
+                continue;
+            };
+            let fired = tally
+                .fired
+                .iter()
+                .find(|f| f.key == g.key && f.token == g.token);
+            match (fired, &hold.ended) {
+                (Some(f), _) if f.at_us < kill.killed_us => before += 1,
+                (Some(f), _) if f.at_us <= deadline_us => ended_here += 1,
+                (Some(f), _) => late.push(format!(
+                    "{} token {}: fired {} ms after the kill ({:?})",
+                    g.key,
+                    g.token,
+                    f.at_us.saturating_sub(kill.killed_us) / 1_000,
+                    f.reason
+                )),
+                (None, Some((at, HoldEnd::Released))) if *at <= kill.killed + believed => {
+                    released += 1;
+                }
+                (None, end) => late.push(format!(
+                    "{} token {}: believed without its token firing until {:?}",
+                    g.key,
+                    g.token,
+                    end.as_ref()
+                        .map(|(at, _)| at.saturating_duration_since(kill.killed))
+                )),
+            }
+        }
+        println!(
+            "  {}: {} leases granted in its lag of {:.2}s, {ended_here} ended by the kill within {believed:?} of it",
+            applied[kill.fault].fault,
+            kill.lag_grants.len(),
+            micros_to_secs(kill.killed_us - kill.cut_us)
+        );
+        ended += ended_here;
+    }
+    println!(
+        "  kills: {ended} leases ended by them, {before} ended before them, {released} released before their holders could learn, {unanswered} granted but never answered"
+    );
+    assert!(
+        late.is_empty(),
+        "seed {seed}: holders of leases lost with a killed master believed in them past the kill plus the ttl, less the safety margin and the drift allowance ({believed:?} in all): {late:#?}"
+    );
+    ended
+}
+
+fn micros(d: Duration) -> u64 {
+    u64::try_from(d.as_micros()).unwrap_or(u64::MAX)
 }
 
 /// A Sentinel failover after a lag, healed when the old master is a
-/// linked replica of the new one.
+/// linked replica of the new one. Returns what happened and the kill.
 async fn fail_over(
     fault: &Fault,
     set: &mut SentinelSet,
-) -> Result<String, Box<dyn std::error::Error + Send + Sync>> {
+    witnesses: &mut Witnesses,
+) -> Result<(String, Option<Kill>), BoxError> {
     let Fault::SentinelFailover(lag) = fault else {
         return Err(format!("the Sentinel campaign cannot apply {fault}").into());
     };
     // Frozen and its link cut, as for the Cluster kill. A mark written
     // meanwhile shows that the lag's writes were really lost.
     let mark = format!("campaign:lag:{}", fastrand::u64(..));
-    tokio::task::block_in_place(|| {
+    let master = set.master().addr();
+    let cut_us = tokio::task::block_in_place(|| {
         set.replica_mut().pause()?;
         set.master().cli(&["CLIENT", "KILL", "TYPE", "replica"])?;
-        set.master().cli(&["SET", &mark, "1"])
+        let cut_us = wall_us();
+        set.master().cli(&["SET", &mark, "1"]).map(|_| cut_us)
     })?;
-    tokio::time::sleep(*lag).await;
-    let (promoted, kept, rejoined) = tokio::task::block_in_place(|| {
+    let granted = lag_with_a_grant(*lag, &witnesses[&master], cut_us).await;
+    let (killed, killed_us) = tokio::task::block_in_place(|| {
         set.kill_master()?;
+        Ok::<_, BoxError>((Instant::now(), wall_us()))
+    })?;
+    let lag_grants = witnesses[&master].grants_between(cut_us, killed_us);
+    let (promoted, kept, rejoined) = tokio::task::block_in_place(|| {
         set.replica_mut().resume()?;
         let promoted = set.wait_for_failover()?;
+        // A sentinel that reconfigures a node ends its normal clients
+        // (`CLIENT KILL TYPE normal`, with the `REPLICAOF` in one
+        // transaction), MONITOR feeds among them: the promoted node's feed
+        // is opened again as soon as it says it is the master.
+        if let Some(witness) = witnesses.get_mut(&set.master().addr()) {
+            witness.attach()?;
+        }
         let kept = set.master().cli(&["EXISTS", &mark])?;
-        set.restart_old_master()
-            .map(|rejoined| (promoted, kept, rejoined))
+        let rejoined = set.restart_old_master()?;
+        // The old master is a replica now: clients send it nothing, but
+        // its feed is watched again before the next fault promotes it.
+        if let Some(witness) = witnesses.get_mut(&master) {
+            witness.attach()?;
+        }
+        Ok::<_, BoxError>((promoted, kept, rejoined))
     })?;
     if kept != "0" {
         return Err(format!(
@@ -270,22 +451,44 @@ async fn fail_over(
         )
         .into());
     }
-    Ok(format!(
-        "promoted after {:.2}s without the lag's writes, old master linked {:.2}s later",
+    let detail = format!(
+        "lag {:.2}s{}, promoted after {:.2}s without the lag's writes, old master linked {:.2}s later",
+        micros_to_secs(killed_us - cut_us),
+        if granted { "" } else { " (no grant in it)" },
         promoted.as_secs_f64(),
         rejoined.as_secs_f64()
-    ))
+    );
+    let kill = Kill {
+        fault: 0,
+        cut_us,
+        killed_us,
+        killed,
+        lag_grants,
+    };
+    Ok((detail, Some(kill)))
+}
+
+/// Waits out a drawn `lag` and then, at most a ttl more, until `witness`
+/// has seen its node grant a lease since `cut_us`; says whether it did.
+async fn lag_with_a_grant(lag: Duration, witness: &Witness, cut_us: u64) -> bool {
+    tokio::time::sleep(lag).await;
+    witness.granted_since(cut_us, TTL).await
+}
+
+fn micros_to_secs(us: u64) -> f64 {
+    Duration::from_micros(us).as_secs_f64()
 }
 
 /// Applies one Cluster fault to the master serving one of the campaign's
 /// `keys` (so that the fault meets leases) and waits until the cluster has
-/// healed. Returns which nodes it touched.
+/// healed. Returns which nodes it touched, and the kill if it was one.
 async fn apply(
     fault: &Fault,
     cluster: &mut RedisCluster,
+    witnesses: &mut Witnesses,
     keys: usize,
     rng: &mut fastrand::Rng,
-) -> Result<String, Box<dyn std::error::Error + Send + Sync>> {
+) -> Result<(String, Option<Kill>), BoxError> {
     let key = format!("key{}", rng.usize(..keys));
     let stored = KeyLayout::default().lease(&LeaseKey::new(&key)?);
     let (master, replica) = tokio::task::block_in_place(|| {
@@ -296,6 +499,7 @@ async fn apply(
     // fault: the promoted replica must have it after a manual failover,
     // and must lack it after a kill after a lag.
     let mark = format!("{{{key}}}:lag:{}", rng.u64(..));
+    let mut kill = None;
     match fault {
         Fault::ClusterFailover => {
             let kept = tokio::task::block_in_place(|| {
@@ -311,16 +515,22 @@ async fn apply(
             // Frozen, and its link cut (else the kernel would buffer the
             // lag's writes on the replica's socket and it would read them
             // on resume): the master's writes of the lag never reach it.
-            tokio::task::block_in_place(|| {
+            let master_addr = cluster.nodes()[master].addr();
+            let cut_us = tokio::task::block_in_place(|| {
                 cluster.node_mut(replica).pause()?;
                 cluster.nodes()[master].cli(&["CLIENT", "KILL", "TYPE", "replica"])?;
-                cluster.nodes()[master].cli(&["SET", &mark, "1"])
+                let cut_us = wall_us();
+                cluster.nodes()[master]
+                    .cli(&["SET", &mark, "1"])
+                    .map(|_| cut_us)
             })?;
-            tokio::time::sleep(*lag).await;
-            tokio::task::block_in_place(|| {
+            let granted = lag_with_a_grant(*lag, &witnesses[&master_addr], cut_us).await;
+            let (killed, killed_us) = tokio::task::block_in_place(|| {
                 cluster.node_mut(master).kill()?;
-                cluster.node_mut(replica).resume()
+                Ok::<_, BoxError>((Instant::now(), wall_us()))
             })?;
+            let lag_grants = witnesses[&master_addr].grants_between(cut_us, killed_us);
+            tokio::task::block_in_place(|| cluster.node_mut(replica).resume())?;
             // Promoted, and serving every slot again.
             tokio::task::block_in_place(|| cluster.wait_until_healthy(HEAL_TIMEOUT))?;
             let kept =
@@ -332,22 +542,41 @@ async fn apply(
                 .into());
             }
             // The old master rejoins as a replica of the promoted one; its
-            // data is replaced by a full sync.
+            // data is replaced by a full sync. Its feed is watched again
+            // from its first command.
             tokio::task::block_in_place(|| {
                 cluster.node_mut(master).restart()?;
-                cluster.wait_until_healthy(HEAL_TIMEOUT)
+                if let Some(witness) = witnesses.get_mut(&master_addr) {
+                    witness.attach()?;
+                }
+                cluster.wait_until_healthy(HEAL_TIMEOUT)?;
+                Ok::<_, BoxError>(())
             })?;
+            if !granted {
+                println!(
+                    "  (no grant in the lag of {:.2}s)",
+                    micros_to_secs(killed_us - cut_us)
+                );
+            }
+            kill = Some(Kill {
+                fault: 0,
+                cut_us,
+                killed_us,
+                killed,
+                lag_grants,
+            });
         }
         other => return Err(format!("the cluster campaign cannot apply {other}").into()),
     }
-    Ok(format!(
+    let detail = format!(
         "{key} on master node {master}, replica node {replica}; the lag's mark {} the promotion",
         if fault.loses_data() {
             "lost in"
         } else {
             "kept through"
         }
-    ))
+    );
+    Ok((detail, kill))
 }
 
 /// Overlaps are allowed only after a kill that lost data: the earlier hold

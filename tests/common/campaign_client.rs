@@ -15,9 +15,10 @@
 //! server's grants (as its MONITOR feed shows them) and the unfenced
 //! store's order: none of them is shaped by the fenced store.
 
+
 #![allow(
     dead_code,
-    reason = "each campaign uses a part: the failover one has no MONITOR witness"
+    reason = "each campaign uses a part: the failover one reads no append-only file and makes no counting run"
 )]
 
 use std::collections::BTreeMap;
@@ -330,6 +331,21 @@ pub(crate) struct Witness {
     history: History,
     addr: SocketAddr,
     session: Option<(TcpStream, mpsc::Receiver<()>)>,
+    /// Every grant this server's feed showed, in its order.
+    grants: Arc<Mutex<Vec<Granted>>>,
+    /// The server's moment (µs) of the latest grant its feed showed.
+    latest: Arc<tokio::sync::watch::Sender<u64>>,
+}
+
+/// A grant a witness saw its server make.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Granted {
+    /// The lease, named as the clients name it.
+    pub(crate) key: String,
+    pub(crate) token: u64,
+    /// When the server made it (its clock, µs since the Unix epoch), at
+    /// the latest.
+    pub(crate) at_us: u64,
 }
 
 /// What marks the end of a MONITOR session, sent by [`Witness::finish`].
@@ -342,6 +358,8 @@ impl Witness {
             history: history.clone(),
             addr,
             session: None,
+            grants: Arc::default(),
+            latest: Arc::new(tokio::sync::watch::Sender::new(0)),
         };
         witness.attach()?;
         Ok(witness)
@@ -364,6 +382,7 @@ impl Witness {
         }
         stream.set_read_timeout(None)?;
         let history = self.history.clone();
+        let (grants, latest) = (Arc::clone(&self.grants), Arc::clone(&self.latest));
         let (ended, on_end) = mpsc::channel();
         std::thread::spawn(move || {
             let mut script_at = 0;
@@ -373,11 +392,40 @@ impl Witness {
                     let _ = ended.send(());
                     break;
                 }
-                record_monitor_line(&line, &mut script_at, &history);
+                if let Some(granted) = record_monitor_line(&line, &mut script_at, &history) {
+                    latest.send_replace(granted.at_us);
+                    if let Ok(mut grants) = grants.lock() {
+                        grants.push(granted);
+                    }
+                }
             }
         });
         self.session = Some((stream, on_end));
         Ok(())
+    }
+
+    /// The grants this server's feed showed from `from_us` to `to_us` (its
+    /// clock, µs since the Unix epoch).
+    pub(crate) fn grants_between(&self, from_us: u64, to_us: u64) -> Vec<Granted> {
+        self.grants.lock().map_or_else(
+            |_| Vec::new(),
+            |grants| {
+                grants
+                    .iter()
+                    .filter(|g| (from_us..=to_us).contains(&g.at_us))
+                    .cloned()
+                    .collect()
+            },
+        )
+    }
+
+    /// Waits, at most `limit`, until the feed has shown a grant the server
+    /// made at `from_us` or later; says whether it did.
+    pub(crate) async fn granted_since(&self, from_us: u64, limit: Duration) -> bool {
+        let mut latest = self.latest.subscribe();
+        timeout(limit, latest.wait_for(|&at| at >= from_us))
+            .await
+            .is_ok_and(|seen| seen.is_ok())
     }
 
     /// Records the lease expiries a killed server's append-only files show
@@ -417,26 +465,19 @@ impl Witness {
 /// the latest moment it could count from.
 /// A lease is named as the clients name it: `K` for `leasehold:{K}`, the
 /// permit key `{S}:permit:<i>` for `leasehold:{S}:permit:<i>`.
-fn record_monitor_line(line: &str, script_at: &mut u64, history: &History) {
-    let Some(line) = line.strip_prefix('+') else {
-        return;
-    };
-    let Some((ts, rest)) = line.split_once(' ') else {
-        return;
-    };
-    let Some((secs, frac)) = ts.split_once('.') else {
-        return;
-    };
+/// Returns the grant, if the line is one.
+fn record_monitor_line(line: &str, script_at: &mut u64, history: &History) -> Option<Granted> {
+    let line = line.strip_prefix('+')?;
+    let (ts, rest) = line.split_once(' ')?;
+    let (secs, frac) = ts.split_once('.')?;
     let (Ok(secs), Ok(frac)) = (secs.parse::<u64>(), frac.parse::<u64>()) else {
-        return;
+        return None;
     };
     let at_us = secs * 1_000_000 + frac;
-    let Some((who, args)) = rest.split_once("] ") else {
-        return;
-    };
+    let (who, args) = rest.split_once("] ")?;
     if !who.ends_with(" lua") {
         *script_at = at_us;
-        return;
+        return None;
     }
     let args: Vec<&str> = args.split(' ').map(|a| a.trim_matches('"')).collect();
     let key = lease_name;
@@ -447,7 +488,9 @@ fn record_monitor_line(line: &str, script_at: &mut u64, history: &History) {
         {
             let token = value.split(':').nth(1).and_then(|t| t.parse().ok());
             if let (Some(key), Some(token), Some(ttl)) = (key(lease), token, ms(ttl)) {
-                history.granted(key, token, ServerTime::between(*script_at, at_us), ttl);
+                let at = ServerTime::between(*script_at, at_us);
+                history.granted(key.clone(), token, at, ttl);
+                return Some(Granted { key, token, at_us });
             }
         }
         [cmd, lease, ttl] if cmd.eq_ignore_ascii_case("PEXPIRE") => {
@@ -457,6 +500,7 @@ fn record_monitor_line(line: &str, script_at: &mut u64, history: &History) {
         }
         _ => {}
     }
+    None
 }
 
 /// The lease a Redis key stores, named as the clients name it: `K` for
@@ -674,7 +718,7 @@ impl Clients {
     }
 
     /// Stops the clients and shuts the managers down, waits until the
-    /// witness (if any) has recorded everything the server did, adds what
+    /// witnesses have recorded everything the servers did, adds what
     /// the two stores of each of the `keys` keys (or semaphores' permit
     /// keys) hold to the history, and checks it.
     pub(crate) async fn finish(
@@ -682,7 +726,7 @@ impl Clients {
         managers: &[LeaseManager<RedisBackend>],
         resource: &RedisServer,
         keys: usize,
-        witness: Option<Witness>,
+        witnesses: Vec<Witness>,
     ) -> Result<(Report, Tally), BoxError> {
         self.stop.cancel();
         for task in self.tasks {
@@ -701,7 +745,7 @@ impl Clients {
                 .await
                 .map_err(|_| "a side connection's probe did not end")??;
         }
-        if let Some(witness) = witness {
+        for witness in witnesses {
             tokio::task::block_in_place(|| witness.finish())?;
         }
         read_stores(

@@ -567,6 +567,9 @@ struct Record {
     losses: Vec<DataLoss>,
     /// The check-then-write window the test declared.
     race_window: Duration,
+    /// The server writes come from several servers' feeds (a failover
+    /// deployment): ordered by the clock they share, not by arrival.
+    several_feeds: bool,
 }
 
 /// When the lease server applied a write, on its clock (µs since the Unix
@@ -774,17 +777,38 @@ impl History {
         self.server_write(key.into(), Some(token), at.into(), ttl);
     }
 
+    /// Declares that the server writes are recorded from several servers'
+    /// feeds (the nodes of a deployment that fails over), read on threads
+    /// of their own: one feed can be read later than another, so their
+    /// order is the host clock all the servers read (each write at its
+    /// earliest moment; one feed's order for writes at the same moment),
+    /// not the order they were recorded in. A single server's record keeps
+    /// its own order, which survives a clock that steps back.
+    pub fn several_feeds(&self) {
+        self.record().several_feeds = true;
+    }
+
     fn server_write(&self, key: String, token: Option<u64>, at: ServerTime, ttl: Duration) {
         let mut record = self.record();
         let seq = record.server_seq;
         record.server_seq += 1;
-        record.server.entry(key).or_default().push(ServerWrite {
+        let several = record.several_feeds;
+        let writes = record.server.entry(key).or_default();
+        let write = ServerWrite {
             token,
             at_us: at.earliest_us,
             by_us: at.latest_us.max(at.earliest_us),
             ttl,
             seq,
-        });
+        };
+        // In the servers' order: after every write recorded at or before
+        // its moment.
+        let place = if several {
+            writes.partition_point(|w| w.at_us <= write.at_us)
+        } else {
+            writes.len()
+        };
+        writes.insert(place, write);
     }
 
     /// Records that the lease server extended `key`'s lease (the one it
@@ -1082,7 +1106,11 @@ fn grant_order(record: &Record) -> Vec<GrantOrder> {
         .iter()
         .flat_map(|(key, ws)| ws.iter().map(move |w| (key.as_str(), w)))
         .collect();
-    writes.sort_by_key(|(_, w)| w.seq);
+    if record.several_feeds {
+        writes.sort_by_key(|(_, w)| (w.at_us, w.seq));
+    } else {
+        writes.sort_by_key(|(_, w)| w.seq);
+    }
     let mut current: HashMap<&str, u64> = HashMap::new();
     let mut highest: HashMap<&str, (u64, &str)> = HashMap::new();
     let mut out = Vec::new();
@@ -1331,5 +1359,43 @@ mod tests {
         let report = h.check_at(t0 + Duration::from_secs(1));
         assert_eq!(report.token_violations.len(), 1, "{report}");
         assert_eq!(report.token_violations[0].key, "rw");
+    }
+
+    #[test]
+    fn grants_from_several_feeds_are_ordered_by_the_servers_clock() {
+        // The old master's grant (token 10, at 1 000 µs) is read after the
+        // new master's (token 20, at 2 000 µs): in arrival order it would
+        // be a token below one granted before.
+        let late_feed = |several: bool| {
+            let h = History::new();
+            if several {
+                h.several_feeds();
+            }
+            h.granted("k", 20, 2_000, Duration::from_secs(1));
+            h.granted("k", 10, 1_000, Duration::from_secs(1));
+            h.check().grant_order
+        };
+        assert_eq!(late_feed(false).len(), 1, "one server: its own order");
+        assert_eq!(late_feed(true), [], "several: the clock's order");
+        // A token really granted below one before it is still found.
+        let h = History::new();
+        h.several_feeds();
+        h.granted("k", 20, 1_000, Duration::from_secs(1));
+        h.granted("k", 10, 2_000, Duration::from_secs(1));
+        let order = h.check().grant_order;
+        assert_eq!(
+            order
+                .iter()
+                .map(|o| (o.token, o.highest_before))
+                .collect::<Vec<_>>(),
+            [(10, 20)]
+        );
+        // The latest expiry follows the clock's order too.
+        let h = History::new();
+        h.several_feeds();
+        h.granted("k", 10, 1_000, Duration::from_secs(1));
+        h.extended("k", 3_000, Duration::from_secs(1));
+        h.extended("k", 2_000, Duration::from_secs(1));
+        assert_eq!(h.server_expiry_latest("k", 10), Some(1_003_000));
     }
 }
