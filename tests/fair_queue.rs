@@ -124,12 +124,14 @@ async fn grants_follow_arrivals(url: &str, server: &RedisServer, waiters: usize)
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn waiters_of_eight_managers_get_the_lease_in_arrival_order() -> TestResult {
+    let _serial = leasehold_testkit::serial().await;
     let server = RedisServer::start()?;
     grants_follow_arrivals(&server.url(), &server, 8).await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn behind_sentinel_waiters_get_the_lease_in_arrival_order() -> TestResult {
+    let _serial = leasehold_testkit::serial().await;
     let set = tokio::task::block_in_place(SentinelSet::start)?;
     grants_follow_arrivals(&set.url(), set.master(), 4).await
 }
@@ -142,6 +144,7 @@ async fn behind_sentinel_waiters_get_the_lease_in_arrival_order() -> TestResult 
 /// its score.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_dead_waiter_is_skipped_once_its_place_expires() -> TestResult {
+    let _serial = leasehold_testkit::serial().await;
     dead_waiter_is_skipped(false).await
 }
 
@@ -156,6 +159,7 @@ async fn a_dead_waiter_is_skipped_once_its_place_expires() -> TestResult {
 /// third of a place ttl of it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_dead_head_handed_the_lease_holds_the_queue_up_for_its_handover_time() -> TestResult {
+    let _serial = leasehold_testkit::serial().await;
     dead_waiter_is_skipped(true).await
 }
 
@@ -311,6 +315,7 @@ fn calls(server: &RedisServer, command: &str) -> Result<u64, Error> {
 /// and no subscription, judged by the server's own command statistics.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_uncontended_fair_acquisition_takes_no_place_and_no_subscription() -> TestResult {
+    let _serial = leasehold_testkit::serial().await;
     const CYCLES: u64 = 10;
     let server = RedisServer::start()?;
     let manager = LeaseManager::new(RedisBackend::connect(server.url()).await?)?;
@@ -336,6 +341,7 @@ async fn an_uncontended_fair_acquisition_takes_no_place_and_no_subscription() ->
 /// (30 s), so only the release's notice or handover can wake it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_handed_over_head_holds_the_lease_without_asking_again() -> TestResult {
+    let _serial = leasehold_testkit::serial().await;
     for handover in [true, false] {
         let server = RedisServer::start()?;
         let key = LeaseKey::new("fair:no-call")?;
@@ -368,6 +374,7 @@ async fn a_handed_over_head_holds_the_lease_without_asking_again() -> TestResult
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_handed_over_head_cut_off_fires_its_token_before_the_server_drops_the_lease() -> TestResult
 {
+    let _serial = leasehold_testkit::serial().await;
     let server = RedisServer::start()?;
     let key = LeaseKey::new("fair:cut-off")?;
     let options = fair_waiting_for_a_release("3s", Duration::from_secs(1), true)?;
@@ -445,6 +452,7 @@ async fn a_handed_over_head_cut_off_fires_its_token_before_the_server_drops_the_
 /// the server's PTTL well after the handover time (2.3 s) ran out.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_handed_over_lease_is_renewed_to_its_full_ttl_in_time() -> TestResult {
+    let _serial = leasehold_testkit::serial().await;
     let server = RedisServer::start()?;
     let key = LeaseKey::new("fair:renewed")?;
     let options = fair_waiting_for_a_release("9s", Duration::from_secs(1), true)?;

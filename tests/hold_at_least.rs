@@ -91,6 +91,7 @@ async fn expires_at(side: &mut MultiplexedConnection, key: &str) -> Result<i64, 
 /// the kept key, nor take it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_early_release_keeps_the_key_until_grant_plus_minimum() -> TestResult {
+    let _serial = leasehold_testkit::serial().await;
     let server = RedisServer::start()?;
     let backend = RedisBackend::connect(server.url()).await?;
     let manager = LeaseManager::new(backend.clone())?;
@@ -161,6 +162,7 @@ async fn an_early_release_keeps_the_key_until_grant_plus_minimum() -> TestResult
 /// subscription), as a release without a minimum is.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_release_after_the_minimum_frees_the_key_at_once() -> TestResult {
+    let _serial = leasehold_testkit::serial().await;
     let server = RedisServer::start()?;
     let manager = LeaseManager::new(RedisBackend::connect(server.url()).await?)?;
     let mut side = side(&server).await?;
@@ -242,6 +244,7 @@ async fn waiter_is_granted_when_the_key_is_freed(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_waiter_elsewhere_is_granted_when_the_server_frees_the_key() -> TestResult {
+    let _serial = leasehold_testkit::serial().await;
     let server = RedisServer::start()?;
     let holder = LeaseManager::new(RedisBackend::connect(server.url()).await?)?;
     let waiter = LeaseManager::new(RedisBackend::connect(server.url()).await?)?;
@@ -259,6 +262,7 @@ async fn a_waiter_elsewhere_is_granted_when_the_server_frees_the_key() -> TestRe
 /// and must not hand the lease over under the minimum.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_local_waiter_is_not_handed_the_lease_under_the_minimum() -> TestResult {
+    let _serial = leasehold_testkit::serial().await;
     let server = RedisServer::start()?;
     let manager = LeaseManager::new(RedisBackend::connect(server.url()).await?)?;
     waiter_is_granted_when_the_key_is_freed(&server, &manager, &manager, "mh-local").await?;
@@ -272,6 +276,7 @@ async fn a_local_waiter_is_not_handed_the_lease_under_the_minimum() -> TestResul
 /// nothing of the lease but its fencing counter is left.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn nothing_but_the_counter_is_left_behind() -> TestResult {
+    let _serial = leasehold_testkit::serial().await;
     let server = RedisServer::start()?;
     let manager = LeaseManager::new(RedisBackend::connect(server.url()).await?)?;
     let mut side = side(&server).await?;
@@ -301,6 +306,7 @@ async fn nothing_but_the_counter_is_left_behind() -> TestResult {
 /// the give-back of a lost vote), and takes nothing on any master.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn redlock_refuses_a_minimum_hold() -> TestResult {
+    let _serial = leasehold_testkit::serial().await;
     let servers = [
         RedisServer::start()?,
         RedisServer::start()?,
@@ -332,6 +338,7 @@ async fn redlock_refuses_a_minimum_hold() -> TestResult {
 /// the first test.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_lock_delay_beside_it_changes_nothing_of_the_minimum() -> TestResult {
+    let _serial = leasehold_testkit::serial().await;
     let server = RedisServer::start()?;
     let manager = LeaseManager::new(RedisBackend::connect(server.url()).await?)?;
     let mut side = side(&server).await?;

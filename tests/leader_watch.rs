@@ -148,6 +148,7 @@ fn summary(figures: &mut [f64]) -> (f64, f64) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_observer_sees_every_leader_in_the_servers_order() -> TestResult {
+    let _serial = leasehold_testkit::serial().await;
     let server = RedisServer::start()?;
     let monitor = Monitor::start(server.addr()).await?;
     let mut side = redis::Client::open(server.url())?
@@ -291,6 +292,7 @@ async fn every_observer_sees_every_leader_in_the_servers_order() -> TestResult {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_leader_cut_off_is_reported_gone_by_its_expiry_on_the_server() -> TestResult {
+    let _serial = leasehold_testkit::serial().await;
     let server = RedisServer::builder().arg("--hz").arg("1").start()?;
     let monitor = Monitor::start(server.addr()).await?;
     let mut side = redis::Client::open(server.url())?

@@ -101,6 +101,7 @@ async fn gone_after(side: &mut MultiplexedConnection, key: &str) -> Result<Insta
 /// manager then gets it at once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_cut_off_holder_keeps_the_key_for_the_delay_and_stops_within_its_ttl() -> TestResult {
+    let _serial = leasehold_testkit::serial().await;
     let server = RedisServer::start()?;
     let link = Proxy::start(server.addr()).await?;
     let holder = LeaseManager::new(
@@ -198,6 +199,7 @@ async fn a_cut_off_holder_keeps_the_key_for_the_delay_and_stops_within_its_ttl()
 /// A release frees the key at once, whatever its lock-delay.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_release_frees_the_key_at_once() -> TestResult {
+    let _serial = leasehold_testkit::serial().await;
     let server = RedisServer::start()?;
     let holder = LeaseManager::new(RedisBackend::connect(server.url()).await?)?;
     let others = LeaseManager::new(RedisBackend::connect(server.url()).await?)?;
@@ -223,6 +225,7 @@ async fn a_release_frees_the_key_at_once() -> TestResult {
 /// Redlock: every master keeps the key for ttl + delay.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_redlock_master_keeps_the_key_for_ttl_plus_delay() -> TestResult {
+    let _serial = leasehold_testkit::serial().await;
     let servers = [
         RedisServer::start()?,
         RedisServer::start()?,

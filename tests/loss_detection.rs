@@ -239,6 +239,7 @@ fn report(name: &str, what: &str, mut figures: Vec<f64>, worst_is_max: bool) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn f1_a_paused_server_fires_every_token_before_the_server_can_expire_its_lease() -> TestResult
 {
+    let _serial = leasehold_testkit::serial().await;
     let options = options()?;
     let ttl = options.ttl().get();
     let (mut near_margins, mut slow_margins) = (Vec::new(), Vec::new());
@@ -313,6 +314,7 @@ async fn f1_a_paused_server_fires_every_token_before_the_server_can_expire_its_l
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn f1_a_blackholed_holder_fires_every_token_before_the_server_drops_its_lease() -> TestResult
 {
+    let _serial = leasehold_testkit::serial().await;
     let options = options()?;
     let (mut near_margins, mut slow_margins) = (Vec::new(), Vec::new());
     for _ in 0..runs() {
@@ -424,6 +426,7 @@ async fn gone_after(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn f2_a_restart_that_loses_the_leases_is_noticed_on_reconnection() -> TestResult {
+    let _serial = leasehold_testkit::serial().await;
     let options = options()?;
     let mut overlaps = Vec::new();
     for _ in 0..runs() {
@@ -476,6 +479,7 @@ async fn f2_a_restart_that_loses_the_leases_is_noticed_on_reconnection() -> Test
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn f3_an_overwritten_lease_is_noticed_at_once_at_any_phase() -> TestResult {
+    let _serial = leasehold_testkit::serial().await;
     let options = options()?;
     let interval = options.renew_interval();
     assert!(PUSH_ALLOWANCE < interval);

@@ -40,6 +40,7 @@ fn opts(ttl: &str, wait: Option<Duration>) -> LeaseOptions {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn thirty_two_contenders_never_overlap_and_all_get_the_lease() -> TestResult {
+    let _serial = leasehold_testkit::serial().await;
     let server = RedisServer::start()?;
     let mut managers = Vec::new();
     for _ in 0..4 {
@@ -86,6 +87,7 @@ async fn thirty_two_contenders_never_overlap_and_all_get_the_lease() -> TestResu
 
 #[tokio::test]
 async fn a_one_second_lease_is_held_for_five_seconds_by_renewals() -> TestResult {
+    let _serial = leasehold_testkit::serial().await;
     let server = RedisServer::start()?;
     let manager = LeaseManager::new(backend(&server).await?)?;
     let lease = manager.acquire("long-job", &opts("1s", None)).await?;
@@ -111,6 +113,7 @@ async fn a_one_second_lease_is_held_for_five_seconds_by_renewals() -> TestResult
 #[tokio::test]
 async fn a_lease_deleted_or_overwritten_behind_the_holders_back_is_lost_within_a_renew_interval()
 -> TestResult {
+    let _serial = leasehold_testkit::serial().await;
     let server = RedisServer::start()?;
     let manager = LeaseManager::new(backend(&server).await?)?;
     let options = opts("1s", None);
@@ -164,6 +167,7 @@ async fn a_lease_deleted_or_overwritten_behind_the_holders_back_is_lost_within_a
 
 #[tokio::test]
 async fn a_paused_server_fires_the_deadline_before_the_lease_can_expire() -> TestResult {
+    let _serial = leasehold_testkit::serial().await;
     let mut server = RedisServer::start()?;
     let monitor = Monitor::start(server.addr()).await?;
     let manager = LeaseManager::new(backend(&server).await?)?;
@@ -224,6 +228,7 @@ async fn a_paused_server_fires_the_deadline_before_the_lease_can_expire() -> Tes
 
 #[tokio::test]
 async fn only_the_holder_can_renew_or_release() -> TestResult {
+    let _serial = leasehold_testkit::serial().await;
     let server = RedisServer::start()?;
     let backend = backend(&server).await?;
     let key = LeaseKey::new("mine")?;
@@ -265,6 +270,7 @@ async fn only_the_holder_can_renew_or_release() -> TestResult {
 
 #[tokio::test]
 async fn fencing_tokens_strictly_increase_over_a_thousand_acquisitions() -> TestResult {
+    let _serial = leasehold_testkit::serial().await;
     let server = RedisServer::start()?;
     let manager = LeaseManager::new(backend(&server).await?)?;
     let options = opts("10s", None);
@@ -281,6 +287,7 @@ async fn fencing_tokens_strictly_increase_over_a_thousand_acquisitions() -> Test
 
 #[tokio::test]
 async fn bad_input_gets_the_documented_errors() -> TestResult {
+    let _serial = leasehold_testkit::serial().await;
     use leasehold::InputError as Error;
     for key in ["", "line\nbreak", &"k".repeat(LeaseKey::MAX_LEN + 1)] {
         assert!(

@@ -32,6 +32,7 @@ async fn side_connection(
 /// loss; the leases it never received are reported `Lost`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn killing_the_master_keeps_replicated_leases_and_reports_the_rest_lost() -> TestResult {
+    let _serial = leasehold_testkit::serial().await;
     let mut set = SentinelSet::start()?;
     println!(
         "sentinel set (master, replica, 3 sentinels) set up in {:?}",
@@ -169,6 +170,7 @@ async fn killing_the_master_keeps_replicated_leases_and_reports_the_rest_lost() 
 /// replica is cut off, acquisitions are refused and given back.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn with_replica_acks_every_granted_lease_survives_a_killed_master() -> TestResult {
+    let _serial = leasehold_testkit::serial().await;
     use leasehold::backend::{AcquireOutcome, AcquireRequest, BackendError, HolderId};
     let mut set = SentinelSet::start()?;
     let backend = RedisBackend::builder(set.url())
@@ -278,6 +280,7 @@ async fn release_wakes_waiter(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn notices_reach_waiters_before_and_after_a_failover() -> TestResult {
+    let _serial = leasehold_testkit::serial().await;
     let mut set = SentinelSet::start()?;
     let url = set.url();
     let connect = || {
@@ -305,6 +308,7 @@ async fn notices_reach_waiters_before_and_after_a_failover() -> TestResult {
 /// renewed lease, and the holder hears of it without waiting to renew.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_overwritten_lease_is_reported_by_the_master() -> TestResult {
+    let _serial = leasehold_testkit::serial().await;
     use leasehold::backend::{AcquireOutcome, AcquireRequest, HolderId, LeaseChange, RenewRequest};
     let set = SentinelSet::start()?;
     let backend = RedisBackend::connect(set.url()).await?;

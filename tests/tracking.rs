@@ -37,6 +37,7 @@ fn renewals_tracked(server: &RedisServer) -> Result<bool, Box<dyn std::error::Er
 /// turn tracking off and keep every lease.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_full_tracking_table_turns_tracking_off_and_every_lease_is_kept() -> TestResult {
+    let _serial = leasehold_testkit::serial().await;
     const LEASES: usize = 3000;
     let _alone = ONE_AT_A_TIME.lock().await;
     let server = RedisServer::builder()
@@ -100,6 +101,7 @@ fn tracked_keys(server: &RedisServer) -> Result<u64, Box<dyn std::error::Error>>
 /// with the whole batch tracked.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_renewed_lease_stays_tracked() -> TestResult {
+    let _serial = leasehold_testkit::serial().await;
     const LEASES: usize = 50;
     let _alone = ONE_AT_A_TIME.lock().await;
     let server = RedisServer::start()?;
@@ -258,6 +260,7 @@ fn check_noticed(topology: &str, noticed: &[(Theft, Duration)]) -> TestResult {
 /// not at its first renewal.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_lease_stolen_before_its_first_renewal_is_noticed_at_once() -> TestResult {
+    let _serial = leasehold_testkit::serial().await;
     let _alone = ONE_AT_A_TIME.lock().await;
     let server = RedisServer::start()?;
     let backend = RedisBackend::connect(server.url()).await?;
@@ -275,6 +278,7 @@ async fn a_lease_stolen_before_its_first_renewal_is_noticed_at_once() -> TestRes
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn behind_sentinel_a_lease_stolen_before_its_first_renewal_is_noticed_at_once() -> TestResult
 {
+    let _serial = leasehold_testkit::serial().await;
     let _alone = ONE_AT_A_TIME.lock().await;
     let set = SentinelSet::start()?;
     let backend = RedisBackend::connect(set.url()).await?;

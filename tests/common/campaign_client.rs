@@ -15,7 +15,6 @@
 //! server's grants (as its MONITOR feed shows them) and the unfenced
 //! store's order: none of them is shaped by the fenced store.
 
-
 #![allow(
     dead_code,
     reason = "each campaign uses a part: the failover one reads no append-only file and makes no counting run"

@@ -57,6 +57,7 @@ mod process;
 mod proxy;
 mod resp;
 mod sentinel;
+mod serial;
 mod server;
 
 pub use binary::{
@@ -75,4 +76,5 @@ pub use masters::independent_masters;
 pub use process::output_within;
 pub use proxy::{Proxy, ProxyMode};
 pub use sentinel::{MASTER_NAME, SentinelSet};
+pub use serial::serial;
 pub use server::{RedisServer, ServerBuilder, free_port};
