@@ -6,6 +6,7 @@
 
 use std::error::Error;
 use std::process::Command;
+use std::time::Duration;
 
 use leasehold_testkit::{
     REDIS_SERVER_ENV, RedisServer, SERVER_ENV, TestkitError, redis_server_binary,
@@ -30,17 +31,19 @@ fn missing_binary_gives_not_installed() -> Result<(), Box<dyn Error>> {
         return Ok(());
     }
 
-    let output = Command::new(std::env::current_exe()?)
-        .args([
-            "--exact",
-            "missing_binary_gives_not_installed",
-            "--nocapture",
-        ])
-        .env(REDIS_SERVER_ENV, "/nonexistent")
-        // Redis's install hint, whichever server the suite runs on.
-        .env(SERVER_ENV, "redis")
-        .env(CHILD_MARKER, "1")
-        .output()?;
+    let output = leasehold_testkit::output_within(
+        Command::new(std::env::current_exe()?)
+            .args([
+                "--exact",
+                "missing_binary_gives_not_installed",
+                "--nocapture",
+            ])
+            .env(REDIS_SERVER_ENV, "/nonexistent")
+            // Redis's install hint, whichever server the suite runs on.
+            .env(SERVER_ENV, "redis")
+            .env(CHILD_MARKER, "1"),
+        Duration::from_secs(60),
+    )?;
     let stdout = String::from_utf8_lossy(&output.stdout);
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert!(output.status.success(), "child failed:\n{stdout}\n{stderr}");

@@ -7,6 +7,7 @@
 
 use std::error::Error;
 use std::process::Command;
+use std::time::Duration;
 
 use leasehold_testkit::{REDIS_CLI_ENV, RedisCluster, SERVER_ENV, TestkitError, redis_cli_binary};
 
@@ -33,17 +34,19 @@ fn missing_cli_gives_cli_not_installed() -> Result<(), Box<dyn Error>> {
         return Ok(());
     }
 
-    let output = Command::new(std::env::current_exe()?)
-        .args([
-            "--exact",
-            "missing_cli_gives_cli_not_installed",
-            "--nocapture",
-        ])
-        .env(REDIS_CLI_ENV, "/nonexistent")
-        // Redis's install hint, whichever server the suite runs on.
-        .env(SERVER_ENV, "redis")
-        .env(CHILD_MARKER, "1")
-        .output()?;
+    let output = leasehold_testkit::output_within(
+        Command::new(std::env::current_exe()?)
+            .args([
+                "--exact",
+                "missing_cli_gives_cli_not_installed",
+                "--nocapture",
+            ])
+            .env(REDIS_CLI_ENV, "/nonexistent")
+            // Redis's install hint, whichever server the suite runs on.
+            .env(SERVER_ENV, "redis")
+            .env(CHILD_MARKER, "1"),
+        Duration::from_secs(60),
+    )?;
     let stdout = String::from_utf8_lossy(&output.stdout);
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert!(output.status.success(), "child failed:\n{stdout}\n{stderr}");

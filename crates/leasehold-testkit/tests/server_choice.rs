@@ -12,6 +12,7 @@ use std::error::Error;
 use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
 use std::process::Command;
+use std::time::Duration;
 
 use leasehold_testkit::{REDIS_SERVER_ENV, RedisServer, SERVER_ENV, redis_server_binary};
 
@@ -53,7 +54,7 @@ fn started_with(server: &str, override_name: Option<&str>) -> Result<String, Box
     if let Some(name) = override_name {
         child.env(REDIS_SERVER_ENV, name);
     }
-    let output = child.output()?;
+    let output = leasehold_testkit::output_within(&mut child, Duration::from_secs(60))?;
     let stdout = String::from_utf8_lossy(&output.stdout);
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert!(output.status.success(), "child failed:\n{stdout}\n{stderr}");

@@ -79,7 +79,9 @@ async fn a_local_waiter_gets_the_lease_when_the_minimum_runs_out() -> TestResult
     let backend = MemoryBackend::new();
     let manager = LeaseManager::new(backend.clone())?;
     early_release_then_wait(&backend, &manager, &manager).await?;
-    manager.shutdown().await;
+    tokio::time::timeout(std::time::Duration::from_secs(10), manager.shutdown())
+        .await
+        .map_err(|_| "a manager's shutdown did not end within 10 s")?;
     Ok(())
 }
 
@@ -93,8 +95,12 @@ async fn another_process_gets_the_lease_when_the_minimum_runs_out() -> TestResul
         LeaseManager::new(backend.clone())?,
     );
     early_release_then_wait(&backend, &a, &b).await?;
-    a.shutdown().await;
-    b.shutdown().await;
+    tokio::time::timeout(std::time::Duration::from_secs(10), a.shutdown())
+        .await
+        .map_err(|_| "a manager's shutdown did not end within 10 s")?;
+    tokio::time::timeout(std::time::Duration::from_secs(10), b.shutdown())
+        .await
+        .map_err(|_| "a manager's shutdown did not end within 10 s")?;
     Ok(())
 }
 
@@ -123,8 +129,12 @@ async fn after_the_minimum_a_release_frees_at_once() -> TestResult {
         "{:?}",
         at - released
     );
-    a.shutdown().await;
-    b.shutdown().await;
+    tokio::time::timeout(std::time::Duration::from_secs(10), a.shutdown())
+        .await
+        .map_err(|_| "a manager's shutdown did not end within 10 s")?;
+    tokio::time::timeout(std::time::Duration::from_secs(10), b.shutdown())
+        .await
+        .map_err(|_| "a manager's shutdown did not end within 10 s")?;
     Ok(())
 }
 
@@ -139,7 +149,9 @@ async fn a_dropped_handle_and_a_shutdown_keep_the_minimum() -> TestResult {
     let _shut = manager.acquire("shut", &options).await?;
     sleep(Duration::from_secs(1)).await;
     drop(dropped);
-    manager.shutdown().await;
+    tokio::time::timeout(std::time::Duration::from_secs(10), manager.shutdown())
+        .await
+        .map_err(|_| "a manager's shutdown did not end within 10 s")?;
     // The background release and the shutdown's have run; both keys stay,
     // each until its grant + the minimum.
     sleep(Duration::from_millis(10)).await;
@@ -186,6 +198,8 @@ async fn permits_and_shares_refuse_a_minimum() -> TestResult {
     for key in ["{pool}:permit:0", "{pool}:permit:1", "{doc}:write"] {
         assert_eq!(backend.inspect(&LeaseKey::new(key)?).await?, None);
     }
-    manager.shutdown().await;
+    tokio::time::timeout(std::time::Duration::from_secs(10), manager.shutdown())
+        .await
+        .map_err(|_| "a manager's shutdown did not end within 10 s")?;
     Ok(())
 }

@@ -383,7 +383,9 @@ async fn renewal_limit_dropped_and_shutdown_are_told_apart() -> TestResult {
     );
     drop(dropped);
     settle().await;
-    manager.shutdown().await;
+    tokio::time::timeout(std::time::Duration::from_secs(10), manager.shutdown())
+        .await
+        .map_err(|_| "a manager's shutdown did not end within 10 s")?;
     assert_eq!(kept.loss_reason(), Some(LossReason::Shutdown));
 
     let snap = snapshot();

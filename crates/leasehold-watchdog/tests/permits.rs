@@ -317,7 +317,9 @@ async fn a_dropped_permit_and_a_shut_down_manager_free_their_permits() -> TestRe
     )
     .await;
     let kept = manager.acquire_permit("freed", limit(2), &options).await?;
-    manager.shutdown().await;
+    tokio::time::timeout(std::time::Duration::from_secs(10), manager.shutdown())
+        .await
+        .map_err(|_| "a manager's shutdown did not end within 10 s")?;
     assert_eq!(kept.loss_reason(), Some(LossReason::Shutdown));
     assert_eq!(backend.inspect(&kept.server_key()).await?, None);
     assert_eq!(held(&backend, &key("freed"), 2).await, 0);

@@ -305,7 +305,9 @@ async fn a_dropped_share_and_a_shut_down_manager_free_their_keys() -> TestResult
     )
     .await;
     let reader = manager.acquire_read("freed", &options).await?;
-    manager.shutdown().await;
+    tokio::time::timeout(std::time::Duration::from_secs(10), manager.shutdown())
+        .await
+        .map_err(|_| "a manager's shutdown did not end within 10 s")?;
     assert_eq!(reader.loss_reason(), Some(LossReason::Shutdown));
     assert_eq!(backend.inspect(&reader.server_key()).await?, None);
     Ok(())

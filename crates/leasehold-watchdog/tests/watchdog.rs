@@ -480,7 +480,9 @@ async fn shutdown_cancels_and_releases_every_lease() -> TestResult {
     let manager = LeaseManager::new(backend.clone())?;
     let a = manager.acquire("s1", &options("3s")).await?;
     let b = manager.acquire("s2", &options("3s")).await?;
-    manager.shutdown().await;
+    tokio::time::timeout(std::time::Duration::from_secs(10), manager.shutdown())
+        .await
+        .map_err(|_| "a manager's shutdown did not end within 10 s")?;
     assert_eq!(a.loss_reason(), Some(LossReason::Shutdown));
     assert_eq!(b.loss_reason(), Some(LossReason::Shutdown));
     assert!(a.token().is_cancelled() && b.token().is_cancelled());
