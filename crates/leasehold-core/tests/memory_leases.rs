@@ -5,9 +5,9 @@
 use std::time::Duration;
 
 use leasehold_core::{
-    AcquireOutcome, AcquireRequest, FencingToken, Grant, HandoverBackend, HandoverOutcome,
-    HolderId, LeaseBackend, LeaseKey, MemoryBackend, ReleaseOutcome, ReleaseReport, RenewOutcome,
-    RenewRequest, Ttl, WatchPolicy,
+    AcquireOutcome, AcquireRequest, ChangeBackend, FencingToken, Grant, HandoverBackend,
+    HandoverOutcome, HolderId, LeaseBackend, LeaseChange, LeaseKey, MemoryBackend, ReleaseOutcome,
+    ReleaseReport, RenewOutcome, RenewRequest, Ttl, WatchPolicy,
 };
 use tokio::time::{Instant, advance, timeout};
 
@@ -251,5 +251,62 @@ async fn a_hung_operation_finishes_when_the_backend_resumes() -> TestResult {
     backend.resume();
     assert_eq!(timeout(ms(1), pending).await???, None);
     assert_eq!(Instant::now() - start, Duration::from_secs(60));
+    Ok(())
+}
+
+/// `client()` stands for another process on the same leases: it is refused
+/// a lease the first client holds, and the change watches of every client
+/// hear the grants and releases of every other client, never their own
+/// (as Redis tracking with `NOLOOP` reports them).
+#[tokio::test(start_paused = true)]
+async fn every_client_shares_the_leases_and_hears_the_others_writes_only() -> TestResult {
+    let one = MemoryBackend::new();
+    let (two, three) = (one.client(), one.client());
+    let key = LeaseKey::new("job")?;
+    let ttl = Ttl::parse("3s")?;
+    let mut heard = [
+        one.watch_changes().await?,
+        two.watch_changes().await?,
+        three.watch_changes().await?,
+    ];
+    let changed = || Some(LeaseChange::Changed(key.clone()));
+
+    let first = HolderId::generate()?;
+    acquire(&one, &AcquireRequest::new(key.clone(), first, ttl)).await?;
+    let refused = two
+        .try_acquire(&AcquireRequest::new(
+            key.clone(),
+            HolderId::generate()?,
+            ttl,
+        ))
+        .await?;
+    assert!(
+        matches!(refused, AcquireOutcome::Held(_)),
+        "another client sees the lease: {refused:?}"
+    );
+    let [ones, twos, threes] = &mut heard;
+    assert_eq!(
+        ones.try_next(),
+        None,
+        "a client does not hear its own grant"
+    );
+    assert_eq!(twos.try_next(), changed());
+    assert_eq!(threes.try_next(), changed());
+
+    one.release(&key, &first).await?;
+    let second = HolderId::generate()?;
+    acquire(&two, &AcquireRequest::new(key.clone(), second, ttl)).await?;
+    // one's release, then two's grant.
+    assert_eq!(ones.try_next(), changed());
+    assert_eq!(ones.try_next(), None);
+    assert_eq!(twos.try_next(), changed());
+    assert_eq!(
+        twos.try_next(),
+        None,
+        "a client does not hear its own grant"
+    );
+    assert_eq!(threes.try_next(), changed());
+    assert_eq!(threes.try_next(), changed());
+    assert_eq!(threes.try_next(), None);
     Ok(())
 }

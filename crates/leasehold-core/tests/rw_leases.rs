@@ -313,3 +313,41 @@ async fn a_writer_never_overlaps_anyone_under_32_contenders() -> TestResult {
     assert!(together.load(Ordering::SeqCst) > 0);
     Ok(())
 }
+
+/// The first refused writer's intent is the lease's until it is granted,
+/// withdrawn or runs out: its own retry renews it, and a second writer
+/// refused meanwhile does not replace it.
+#[tokio::test(start_paused = true)]
+async fn the_first_writers_intent_stays_and_its_own_retry_renews_it() -> TestResult {
+    let backend = MemoryBackend::new();
+    let (first, second) = (holder(), holder());
+    granted(read(&backend, holder(), ttl("30s")).await?)?;
+    refused(write(&backend, first, ttl("4s")).await?)?;
+    advance(ms(3_000)).await;
+    // Renewed: 4 s from now.
+    refused(write(&backend, first, ttl("4s")).await?)?;
+    // Would outlive the first writer's, were it put in its place.
+    refused(write(&backend, second, ttl("10s")).await?)?;
+    assert!(
+        !backend.withdraw_write_intent(&doc(), &second).await?,
+        "the second writer left no intent"
+    );
+    advance(ms(3_999)).await;
+    let info = refused(read(&backend, holder(), ttl("30s")).await?)?;
+    assert_eq!(info.ttl_left, Some(ms(1)), "the first writer's intent");
+    advance(ms(1)).await;
+    granted(read(&backend, holder(), ttl("30s")).await?)?;
+    Ok(())
+}
+
+/// A writer refused by readers is told when the first of them frees.
+#[tokio::test(start_paused = true)]
+async fn a_writer_refused_by_readers_is_told_when_the_first_of_them_frees() -> TestResult {
+    let backend = MemoryBackend::new();
+    for t in ["10s", "3s", "6s"] {
+        granted(read(&backend, holder(), ttl(t)).await?)?;
+    }
+    let info = refused(write(&backend, holder(), ttl("5s")).await?)?;
+    assert_eq!(info.ttl_left, Some(ms(3_000)));
+    Ok(())
+}
