@@ -186,3 +186,26 @@ async fn vanish_and_hand_over_are_reported_to_every_change_watch() -> TestResult
     );
     Ok(())
 }
+
+/// A cut change feed reports nothing of what changes behind the holders'
+/// backs, other clients' writes included, until it is restored: then
+/// every watch hears `All` and changes are reported again.
+#[tokio::test(start_paused = true)]
+async fn a_cut_feed_reports_nothing_until_restored_and_then_all() -> TestResult {
+    let backend = MemoryBackend::new();
+    let other = backend.client();
+    let (a, b, ttl) = (LeaseKey::new("a")?, LeaseKey::new("b")?, Ttl::parse("5s")?);
+    let mut watch = backend.watch_changes().await?;
+    backend.cut_changes();
+    backend.hand_over(&a, ttl)?;
+    other
+        .try_acquire(&AcquireRequest::new(b.clone(), HolderId::generate()?, ttl))
+        .await?;
+    assert_eq!(watch.try_next(), None, "nothing reported while cut");
+    backend.restore_changes();
+    assert_eq!(watch.try_next(), Some(LeaseChange::All));
+    assert!(backend.vanish(&b));
+    assert_eq!(watch.try_next(), Some(LeaseChange::Changed(b)));
+    assert_eq!(watch.try_next(), None);
+    Ok(())
+}
