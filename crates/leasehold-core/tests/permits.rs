@@ -259,3 +259,18 @@ async fn a_backend_without_permits_refuses_them() -> TestResult {
     assert_eq!(backend.0.inspect(&jobs().permit(0)?).await?, None);
     Ok(())
 }
+
+/// A refused holder is told of the permit that frees first, wherever it
+/// lies among the semaphore's permits.
+#[tokio::test(start_paused = true)]
+async fn a_refusal_names_the_permit_that_frees_first() -> TestResult {
+    let backend = MemoryBackend::new();
+    let mut grants = Vec::new();
+    for t in ["10s", "3s", "6s"] {
+        grants.push(granted(&backend, holder(), Ttl::parse(t)?, 3).await?);
+    }
+    let info = refused(&backend, Ttl::parse("10s")?, 3).await?;
+    assert_eq!(info.fencing_token, Some(grants[1].fencing_token));
+    assert_eq!(info.ttl_left, Some(ms(3_000)));
+    Ok(())
+}

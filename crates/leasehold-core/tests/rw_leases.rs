@@ -351,3 +351,22 @@ async fn a_writer_refused_by_readers_is_told_when_the_first_of_them_frees() -> T
     assert_eq!(info.ttl_left, Some(ms(3_000)));
     Ok(())
 }
+
+/// A writer that gives up withdraws its own intent, and only its own:
+/// readers are then granted at once.
+#[tokio::test(start_paused = true)]
+async fn a_writer_withdraws_its_own_intent_only() -> TestResult {
+    let backend = MemoryBackend::new();
+    let writer = holder();
+    granted(read(&backend, holder(), ttl("30s")).await?)?;
+    refused(write(&backend, writer, ttl("10s")).await?)?;
+    assert!(!backend.withdraw_write_intent(&doc(), &holder()).await?);
+    refused(read(&backend, holder(), ttl("30s")).await?)?;
+    assert!(backend.withdraw_write_intent(&doc(), &writer).await?);
+    granted(read(&backend, holder(), ttl("30s")).await?)?;
+    assert!(
+        !backend.withdraw_write_intent(&doc(), &writer).await?,
+        "withdrawn already"
+    );
+    Ok(())
+}
