@@ -883,4 +883,27 @@ mod tests {
         assert_eq!(waiting.label(), Some("host-a"));
         Ok(())
     }
+
+    /// Debug shows every setting a user may need to see in a log, and
+    /// nothing of the metric keys cached beside them.
+    #[test]
+    fn debug_shows_the_settings() -> Result<(), Box<dyn std::error::Error>> {
+        let options = LeaseOptions::builder()
+            .ttl(Ttl::parse("5s")?)
+            .name("nightly-report")
+            .build()?;
+        let shown = format!("{options:?}");
+        for part in [
+            "LeaseOptions",
+            "ttl",
+            "renew_interval",
+            "safety_margin",
+            "nightly-report",
+            "fair",
+        ] {
+            assert!(shown.contains(part), "{part} missing from {shown}");
+        }
+        assert!(!shown.contains("series"), "{shown}");
+        Ok(())
+    }
 }
