@@ -859,6 +859,7 @@ mod tests {
         let set = Fair::default()
             .with_place_ttl(Duration::from_millis(500))
             .with_handover(false);
+        assert!(!set.handover());
         let options = LeaseOptions::builder().fair(set).build()?;
         assert_eq!(options.fair(), Some(set));
         assert_eq!(options.place_ttl().get(), Duration::from_millis(500));
