@@ -1360,6 +1360,57 @@ mod tests {
         Ok(())
     }
 
+    /// The first renewal of a lease a fair queue handed over (valid for
+    /// less than its ttl) comes halfway from its sending to its deadline,
+    /// at once if that has passed; any other lease's a renew interval
+    /// after its sending. The watchdog must act first on the earlier of
+    /// that renewal's grid bucket and the deadline, on the deadline alone
+    /// when no renewal is allowed.
+    #[test]
+    fn first_renewal_and_first_due_follow_the_grant() -> Result<(), Box<dyn std::error::Error>> {
+        use leasehold_core::{FencingToken, Grant, Ttl};
+
+        let ttl = Ttl::parse("30s")?;
+        let (interval, margin) = (Duration::from_secs(10), Duration::from_secs(3));
+        let drift = leasehold_core::clock_drift(ttl.get()); // 302 ms
+        let series = Arc::new(crate::metrics::Series::new(
+            "first".into(),
+            crate::metrics::Kind::Exclusive,
+        ));
+        let t0 = Instant::now();
+        let shared = |grant: &Grant, cap: Option<u32>| {
+            let timing = crate::timing::Timing::new(interval, margin, cap);
+            Shared::new(grant, Arc::clone(&series), timing)
+        };
+        let key = LeaseKey::new("first")?;
+        let plain = Grant::new(key.clone(), HolderId::generate()?, FencingToken(1), ttl, t0);
+        let handed = |hold: Duration| {
+            Grant::handed_over(key.clone(), plain.holder, FencingToken(2), ttl, t0, hold)
+        };
+
+        let regular = shared(&plain, None);
+        assert_eq!(first_renewal(&regular, t0), t0 + interval);
+        // On the grid from t0 (steps of interval / 16): the renewal itself.
+        assert_eq!(first_due(&regular, t0, t0), t0 + interval);
+        // No renewal allowed: the deadline.
+        let capped = shared(&plain, Some(0));
+        assert_eq!(first_due(&capped, t0, t0), t0 + ttl.get() - drift - margin);
+
+        // Held 6 s from t0: its deadline is 6 s less the drift and the
+        // margin after t0, and its first renewal halfway there.
+        let short = shared(&handed(Duration::from_secs(6)), None);
+        let deadline = Duration::from_secs(6) - drift - margin;
+        assert_eq!(first_renewal(&short, t0), t0 + deadline / 2);
+        assert_eq!(
+            first_due(&short, t0, t0),
+            on_grid(t0, t0 + deadline / 2, interval.as_nanos().try_into()?)
+        );
+        // Its deadline already passed: at once.
+        let late = shared(&handed(Duration::from_secs(1)), None);
+        assert_eq!(first_renewal(&late, t0), t0);
+        Ok(())
+    }
+
     /// Lease ids count up from 0: the hasher must still spread them over
     /// a table's buckets (the low bits) and its control bytes (the high
     /// bits), or the id map degrades into a linear search. Byte strings
