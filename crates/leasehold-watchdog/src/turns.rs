@@ -418,4 +418,24 @@ mod tests {
             Some(FencingToken(2))
         );
     }
+
+    /// The pace of each key is kept while other keys are noted, and past
+    /// [`REMEMBERED_KEYS`] keys the map starts over instead of growing.
+    #[tokio::test(start_paused = true)]
+    async fn paces_are_remembered_per_key_within_a_bound() {
+        let turns = TurnTaking::new();
+        let ms = Duration::from_millis;
+        let name = |i: usize| LeaseKey::new(format!("k{i}")).expect("valid key");
+        turns.note_notice(&key());
+        tokio::time::advance(ms(3)).await;
+        turns.note_notice(&key());
+        for i in 0..REMEMBERED_KEYS - 1 {
+            turns.note_notice(&name(i));
+        }
+        assert_eq!(turns.window(&key(), Instant::now()), ms(6), "kept");
+        // Full: a new key starts the map over.
+        turns.note_notice(&name(REMEMBERED_KEYS));
+        assert_eq!(turns.paces.lock().expect("not poisoned").len(), 1);
+        assert_eq!(turns.window(&key(), Instant::now()), Duration::ZERO);
+    }
 }
