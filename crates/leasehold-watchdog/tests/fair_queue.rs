@@ -349,3 +349,112 @@ async fn fair_mode_is_refused_for_permits_and_shares() -> TestResult {
     }
     Ok(())
 }
+
+/// `MemoryBackend` with its fair queue, counting the releases of each kind.
+#[derive(Clone, Default)]
+struct CountingReleases {
+    inner: MemoryBackend,
+    /// Plain releases, fair releases.
+    counts: Arc<Mutex<(u32, u32)>>,
+}
+
+impl CountingReleases {
+    fn counts(&self) -> (u32, u32) {
+        *self.counts.lock().expect("not poisoned")
+    }
+}
+
+impl LeaseBackend for CountingReleases {
+    async fn try_acquire(
+        &self,
+        request: &leasehold_core::AcquireRequest,
+    ) -> Result<leasehold_core::AcquireOutcome, BackendError> {
+        self.inner.try_acquire(request).await
+    }
+
+    async fn renew_many(
+        &self,
+        requests: &[leasehold_core::RenewRequest],
+    ) -> Vec<Result<leasehold_core::RenewOutcome, BackendError>> {
+        self.inner.renew_many(requests).await
+    }
+
+    async fn release(
+        &self,
+        key: &leasehold_core::LeaseKey,
+        holder: &leasehold_core::HolderId,
+    ) -> Result<leasehold_core::ReleaseReport, BackendError> {
+        self.counts.lock().expect("not poisoned").0 += 1;
+        self.inner.release(key, holder).await
+    }
+
+    async fn inspect(
+        &self,
+        key: &leasehold_core::LeaseKey,
+    ) -> Result<Option<leasehold_core::LeaseInfo>, BackendError> {
+        self.inner.inspect(key).await
+    }
+
+    fn fair(&self) -> Option<&impl leasehold_core::FairBackend> {
+        Some(self)
+    }
+}
+
+impl leasehold_core::FairBackend for CountingReleases {
+    async fn try_acquire_fair(
+        &self,
+        request: &leasehold_core::AcquireRequest,
+        place_ttl: leasehold_core::PlaceTtl,
+        handover: Option<Duration>,
+    ) -> Result<leasehold_core::FairOutcome, BackendError> {
+        self.inner
+            .try_acquire_fair(request, place_ttl, handover)
+            .await
+    }
+
+    async fn release_fair(
+        &self,
+        key: &leasehold_core::LeaseKey,
+        holder: &leasehold_core::HolderId,
+    ) -> Result<leasehold_core::ReleaseOutcome, BackendError> {
+        self.counts.lock().expect("not poisoned").1 += 1;
+        self.inner.release(key, holder).await.map(|r| r.outcome())
+    }
+
+    async fn watch_handover(
+        &self,
+        key: &leasehold_core::LeaseKey,
+        holder: &leasehold_core::HolderId,
+    ) -> Result<leasehold_core::HandoverWatch, BackendError> {
+        self.inner.watch_handover(key, holder).await
+    }
+
+    async fn leave_fair_queue(
+        &self,
+        key: &leasehold_core::LeaseKey,
+        holder: &leasehold_core::HolderId,
+    ) -> Result<(), BackendError> {
+        self.inner.leave_fair_queue(key, holder).await
+    }
+}
+
+/// A lease taken in fair mode is released through the fair queue (which,
+/// on a server that hands over, gives it to the queue's head in the same
+/// step); any other lease by a plain release.
+#[tokio::test(start_paused = true)]
+async fn a_fair_lease_is_released_through_the_fair_queue() -> TestResult {
+    let backend = CountingReleases::default();
+    let manager = LeaseManager::new(backend.clone())?;
+    let fair = fair(Duration::from_millis(10), Duration::from_secs(2));
+    manager.acquire("fair-one", &fair).await?.release().await?;
+    assert_eq!(backend.counts(), (0, 1));
+    let plain = LeaseOptions::builder().ttl(Ttl::parse("2s")?).build()?;
+    manager
+        .acquire("plain-one", &plain)
+        .await?
+        .release()
+        .await?;
+    assert_eq!(backend.counts(), (1, 1));
+    within(Duration::from_secs(10), "the shutdown", manager.shutdown()).await;
+    Ok(())
+}
