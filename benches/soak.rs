@@ -51,9 +51,10 @@
 //! The figures: the smallest `PTTL` of a believed lease the sweeps saw, and
 //! the `PTTL` left when a token fired with `Deadline` (read right after,
 //! when the server was not paused: a lower bound of the time between the
-//! token and the server's expiry), the client's RSS and the server's
-//! `used_memory` at the start (once the leases are first held), at the end
-//! and their extremes and slope over the run.
+//! token and the server's expiry), the client's RSS, the client's heap in
+//! use (the bytes its allocator handed out and did not get back) and the
+//! server's `used_memory` at the start (once the leases are first held), at
+//! the end and their extremes and slope over the run.
 //!
 //! Under `cargo test` (no `--bench` argument) or `LEASEHOLD_BENCH_QUICK=1`
 //! it runs 300 leases with a 1 s ttl for 5.5 s, one fault of each kind,
@@ -77,6 +78,12 @@ use leasehold::{
     CancellationToken, Fair, LeaseKey, LeaseManager, LeaseOptions, LossReason, PermitLimit,
 };
 use leasehold_testkit::{Proxy, ProxyMode, RedisServer};
+
+/// The system allocator, counting the bytes in use: RSS alone cannot tell
+/// memory the soak holds from memory the allocator keeps resident after a
+/// storm of allocations has freed it.
+#[global_allocator]
+static ALLOCATOR: cap::Cap<std::alloc::System> = cap::Cap::new(std::alloc::System, usize::MAX);
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 
 type BenchError = Box<dyn std::error::Error + Send + Sync>;
@@ -908,12 +915,14 @@ async fn sweeper(ctx: Arc<Ctx>, mut side: ConnectionManager, rw_prefixes: Vec<St
     }
 }
 
-/// One sample of memory: seconds since the start, client RSS, server
+/// One sample of memory: seconds since the start, client RSS, the bytes
+/// the client's allocator has handed out and not had back, server
 /// `used_memory`, leases held.
 #[derive(Clone, Copy)]
 struct Sample {
     at: f64,
     rss: u64,
+    heap: u64,
     used: u64,
     held: i64,
 }
@@ -935,6 +944,7 @@ async fn sample(ctx: &Ctx, side: &mut ConnectionManager, start: Instant) -> Opti
     Some(Sample {
         at: start.elapsed().as_secs_f64(),
         rss: status_bytes("VmRSS")?,
+        heap: u64::try_from(ALLOCATOR.allocated()).unwrap_or(u64::MAX),
         used: used_memory(side).await?,
         held: ctx.tally.held.load(Ordering::Relaxed),
     })
@@ -1171,6 +1181,7 @@ async fn run(config: Config) -> BenchResult {
         if v == i64::MAX { f64::NAN } else { v as f64 }
     };
     let rss: Vec<(f64, f64)> = samples.iter().map(|s| (s.at, s.rss as f64)).collect();
+    let heap: Vec<(f64, f64)> = samples.iter().map(|s| (s.at, s.heap as f64)).collect();
     let used: Vec<(f64, f64)> = samples.iter().map(|s| (s.at, s.used as f64)).collect();
     let extreme = |v: &[(f64, f64)], max: bool| {
         v.iter()
@@ -1240,6 +1251,15 @@ async fn run(config: Config) -> BenchResult {
         .num(
             "rss_slope_second_half_per_hour",
             slope_per_hour(second_half(&rss)),
+        )
+        .int("heap_start", first.heap)
+        .int("heap_end", last.heap)
+        .num("heap_min", extreme(&heap, false))
+        .num("heap_max", extreme(&heap, true))
+        .num("heap_slope_per_hour", slope_per_hour(&heap))
+        .num(
+            "heap_slope_second_half_per_hour",
+            slope_per_hour(second_half(&heap)),
         )
         .int("used_memory_start", first.used)
         .int("used_memory_end", last.used)
@@ -1314,6 +1334,15 @@ async fn run(config: Config) -> BenchResult {
         mib(slope_per_hour(&used)),
         mib(slope_per_hour(second_half(&used))),
     );
+    eprintln!(
+        "  client heap in use {:.1} MiB at the start, {:.1} at the end ({:.1} to {:.1}, {:+.2} MiB/h, {:+.2} MiB/h over the second half)",
+        mib(first.heap as f64),
+        mib(last.heap as f64),
+        mib(extreme(&heap, false)),
+        mib(extreme(&heap, true)),
+        mib(slope_per_hour(&heap)),
+        mib(slope_per_hour(second_half(&heap))),
+    );
     // The shape over the run, a point a minute (every sample in quick
     // mode): a step with the faults' storms reads differently from a creep.
     let every = (samples.len() / 60).max(1);
@@ -1322,15 +1351,16 @@ async fn run(config: Config) -> BenchResult {
         .step_by(every)
         .map(|s| {
             format!(
-                "{:.0}s {:.1}/{:.1}",
+                "{:.0}s {:.1}/{:.1}/{:.1}",
                 s.at,
                 mib(s.rss as f64),
+                mib(s.heap as f64),
                 mib(s.used as f64)
             )
         })
         .collect();
     eprintln!(
-        "  memory over the run (client RSS / Redis used_memory, MiB): {}",
+        "  memory over the run (client RSS / heap in use / Redis used_memory, MiB): {}",
         shape.join(", ")
     );
     eprintln!(
