@@ -166,7 +166,7 @@ pub(crate) struct Settings {
     pub(crate) keys: usize,
     pub(crate) ttl: Duration,
     pub(crate) options: LeaseOptions,
-    /// A writer's: as `options`, but waiting [`WRITER_WAIT_TTLS`] ttls.
+    /// A writer's: as `options`, but waiting [`RW_WAIT_TTLS`] ttls.
     pub(crate) writer_options: LeaseOptions,
     /// `Some` for a counting campaign: clients take a permit of semaphore
     /// `sem<k>` with this limit instead of the lease `key<k>`.
@@ -179,11 +179,16 @@ pub(crate) struct Settings {
 /// In a read-write campaign, one take in this many is a writer's.
 pub(crate) const WRITER_ONE_IN: u32 = 3;
 
-/// How many ttls a writer waits: it waits for every reader of its lease
-/// to leave, and readers hold for several renew intervals, so a wait of one
-/// ttl ran out for most writers on a loaded machine (two writer holds in a
-/// run, the lease's writing half barely exercised).
-pub(crate) const WRITER_WAIT_TTLS: u32 = 3;
+/// How many ttls every take of a read-write run waits. A writer waits for
+/// every reader of its lease to leave, and readers hold for several renew
+/// intervals: with a wait of one ttl most writers gave up on a loaded
+/// machine (two writer holds in a run). A reader waits out the writers
+/// before it: with a wait of one ttl, readers that gave up took again, a
+/// third of them as writers, whose intents kept the next readers out, so
+/// that writers followed writers (16 writer holds and never two readers
+/// at once in a run). Waiting as long as writers, readers blocked by a
+/// writer come in together once it is done.
+pub(crate) const RW_WAIT_TTLS: u32 = 3;
 
 impl Settings {
     pub(crate) fn from_env(
@@ -205,7 +210,7 @@ impl Settings {
                 .build()?,
             writer_options: LeaseOptions::builder()
                 .ttl(Ttl::new(ttl)?)
-                .wait(ttl * WRITER_WAIT_TTLS)
+                .wait(ttl * RW_WAIT_TTLS)
                 .name("campaign")
                 .build()?,
             permits: None,
@@ -229,6 +234,8 @@ impl Settings {
     /// otherwise.
     pub(crate) fn read_write(mut self, clients: usize) -> Result<Self, BoxError> {
         self.rw = true;
+        // Readers wait as long as writers (see RW_WAIT_TTLS).
+        self.options = self.writer_options.clone();
         if env_u64("LEASEHOLD_CAMPAIGN_CLIENTS")?.is_none() {
             self.clients = clients;
         }
