@@ -79,9 +79,7 @@ async fn a_local_waiter_gets_the_lease_when_the_minimum_runs_out() -> TestResult
     let backend = MemoryBackend::new();
     let manager = LeaseManager::new(backend.clone())?;
     early_release_then_wait(&backend, &manager, &manager).await?;
-    tokio::time::timeout(std::time::Duration::from_secs(10), manager.shutdown())
-        .await
-        .map_err(|_| "a manager's shutdown did not end within 10 s")?;
+    shut_down(&manager).await?;
     Ok(())
 }
 
@@ -95,12 +93,8 @@ async fn another_process_gets_the_lease_when_the_minimum_runs_out() -> TestResul
         LeaseManager::new(backend.clone())?,
     );
     early_release_then_wait(&backend, &a, &b).await?;
-    tokio::time::timeout(std::time::Duration::from_secs(10), a.shutdown())
-        .await
-        .map_err(|_| "a manager's shutdown did not end within 10 s")?;
-    tokio::time::timeout(std::time::Duration::from_secs(10), b.shutdown())
-        .await
-        .map_err(|_| "a manager's shutdown did not end within 10 s")?;
+    shut_down(&a).await?;
+    shut_down(&b).await?;
     Ok(())
 }
 
@@ -129,12 +123,8 @@ async fn after_the_minimum_a_release_frees_at_once() -> TestResult {
         "{:?}",
         at - released
     );
-    tokio::time::timeout(std::time::Duration::from_secs(10), a.shutdown())
-        .await
-        .map_err(|_| "a manager's shutdown did not end within 10 s")?;
-    tokio::time::timeout(std::time::Duration::from_secs(10), b.shutdown())
-        .await
-        .map_err(|_| "a manager's shutdown did not end within 10 s")?;
+    shut_down(&a).await?;
+    shut_down(&b).await?;
     Ok(())
 }
 
@@ -149,9 +139,7 @@ async fn a_dropped_handle_and_a_shutdown_keep_the_minimum() -> TestResult {
     let _shut = manager.acquire("shut", &options).await?;
     sleep(Duration::from_secs(1)).await;
     drop(dropped);
-    tokio::time::timeout(std::time::Duration::from_secs(10), manager.shutdown())
-        .await
-        .map_err(|_| "a manager's shutdown did not end within 10 s")?;
+    shut_down(&manager).await?;
     // The background release and the shutdown's have run; both keys stay,
     // each until its grant + the minimum.
     sleep(Duration::from_millis(10)).await;
@@ -198,7 +186,14 @@ async fn permits_and_shares_refuse_a_minimum() -> TestResult {
     for key in ["{pool}:permit:0", "{pool}:permit:1", "{doc}:write"] {
         assert_eq!(backend.inspect(&LeaseKey::new(key)?).await?, None);
     }
-    tokio::time::timeout(std::time::Duration::from_secs(10), manager.shutdown())
+    shut_down(&manager).await?;
+    Ok(())
+}
+
+/// Shuts `manager` down, failing the test if that does not end within
+/// 10 s (tokio time: on the paused clock the runtime advances to it).
+async fn shut_down(manager: &LeaseManager<MemoryBackend>) -> TestResult {
+    tokio::time::timeout(Duration::from_secs(10), manager.shutdown())
         .await
         .map_err(|_| "a manager's shutdown did not end within 10 s")?;
     Ok(())
