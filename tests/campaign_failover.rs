@@ -15,7 +15,7 @@
 //! Each topology runs its fixed seeds and then a fresh one (or
 //! `LEASEHOLD_CAMPAIGN_SEED=<seed>`, `LEASEHOLD_CAMPAIGN_SEEDS=a,b`), for
 //! 30 s each (`LEASEHOLD_CAMPAIGN_SECS`); both topologies at once, about
-//! 90 s: `cargo test --test campaign_failover -- --nocapture`.
+//! 80 s: `cargo test --test campaign_failover -- --nocapture`.
 //!
 //! Every data node has a MONITOR witness, read on a connection of its own
 //! and attached again when a killed node comes back: the grants and
@@ -157,11 +157,11 @@ async fn campaign(
     Ok(applied)
 }
 
-/// A kill that lost data, as the campaign judges it: the node killed,
-/// when its replica's link was cut and when it died (host clock, µs), and
-/// the grants its feed showed in between.
+/// A kill that lost data, as the campaign judges it: the fault, when the
+/// replica's link was cut and when the master died (host clock, µs), and
+/// the grants the master's feed showed in between.
 struct Kill {
-    fault: usize,
+    fault: Fault,
     cut_us: u64,
     killed_us: u64,
     killed: Instant,
@@ -252,10 +252,7 @@ async fn run(
             healed_us,
         };
         a.declare_loss(&history, TTL, renew_interval + SCHEDULING_ALLOWANCE);
-        if let Some(mut kill) = kill {
-            kill.fault = applied.len();
-            kills.push(kill);
-        }
+        kills.extend(kill);
         applied.push(a);
     }
     tokio::time::sleep_until((started + run_for).max(Instant::now() + TTL)).await;
@@ -313,7 +310,7 @@ async fn run(
         unproven.is_empty(),
         "seed {seed}: tokens fired by deadline outside any failover, yet a side connection found the lease gone within the safety margin ({margin:?}) after: {unproven:?}"
     );
-    let ended = judge_kills(&kills, &applied, &history, &tally, margin, seed);
+    let ended = judge_kills(&kills, &history, &tally, margin, seed);
     assert!(
         forbidden.is_empty(),
         "holders overlapped outside a kill after a lag, or for longer than a renew interval after one (seed {seed}): {forbidden:#?}"
@@ -332,7 +329,6 @@ async fn run(
 /// kills ended.
 fn judge_kills(
     kills: &[Kill],
-    applied: &[Applied],
     history: &History,
     tally: &Tally,
     margin: Duration,
@@ -380,7 +376,7 @@ fn judge_kills(
         }
         println!(
             "  {}: {} leases granted in its lag of {:.2}s, {ended_here} ended by the kill within {believed:?} of it",
-            applied[kill.fault].fault,
+            kill.fault,
             kill.lag_grants.len(),
             micros_to_secs(kill.killed_us - kill.cut_us)
         );
@@ -459,7 +455,7 @@ async fn fail_over(
         rejoined.as_secs_f64()
     );
     let kill = Kill {
-        fault: 0,
+        fault: *fault,
         cut_us,
         killed_us,
         killed,
@@ -559,7 +555,7 @@ async fn apply(
                 );
             }
             kill = Some(Kill {
-                fault: 0,
+                fault: *fault,
                 cut_us,
                 killed_us,
                 killed,
