@@ -229,16 +229,19 @@ async fn direction(
     let (chunks, mut pending) = mpsc::unbounded_channel::<(Instant, Vec<u8>)>();
     let mut reader_mode = mode.clone();
     let reader = async move {
+        // One read buffer, and each chunk copied out at its own size: a
+        // blackhole holds every chunk read meanwhile, and a chunk that kept
+        // the whole buffer would hold 16 KiB for a command of a few dozen
+        // bytes (tens of MiB in a soak's cut, counted as the client's).
+        let mut buf = vec![0u8; 16 * 1024];
         loop {
-            let mut buf = vec![0u8; 16 * 1024];
             tokio::select! {
                 biased;
                 _ = reader_mode.wait_for(|m| *m == ProxyMode::Reset) => return,
                 read = from.read(&mut buf) => match read {
                     Ok(0) | Err(_) => return,
                     Ok(n) => {
-                        buf.truncate(n);
-                        if chunks.send((Instant::now(), buf)).is_err() {
+                        if chunks.send((Instant::now(), buf[..n].to_vec())).is_err() {
                             return;
                         }
                     }
