@@ -301,7 +301,20 @@ async fn notices_reach_waiters_before_and_after_a_failover() -> TestResult {
     // fresh backend, so the only subscriber on the new master is the waiter.
     drop(holder);
     let holder = LeaseManager::new(connect().await?)?;
-    release_wakes_waiter(&set, &holder, &waiter, "after-failover").await
+    release_wakes_waiter(&set, &holder, &waiter, "after-failover").await?;
+    // The channel of the wait before the failover lingered with no watch
+    // when the connection broke. On the new master it must not stay
+    // subscribed for good: it is either forgotten at the restore or sent
+    // away with the other lingering channels when a new one is subscribed
+    // (the after-failover wait just did).
+    let before = KeyLayout::default().released(&LeaseKey::new("before-failover")?);
+    let reply = set.master().cli(&["PUBSUB", "NUMSUB", &before])?;
+    assert_eq!(
+        reply.lines().nth(1),
+        Some("0"),
+        "the lingering channel of the wait before the failover is still subscribed on the new master: {reply:?}"
+    );
+    Ok(())
 }
 
 /// Client tracking behind Sentinel: the master reports a change to a

@@ -323,8 +323,13 @@ impl Notices {
             if !std::mem::take(&mut channels.lost) {
                 return;
             }
-            // The old connection's subscriptions went with it.
+            // The old connection's subscriptions went with it. Lingering
+            // channels (no watch) are forgotten rather than subscribed
+            // again: subscribed again off the `stale` list, nothing would
+            // ever unsubscribe them, and each failover would add its
+            // lingering channels to the new master's for good.
             channels.stale.clear();
+            channels.watched.retain(|_, c| c.watchers > 0);
             channels
                 .watched
                 .iter()
