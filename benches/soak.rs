@@ -228,7 +228,6 @@ enum Role {
 
 /// The holders, and how many leases are held when no writer is in.
 fn roles(leases: usize) -> (Vec<Role>, usize) {
-    // Keep `shared_keys` in step with the keys taken again below.
     let contended_keys = (leases / 200).max(1);
     let (semaphores, limit) = semaphores(leases);
     let limit = limit as usize;
@@ -263,13 +262,27 @@ fn roles(leases: usize) -> (Vec<Role>, usize) {
     (roles, leases)
 }
 
-/// The server keys that acquisitions take again and again, which the
-/// soak's record keeps: the contended keys, the permits' slots and the
-/// read-write leases' writer keys. Every other key is one acquisition's
-/// own and leaves the record with its belief.
-fn shared_keys(leases: usize) -> usize {
-    let (semaphores, limit) = semaphores(leases);
-    (leases / 200).max(1) + semaphores * limit as usize + RW_LEASES
+/// The server keys that the holders' acquisitions take again and again,
+/// which the soak's record keeps: the contended keys, the permits' slots
+/// (`limit` per semaphore) and the read-write leases' writer keys. Every
+/// other key is one acquisition's own and leaves the record with its
+/// belief.
+fn shared_keys(roles: &[Role], limit: u32) -> usize {
+    let mut keys = std::collections::HashSet::new();
+    for role in roles {
+        match *role {
+            Role::Contended { key, .. } => keys.insert((0, key, 0)),
+            Role::Permit { semaphore } => {
+                for slot in 0..limit {
+                    keys.insert((1, semaphore, slot));
+                }
+                true
+            }
+            Role::Writer { rw } => keys.insert((2, rw, 0)),
+            Role::Unique { .. } | Role::Reader { .. } => false,
+        };
+    }
+    keys.len()
 }
 
 /// A tenth of the leases are permits, of semaphores of at most
@@ -1204,7 +1217,7 @@ async fn run(config: Config) -> BenchResult {
         let s = lock(&ctx.checker.0);
         (s.active.len() as u64, s.keys.len() as u64)
     };
-    let record_bound = shared_keys(config.leases) as u64;
+    let record_bound = shared_keys(&roles, ctx.limit) as u64;
     let record_overgrown = record_beliefs > 0 || record_keys > record_bound;
     let load = |a: &AtomicU64| a.load(Ordering::Relaxed);
     let min_or_nan = |a: &AtomicI64| {
