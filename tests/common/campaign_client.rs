@@ -165,9 +165,8 @@ pub(crate) struct Settings {
     /// Lease keys, or for a counting campaign semaphores.
     pub(crate) keys: usize,
     pub(crate) ttl: Duration,
+    /// Every take's; in a read-write run waiting [`RW_WAIT_TTLS`] ttls.
     pub(crate) options: LeaseOptions,
-    /// A writer's: as `options`, but waiting [`RW_WAIT_TTLS`] ttls.
-    pub(crate) writer_options: LeaseOptions,
     /// `Some` for a counting campaign: clients take a permit of semaphore
     /// `sem<k>` with this limit instead of the lease `key<k>`.
     pub(crate) permits: Option<PermitLimit>,
@@ -179,7 +178,7 @@ pub(crate) struct Settings {
 /// In a read-write campaign, one take in this many is a writer's.
 pub(crate) const WRITER_ONE_IN: u32 = 3;
 
-/// How many ttls every take of a read-write run waits. A writer waits for
+/// How many ttls every take of a read-write run waits (a ttl elsewhere). A writer waits for
 /// every reader of its lease to leave, and readers hold for several renew
 /// intervals: with a wait of one ttl most writers gave up on a loaded
 /// machine (two writer holds in a run). A reader waits out the writers
@@ -189,6 +188,15 @@ pub(crate) const WRITER_ONE_IN: u32 = 3;
 /// at once in a run). Waiting as long as writers, readers blocked by a
 /// writer come in together once it is done.
 pub(crate) const RW_WAIT_TTLS: u32 = 3;
+
+/// A campaign client's options: `ttl`, waiting at most `wait`.
+fn campaign_options(ttl: Duration, wait: Duration) -> Result<LeaseOptions, BoxError> {
+    Ok(LeaseOptions::builder()
+        .ttl(Ttl::new(ttl)?)
+        .wait(wait)
+        .name("campaign")
+        .build()?)
+}
 
 impl Settings {
     pub(crate) fn from_env(
@@ -203,16 +211,7 @@ impl Settings {
             clients: usize::try_from(env_u64("LEASEHOLD_CAMPAIGN_CLIENTS")?.unwrap_or(4))?.max(1),
             keys: usize::try_from(env_u64("LEASEHOLD_CAMPAIGN_KEYS")?.unwrap_or(keys))?.max(1),
             ttl,
-            options: LeaseOptions::builder()
-                .ttl(Ttl::new(ttl)?)
-                .wait(ttl)
-                .name("campaign")
-                .build()?,
-            writer_options: LeaseOptions::builder()
-                .ttl(Ttl::new(ttl)?)
-                .wait(ttl * RW_WAIT_TTLS)
-                .name("campaign")
-                .build()?,
+            options: campaign_options(ttl, ttl)?,
             permits: None,
             rw: false,
         })
@@ -234,8 +233,7 @@ impl Settings {
     /// otherwise.
     pub(crate) fn read_write(mut self, clients: usize) -> Result<Self, BoxError> {
         self.rw = true;
-        // Readers wait as long as writers (see RW_WAIT_TTLS).
-        self.options = self.writer_options.clone();
+        self.options = campaign_options(self.ttl, self.ttl * RW_WAIT_TTLS)?;
         if env_u64("LEASEHOLD_CAMPAIGN_CLIENTS")?.is_none() {
             self.clients = clients;
         }
@@ -698,7 +696,6 @@ impl Clients {
                 name: format!("c{i}"),
                 manager: manager.clone(),
                 options: settings.options.clone(),
-                writer_options: settings.writer_options.clone(),
                 keys: settings.keys,
                 permits: settings.permits,
                 rw: settings.rw,
@@ -996,7 +993,6 @@ struct Client {
     name: String,
     manager: LeaseManager<RedisBackend>,
     options: LeaseOptions,
-    writer_options: LeaseOptions,
     keys: usize,
     permits: Option<PermitLimit>,
     rw: bool,
@@ -1032,9 +1028,7 @@ async fn client(mut c: Client) -> TestResult {
             () = c.stop.cancelled() => break,
             acquired = async {
                 match (share, c.permits) {
-                    (Some(Share::Writer), _) => {
-                        c.manager.acquire_write(&rw, &c.writer_options).await
-                    }
+                    (Some(Share::Writer), _) => c.manager.acquire_write(&rw, &c.options).await,
                     (Some(_), _) => c.manager.acquire_read(&rw, &c.options).await,
                     (None, None) => c.manager.acquire(format!("key{k}"), &c.options).await,
                     (None, Some(limit)) => {
