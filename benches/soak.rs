@@ -379,11 +379,10 @@ struct Checker(Mutex<CheckerState>);
 struct GrantInfo {
     group: Arc<str>,
     kind: GroupKind,
-    /// The group is kept when empty (see [`Group::keep`]).
+    /// The group, and its server key unless it is a reader's share, are
+    /// kept when empty (see [`Group::keep`] and [`KeyState::keep`]).
     keep: bool,
     key: Arc<str>,
-    /// The server key is kept when empty (see [`KeyState::keep`]).
-    keep_key: bool,
     token: u64,
     writer: bool,
     fired: CancellationToken,
@@ -470,10 +469,13 @@ impl Checker {
         if let Some(group) = s.groups.get_mut(&g.group) {
             group.ids.push(id);
         }
+        // A reader's share is a key of its own, named by its holder: kept,
+        // one would stay in the record for every share ever taken.
+        let reader = g.kind == GroupKind::ReadWrite && !g.writer;
         let key = s.keys.entry(g.key.clone()).or_insert(KeyState {
             ids: Vec::new(),
             max_token: 0,
-            keep: g.keep_key,
+            keep: g.keep && !reader,
         });
         key.ids.push(id);
         key.max_token = key.max_token.max(g.token);
@@ -777,9 +779,6 @@ async fn holder(
             kind,
             keep,
             key: server_key.clone(),
-            // A reader's share is a key of its own, named by its holder:
-            // kept, one would stay in the record for every share ever taken.
-            keep_key: keep && !matches!(role, Role::Reader { .. }),
             token: fencing,
             writer: matches!(role, Role::Writer { .. }),
             fired: token.clone(),
