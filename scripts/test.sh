@@ -97,11 +97,10 @@ if ! command -v prometheus >/dev/null 2>&1 || ! command -v promtool >/dev/null 2
 fi
 promtool test rules deploy/prometheus/leasehold-rules.test.yml
 
-# faketime runs the replicas of the fleet test (crates/leasehold-cron/
-# tests/fleet.rs) with skewed wall clocks, and its libfaketime runs the
+# libfaketime (package faketime) runs the replicas of the fleet test
+# (crates/leasehold-cron/tests/fleet.rs) with skewed wall clocks, and the
 # server of the clock tests (tests/clock_jumps.rs).
-if ! command -v faketime >/dev/null 2>&1 \
-  || { [ ! -e /usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1 ] && [ -z "${LEASEHOLD_LIBFAKETIME:-}" ]; }; then
+if [ ! -e /usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1 ] && [ -z "${LEASEHOLD_LIBFAKETIME:-}" ]; then
   echo "faketime is missing; installing it..."
   if command -v apt-get >/dev/null 2>&1; then
     $sudo apt-get update -qq

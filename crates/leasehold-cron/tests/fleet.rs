@@ -1,6 +1,6 @@
 //! The fleet test: three replicas in three processes, each with its own
 //! manager, its own connection to one real Redis, and its own wall clock
-//! (under `faketime`: 1.5 s behind, on time, 1.5 s ahead), schedule the
+//! (under libfaketime: 1.5 s behind, on time, 1.5 s ahead), schedule the
 //! same tokio-cron-scheduler job every 2 s through `fleet_job`. Three runs:
 //! a 1 ms job, a 2.5 s job (longer than the period), and a 1.5 s job whose
 //! winning replica is SIGKILLed midway, just after it started a tick.
@@ -10,13 +10,15 @@
 //! `<tick ms>:<fencing token>:<replica>` when a replica starts a tick,
 //! `done:<run>` gets `<tick ms>:<replica>` when it finishes it, and
 //! `fired:<run>` gets `<tick ms>:<replica>:<outcome>` for every firing of
-//! every replica. Checked: every tick that every live replica fired for
-//! ran exactly once, and fencing tokens rise in tick order. The killed
+//! every replica. Checked: each replica's clock is off the server's by its
+//! offset (it writes both to `clock:<run>`), every tick that every live
+//! replica fired for ran exactly once, and fencing tokens rise in tick
+//! order. The killed
 //! replica's tick in progress ran once (started, never finished) and was
 //! not run again; its later ticks went to the others.
 //!
 //! The binary is its own worker (`harness = false`): run with
-//! `LEASEHOLD_FLEET_REPLICA` set, it is one replica. Under `faketime` the
+//! `LEASEHOLD_FLEET_REPLICA` set, it is one replica. Under libfaketime the
 //! monotonic clock is left alone (`FAKETIME_DONT_FAKE_MONOTONIC=1`): tokio's
 //! timers run on it, and only the wall clock, by which the scheduler
 //! evaluates cron, is skewed.
@@ -24,6 +26,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::env;
 use std::error::Error;
+use std::path::Path;
 use std::process::{ExitCode, Stdio};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
@@ -49,8 +52,11 @@ const RUN_FOR_MS: &str = "LEASEHOLD_FLEET_RUN_FOR_MS";
 
 const SCHEDULE: &str = "*/2 * * * * *";
 const PERIOD_MS: u64 = 2_000;
-/// The replicas and their clock offsets: 3 s apart at most.
-const REPLICAS: [(&str, &str); 3] = [("behind", "-1.5s"), ("on-time", "+0s"), ("ahead", "+1.5s")];
+/// The replicas and their clock offsets in milliseconds: 3 s apart at most.
+const REPLICAS: [(&str, i64); 3] = [("behind", -1_500), ("on-time", 0), ("ahead", 1_500)];
+/// How far a replica's measured offset may be from its own: the replica
+/// reads its clock after the server's reply, so the round trip counts.
+const OFFSET_TOLERANCE_MS: i64 = 500;
 const MAX_SKEW: Duration = Duration::from_secs(4);
 /// The scheduler polls every 500 ms; the rest is room for a loaded machine.
 const MAX_LATENESS: Duration = Duration::from_millis(1_500);
@@ -119,6 +125,13 @@ async fn replica_main(replica: String) -> Result<()> {
     // A loaded machine may take longer than the default 500 ms; a record
     // lost to a timeout would fail the test for nothing.
     side.set_response_timeout(Duration::from_secs(5));
+    // The replica's wall clock against the server's, which runs without
+    // libfaketime: the test checks that the skew is in effect.
+    let (secs, micros): (u64, u64) = redis::cmd("TIME").query_async(&mut side).await?;
+    let offset_ms =
+        i128::try_from(unix_ms(SystemTime::now()))? - i128::from(secs * 1_000 + micros / 1_000);
+    side.hset::<_, _, _, i64>(format!("clock:{run}"), &replica, offset_ms.to_string())
+        .await?;
     let job = TickJob::builder(run.clone())
         .max_skew(MAX_SKEW)
         .max_lateness(MAX_LATENESS)
@@ -191,12 +204,12 @@ async fn replica_main(replica: String) -> Result<()> {
     Ok(())
 }
 
-/// A replica process, in a process group of its own (faketime forks the
-/// replica), killed with its group when dropped.
+/// A replica process, in a process group of its own, killed with its group
+/// when dropped.
 struct ReplicaProcess {
     name: &'static str,
     child: Child,
-    /// The process group, the same number as faketime's pid.
+    /// The process group, the same number as the replica's pid.
     group: Pid,
 }
 
@@ -226,15 +239,10 @@ async fn fleet() -> Result<()> {
     if leasehold_testkit::skip_on_second_pass("fleet") {
         return Ok(());
     }
-    if std::process::Command::new("faketime")
-        .arg("--version")
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .status()
-        .is_err()
-    {
-        return Err("faketime is not installed (Debian: apt-get install faketime); scripts/test.sh installs it".into());
-    }
+    // libfaketime itself, not the `faketime` wrapper: the wrapper's
+    // semaphore outlives the replica this test SIGKILLs, and a later
+    // wrapper given the same pid refuses to start.
+    let libfaketime = leasehold_testkit::libfaketime()?;
     let server = RedisServer::start()?;
     let scenarios = [
         Scenario {
@@ -256,7 +264,7 @@ async fn fleet() -> Result<()> {
     let mut failed = Vec::new();
     for scenario in &scenarios {
         let started = Instant::now();
-        match run_scenario(&server, scenario).await {
+        match run_scenario(&server, &libfaketime, scenario).await {
             Ok(report) => println!(
                 "fleet {}: ok in {:.1} s: {report}",
                 scenario.run,
@@ -275,14 +283,18 @@ async fn fleet() -> Result<()> {
     }
 }
 
-async fn run_scenario(server: &RedisServer, scenario: &Scenario) -> Result<String> {
+async fn run_scenario(
+    server: &RedisServer,
+    libfaketime: &Path,
+    scenario: &Scenario,
+) -> Result<String> {
     let exe = env::current_exe()?;
     let mut replicas = Vec::new();
     for (name, offset) in REPLICAS {
-        let mut command = Command::new("faketime");
+        let mut command = Command::new(&exe);
         command
-            .args(["-f", offset])
-            .arg(&exe)
+            .env("LD_PRELOAD", libfaketime)
+            .env("FAKETIME", faketime_offset(offset))
             .env("FAKETIME_DONT_FAKE_MONOTONIC", "1")
             .env(REPLICA, name)
             .env(URL, server.url())
@@ -347,8 +359,10 @@ async fn check(
     let runs = list(format!("runs:{}", scenario.run)).await?;
     let done = list(format!("done:{}", scenario.run)).await?;
     let fired = list(format!("fired:{}", scenario.run)).await?;
+    let clocks: BTreeMap<String, i64> = conn.hgetall(format!("clock:{}", scenario.run)).await?;
     let _: i64 = conn
         .del(&[
+            format!("clock:{}", scenario.run),
             format!("runs:{}", scenario.run),
             format!("done:{}", scenario.run),
             format!("fired:{}", scenario.run),
@@ -413,6 +427,15 @@ async fn check(
     }
 
     let mut problems = Vec::new();
+    // The skew is in effect: without it the replicas would not be 3 s apart.
+    for (name, offset) in REPLICAS {
+        match clocks.get(name) {
+            Some(measured) if (measured - offset).abs() <= OFFSET_TOLERANCE_MS => {}
+            measured => problems.push(format!(
+                "{name}'s clock should be {offset} ms off the server's; measured: {measured:?}"
+            )),
+        }
+    }
     for tick in &window {
         match ran.get(tick).map(Vec::as_slice) {
             Some([_]) => {}
@@ -470,6 +493,13 @@ async fn check(
     } else {
         Err(format!("{}\nruns: {runs:?}\nfired: {fired:?}", problems.join("\n")).into())
     }
+}
+
+/// An offset as libfaketime's `FAKETIME` reads it: `+1.500s`, `-1.500s`.
+fn faketime_offset(offset_ms: i64) -> String {
+    let sign = if offset_ms < 0 { '-' } else { '+' };
+    let abs = offset_ms.unsigned_abs();
+    format!("{sign}{}.{:03}s", abs / 1_000, abs % 1_000)
 }
 
 fn count_by_replica<'a>(

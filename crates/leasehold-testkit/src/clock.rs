@@ -70,14 +70,7 @@ pub fn faketime_server() -> Result<(ServerBuilder, ShiftedClock), TestkitError> 
         .ok_or(TestkitError::FaketimeNotInstalled {
             what: "a server that runs under libfaketime (LEASEHOLD_FAKETIME_SERVER)",
         })?;
-    let lib = env::var_os(LIBFAKETIME_ENV)
-        .filter(|v| !v.is_empty())
-        .map_or_else(|| PathBuf::from(DEBIAN_LIBFAKETIME), PathBuf::from);
-    if !Path::new(&lib).is_file() {
-        return Err(TestkitError::FaketimeNotInstalled {
-            what: "libfaketime (LEASEHOLD_LIBFAKETIME, or Debian's package faketime)",
-        });
-    }
+    let lib = libfaketime()?;
     let clock = ShiftedClock {
         dir: tempfile::Builder::new()
             .prefix("leasehold-clock-")
@@ -90,4 +83,28 @@ pub fn faketime_server() -> Result<(ServerBuilder, ShiftedClock), TestkitError> 
         .env("FAKETIME_TIMESTAMP_FILE", clock.file().to_string_lossy())
         .env("FAKETIME_NO_CACHE", "1");
     Ok((builder, clock))
+}
+
+/// The path of libfaketime: [`LIBFAKETIME_ENV`], or Debian's.
+///
+/// A process runs under it with `LD_PRELOAD` set to this path and the
+/// offset in `FAKETIME` (`+1.5s`, `-1.5s`). The `faketime` wrapper is not
+/// used: it makes a named semaphore and shared memory per run, named by its
+/// pid, that outlive a SIGKILL, and a later wrapper that gets the same pid
+/// refuses to start (`sem_open: File exists`).
+///
+/// # Errors
+///
+/// [`TestkitError::FaketimeNotInstalled`] when the file is missing.
+pub fn libfaketime() -> Result<PathBuf, TestkitError> {
+    let lib = env::var_os(LIBFAKETIME_ENV)
+        .filter(|v| !v.is_empty())
+        .map_or_else(|| PathBuf::from(DEBIAN_LIBFAKETIME), PathBuf::from);
+    if Path::new(&lib).is_file() {
+        Ok(lib)
+    } else {
+        Err(TestkitError::FaketimeNotInstalled {
+            what: "libfaketime (LEASEHOLD_LIBFAKETIME, or Debian's package faketime)",
+        })
+    }
 }
