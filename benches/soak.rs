@@ -268,19 +268,27 @@ fn roles(leases: usize) -> (Vec<Role>, usize) {
 /// other key is one acquisition's own and leaves the record with its
 /// belief.
 fn shared_keys(roles: &[Role], limit: u32) -> usize {
+    /// One shared server key, named by what it belongs to.
+    #[derive(PartialEq, Eq, Hash)]
+    enum SharedKey {
+        Contended(usize),
+        PermitSlot { semaphore: usize, slot: u32 },
+        Writer(usize),
+    }
     let mut keys = std::collections::HashSet::new();
     for role in roles {
         match *role {
-            Role::Contended { key, .. } => keys.insert((0, key, 0)),
-            Role::Permit { semaphore } => {
-                for slot in 0..limit {
-                    keys.insert((1, semaphore, slot));
-                }
-                true
+            Role::Contended { key, .. } => {
+                keys.insert(SharedKey::Contended(key));
             }
-            Role::Writer { rw } => keys.insert((2, rw, 0)),
-            Role::Unique { .. } | Role::Reader { .. } => false,
-        };
+            Role::Permit { semaphore } => {
+                keys.extend((0..limit).map(|slot| SharedKey::PermitSlot { semaphore, slot }));
+            }
+            Role::Writer { rw } => {
+                keys.insert(SharedKey::Writer(rw));
+            }
+            Role::Unique { .. } | Role::Reader { .. } => {}
+        }
     }
     keys.len()
 }
