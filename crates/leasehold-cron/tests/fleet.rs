@@ -14,9 +14,8 @@
 //! every replica. Checked: each replica's clock is off the server's by its
 //! offset (it writes both to `clock:<run>`), every tick that every live
 //! replica fired for ran exactly once, and fencing tokens rise in tick
-//! order. The killed
-//! replica's tick in progress ran once (started, never finished) and was
-//! not run again; its later ticks went to the others.
+//! order. The killed replica's tick in progress ran once (started, never
+//! finished) and was not run again; its later ticks went to the others.
 //!
 //! The binary is its own worker (`harness = false`): run with
 //! `LEASEHOLD_FLEET_REPLICA` set, it is one replica. Under libfaketime the
@@ -242,7 +241,7 @@ async fn fleet() -> Result<()> {
     }
     // libfaketime itself, not the `faketime` wrapper: the wrapper's
     // semaphore outlives the replica this test SIGKILLs, and a later
-    // wrapper given the same pid refuses to start.
+    // wrapper given the same pid refuses to start (the library goes on).
     let libfaketime = leasehold_testkit::libfaketime()?;
     let server = RedisServer::start()?;
     let scenarios = [
@@ -303,7 +302,7 @@ async fn run_scenario(
         let mut command = Command::new(&exe);
         command
             .env("LD_PRELOAD", libfaketime)
-            .env("FAKETIME", faketime_offset(offset))
+            .env("FAKETIME", leasehold_testkit::faketime_offset(offset))
             .env("FAKETIME_DONT_FAKE_MONOTONIC", "1")
             .env(REPLICA, name)
             .env(URL, server.url())
@@ -502,13 +501,6 @@ async fn check(
     } else {
         Err(format!("{}\nruns: {runs:?}\nfired: {fired:?}", problems.join("\n")).into())
     }
-}
-
-/// An offset as libfaketime's `FAKETIME` reads it: `+1.500s`, `-1.500s`.
-fn faketime_offset(offset_ms: i64) -> String {
-    let sign = if offset_ms < 0 { '-' } else { '+' };
-    let abs = offset_ms.unsigned_abs();
-    format!("{sign}{}.{:03}s", abs / 1_000, abs % 1_000)
 }
 
 fn count_by_replica<'a>(

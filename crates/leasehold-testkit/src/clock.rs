@@ -42,10 +42,7 @@ impl ShiftedClock {
     ///
     /// [`TestkitError::Io`] when the file cannot be written.
     pub fn set_offset_ms(&self, offset_ms: i64) -> Result<(), TestkitError> {
-        // libfaketime reads "+Ns"/"-Ns" with a fractional part.
-        let sign = if offset_ms < 0 { '-' } else { '+' };
-        let abs = offset_ms.unsigned_abs();
-        let text = format!("{sign}{}.{:03}s\n", abs / 1000, abs % 1000);
+        let text = format!("{}\n", faketime_offset(offset_ms));
         // Written to a new file and renamed over the old one, so that the
         // server never reads a half-written offset.
         let tmp = self.dir.path().join("offset.tmp");
@@ -53,6 +50,20 @@ impl ShiftedClock {
         std::fs::rename(&tmp, self.file())?;
         Ok(())
     }
+}
+
+/// An offset in milliseconds as libfaketime reads it, in its timestamp
+/// file or in `FAKETIME`: `+1.500s`, `-0.250s`.
+///
+/// ```
+/// assert_eq!(leasehold_testkit::faketime_offset(-1_500), "-1.500s");
+/// assert_eq!(leasehold_testkit::faketime_offset(0), "+0.000s");
+/// ```
+#[must_use]
+pub fn faketime_offset(offset_ms: i64) -> String {
+    let sign = if offset_ms < 0 { '-' } else { '+' };
+    let abs = offset_ms.unsigned_abs();
+    format!("{sign}{}.{:03}s", abs / 1_000, abs % 1_000)
 }
 
 /// A builder for a server whose wall clock follows a [`ShiftedClock`]
@@ -88,10 +99,11 @@ pub fn faketime_server() -> Result<(ServerBuilder, ShiftedClock), TestkitError> 
 /// The path of libfaketime: [`LIBFAKETIME_ENV`], or Debian's.
 ///
 /// A process runs under it with `LD_PRELOAD` set to this path and the
-/// offset in `FAKETIME` (`+1.5s`, `-1.5s`). The `faketime` wrapper is not
-/// used: it makes a named semaphore and shared memory per run, named by its
-/// pid, that outlive a SIGKILL, and a later wrapper that gets the same pid
-/// refuses to start (`sem_open: File exists`).
+/// offset in `FAKETIME` ([`faketime_offset`]). The `faketime` wrapper is
+/// not used. Both make a named semaphore and shared memory named by the
+/// pid, which outlive a SIGKILL; a later wrapper that gets the same pid
+/// refuses to start (`sem_open: File exists`), while the library goes on
+/// without them (they only pass the start time on to child processes).
 ///
 /// # Errors
 ///

@@ -65,7 +65,10 @@ pub use binary::{
     redis_server_binary, skip_on_second_pass,
 };
 pub use campaign::{Fault, FaultPlan, PlanShape, ScheduledFault, fault_length};
-pub use clock::{FAKETIME_SERVER_ENV, LIBFAKETIME_ENV, ShiftedClock, faketime_server, libfaketime};
+pub use clock::{
+    FAKETIME_SERVER_ENV, LIBFAKETIME_ENV, ShiftedClock, faketime_offset, faketime_server,
+    libfaketime,
+};
 pub use cluster::RedisCluster;
 pub use error::TestkitError;
 pub use history::{
