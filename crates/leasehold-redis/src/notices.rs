@@ -302,18 +302,18 @@ impl Notices {
         }
     }
 
-    /// Behind Sentinel, after the subscription connection broke: asks the
-    /// sentinels for the master again and subscribes there to every channel
-    /// still watched, then wakes every waiter (notices may have been missed
-    /// meanwhile). Elsewhere, and while the connection holds, a flag check.
-    /// Best effort: a failure leaves the mark for the next attempt, and
-    /// waiters poll meanwhile.
     /// Whether [`restore`](Self::restore) has work to do: behind Sentinel,
     /// after the subscription connection broke.
     pub(crate) fn needs_restore(&self) -> bool {
         matches!(self.source, Source::Sentinel(_)) && lock(&self.channels).lost
     }
 
+    /// Behind Sentinel, after the subscription connection broke: asks the
+    /// sentinels for the master again and subscribes there to every channel
+    /// still watched (lingering ones are forgotten), then wakes every
+    /// waiter (notices may have been missed meanwhile). Elsewhere, and
+    /// while the connection holds, a flag check. Best effort: a failure
+    /// leaves the mark for the next attempt, and waiters poll meanwhile.
     pub(crate) async fn restore(&self) {
         if !matches!(self.source, Source::Sentinel(_)) {
             return;
