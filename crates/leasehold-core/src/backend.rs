@@ -7,7 +7,8 @@ use std::time::Duration;
 
 use crate::{
     BackendError, ChangeBackend, Error, FairBackend, FencingToken, Grant, HandoverBackend,
-    HolderId, LeaseKey, LockDelay, PermitBackend, ReadWriteBackend, ReleaseWatch, Ttl, Unsupported,
+    HolderId, LeaseKey, LockDelay, PermitBackend, ReadWriteBackend, ReleaseWatch, TickBackend, Ttl,
+    Unsupported,
 };
 
 /// A request to acquire a lease.
@@ -360,6 +361,7 @@ pub enum WatchPolicy {
 /// | fair mode | [`FairBackend`] | [`fair`](Self::fair) |
 /// | handover to a local waiter | [`HandoverBackend`] | [`handover`](Self::handover) |
 /// | change feed | [`ChangeBackend`] | [`changes`](Self::changes) |
+/// | scheduled jobs' records | [`TickBackend`] | [`ticks`](Self::ticks) |
 ///
 /// Backends are cheap to clone (a clone shares connections) and never spawn
 /// tasks of their own. Outcomes the server decides are values; an `Err`
@@ -480,6 +482,13 @@ pub trait LeaseBackend: Clone + Send + Sync + 'static {
     /// backend that implements [`ChangeBackend`]. The default has none:
     /// holders learn of a loss at their next renewal.
     fn changes(&self) -> Option<&impl ChangeBackend> {
+        None::<&Unsupported>
+    }
+
+    /// The backend's job records for scheduled jobs, if it keeps them:
+    /// `Some(self)` from a backend that implements [`TickBackend`]. The
+    /// default has none.
+    fn ticks(&self) -> Option<&impl TickBackend> {
         None::<&Unsupported>
     }
 }

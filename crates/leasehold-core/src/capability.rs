@@ -12,8 +12,10 @@ use std::time::Duration;
 #[cfg(doc)]
 use crate::LeaseBackend;
 use crate::{
-    AcquireOutcome, AcquireRequest, BackendError, ChangeWatch, FairOutcome, HandoverOutcome,
-    HandoverWatch, HolderId, LeaseKey, PermitLimit, PlaceTtl, ReleaseOutcome,
+    AcquireOutcome, AcquireRequest, BackendError, ChangeWatch, Completion, FairOutcome,
+    FencingToken, HandoverOutcome, HandoverWatch, HolderId, JobName, JobRecord, LeaseKey,
+    PermitLimit, PlaceTtl, ReleaseOutcome, RerunReply, RerunRequest, TickAnswer, TickBackend,
+    TickRequest,
 };
 
 /// Counting leases (semaphores): up to N holders of one name, each on a
@@ -336,6 +338,33 @@ impl ChangeBackend for Unsupported {
     }
 }
 
+impl TickBackend for Unsupported {
+    async fn decide_tick(&self, _request: &TickRequest) -> Result<TickAnswer, BackendError> {
+        match *self {}
+    }
+
+    async fn complete_tick(
+        &self,
+        _job: &JobName,
+        _holder: &HolderId,
+        _fencing_token: FencingToken,
+    ) -> Result<Completion, BackendError> {
+        match *self {}
+    }
+
+    async fn claim_rerun(&self, _request: &RerunRequest) -> Result<RerunReply, BackendError> {
+        match *self {}
+    }
+
+    async fn job_record(&self, _job: &JobName) -> Result<Option<JobRecord>, BackendError> {
+        match *self {}
+    }
+
+    async fn job_records(&self) -> Result<Vec<JobRecord>, BackendError> {
+        match *self {}
+    }
+}
+
 /// The refusals of a backend that lacks a capability, as the manager gives
 /// them when the capability's accessor on [`LeaseBackend`] returns `None`.
 impl BackendError {
@@ -369,6 +398,18 @@ impl BackendError {
             op: "acquire_fair",
             key: key.as_str().to_owned(),
             reason: "this backend has no fair queue; acquire without fair mode",
+        }
+    }
+
+    /// A scheduled job's `op` (`decide_tick`, `complete_tick`, …) on
+    /// `job`'s run key asked of a backend without [`TickBackend`] (Redlock:
+    /// a job's record needs one server's clock and one atomic script).
+    #[must_use]
+    pub fn no_ticks(op: &'static str, job: &JobName) -> Self {
+        Self::Unsupported {
+            op,
+            key: job.run_key().as_str().to_owned(),
+            reason: "this backend keeps no job records (scheduled jobs need one server's clock: use a standalone, Sentinel or Cluster backend, not Redlock)",
         }
     }
 }

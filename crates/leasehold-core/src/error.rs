@@ -72,6 +72,15 @@ pub enum Error {
         /// Why it was refused, with the accepted range.
         reason: &'static str,
     },
+    /// A scheduled job's name was empty, too long, or had characters
+    /// other than ASCII letters, digits, `-`, `_` and `.`.
+    #[error("invalid job name {job:?}: {reason}")]
+    InvalidJob {
+        /// The refused name (cut to its first 64 characters).
+        job: String,
+        /// Why it was refused.
+        reason: &'static str,
+    },
     /// A holder id string was not 32 hexadecimal digits.
     #[error("invalid holder id: expected 32 hexadecimal digits")]
     InvalidHolderId,

@@ -18,8 +18,8 @@ use crate::error::excerpt;
 /// counter of `order:{42}`; likewise not with `:readers` or
 /// `:write-wanted`, the reader index and writer intent of a read-write
 /// lease, nor with `:fair`, `:fair-places` or `:fair-asks`, a lease's
-/// fair queue, nor with `:held-until`, a lease's minimum hold). It is
-/// cheap to clone.
+/// fair queue, nor with `:held-until`, a lease's minimum hold), and not
+/// `job:{<name>}:record`, a scheduled job's record. It is cheap to clone.
 ///
 /// A key with a hash tag that ends with `:write` or `:read:<32 hex
 /// digits>` is a share of a read-write lease (see [`LeaseKey::rw_of`]):
@@ -119,6 +119,14 @@ impl LeaseKey {
                 reason: "a lease key with a hash tag must not end with ':held-until', the suffix of a lease's minimum hold; choose another ending",
             });
         }
+        if key.0.starts_with("job:{") && key.0.ends_with("}:record") {
+            // A scheduled job `J` keeps its record at `job:{J}:record`
+            // beside its run's lease `job:{J}:run` (`JobName`).
+            return Err(Error::InvalidKey {
+                key: excerpt(&key.0),
+                reason: "a lease key must not be 'job:{<name>}:record', the key of a scheduled job's record; choose another key",
+            });
+        }
         if key.hash_tag().is_some() && key.0.ends_with(":permits") {
             // Likewise a semaphore's permit limit is stored beside it with
             // `:permits` appended.
@@ -210,6 +218,10 @@ mod tests {
         }
         assert!(LeaseKey::new("k".repeat(512)).is_ok());
         assert!(LeaseKey::new("ünïcode:{ok}").is_ok());
+        // A scheduled job's record, beside its run's lease.
+        assert!(LeaseKey::new("job:{nightly}:record").is_err());
+        assert!(LeaseKey::new("job:{nightly}:run").is_ok());
+        assert!(LeaseKey::new("orders:{nightly}:record").is_ok());
     }
 
     #[test]

@@ -14,7 +14,7 @@
 //!   per atomic server-side operation every backend has, where a
 //!   third-party backend starts; the optional capabilities are traits of
 //!   their own ([`PermitBackend`], [`ReadWriteBackend`], [`FairBackend`],
-//!   [`HandoverBackend`], [`ChangeBackend`]) that a backend implements when
+//!   [`HandoverBackend`], [`ChangeBackend`], [`TickBackend`]) that a backend implements when
 //!   it can;
 //! - [`PermitLimit`] and [`LeaseKey::permit`]: counting leases, where up
 //!   to N holders share a semaphore, each on a permit that is a lease;
@@ -22,6 +22,8 @@
 //!   leases, where readers share a key and a writer holds it alone;
 //! - [`PlaceTtl`] and [`FairBackend::try_acquire_fair`]: fair mode, where
 //!   waiters of every process queue on the server in arrival order;
+//! - [`JobName`] and [`TickBackend::decide_tick`]: scheduled jobs whose
+//!   ticks are decided on the backend's clock, one record per job;
 //! - [`MemoryBackend`]: the same semantics in process, on the tokio clock.
 //!
 //! ```
@@ -54,6 +56,7 @@ mod memory;
 mod notice;
 mod permit;
 mod rw;
+mod tick;
 mod timing;
 mod ttl;
 
@@ -76,5 +79,10 @@ pub use memory::MemoryBackend;
 pub use notice::ReleaseWatch;
 pub use permit::PermitLimit;
 pub use rw::{RwInfo, RwRole, WriteIntent};
+pub use tick::{
+    CatchUp, Completion, Decision, JobCounts, JobName, JobRecord, OnAbandon, RerunReply,
+    RerunRequest, RunInfo, RunRecord, RunState, TickAnswer, TickBackend, TickReason, TickReply,
+    TickRequest, TickState,
+};
 pub use timing::{clock_drift, parse_duration};
 pub use ttl::Ttl;

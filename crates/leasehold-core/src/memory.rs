@@ -13,9 +13,11 @@ use crate::{
     AcquireOutcome, AcquireRequest, BackendError, ChangeBackend, ChangeWatch, FairBackend,
     FairOutcome, FairPlace, FencingToken, Grant, HandoverBackend, HandoverOutcome, HandoverWatch,
     HolderId, LeaseBackend, LeaseChange, LeaseInfo, LeaseKey, PermitBackend, PermitLimit, PlaceTtl,
-    ReadWriteBackend, ReleaseOutcome, ReleaseReport, ReleaseWatch, RenewOutcome, RenewRequest, Ttl,
-    WatchPolicy,
+    ReadWriteBackend, ReleaseOutcome, ReleaseReport, ReleaseWatch, RenewOutcome, RenewRequest,
+    TickBackend, Ttl, WatchPolicy,
 };
+
+mod ticks;
 
 /// A [`LeaseBackend`] kept in this process, on the tokio clock.
 ///
@@ -41,6 +43,7 @@ use crate::{
 /// | [`vanish`](Self::vanish) | an expiry, failover or `DEL`: the lease is gone |
 /// | [`hand_over`](Self::hand_over) | a takeover: the lease now belongs to someone else, with a higher fencing token |
 /// | [`cut_changes`](Self::cut_changes) / [`restore_changes`](Self::restore_changes) | a lost change-watching connection: changes go unreported, then every lease is reported as possibly changed ([`LeaseChange::All`]) |
+/// | [`set_wall_clock`](Self::set_wall_clock) | a server whose clock stepped: scheduled jobs' ticks are decided by it ([`TickBackend`]) |
 ///
 /// Faults apply to every clone of the backend.
 ///
@@ -105,6 +108,8 @@ struct Inner {
     failures: Mutex<u64>,
     /// The number of clients made by `client`, the first backend included.
     clients: AtomicU64,
+    /// The wall clock scheduled jobs' ticks are decided by.
+    wall: ticks::WallClock,
 }
 
 struct HangSwitch(watch::Sender<bool>);
@@ -144,6 +149,8 @@ struct State {
     /// The fair queue of each key that has one, as the Redis backend keeps
     /// it: forgotten once empty.
     fair: HashMap<LeaseKey, FairQueue<Instant>>,
+    /// Scheduled jobs' records (see `ticks`).
+    jobs: ticks::Jobs,
 }
 
 #[derive(Clone)]
@@ -751,6 +758,10 @@ impl LeaseBackend for MemoryBackend {
     }
 
     fn changes(&self) -> Option<&impl ChangeBackend> {
+        Some(self)
+    }
+
+    fn ticks(&self) -> Option<&impl TickBackend> {
         Some(self)
     }
 }

@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-use leasehold_core::LeaseKey;
+use leasehold_core::{JobName, LeaseKey};
 
 use crate::Error;
 
@@ -66,6 +66,34 @@ use crate::Error;
 /// | `P:released:<process>` | (a pub/sub channel) a fair handover to that process's waiter, `<holder hex>:<token>` |
 ///
 /// The three queue keys live as long as the longest-lived place.
+///
+/// A scheduled job `J` (see [`JobName`]) keeps two keys, both with the hash
+/// tag `{J}`, so they sit in one Redis Cluster slot:
+///
+/// | key                    | holds                                                   |
+/// |------------------------|---------------------------------------------------------|
+/// | `N:job:{J}:run`        | the job's run lease: the `P` of the lease key [`JobName::run_key`] (`job:{J}:run`), with its `P:fence` and `P:released` |
+/// | `N:job:{J}:record`     | the job's record ([`job_record`](KeyLayout::job_record)), a hash: the highest tick decided and its decision, the last run, the counts, the schedule's fingerprint; expiring after the record ttl of its last write |
+///
+/// The record's fields, each a string (numbers in decimal, instants in UNIX
+/// milliseconds on the server's clock):
+///
+/// | field | holds |
+/// |-------|-------|
+/// | `fingerprint` | the schedule's fingerprint (its text and time zone) |
+/// | `record_ttl` | the record's expiry as last asked for, in milliseconds |
+/// | `last_seen` | the server's clock at the record's last write |
+/// | `decided` | the highest tick decided |
+/// | `decided_state`, `decided_reason` | its decision: `started`, `completed`, `missed`, `skipped` or `abandoned`; `on-time`, `catch-up`, `rerun`, `late`, `overlap`, `lease-ended` or `done` |
+/// | `decided_run_tick`, `decided_token`, `decided_label` | the run the decision concerns (the run started for it, or for a skipped tick the run that held; tick `0` for a holder the record did not know); absent for a missed tick |
+/// | `run_tick`, `run_token`, `run_holder`, `run_label` | the last run: its tick, fencing token, holder id (hex) and label |
+/// | `run_state`, `run_reason` | `running`, `completed` or `abandoned`; why it started: `on-time`, `catch-up` or `rerun` |
+/// | `run_started`, `run_ended` | when it started, and when it ended (absent while running) |
+/// | `run_claimed` | `1` once the run's abandonment was claimed under `skip`: later claims find it settled (absent otherwise) |
+/// | `started`, `completed`, `missed`, `skipped`, `abandoned`, `reruns` | the counts over the record's life (absent while 0) |
+///
+/// A lease key `job:{J}:record` would be kept at the record's Redis key:
+/// `LeaseKey` refuses it.
 ///
 /// The namespace may not contain `{` or `}`: they would change the hash tag.
 /// A lease key with a hash tag may not end with `:fence`, `:permits`,
@@ -286,6 +314,38 @@ impl KeyLayout {
         p.push_str(":permits");
         p
     }
+
+    /// The Redis key holding the record of the scheduled job `job`
+    /// (`N:job:{J}:record`, a hash): in the slot of its run lease
+    /// ([`lease`](Self::lease) of [`JobName::run_key`], `N:job:{J}:run`).
+    #[must_use]
+    pub fn job_record(&self, job: &JobName) -> String {
+        format!("{}:job:{{{}}}:record", self.namespace, job.as_str())
+    }
+
+    /// The `SCAN … MATCH` pattern of every job record of this namespace
+    /// (`N:job:{*}:record`, the namespace's glob characters escaped).
+    pub(crate) fn job_records_pattern(&self) -> String {
+        let mut pattern = String::with_capacity(self.namespace.len() + 16);
+        for c in self.namespace.chars() {
+            if matches!(c, '*' | '?' | '[' | ']' | '\\') {
+                pattern.push('\\');
+            }
+            pattern.push(c);
+        }
+        pattern.push_str(":job:{*}:record");
+        pattern
+    }
+
+    /// The job whose record is kept at `redis_key`, if it is a job record
+    /// of this namespace.
+    pub(crate) fn job_of_record(&self, redis_key: &str) -> Option<JobName> {
+        let name = redis_key
+            .strip_prefix(&*self.namespace)?
+            .strip_prefix(":job:{")?
+            .strip_suffix("}:record")?;
+        JobName::new(name).ok()
+    }
 }
 
 impl Default for KeyLayout {
@@ -442,6 +502,41 @@ mod tests {
                 assert_eq!(hashed_part(&key), tag, "{key}");
             }
         }
+    }
+
+    #[test]
+    fn a_jobs_record_and_run_lease_share_its_slot() {
+        let layout = KeyLayout::new("app").expect("valid namespace");
+        let job = JobName::new("nightly-report").expect("valid job");
+        let record = layout.job_record(&job);
+        assert_eq!(record, "app:job:{nightly-report}:record");
+        assert_eq!(layout.lease(&job.run_key()), "app:job:{nightly-report}:run");
+        assert_eq!(
+            layout.fence(&job.run_key()),
+            "app:job:{nightly-report}:run:fence"
+        );
+        for key in [
+            layout.lease(&job.run_key()),
+            layout.fence(&job.run_key()),
+            layout.released(&job.run_key()),
+        ] {
+            assert_eq!(hashed_part(&key), hashed_part(&record), "{key}");
+        }
+        assert_eq!(layout.job_of_record(&record), Some(job));
+        for other in [
+            "app:job:{a}:run",
+            "other:job:{a}:record",
+            "app:job:{a b}:record",
+            "app:job:{}:record",
+        ] {
+            assert_eq!(layout.job_of_record(other), None, "{other}");
+        }
+        assert_eq!(layout.job_records_pattern(), "app:job:{*}:record");
+        let globby = KeyLayout::new("a*b?[c]\\d").expect("valid namespace");
+        assert_eq!(
+            globby.job_records_pattern(),
+            "a\\*b\\?\\[c\\]\\\\d:job:{*}:record"
+        );
     }
 
     #[test]

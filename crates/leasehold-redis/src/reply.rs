@@ -8,8 +8,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use leasehold_core::{
-    AcquireOutcome, AcquireRequest, BackendError, FencingToken, Grant, HandoverOutcome, LeaseInfo,
-    LeaseKey, ReleaseReport, RenewOutcome, RwInfo, WriteIntent,
+    AcquireOutcome, AcquireRequest, BackendError, Completion, Decision, FencingToken, Grant,
+    HandoverOutcome, JobCounts, JobName, JobRecord, LeaseInfo, LeaseKey, ReleaseReport,
+    RenewOutcome, RerunReply, RerunRequest, RunInfo, RunRecord, RunState, RwInfo, TickAnswer,
+    TickReason, TickReply, TickRequest, TickState, WriteIntent,
 };
 use redis::{ErrorKind, RedisError, RetryMethod, Value};
 use tokio::time::Instant;
@@ -41,7 +43,14 @@ impl Failure {
 
     /// The [`BackendError`] of operation `op` on `key`.
     pub(crate) fn for_key(&self, op: &'static str, key: &LeaseKey) -> BackendError {
-        let key = key.as_str().to_owned();
+        self.for_name(op, key.as_str())
+    }
+
+    /// The [`BackendError`] of operation `op` on what `key` names: a lease
+    /// key, or for an operation on no one lease (a scan of every job's
+    /// record) the pattern it read.
+    pub(crate) fn for_name(&self, op: &'static str, key: &str) -> BackendError {
+        let key = key.to_owned();
         match self {
             Self::Timeout(after) => BackendError::Timeout {
                 op,
@@ -444,6 +453,282 @@ pub(crate) fn inspected_rw(reply: &Value) -> Result<RwInfo, Failure> {
     }
     info.readers.sort_by_key(|r| r.fencing_token);
     Ok(info)
+}
+
+/// A decimal number the scripts send: an integer reply, or a string of
+/// digits (a tick or a time kept in a record).
+fn number(value: &Value) -> Option<u64> {
+    match value {
+        Value::Int(i) => u64::try_from(*i).ok(),
+        other => bytes(other)
+            .and_then(|b| std::str::from_utf8(b).ok())
+            .filter(|s| !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit()))
+            .and_then(|s| s.parse().ok()),
+    }
+}
+
+/// A string the scripts send, as text.
+fn text(value: &Value) -> Option<&str> {
+    bytes(value).and_then(|b| std::str::from_utf8(b).ok())
+}
+
+/// A label kept beside a run: `None` when empty.
+fn label(value: &str) -> Option<String> {
+    (!value.is_empty()).then(|| value.to_owned())
+}
+
+/// The run named by a tick, a token and a label as the job scripts send
+/// them: `None` when the token is empty (no run).
+fn run_info(
+    tick: &Value,
+    token_reply: &Value,
+    label_reply: &Value,
+) -> Result<Option<RunInfo>, Failure> {
+    let token_text =
+        text(plain(token_reply)).ok_or_else(|| unexpected("a run's token", token_reply))?;
+    if token_text.is_empty() {
+        return Ok(None);
+    }
+    let tick = number(plain(tick)).ok_or_else(|| unexpected("a run's tick in decimal", tick))?;
+    let label_text =
+        text(plain(label_reply)).ok_or_else(|| unexpected("a run's label", label_reply))?;
+    Ok(Some(RunInfo::new(
+        tick,
+        token(plain(token_reply))?,
+        label(label_text),
+    )))
+}
+
+/// The server's clock and the kind of a job script's reply
+/// `{now, kind, ...}`, and the rest of it.
+fn job_reply<'a>(reply: &'a Value, shape: &str) -> Result<(u64, &'a [Value]), Failure> {
+    let Value::Array(items) = plain(reply) else {
+        return Err(unexpected(shape, reply));
+    };
+    match items.split_first() {
+        Some((now, rest)) => match number(plain(now)) {
+            Some(now) => Ok((now, rest)),
+            None => Err(unexpected(shape, reply)),
+        },
+        None => Err(unexpected(shape, reply)),
+    }
+}
+
+/// The reply of `tick.lua` to `request`, sent at `sent_at`: `{now, kind,
+/// ...}` as the script documents it.
+pub(crate) fn ticked(
+    request: &TickRequest,
+    sent_at: Instant,
+    reply: &Value,
+) -> Result<TickAnswer, Failure> {
+    const SHAPE: &str =
+        "{now, 'due'|'ahead'|'conflict'|'decided'|'missed'|'overlap'|'granted', ...}";
+    let (now, rest) = job_reply(reply, SHAPE)?;
+    let Some((kind, rest)) = rest.split_first() else {
+        return Err(unexpected(SHAPE, reply));
+    };
+    let millis = |value: &Value| {
+        number(plain(value))
+            .map(Duration::from_millis)
+            .ok_or_else(|| unexpected("milliseconds", value))
+    };
+    let tick_reply = match (text(plain(kind)).unwrap_or(""), rest) {
+        ("due", [wait]) => TickReply::Due {
+            wait: millis(wait)?,
+        },
+        ("ahead", [ahead]) => TickReply::ClockAhead {
+            ahead: millis(ahead)?,
+        },
+        ("conflict", [fingerprint]) => TickReply::Conflict {
+            fingerprint: text(plain(fingerprint))
+                .ok_or_else(|| unexpected("the record's fingerprint", fingerprint))?
+                .to_owned(),
+        },
+        ("decided", [tick, state, why, run_tick, run_token, run_label]) => {
+            TickReply::Decided(Decision::new(
+                number(plain(tick)).ok_or_else(|| unexpected("a decided tick", tick))?,
+                text(plain(state))
+                    .and_then(TickState::parse)
+                    .ok_or_else(|| unexpected("a tick's state", state))?,
+                text(plain(why))
+                    .and_then(TickReason::parse)
+                    .ok_or_else(|| unexpected("a tick's reason", why))?,
+                run_info(run_tick, run_token, run_label)?,
+            ))
+        }
+        ("missed", []) => TickReply::Missed,
+        ("overlap", [run_tick, run_token, run_label]) => TickReply::Overlap {
+            running: run_info(run_tick, run_token, run_label)?
+                .ok_or_else(|| unexpected("the running run's token", run_token))?,
+        },
+        ("granted", [token_reply, why]) => TickReply::Granted {
+            grant: Grant::new(
+                request.job.run_key(),
+                request.run.holder,
+                token(plain(token_reply))?,
+                request.run.ttl,
+                sent_at,
+            ),
+            reason: text(plain(why))
+                .and_then(TickReason::parse)
+                .ok_or_else(|| unexpected("a start's reason", why))?,
+        },
+        _ => return Err(unexpected(SHAPE, reply)),
+    };
+    Ok(TickAnswer::new(now, tick_reply))
+}
+
+/// The reply of `tick_complete.lua`: `{now, 1}`, `{now, 0, tick, token,
+/// label}` or `{now, 0}`.
+pub(crate) fn completion(reply: &Value) -> Result<Completion, Failure> {
+    const SHAPE: &str = "{now, 1}, {now, 0, tick, token, label} or {now, 0}";
+    let (now, rest) = job_reply(reply, SHAPE)?;
+    match (rest.first().map(plain).and_then(int), rest) {
+        (Some(1), [_]) => Ok(Completion::Completed { server_time: now }),
+        (Some(0), [_]) => Ok(Completion::Refused { current: None }),
+        (Some(0), [_, tick, token_reply, label_reply]) => Ok(Completion::Refused {
+            current: run_info(tick, token_reply, label_reply)?,
+        }),
+        _ => Err(unexpected(SHAPE, reply)),
+    }
+}
+
+/// The reply of `tick_rerun.lua` to `request`, sent at `sent_at`:
+/// `{now, 'settled'}`, `{now, 'held', pttl}`, `{now, 'abandoned', tick}` or
+/// `{now, 'granted', tick, token}`.
+pub(crate) fn rerun(
+    request: &RerunRequest,
+    sent_at: Instant,
+    reply: &Value,
+) -> Result<RerunReply, Failure> {
+    const SHAPE: &str = "{now, 'settled'|'held'|'abandoned'|'granted', ...}";
+    let (_now, rest) = job_reply(reply, SHAPE)?;
+    let Some((kind, rest)) = rest.split_first() else {
+        return Err(unexpected(SHAPE, reply));
+    };
+    let tick_of = |value: &Value| number(plain(value)).ok_or_else(|| unexpected("a tick", value));
+    match (text(plain(kind)).unwrap_or(""), rest) {
+        ("settled", []) => Ok(RerunReply::Settled),
+        ("held", [pttl]) => Ok(RerunReply::StillHeld {
+            ttl_left: ttl_left(plain(pttl))?,
+        }),
+        ("abandoned", [tick]) => Ok(RerunReply::Abandoned {
+            tick: tick_of(tick)?,
+        }),
+        ("granted", [tick, token_reply]) => Ok(RerunReply::Granted {
+            tick: tick_of(tick)?,
+            grant: Grant::new(
+                request.job.run_key(),
+                request.run.holder,
+                token(plain(token_reply))?,
+                request.run.ttl,
+                sent_at,
+            ),
+        }),
+        _ => Err(unexpected(SHAPE, reply)),
+    }
+}
+
+/// The reply of `tick_record.lua` for `job`: `{now, lease, pttl, field,
+/// value, ...}`, `None` without fields (no record). A run recorded as
+/// running whose lease is gone (or holds another token) is reported
+/// abandoned; its ttl left is the lease's while it holds it.
+pub(crate) fn job_record(job: &JobName, reply: &Value) -> Result<Option<JobRecord>, Failure> {
+    const SHAPE: &str = "{now, lease, pttl, field, value, ...}";
+    let (now, rest) = job_reply(reply, SHAPE)?;
+    let [lease, pttl, fields @ ..] = rest else {
+        return Err(unexpected(SHAPE, reply));
+    };
+    if fields.is_empty() {
+        return Ok(None);
+    }
+    if fields.len() % 2 != 0 {
+        return Err(unexpected("a record's fields and values in pairs", reply));
+    }
+    let mut map = std::collections::HashMap::with_capacity(fields.len() / 2);
+    for pair in fields.chunks_exact(2) {
+        let field = text(plain(&pair[0])).ok_or_else(|| unexpected("a field's name", &pair[0]))?;
+        let value = text(plain(&pair[1])).ok_or_else(|| unexpected("a field's value", &pair[1]))?;
+        map.insert(field, value);
+    }
+    let missing =
+        |field: &str| Failure::Unexpected(format!("the job's record has no valid {field:?}"));
+    let get = |field: &'static str| map.get(field).copied().ok_or_else(|| missing(field));
+    let num = |field: &'static str| {
+        map.get(field)
+            .and_then(|v| v.parse::<u64>().ok())
+            .ok_or_else(|| missing(field))
+    };
+    let count = |field: &'static str| {
+        map.get(field)
+            .and_then(|v| v.parse::<u64>().ok())
+            .unwrap_or(0)
+    };
+    let fingerprint = get("fingerprint")?.to_owned();
+    let decided_run = match map.get("decided_token").copied() {
+        None | Some("") => None,
+        Some(token_text) => Some(RunInfo::new(
+            num("decided_run_tick")?,
+            FencingToken(token_text.parse().map_err(|_| missing("decided_token"))?),
+            map.get("decided_label").and_then(|l| label(l)),
+        )),
+    };
+    let decided = Decision::new(
+        num("decided")?,
+        TickState::parse(get("decided_state")?).ok_or_else(|| missing("decided_state"))?,
+        TickReason::parse(get("decided_reason")?).ok_or_else(|| missing("decided_reason"))?,
+        decided_run,
+    );
+    let stored = match plain(lease) {
+        Value::Nil | Value::Boolean(false) => None,
+        value => Some(bytes(value).ok_or_else(|| unexpected("the run lease's value", value))?),
+    };
+    let held = stored.and_then(parse_stored).map(|(token, _)| token);
+    let run = match map.get("run_token").copied() {
+        None | Some("") => None,
+        Some(token_text) => {
+            let run_token = FencingToken(token_text.parse().map_err(|_| missing("run_token"))?);
+            let mut state =
+                RunState::parse(get("run_state")?).ok_or_else(|| missing("run_state"))?;
+            let holds = held == Some(run_token);
+            if state == RunState::Running && !holds {
+                state = RunState::Abandoned;
+            }
+            let ttl = if holds { ttl_left(plain(pttl))? } else { None };
+            let ended_at = match map.get("run_ended") {
+                Some(v) => Some(v.parse().map_err(|_| missing("run_ended"))?),
+                None => None,
+            };
+            Some(RunRecord::new(
+                RunInfo::new(
+                    num("run_tick")?,
+                    run_token,
+                    map.get("run_label").and_then(|l| label(l)),
+                ),
+                state,
+                TickReason::parse(get("run_reason")?).ok_or_else(|| missing("run_reason"))?,
+                num("run_started")?,
+                ended_at,
+                ttl,
+            ))
+        }
+    };
+    let mut counts = JobCounts::default();
+    counts.started = count("started");
+    counts.completed = count("completed");
+    counts.missed = count("missed");
+    counts.skipped = count("skipped");
+    counts.abandoned = count("abandoned");
+    counts.reruns = count("reruns");
+    Ok(Some(JobRecord::new(
+        job.clone(),
+        fingerprint,
+        decided,
+        run,
+        counts,
+        num("last_seen")?,
+        now,
+    )))
 }
 
 /// The reply of `DEL`: the number of keys deleted.

@@ -15,7 +15,10 @@
 
 use std::sync::LazyLock;
 
-use leasehold_core::{AcquireRequest, HolderId, LeaseKey, PermitLimit, RenewRequest};
+use leasehold_core::{
+    AcquireRequest, FencingToken, HolderId, JobName, LeaseKey, PermitLimit, RenewRequest,
+    RerunRequest, TickRequest,
+};
 use redis::{Cmd, Script};
 
 /// A script's source and its SHA-1, computed once.
@@ -164,9 +167,39 @@ pub(crate) static WITHDRAW: LazyLock<Lua> =
 pub(crate) static INSPECT_RW: LazyLock<Lua> =
     LazyLock::new(|| Lua::new(include_str!("scripts/inspect_rw.lua")));
 
+/// Decides a tick of a scheduled job on the server's clock and starts its
+/// run; see `scripts/tick.lua`, with `scripts/grant.lua` in front, as for
+/// [`ACQUIRE`].
+pub(crate) static TICK: LazyLock<Lua> = LazyLock::new(|| {
+    Lua::new(concat!(
+        include_str!("scripts/grant.lua"),
+        include_str!("scripts/tick.lua")
+    ))
+});
+
+/// Records a job's run as completed and releases its lease, fenced by its
+/// token; see `scripts/tick_complete.lua`.
+pub(crate) static TICK_COMPLETE: LazyLock<Lua> =
+    LazyLock::new(|| Lua::new(include_str!("scripts/tick_complete.lua")));
+
+/// Settles a job's abandoned run, and re-runs its newest decided tick; see
+/// `scripts/tick_rerun.lua`, with `scripts/grant.lua` in front, as for
+/// [`ACQUIRE`].
+pub(crate) static TICK_RERUN: LazyLock<Lua> = LazyLock::new(|| {
+    Lua::new(concat!(
+        include_str!("scripts/grant.lua"),
+        include_str!("scripts/tick_rerun.lua")
+    ))
+});
+
+/// Reads a job's record and its run lease at one instant; see
+/// `scripts/tick_record.lua`.
+pub(crate) static TICK_RECORD: LazyLock<Lua> =
+    LazyLock::new(|| Lua::new(include_str!("scripts/tick_record.lua")));
+
 /// Every script, for loading them all on a server before the first call
 /// (see `RedisBackendBuilder::connect`).
-pub(crate) fn all() -> [&'static Lua; 15] {
+pub(crate) fn all() -> [&'static Lua; 19] {
     [
         &ACQUIRE,
         &ACQUIRE_MANY,
@@ -183,6 +216,10 @@ pub(crate) fn all() -> [&'static Lua; 15] {
         &FAIR,
         &FAIR_LEAVE,
         &RELEASE_FAIR,
+        &TICK,
+        &TICK_COMPLETE,
+        &TICK_RERUN,
+        &TICK_RECORD,
     ]
 }
 
@@ -699,6 +736,109 @@ pub(crate) fn inspect_rw(layout: &KeyLayout, key: &LeaseKey) -> Call {
     call
 }
 
+/// `d` in whole milliseconds, rounded up, at least 1: a record's expiry
+/// (`PEXPIRE 0` would delete it).
+pub(crate) fn expiry_millis(d: std::time::Duration) -> u64 {
+    let millis = u64::try_from(d.as_millis()).unwrap_or(u64::MAX);
+    let rounded = if d.subsec_nanos().is_multiple_of(1_000_000) {
+        millis
+    } else {
+        millis.saturating_add(1)
+    };
+    rounded.max(1)
+}
+
+/// `d` in whole milliseconds, rounded down.
+fn floor_millis(d: std::time::Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
+}
+
+/// The keys of a job's run lease (`P`, `P:fence`) as the first two of
+/// `call`'s, then its record's.
+fn job_keys(layout: &KeyLayout, job: &JobName, call: &mut Call) {
+    let run = job.run_key();
+    let mut key = Vec::with_capacity(64);
+    layout.write_lease(&run, &mut key);
+    call.cmd.arg(&key[..]);
+    key.extend_from_slice(b":fence");
+    call.cmd.arg(&key[..]).arg(layout.job_record(job));
+}
+
+/// `tick.lua` for `request`, over a connection that tracks when `tracked`.
+/// The run lease is the job's ([`JobName::run_key`]), whatever key
+/// `request.run` names (the caller checks they agree).
+pub(crate) fn tick(layout: &KeyLayout, request: &TickRequest, tracked: bool) -> Call {
+    let mut call = Call::new(&TICK, 3);
+    job_keys(layout, &request.job, &mut call);
+    let run = &request.run;
+    call.cmd
+        .arg(&request.fingerprint)
+        .arg(request.tick)
+        .arg(request.next)
+        .arg(floor_millis(request.start_deadline))
+        .arg(request.catch_up.as_str())
+        .arg(expiry_millis(request.record_ttl))
+        .arg(&run.holder.to_hex_bytes()[..])
+        .arg(run.lock_delay.expiry_millis(run.ttl))
+        .arg(run.label.as_deref().unwrap_or(""))
+        .arg(if tracked { "1" } else { "0" })
+        .arg(layout.fence_retention_ms());
+    call
+}
+
+/// `tick_rerun.lua` for `request`, over a connection that tracks when
+/// `tracked`; the run lease is the job's, as for [`tick`].
+pub(crate) fn tick_rerun(layout: &KeyLayout, request: &RerunRequest, tracked: bool) -> Call {
+    let mut call = Call::new(&TICK_RERUN, 3);
+    job_keys(layout, &request.job, &mut call);
+    let run = &request.run;
+    call.cmd
+        .arg(request.abandoned.0)
+        .arg(request.on_abandon.as_str())
+        .arg(expiry_millis(request.record_ttl))
+        .arg(&run.holder.to_hex_bytes()[..])
+        .arg(run.lock_delay.expiry_millis(run.ttl))
+        .arg(run.label.as_deref().unwrap_or(""))
+        .arg(if tracked { "1" } else { "0" })
+        .arg(layout.fence_retention_ms());
+    call
+}
+
+/// `tick_complete.lua` for the run of `job` with `token`, held by
+/// `holder`; the release is announced as [`release`] announces it.
+pub(crate) fn tick_complete(
+    layout: &KeyLayout,
+    job: &JobName,
+    holder: &HolderId,
+    token: FencingToken,
+    notify: bool,
+    sharded: bool,
+) -> Call {
+    let mut call = Call::new(&TICK_COMPLETE, 2);
+    let run = job.run_key();
+    let mut key = Vec::with_capacity(64);
+    layout.write_lease(&run, &mut key);
+    call.cmd.arg(&key[..]).arg(layout.job_record(job));
+    call.cmd.arg(&holder.to_hex_bytes()[..]).arg(token.0);
+    if notify {
+        key.extend_from_slice(b":released");
+        call.cmd.arg(&key[..]);
+    } else {
+        call.cmd.arg("");
+    }
+    call.cmd.arg(if sharded { "SPUBLISH" } else { "PUBLISH" });
+    call
+}
+
+/// `tick_record.lua` for `job`: its record first, then its run lease.
+pub(crate) fn tick_record(layout: &KeyLayout, job: &JobName) -> Call {
+    let mut call = Call::new(&TICK_RECORD, 2);
+    call.cmd
+        .arg(layout.job_record(job))
+        .arg(layout.lease(&job.run_key()));
+    call
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -721,6 +861,10 @@ mod tests {
             ("release_fair", include_str!("scripts/release_fair.lua")),
             ("acquire_many", include_str!("scripts/acquire_many.lua")),
             ("release_many", include_str!("scripts/release_many.lua")),
+            ("tick", include_str!("scripts/tick.lua")),
+            ("tick_complete", include_str!("scripts/tick_complete.lua")),
+            ("tick_rerun", include_str!("scripts/tick_rerun.lua")),
+            ("tick_record", include_str!("scripts/tick_record.lua")),
         ] {
             if [
                 "acquire",
@@ -731,6 +875,8 @@ mod tests {
                 "write",
                 "fair",
                 "release_fair",
+                "tick",
+                "tick_rerun",
             ]
             .contains(&name)
             {
@@ -900,6 +1046,17 @@ mod tests {
         let ttl = leasehold_core::Ttl::parse("3s")?;
         let request = AcquireRequest::new(a.clone(), h, ttl);
         let other = AcquireRequest::new(LeaseKey::new("b")?, h, ttl);
+        let job = JobName::new("nightly")?;
+        let run = AcquireRequest::new(job.run_key(), h, ttl);
+        let tick_request =
+            TickRequest::new(job.clone(), "0 * * * * *", 60_000, 120_000, run.clone());
+        let rerun_request = RerunRequest::new(
+            job,
+            leasehold_core::FencingToken(7),
+            leasehold_core::OnAbandon::Rerun,
+            std::time::Duration::from_secs(600),
+            run,
+        );
         let granting = [
             acquire(&layout, &request, true),
             acquire_many(&layout, &[request.clone(), other], true),
@@ -909,6 +1066,8 @@ mod tests {
             permit(&layout, &request, PermitLimit::new(2)?, 0)?,
             read(&layout, &request, &a.reader_key(&h)?),
             write(&layout, &request),
+            tick(&layout, &tick_request, true),
+            tick_rerun(&layout, &rerun_request, false),
         ];
         for call in &granting {
             let hash = args(call.evalsha()).get(1).cloned();
@@ -980,6 +1139,93 @@ mod tests {
         let three = RenewRequest::new(b, h2, leasehold_core::Ttl::parse("3s")?);
         let call = renew(&layout, &[delayed, three], false);
         assert_eq!(args(call.evalsha())[5..], ["3000", &hex1, &hex2, "0"]);
+        Ok(())
+    }
+
+    /// A job's calls name its run lease, counter and record, all in the
+    /// job's slot, and send numbers as the scripts read them: ms, a record
+    /// expiry of at least 1 ms rounded up.
+    #[test]
+    fn job_calls_are_encoded_as_the_scripts_expect() -> Result<(), leasehold_core::Error> {
+        let layout = KeyLayout::default();
+        let job = JobName::new("nightly")?;
+        let h = HolderId::generate()?;
+        let run = AcquireRequest::new(job.run_key(), h, leasehold_core::Ttl::parse("3s")?)
+            .with_label("pod-1")?;
+        let request =
+            TickRequest::new(job.clone(), "0 * * * * * UTC", 60_000, 120_000, run.clone())
+                .with_start_deadline(std::time::Duration::from_millis(1500))
+                .with_catch_up(leasehold_core::CatchUp::Latest)
+                .with_record_ttl(std::time::Duration::from_micros(90_000_500));
+        let call = tick(&layout, &request, false);
+        assert_eq!(
+            args(call.evalsha())[1..],
+            [
+                TICK.get_hash(),
+                "3",
+                "leasehold:job:{nightly}:run",
+                "leasehold:job:{nightly}:run:fence",
+                "leasehold:job:{nightly}:record",
+                "0 * * * * * UTC",
+                "60000",
+                "120000",
+                "1500",
+                "latest",
+                "90001",
+                &h.to_hex(),
+                "3000",
+                "pod-1",
+                "0",
+                "3600000"
+            ]
+        );
+        assert_eq!(call.first_key(), b"leasehold:job:{nightly}:run");
+        let zero = request.with_record_ttl(std::time::Duration::ZERO);
+        assert_eq!(args(tick(&layout, &zero, true).evalsha())[11], "1");
+        let rerun = RerunRequest::new(
+            job.clone(),
+            FencingToken(41),
+            leasehold_core::OnAbandon::Skip,
+            std::time::Duration::from_secs(600),
+            run,
+        );
+        assert_eq!(
+            args(tick_rerun(&layout, &rerun, true).evalsha())[6..],
+            [
+                "41",
+                "skip",
+                "600000",
+                &h.to_hex(),
+                "3000",
+                "pod-1",
+                "1",
+                "3600000"
+            ]
+        );
+        assert_eq!(
+            args(tick_complete(&layout, &job, &h, FencingToken(9), true, true).evalsha())[2..],
+            [
+                "2",
+                "leasehold:job:{nightly}:run",
+                "leasehold:job:{nightly}:record",
+                &h.to_hex(),
+                "9",
+                "leasehold:job:{nightly}:run:released",
+                "SPUBLISH"
+            ]
+        );
+        assert_eq!(
+            args(tick_complete(&layout, &job, &h, FencingToken(9), false, false).evalsha())[7..],
+            ["", "PUBLISH"]
+        );
+        assert_eq!(
+            args(tick_record(&layout, &job).evalsha())[2..],
+            [
+                "2",
+                "leasehold:job:{nightly}:record",
+                "leasehold:job:{nightly}:run"
+            ]
+        );
         Ok(())
     }
 

@@ -2,8 +2,8 @@
 //!
 //! This file holds the backend and the core of the contract
 //! ([`LeaseBackend`]); each optional capability is a file of its own,
-//! beside its scripts: `permits.rs`, `rw.rs`, `fair.rs`, `handover.rs` and
-//! `changes.rs`.
+//! beside its scripts: `permits.rs`, `rw.rs`, `fair.rs`, `handover.rs`,
+//! `changes.rs` and `ticks.rs` (scheduled jobs' records).
 
 use std::fmt;
 use std::future::Future;
@@ -39,6 +39,7 @@ mod fair;
 mod handover;
 mod permits;
 mod rw;
+mod ticks;
 
 /// A [`LeaseBackend`] on one standalone Redis server (or a primary with
 /// replicas that it does not fail over to).
@@ -1005,6 +1006,10 @@ impl LeaseBackend for RedisBackend {
     }
 
     fn changes(&self) -> Option<&impl ChangeBackend> {
+        Some(self)
+    }
+
+    fn ticks(&self) -> Option<&impl leasehold_core::TickBackend> {
         Some(self)
     }
 }
