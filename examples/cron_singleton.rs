@@ -1,8 +1,9 @@
-//! A cron job that three replicas schedule, run once per tick across them:
-//! each replica has its own tokio-cron-scheduler, its own manager and its
-//! own connection to one Redis, as three processes would, and
-//! `leasehold_cron::fleet_job` lets one of them run each tick. It prints
-//! who ran each tick, and ends after 10 ticks.
+//! A cron job that three replicas schedule, started once per tick across
+//! them: each replica has its own tokio-cron-scheduler, its own manager and
+//! its own connection to one Redis, as three processes would, and
+//! `leasehold_cron::fleet_job` asks the job's record on the server, whose
+//! clock decides, for each tick. It prints who ran each tick, and ends
+//! after 10 ticks.
 //!
 //! Run with `cargo run --example cron_singleton`.
 //!
@@ -18,7 +19,7 @@ use common::Store;
 use leasehold::backend::LeaseBackend;
 use leasehold::redis::RedisBackend;
 use leasehold::{LeaseManager, LeaseOptions, MemoryBackend, TickJob, TickOutcome};
-use leasehold_cron::fleet_job_with_outcomes;
+use leasehold_cron::{Schedule, fleet_job_with_outcomes};
 use tokio::sync::mpsc;
 use tokio_cron_scheduler::JobScheduler;
 use tracing::info;
@@ -61,8 +62,9 @@ async fn demo<B: LeaseBackend>(
     let mut schedulers = Vec::new();
     for (i, manager) in replicas.into_iter().enumerate() {
         let name = format!("replica-{i}");
-        // The label is what the other replicas are told when they skip.
-        let job = TickJob::builder("report")
+        // The label is what the record, and so the other replicas, show.
+        let schedule = Schedule::parse(SCHEDULE)?;
+        let job = TickJob::builder("report", schedule.clone())
             .lease(LeaseOptions::builder().label(name.clone()))
             .build()?;
         let ran = ran.clone();
@@ -75,20 +77,21 @@ async fn demo<B: LeaseBackend>(
             }
         };
         let skipped = move |_: &TickJob, outcome: Result<TickOutcome<()>, _>| match outcome {
-            Ok(TickOutcome::Taken { holder, .. }) => {
+            Ok(TickOutcome::Decided { decision, .. }) => {
+                let by = decision.run.and_then(|r| r.label).unwrap_or_default();
                 info!(
-                    "{name}: skipped, {} has the tick",
-                    holder.unwrap_or_default()
+                    "{name}: decided already ({}, {by})",
+                    decision.state.as_str()
                 );
             }
-            Ok(TickOutcome::Late { lateness, .. }) => info!("{name}: {lateness:?} late, skipped"),
+            Ok(TickOutcome::Missed { .. }) => info!("{name}: the tick was missed"),
             Err(error) => info!("{name}: {error}"),
             Ok(_) => {}
         };
         let scheduler = JobScheduler::new().await?;
         scheduler
             .add(fleet_job_with_outcomes(
-                manager, job, SCHEDULE, work, skipped,
+                manager, job, &schedule, work, skipped,
             )?)
             .await?;
         scheduler.start().await?;

@@ -43,9 +43,12 @@
 //! `leasehold-cli`) runs shell commands under a lease. docs/operations.md
 //! has the details.
 //!
-//! For scheduled jobs: [`LeaseManager::run_tick`] with a [`TickJob`] runs
-//! a job once per tick across a fleet, and crate `leasehold-cron` makes a
-//! tokio-cron-scheduler job of it in one call.
+//! For scheduled jobs: a [`TickJob`] is started once per tick across a
+//! fleet, decided on the server's clock by the job's record
+//! ([`LeaseManager::run_tick`] for one tick, [`LeaseManager::run_schedule`]
+//! for a long-lived node that also re-runs abandoned runs); crate
+//! `leasehold-cron` gives cron schedules with time zones and a
+//! tokio-cron-scheduler job in one call.
 //!
 //! # Cargo features
 //!
@@ -69,6 +72,7 @@ pub use leasehold_core::Error as InputError;
 /// The contract every backend fulfils, at the root too: code generic over a
 /// manager's backend names it as a bound (`LeaseManager<B: LeaseBackend>`).
 pub use leasehold_core::LeaseBackend;
+pub use leasehold_core::{CatchUp, JobName, OnAbandon};
 pub use leasehold_core::{
     FencingToken, LeaseInfo, LeaseKey, LockDelay, MemoryBackend, PermitLimit, PlaceTtl,
     ReleaseOutcome, RwInfo, RwRole, Ttl, WriteIntent,
@@ -77,9 +81,10 @@ pub use leasehold_core::{
 /// usually has.
 pub use leasehold_watchdog::LeaseError as Error;
 pub use leasehold_watchdog::{
-    Backoff, CancellationToken, DEFAULT_MAX_WAITERS, Election, Fair, Leader, Lease, LeaseError,
-    LeaseManager, LeaseManagerBuilder, LeaseOptions, LeaseOptionsBuilder, LossReason, Progress,
-    TickJob, TickJobBuilder, TickOutcome, TickRun, UNREPORTED_RECHECK, metrics, tick,
+    Backoff, CancellationToken, DEFAULT_MAX_WAITERS, Election, Every, Fair, Leader, Lease,
+    LeaseError, LeaseManager, LeaseManagerBuilder, LeaseOptions, LeaseOptionsBuilder, LossReason,
+    Progress, TickGrid, TickJob, TickJobBuilder, TickOutcome, TickRun, UNREPORTED_RECHECK, metrics,
+    tick,
 };
 #[cfg(feature = "config")]
 pub use leasehold_watchdog::{ConfigError, LeaseConfig};
@@ -91,7 +96,8 @@ pub use leasehold_watchdog::{ConfigError, LeaseConfig};
 /// [`ReadWriteBackend`](backend::ReadWriteBackend),
 /// [`FairBackend`](backend::FairBackend),
 /// [`HandoverBackend`](backend::HandoverBackend),
-/// [`ChangeBackend`](backend::ChangeBackend)), their requests and
+/// [`ChangeBackend`](backend::ChangeBackend),
+/// [`TickBackend`](backend::TickBackend)), their requests and
 /// outcomes, and the helpers that compute a grant's validity. A user of
 /// leases does not need this module.
 pub mod backend {
@@ -101,6 +107,18 @@ pub mod backend {
         HandoverWatch, HolderId, LeaseBackend, LeaseChange, PermitBackend, ReadWriteBackend,
         ReleaseReport, ReleaseWatch, RenewOutcome, RenewRequest, Unsupported, WatchPolicy,
         clock_drift, parse_duration, valid_until,
+    };
+    pub use leasehold_core::{
+        Completion, RerunReply, RerunRequest, TickAnswer, TickBackend, TickReply, TickRequest,
+    };
+}
+
+/// A scheduled job's record as the backend keeps it, and the decisions
+/// it holds: what `leasehold jobs` lists, and what a [`TickOutcome`]
+/// reports.
+pub mod jobs {
+    pub use leasehold_core::{
+        Decision, JobCounts, JobRecord, RunInfo, RunRecord, RunState, TickReason, TickState,
     };
 }
 

@@ -43,7 +43,8 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use leasehold::metrics::{ACQUIRE_WAIT, HOLD_TIME, RENEWAL_LATENCY};
 use leasehold::redis::RedisBackend;
 use leasehold::{
-    Election, LeaseError, LeaseManager, LeaseOptions, LossReason, TickJob, TickOutcome, Ttl,
+    Election, Every, LeaseError, LeaseManager, LeaseOptions, LossReason, TickGrid, TickJob,
+    TickOutcome, Ttl,
 };
 use leasehold_testkit::{Proxy, ProxyMode, RedisServer, free_port};
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder};
@@ -429,22 +430,25 @@ async fn prometheus_evaluates_the_dashboard_and_fires_the_alerts() -> TestResult
         .release()
         .await?;
 
-    // A scheduled job's ticks: one run here, the same tick then found
-    // taken, and one fired too late to run.
-    let report = TickJob::builder("report")
-        .max_skew(Duration::from_secs(1))
+    // A scheduled job's ticks, decided on the server's clock: an old tick
+    // asked for late is missed, the current one runs here, and the same
+    // tick asked for again is found decided.
+    let hourly = Every::new(Duration::from_secs(3_600))?;
+    let report = TickJob::builder("report", hourly)
+        .start_deadline(Duration::from_secs(3_600))
         .lease(LeaseOptions::builder().ttl(Ttl::parse("10s")?))
         .build()?;
-    let tick = SystemTime::now();
-    let ran = manager.run_tick(&report, tick, tick, |_| async {}).await?;
+    let now = hourly.tick_at(SystemTime::now()).ok_or("no tick")?;
+    let old = now - Duration::from_secs(2 * 3_600);
+    let missed = manager.run_tick(&report, old, |_| async {}).await?;
+    assert!(matches!(missed, TickOutcome::Missed { .. }), "{missed:?}");
+    let ran = manager.run_tick(&report, now, |_| async {}).await?;
     assert!(ran.ran(), "{ran:?}");
-    let taken = manager.run_tick(&report, tick, tick, |_| async {}).await?;
-    assert!(matches!(taken, TickOutcome::Taken { .. }), "{taken:?}");
-    let late = Duration::from_secs(5);
-    let late = manager
-        .run_tick(&report, tick, tick + late, |_| async {})
-        .await?;
-    assert!(matches!(late, TickOutcome::Late { .. }), "{late:?}");
+    let decided = manager.run_tick(&report, now, |_| async {}).await?;
+    assert!(
+        matches!(decided, TickOutcome::Decided { .. }),
+        "{decided:?}"
+    );
 
     // A baseline of 15 evaluations before the burst, so that the burst is
     // far above the average.
@@ -523,7 +527,7 @@ async fn prometheus_evaluates_the_dashboard_and_fires_the_alerts() -> TestResult
         .until_alert("LeaseholdJobStalled", &[("name", "jobs")], true)
         .await;
     prometheus
-        .until_alert("LeaseholdTickLate", &[("name", "report")], true)
+        .until_alert("LeaseholdTickMissed", &[("name", "report")], true)
         .await;
     prometheus
         .until_alert(
@@ -551,7 +555,7 @@ async fn prometheus_evaluates_the_dashboard_and_fires_the_alerts() -> TestResult
     );
     assert_eq!(of("LeaseholdAcquireBusy", "outcome"), ["jobs/busy"]);
     assert_eq!(of("LeaseholdJobStalled", "reason"), ["jobs/stalled"]);
-    assert_eq!(of("LeaseholdTickLate", "reason"), ["report/late"]);
+    assert_eq!(of("LeaseholdTickMissed", "reason"), ["report/missed"]);
     assert_eq!(
         of("LeaseholdElectionLeaderless", "name"),
         ["scheduler/scheduler"]

@@ -228,6 +228,68 @@ impl Lease {
     }
 }
 
+impl Lease {
+    /// Takes the lease's end on the caller, as [`release`](Self::release)
+    /// does, for an end the caller sends itself: a tick's completion,
+    /// which releases the lease in the same atomic operation. The watchdog
+    /// stops renewing at once and forgets the lease when the returned
+    /// [`Ending`] is dropped; an `Ending` dropped before
+    /// [`Ending::done`] (the end failed or its future was dropped) hands a
+    /// plain release to the watchdog. `None` when the watchdog had ended
+    /// the lease already: the handle is then dropped, which lets the
+    /// watchdog release what may be left.
+    pub(crate) fn take_end(mut self) -> Option<Ending> {
+        let home = self.home.take()?;
+        if !self.shared.claim_release() {
+            let _ = home.commands.send(Command::Release {
+                id: self.id,
+                reply: None,
+            });
+            return None;
+        }
+        crate::metrics::ended(
+            &self.shared.series,
+            crate::metrics::RELEASED,
+            self.shared.acquired_at.elapsed(),
+        );
+        Some(Ending {
+            key: self.shared.server_key(&self.holder),
+            holder: self.holder,
+            id: self.id,
+            home,
+            armed: true,
+        })
+    }
+}
+
+/// A lease whose end the caller took (see [`Lease::take_end`]).
+pub(crate) struct Ending {
+    home: Arc<Home>,
+    id: u64,
+    key: LeaseKey,
+    holder: HolderId,
+    armed: bool,
+}
+
+impl Ending {
+    /// The caller's end reached the server: nothing is left to release.
+    pub(crate) fn done(mut self) {
+        self.armed = false;
+    }
+}
+
+impl Drop for Ending {
+    fn drop(&mut self) {
+        if self.armed {
+            let _ = self.home.commands.send(Command::ReleaseOrphan {
+                key: self.key.clone(),
+                holder: self.holder,
+            });
+        }
+        self.home.registry.forget(self.id);
+    }
+}
+
 /// Tells the watchdog to forget a lease whose release the handle ran,
 /// when dropped: after the release, whether it finished or was abandoned.
 struct Forget<'a> {

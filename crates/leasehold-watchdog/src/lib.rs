@@ -63,6 +63,7 @@ mod queue;
 mod record;
 mod renewal;
 mod rw;
+mod schedule;
 mod scope;
 mod shared;
 pub mod tick;
@@ -88,8 +89,9 @@ pub use leasehold_core::RwRole;
 pub use loss::LossReason;
 pub use manager::{DEFAULT_MAX_WAITERS, LeaseManager, LeaseManagerBuilder};
 pub use options::{Fair, LeaseOptions, LeaseOptionsBuilder};
+pub use schedule::{Every, TickGrid};
 pub use tick::{
-    DEFAULT_MAX_LATENESS, DEFAULT_MAX_SKEW, MAX_JOB_NAME_LEN, TickJob, TickJobBuilder, TickOutcome,
+    DEFAULT_START_DEADLINE, MAX_RECORD_TTL, MIN_RECORD_TTL, TickJob, TickJobBuilder, TickOutcome,
     TickRun,
 };
 /// The token type handed to holders, re-exported for convenience.

@@ -322,9 +322,14 @@ impl<B: LeaseBackend> LeaseManager<B> {
         )
     }
 
+    /// The token cancelled when the manager shuts down.
+    pub(crate) fn shutdown_token(&self) -> &CancellationToken {
+        &self.inner.shutdown
+    }
+
     /// Hands the lease `grant` on the user's `key` to the watchdog, of
     /// `kind` in metrics.
-    fn register(
+    pub(crate) fn register(
         &self,
         key: LeaseKey,
         grant: Grant,

@@ -81,16 +81,25 @@ pub const CANDIDATES: &str = "leasehold_election_candidates";
 /// Gauge: waiters queued on the server for a lease in fair mode, as the
 /// server last reported it to this process, by name.
 pub const FAIR_QUEUED: &str = "leasehold_fair_queue_waiters";
-/// Counter: ticks of a job run once per tick across a fleet
-/// ([`LeaseManager::run_tick`](crate::LeaseManager::run_tick)) that this
-/// process ran, labelled `name` (the job's name). Summed over the fleet,
-/// one per tick; fewer when a node died mid-tick (the tick is missed, not
-/// run again).
+/// Counter: runs of a scheduled job this process started
+/// ([`LeaseManager::run_tick`](crate::LeaseManager::run_tick)), labelled
+/// `name` (the job's name) and `reason`: `on-time`, `catch-up` or `rerun`.
+/// Summed over the fleet, one per tick (two for a re-run tick).
 pub const TICK_RUNS: &str = "leasehold_tick_runs_total";
-/// Counter: ticks of a job this process did not run, labelled `name` and
-/// `reason`: [`SKIP_TAKEN`] when another node had the tick, [`SKIP_LATE`]
-/// when this process fired too late to ask for it safely.
+/// Counter: ticks of a scheduled job this process asked for and did not
+/// run, labelled `name` and `reason`: [`TICK_DECIDED`] (decided already,
+/// most often by another node), [`TICK_MISSED`] (asked for late and
+/// recorded as missed), [`TICK_OVERLAP`] (skipped: the previous run still
+/// held), [`TICK_CLOCK_AHEAD`] (this node's clock is more than a period
+/// ahead of the server's), [`TICK_CONFLICT`] (the record names another
+/// schedule).
 pub const TICK_SKIPS: &str = "leasehold_tick_skips_total";
+/// Counter: runs of a scheduled job that this process found abandoned
+/// (their lease ended without a completion) and settled, labelled `name`.
+pub const TICK_ABANDONED: &str = "leasehold_tick_abandoned_total";
+/// Gauge: how late, on the server's clock, the last run of a job this
+/// process started began after its tick, labelled `name`.
+pub const TICK_LAG: &str = "leasehold_tick_lag_seconds";
 
 /// Label: the lease name.
 pub const LABEL_NAME: &str = "name";
@@ -113,11 +122,21 @@ pub const KIND_READ: &str = "read";
 /// The [`LABEL_KIND`] of a writer's hold from `acquire_write`.
 pub const KIND_WRITE: &str = "write";
 
-/// The [`LABEL_REASON`] of a [`TICK_SKIPS`] count: another node had the tick.
-pub const SKIP_TAKEN: &str = "taken";
-/// The [`LABEL_REASON`] of a [`TICK_SKIPS`] count: this process fired later
-/// than the job's `max_lateness` and left the tick alone.
-pub const SKIP_LATE: &str = "late";
+/// The [`LABEL_REASON`] of a [`TICK_SKIPS`] count: the tick (or a later
+/// one) was decided already.
+pub const TICK_DECIDED: &str = "decided";
+/// The [`LABEL_REASON`] of a [`TICK_SKIPS`] count: the tick was asked for
+/// late and recorded as missed.
+pub const TICK_MISSED: &str = "missed";
+/// The [`LABEL_REASON`] of a [`TICK_SKIPS`] count: the previous run still
+/// held the job's lease.
+pub const TICK_OVERLAP: &str = "overlap";
+/// The [`LABEL_REASON`] of a [`TICK_SKIPS`] count: this node's clock is
+/// more than a period ahead of the server's.
+pub const TICK_CLOCK_AHEAD: &str = "clock_ahead";
+/// The [`LABEL_REASON`] of a [`TICK_SKIPS`] count: the job's record names
+/// another schedule.
+pub const TICK_CONFLICT: &str = "conflict";
 
 /// What kind of lease a metric is about: the value of [`LABEL_KIND`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -313,12 +332,22 @@ pub fn describe() {
     describe_counter!(
         TICK_RUNS,
         Unit::Count,
-        "Ticks of a job run once per tick across a fleet that this process ran."
+        "Runs of a scheduled job this process started, by reason (on-time, catch-up, rerun)."
     );
     describe_counter!(
         TICK_SKIPS,
         Unit::Count,
-        "Ticks of a job this process did not run, by reason (taken by another node, or late)."
+        "Ticks of a scheduled job this process asked for and did not run, by reason."
+    );
+    describe_counter!(
+        TICK_ABANDONED,
+        Unit::Count,
+        "Runs of a scheduled job found abandoned (lease ended without a completion) and settled here."
+    );
+    describe_gauge!(
+        TICK_LAG,
+        Unit::Seconds,
+        "How late, on the server's clock, the last run of a job started here began after its tick."
     );
     describe_gauge!(
         CANDIDATES,
@@ -398,12 +427,22 @@ pub(crate) fn lost(series: &Series, reason: &'static str) {
         .increment(1);
 }
 
-pub(crate) fn tick_ran(name: &Cow<'static, str>) {
-    counter!(TICK_RUNS, LABEL_NAME => label(name)).increment(1);
+pub(crate) fn tick_ran(name: &str, reason: &'static str) {
+    counter!(TICK_RUNS, LABEL_NAME => name.to_owned(), LABEL_REASON => reason).increment(1);
 }
 
-pub(crate) fn tick_skipped(name: &Cow<'static, str>, reason: &'static str) {
-    counter!(TICK_SKIPS, LABEL_NAME => label(name), LABEL_REASON => reason).increment(1);
+pub(crate) fn tick_not_run(name: &str, reason: &'static str) {
+    counter!(TICK_SKIPS, LABEL_NAME => name.to_owned(), LABEL_REASON => reason).increment(1);
+}
+
+pub(crate) fn tick_abandoned(name: &str) {
+    counter!(TICK_ABANDONED, LABEL_NAME => name.to_owned()).increment(1);
+}
+
+pub(crate) fn tick_lag(name: &str, lag_ms: u64) {
+    #[allow(clippy::cast_precision_loss)] // a lag in ms is far below 2^52
+    let seconds = lag_ms as f64 / 1000.0;
+    gauge!(TICK_LAG, LABEL_NAME => name.to_owned()).set(seconds);
 }
 
 pub(crate) fn renew_batch(latency: Duration) {

@@ -1,323 +1,408 @@
-//! Once per tick across a fleet: a scheduled job that every node fires, run
-//! by one of them.
+//! Scheduled jobs: each tick started once across a fleet, decided on the
+//! server's clock.
 //!
 //! # How
 //!
-//! Every node of a fleet runs the same schedule and, when it fires for the
-//! tick scheduled at `T`, calls [`LeaseManager::run_tick`] with `T` as the
-//! schedule's grid gives it (not the node's reading of its own clock). The
-//! tick's lease key is the job's name and `T` in UNIX milliseconds,
-//! `<job>:tick:<ms>`, so every node asks for the same key whatever its
-//! clock says. The first to ask wins and runs the job under the lease; the
-//! others are refused and are told who holds it ([`TickOutcome::Taken`]).
+//! Every node of a fleet knows the same job ([`TickJob`]: its name, its
+//! schedule's grid, its policies) and, when it fires for the tick `T`,
+//! calls [`LeaseManager::run_tick`] (or lets
+//! [`LeaseManager::run_schedule`] fire for it). The node asks the backend
+//! with `T` and the tick after it; one atomic operation on the backend
+//! (a Lua script on Redis) reads the *server's* clock and the job's record
+//! and decides ([`TickBackend::decide_tick`]):
 //!
-//! Clocks differ, so the nodes fire at different times: a node whose clock
-//! is behind by `d` asks `d` later than the first. A winner with a short
-//! job would have released the key by then, and the late node would run
-//! the tick again. So the winner's lease has a **minimum hold**
-//! ([`LeaseOptionsBuilder::hold_at_least`]) of
-//! [`max_skew`](TickJobBuilder::max_skew) +
-//! [`max_lateness`](TickJobBuilder::max_lateness), counted on the server's
-//! clock from the acquisition: a release before it leaves the key taken
-//! until then, and every node that fires within that bound finds it taken.
-//! A backend without the minimum hold (Redlock) refuses the tick's lease,
-//! and `run_tick` returns its error.
+//! - `T` still ahead of the server's clock: the node waits the "due in"
+//!   and asks again (more than one period ahead is
+//!   [`TickOutcome::ClockAhead`]: the node's clock is ahead);
+//! - `T` at or below the highest tick decided: that decision
+//!   ([`TickOutcome::Decided`]);
+//! - `T` on time (the server's clock before the earlier of the next tick
+//!   and `T` + the [start deadline](TickJobBuilder::start_deadline)): this
+//!   node's run is granted the job's lease, an ordinary watchdog lease
+//!   with a fencing token, and the start is recorded;
+//! - `T` late: the [catch-up policy](TickJobBuilder::catch_up) decides
+//!   ([`TickOutcome::Missed`], or a start as the newest tick);
+//! - the previous run still holding the job's lease: the tick is skipped
+//!   and recorded so ([`TickOutcome::Overlap`]).
 //!
-//! A node that fires later than that bound could find the key free again
-//! and run the tick a second time. It never asks: a node measures its own
-//! lateness (its wall clock when it fired minus `T`, plus the time since on
-//! its monotonic clock) and gives the tick up when it exceeds
-//! `max_lateness` ([`TickOutcome::Late`]), before asking and again once a
-//! grant comes back (the request may have waited in the network). With the
-//! clocks of any two nodes at most `max_skew` apart, the first grant is no
-//! earlier than `T − skew` on the late node's clock, and a grant checked
-//! on time is no later than `T + max_lateness` on it: within the minimum
-//! hold, so refused.
+//! No node's clock decides whether a tick starts, so clocks may be any
+//! distance apart: a node ahead waits, a node behind finds the tick
+//! decided (or, alone, late: the policy decides). Every reply carries the
+//! server's time, from which a node learns how far its clock is off and
+//! fires on the server's clock from then on.
 //!
-//! # At most once; a dead node's tick is missed
+//! The run ends with one atomic operation that records the completion and
+//! releases the lease, checked against the run's fencing token
+//! ([`TickBackend::complete_tick`]): a completion from an older run is
+//! refused.
 //!
-//! A node only asks for a tick when it fires for it, and gives it up when
-//! late; nothing retries a tick later. So a winner that dies (or loses its
-//! lease) mid-tick leaves the tick **not run to completion, and not re-run
-//! elsewhere**: the others, firing within the bound, find the key taken
-//! (held by the dead node's lease until its ttl runs out, or by the
-//! minimum hold) and skip it. The tick is missed, as with ShedLock's
-//! `lockAtLeastFor`; the next tick runs as usual. A job that must not be
-//! missed records its own completion and catches up on the next tick.
+//! # A run that dies
 //!
-//! # How long a tick's key lives
+//! A run whose lease ended without a completion (its node was killed,
+//! stalled, or lost the lease) is *abandoned*. Under [`OnAbandon::Skip`]
+//! (the default) the abandonment is recorded and the tick is not run
+//! again: every tick starts at most once. Under [`OnAbandon::Rerun`] a
+//! long-lived node ([`LeaseManager::run_schedule`]) that saw the run
+//! start watches the job's lease and, when it is gone without a
+//! completion, claims a re-run ([`TickBackend::claim_rerun`]): the claim
+//! succeeds only while the abandoned run is still the record's, with a
+//! higher fencing token. The job's body may then run twice for one tick:
+//! use [`TickRun::tick`] as its idempotency key, and write through a store
+//! that checks fencing tokens, so that the dead run's late writes are
+//! refused once the re-run has written.
 //!
-//! From the winner's acquisition until the later of the minimum hold
-//! (`max_skew + max_lateness`) and the end of the job; if the winner dies,
-//! until its lease's ttl runs out from its last renewal (still at least the
-//! minimum hold). Nothing else of a tick is kept but what the backend keeps
-//! per key (a fencing counter on Redis).
+//! # What is promised
 //!
-//! # What it does not promise
+//! One start and at most one recorded completion per tick on a healthy
+//! server, whatever the nodes' clocks. The server's clock is one clock at
+//! a time, not for ever: after a failover that lost the record's last
+//! writes, or a server clock that stepped back, a tick may start again,
+//! with a higher fencing token (docs/reliability.md measures it).
 //!
-//! - Clocks further apart than `max_skew`, or a node that fires late but
-//!   reads its own lateness as small (its clock jumped), can run a tick
-//!   twice.
-//! - A job that stalls inside a write to another system can still act
-//!   after its lease is gone: pass [`TickRun::fencing_token`] to that
-//!   system, which can then refuse the stale write.
+//! # How long a job's keys live
 //!
-//! [`LeaseOptionsBuilder::hold_at_least`]: crate::LeaseOptionsBuilder::hold_at_least
+//! The record lives the schedule's longest gap plus the start deadline
+//! after each decision (at least a minute), refreshed by every tick; the
+//! run's lease lives as any lease, renewed while the run runs.
 
-use std::borrow::Cow;
+use std::fmt;
 use std::panic::AssertUnwindSafe;
+use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use futures_util::FutureExt;
-use leasehold_core::{FencingToken, LeaseBackend};
-use tokio::time::Instant;
+use leasehold_core::{
+    AcquireRequest, BackendError, CatchUp, Completion, Decision, FencingToken, Grant, HolderId,
+    JobName, LeaseBackend, OnAbandon, RunInfo, TickBackend, TickReason, TickReply, TickRequest,
+};
 use tokio_util::sync::CancellationToken;
-use tracing::{debug, warn};
+use tracing::{debug, info, warn};
 
+use crate::attempt::Attempt;
+use crate::bounds::Progress;
+use crate::metrics::Kind;
+use crate::schedule::{ServerClock, TickGrid};
 use crate::{LeaseError, LeaseManager, LeaseOptions, LeaseOptionsBuilder};
 
-/// The default bound on how far apart the clocks of two nodes may be:
-/// 5 s. NTP keeps the clocks of a healthy fleet within milliseconds; 5 s
-/// also covers a node whose time daemon has just started or stepped, and
-/// costs only a key kept a few seconds longer.
-pub const DEFAULT_MAX_SKEW: Duration = Duration::from_secs(5);
+/// The default start deadline: one minute. A tick may start until the
+/// earlier of its next tick and this long after it, by the server's clock.
+/// A minute covers a crontab host whose cron daemon fires at the start of
+/// the minute and a command that starts slowly; a long-lived node asks
+/// within milliseconds.
+pub const DEFAULT_START_DEADLINE: Duration = Duration::from_secs(60);
 
-/// The default bound on how late, by its own clock, a node may ask for a
-/// tick: 1 s. A scheduler that polls its schedule fires up to one poll
-/// late (tokio-cron-scheduler polls every 500 ms); the rest is the time to
-/// reach the server.
-pub const DEFAULT_MAX_LATENESS: Duration = Duration::from_secs(1);
+/// The shortest lifetime of a job's record after a decision: one minute.
+pub const MIN_RECORD_TTL: Duration = Duration::from_secs(60);
 
-/// The longest job name accepted, in bytes.
-pub const MAX_JOB_NAME_LEN: usize = 64;
+/// The longest lifetime of a job's record: 400 days, a yearly schedule's
+/// gap with room to spare.
+pub const MAX_RECORD_TTL: Duration = Duration::from_secs(400 * 24 * 60 * 60);
 
-/// A job run once per tick across a fleet: its name, the bounds that make a
-/// tick run once, and the options of the lease a tick runs under.
+/// How many times a node asks again for a tick the server said is due
+/// later: each wait is at most one period, and a node whose clock is off
+/// is corrected after the first answer.
+const DUE_ASKS: usize = 3;
+
+/// A job run once per tick across a fleet: its name, its schedule's grid,
+/// its policies, and the options of the lease a run holds.
 ///
 /// ```
 /// use std::time::Duration;
-/// use leasehold_watchdog::{LeaseOptions, TickJob};
+/// use leasehold_watchdog::{Every, LeaseOptions, TickJob};
 ///
-/// let job = TickJob::builder("report")
-///     .max_skew(Duration::from_secs(2))
+/// let job = TickJob::builder("report", Every::new(Duration::from_secs(60))?)
 ///     .lease(LeaseOptions::builder().ttl(Duration::from_secs(10)).label("node-a"))
 ///     .build()?;
-/// assert_eq!(job.min_hold(), Duration::from_secs(3));
+/// assert_eq!(job.name().as_str(), "report");
 /// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub struct TickJob {
-    name: Cow<'static, str>,
-    max_skew: Duration,
-    max_lateness: Duration,
+    name: JobName,
+    grid: Arc<dyn TickGrid>,
+    start_deadline: Duration,
+    catch_up: CatchUp,
+    on_abandon: OnAbandon,
     lease: LeaseOptions,
+    record_ttl: Duration,
+    clock: Arc<ServerClock>,
+}
+
+impl fmt::Debug for TickJob {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("TickJob")
+            .field("name", &self.name)
+            .field("schedule", &self.grid.fingerprint())
+            .field("start_deadline", &self.start_deadline)
+            .field("catch_up", &self.catch_up)
+            .field("on_abandon", &self.on_abandon)
+            .finish_non_exhaustive()
+    }
 }
 
 impl TickJob {
-    /// A builder for the job called `name`, with the default bounds and
-    /// lease options.
-    pub fn builder(name: impl Into<Cow<'static, str>>) -> TickJobBuilder {
+    /// A builder for the job called `name` on `grid`, with the default
+    /// policies and lease options.
+    pub fn builder(name: impl AsRef<str>, grid: impl TickGrid + 'static) -> TickJobBuilder {
         TickJobBuilder {
-            name: name.into(),
-            max_skew: DEFAULT_MAX_SKEW,
-            max_lateness: DEFAULT_MAX_LATENESS,
+            name: name.as_ref().to_owned(),
+            grid: Arc::new(grid),
+            start_deadline: DEFAULT_START_DEADLINE,
+            catch_up: CatchUp::None,
+            on_abandon: OnAbandon::Skip,
             lease: LeaseOptions::builder(),
         }
     }
 
-    /// The job's name: the first part of its ticks' keys, and its label in
-    /// metrics.
+    /// The job's name.
     #[must_use]
-    pub fn name(&self) -> &str {
+    pub fn name(&self) -> &JobName {
         &self.name
     }
 
-    /// How far apart the clocks of two nodes may be.
+    /// The job's grid.
     #[must_use]
-    pub fn max_skew(&self) -> Duration {
-        self.max_skew
+    pub fn grid(&self) -> &dyn TickGrid {
+        &*self.grid
     }
 
-    /// How late, by its own clock, a node may ask for a tick.
+    /// How long after a tick it may still start.
     #[must_use]
-    pub fn max_lateness(&self) -> Duration {
-        self.max_lateness
+    pub fn start_deadline(&self) -> Duration {
+        self.start_deadline
     }
 
-    /// How long the server keeps a tick's key taken at least, counted from
-    /// its acquisition: `max_skew + max_lateness`.
+    /// What becomes of a tick nobody started on time.
     #[must_use]
-    pub fn min_hold(&self) -> Duration {
-        self.max_skew + self.max_lateness
+    pub fn catch_up(&self) -> CatchUp {
+        self.catch_up
     }
 
-    /// The options of the lease each tick runs under: those given to the
-    /// builder, named after the job, with the minimum hold and no waiting.
+    /// What becomes of a run abandoned by its node.
+    #[must_use]
+    pub fn on_abandon(&self) -> OnAbandon {
+        self.on_abandon
+    }
+
+    /// How long the job's record lives after each decision: the grid's
+    /// longest gap plus the start deadline, at least [`MIN_RECORD_TTL`].
+    #[must_use]
+    pub fn record_ttl(&self) -> Duration {
+        self.record_ttl
+    }
+
+    /// The options of the lease a run holds.
     #[must_use]
     pub fn lease_options(&self) -> &LeaseOptions {
         &self.lease
     }
 
-    /// The lease key of the tick scheduled at `tick`: `<job>:tick:<UNIX ms>`.
-    ///
-    /// # Errors
-    ///
-    /// [`LeaseError::InvalidTick`] for a tick before 1970.
-    pub fn tick_key(&self, tick: SystemTime) -> Result<String, LeaseError> {
-        let ms = tick
-            .duration_since(UNIX_EPOCH)
-            .map_err(|_| LeaseError::InvalidTick {
-                job: self.name.to_string(),
-                reason: "the tick is before 1970-01-01; pass the instant the schedule fired for"
-                    .to_owned(),
-            })?
-            .as_millis();
-        Ok(format!("{}:tick:{ms}", self.name))
+    /// This process's estimate of the server's clock: the server's time in
+    /// the last answer, carried on by this process's monotonic clock;
+    /// `None` before the first answer.
+    #[must_use]
+    pub fn server_now(&self) -> Option<SystemTime> {
+        self.clock.now()
+    }
+
+    /// The tick this node should ask for when its scheduler fired at
+    /// `fired_at` (its own wall clock). Before any answer from the server
+    /// it is the grid's tick at or before `fired_at`: the server then says
+    /// whether it is due, on time or late. Once the server's clock is
+    /// known, it is the tick at or before the server's clock, or this
+    /// node's own tick when that is ahead by less than a period (the
+    /// server then says when it is due), so that a node whose clock is off
+    /// asks for the tick the server is at. `None` when the grid has no
+    /// tick before then.
+    #[must_use]
+    pub fn tick_to_ask(&self, fired_at: SystemTime) -> Option<SystemTime> {
+        let own = self.grid.tick_at(fired_at);
+        let Some(server_now) = self.clock.now() else {
+            return own;
+        };
+        let server = self.grid.tick_at(server_now);
+        match (own, server) {
+            (Some(own), Some(server)) if own > server => {
+                let ahead = own.duration_since(server_now).unwrap_or_default();
+                let period = self
+                    .grid
+                    .next_after(server)
+                    .and_then(|n| n.duration_since(server).ok())
+                    .unwrap_or_default();
+                Some(if ahead < period { own } else { server })
+            }
+            (own, None) => own,
+            (_, server) => server,
+        }
+    }
+
+    fn request(&self, tick: u64, next: u64, holder: HolderId) -> Result<TickRequest, LeaseError> {
+        Ok(TickRequest::new(
+            self.name.clone(),
+            self.grid.fingerprint(),
+            tick,
+            next,
+            self.run_request(holder)?,
+        )
+        .with_start_deadline(self.start_deadline)
+        .with_catch_up(self.catch_up)
+        .with_record_ttl(self.record_ttl))
+    }
+
+    pub(crate) fn run_request(&self, holder: HolderId) -> Result<AcquireRequest, LeaseError> {
+        let mut request = AcquireRequest::new(self.name.run_key(), holder, self.lease.ttl());
+        if let Some(label) = self.lease.label() {
+            request = request.with_label(label)?;
+        }
+        Ok(request)
+    }
+
+    pub(crate) fn clock(&self) -> &ServerClock {
+        &self.clock
     }
 }
 
 /// Builds a [`TickJob`]; every setter documents its default.
-#[derive(Debug, Clone)]
 #[must_use]
 pub struct TickJobBuilder {
-    name: Cow<'static, str>,
-    max_skew: Duration,
-    max_lateness: Duration,
+    name: String,
+    grid: Arc<dyn TickGrid>,
+    start_deadline: Duration,
+    catch_up: CatchUp,
+    on_abandon: OnAbandon,
     lease: LeaseOptionsBuilder,
 }
 
+impl fmt::Debug for TickJobBuilder {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("TickJobBuilder")
+            .field("name", &self.name)
+            .field("schedule", &self.grid.fingerprint())
+            .finish_non_exhaustive()
+    }
+}
+
 impl TickJobBuilder {
-    /// The most the clocks of any two nodes of the fleet may differ by.
-    /// Beyond it a tick can run twice. Default: [`DEFAULT_MAX_SKEW`] (5 s).
-    pub fn max_skew(mut self, skew: impl Into<Duration>) -> Self {
-        self.max_skew = skew.into();
+    /// How long after a tick, by the server's clock, it may still start
+    /// (a start must also come before the next tick). Default:
+    /// [`DEFAULT_START_DEADLINE`] (1 minute).
+    pub fn start_deadline(mut self, deadline: impl Into<Duration>) -> Self {
+        self.start_deadline = deadline.into();
         self
     }
 
-    /// How late, by its own clock, a node may still ask for a tick (its
-    /// scheduler's firing delay plus the round trip to the server); a node
-    /// later than that gives the tick up ([`TickOutcome::Late`]). Default:
-    /// [`DEFAULT_MAX_LATENESS`] (1 s).
-    pub fn max_lateness(mut self, lateness: impl Into<Duration>) -> Self {
-        self.max_lateness = lateness.into();
+    /// What becomes of a tick nobody started on time. Default:
+    /// [`CatchUp::None`].
+    pub fn catch_up(mut self, policy: CatchUp) -> Self {
+        self.catch_up = policy;
         self
     }
 
-    /// The options of the lease a tick runs under: its ttl (the job's
-    /// lease is renewed for as long as the job runs) and above all its
-    /// [`label`](LeaseOptionsBuilder::label), which the other nodes are
-    /// told when they skip a tick. The name, the minimum hold and the wait
-    /// are set by the job. Default: [`LeaseOptions::default`].
+    /// What becomes of a run whose lease ended without a completion.
+    /// Default: [`OnAbandon::Skip`].
+    pub fn on_abandon(mut self, policy: OnAbandon) -> Self {
+        self.on_abandon = policy;
+        self
+    }
+
+    /// The options of the lease a run holds: its ttl (renewed while the
+    /// run runs), its [`label`](LeaseOptionsBuilder::label) (which the
+    /// record and the other nodes show), its progress window or renewal
+    /// cap. The name is the job's; a run never waits. Default:
+    /// [`LeaseOptions::default`].
     pub fn lease(mut self, lease: LeaseOptionsBuilder) -> Self {
         self.lease = lease;
         self
     }
 
-    /// Checks the name and the options.
+    /// Checks the name, the deadline and the options.
     ///
     /// # Errors
     ///
-    /// [`LeaseError::InvalidTick`] for a name that is empty, longer than
-    /// [`MAX_JOB_NAME_LEN`] bytes, or has characters other than ASCII
-    /// letters, digits, `-`, `_` and `.` (it is a key part and a metrics
-    /// label); [`LeaseError::InvalidOptions`] when the minimum hold is
-    /// zero or longer than the lease's ttl (a dead winner's key lasts only
-    /// its ttl); every error of [`LeaseOptionsBuilder::build`] (the
-    /// minimum hold must be in whole milliseconds, and fair mode is
-    /// refused).
+    /// [`LeaseError::Invalid`] for a name that is empty, longer than 64
+    /// bytes, or has characters other than ASCII letters, digits, `-`,
+    /// `_` and `.`; [`LeaseError::InvalidTick`] for a zero start deadline
+    /// or one not in whole milliseconds; every error of
+    /// [`LeaseOptionsBuilder::build`], and [`LeaseError::InvalidOptions`]
+    /// for options a run cannot use (a minimum hold, fair mode: the
+    /// record decides who runs, not the lease's hold).
     pub fn build(self) -> Result<TickJob, LeaseError> {
-        check_name(&self.name)?;
-        let min_hold = self.max_skew.saturating_add(self.max_lateness);
-        if min_hold.is_zero() {
+        let name = JobName::new(&self.name)?;
+        let invalid = |reason: String| LeaseError::InvalidTick {
+            job: self.name.clone(),
+            reason,
+        };
+        if self.start_deadline.is_zero()
+            || !self.start_deadline.subsec_nanos().is_multiple_of(1_000_000)
+        {
+            return Err(invalid(
+                "the start deadline must be a positive whole number of milliseconds, such as 1m"
+                    .to_owned(),
+            ));
+        }
+        let lease = self.lease.name(self.name.clone()).build()?.with_wait(None);
+        if lease.hold_at_least().is_some() || lease.fair().is_some() {
             return Err(LeaseError::InvalidOptions {
                 reason: format!(
-                    "job {:?}: max_skew + max_lateness is zero, which leaves a tick's key free the moment its winner releases it; give the fleet's clock skew",
+                    "job {:?}: a run's lease takes neither a minimum hold nor fair mode: the job's record decides who runs each tick",
                     self.name
                 ),
             });
         }
-        let lease = self
-            .lease
-            .name(self.name.clone())
-            .hold_at_least(min_hold)
-            .build()?
-            // One attempt: a tick is run by whoever asks first, never waited for.
-            .with_wait(None);
-        // A winner that dies keeps the key for its ttl from its last
-        // renewal, not for the minimum hold: a shorter ttl would free a dead
-        // node's tick for a node firing within the skew.
-        if lease.ttl().get() < min_hold {
-            return Err(LeaseError::InvalidOptions {
-                reason: format!(
-                    "job {:?}: a ttl of {} is shorter than the minimum hold of {} (max_skew + max_lateness), so a tick whose winner died could run again; raise the ttl",
-                    self.name,
-                    lease.ttl(),
-                    humantime::format_duration(min_hold),
-                ),
-            });
-        }
+        let record_ttl = self
+            .grid
+            .longest_gap()
+            .saturating_add(self.start_deadline)
+            .clamp(MIN_RECORD_TTL, MAX_RECORD_TTL);
         Ok(TickJob {
-            name: self.name,
-            max_skew: self.max_skew,
-            max_lateness: self.max_lateness,
+            name,
+            grid: self.grid,
+            start_deadline: self.start_deadline,
+            catch_up: self.catch_up,
+            on_abandon: self.on_abandon,
             lease,
+            record_ttl,
+            clock: Arc::new(ServerClock::default()),
         })
     }
 }
 
-fn check_name(name: &str) -> Result<(), LeaseError> {
-    let refuse = |reason: &str| {
-        Err(LeaseError::InvalidTick {
-            job: name.to_owned(),
-            reason: reason.to_owned(),
-        })
-    };
-    if name.is_empty() {
-        return refuse("the job name is empty; name the job, such as \"nightly-report\"");
-    }
-    if name.len() > MAX_JOB_NAME_LEN {
-        return refuse("the job name is longer than 64 bytes; use a short name");
-    }
-    if !name
-        .bytes()
-        .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.'))
-    {
-        return refuse(
-            "the job name may hold only ASCII letters, digits, '-', '_' and '.': it is part of every tick's key and a metrics label",
-        );
-    }
-    Ok(())
-}
-
-/// What the job of a tick is given: the tick, the lease's fencing token and
-/// its cancellation token.
+/// What a run of a tick is given: the tick, its lease's fencing token,
+/// cancellation token and progress reporter.
 #[derive(Debug, Clone)]
 pub struct TickRun {
     tick: SystemTime,
     fencing_token: FencingToken,
     token: CancellationToken,
+    progress: Progress,
 }
 
 impl TickRun {
-    /// The instant the tick was scheduled for.
+    /// The instant the tick was scheduled for: the same on every node, and
+    /// on a re-run; use it as the run's idempotency key.
     #[must_use]
     pub fn tick(&self) -> SystemTime {
         self.tick
     }
 
-    /// The fencing token of this tick's lease: pass it to the stores the
-    /// job writes to, so that they can refuse a write that comes after the
-    /// lease was lost.
+    /// The fencing token of the run's lease: pass it to the stores the
+    /// job writes to, so that they can refuse a write of an older run.
     #[must_use]
     pub fn fencing_token(&self) -> FencingToken {
         self.fencing_token
     }
 
-    /// Cancelled when the tick's lease is lost: the job should stop soon
+    /// Cancelled when the run's lease is lost: the job should stop soon
     /// after.
     #[must_use]
     pub fn token(&self) -> &CancellationToken {
         &self.token
+    }
+
+    /// The run's progress reporter, for a lease with a progress window.
+    #[must_use]
+    pub fn progress(&self) -> &Progress {
+        &self.progress
     }
 }
 
@@ -325,29 +410,53 @@ impl TickRun {
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum TickOutcome<T> {
-    /// This node ran the tick.
+    /// This node ran the tick and recorded its completion.
     Ran {
         /// The tick.
         tick: SystemTime,
-        /// The fencing token of the tick's lease.
+        /// The fencing token of the run's lease.
         fencing_token: FencingToken,
+        /// Why it ran: on time, as the newest late tick, or as a re-run.
+        reason: TickReason,
         /// What the job returned.
         output: T,
     },
-    /// Another node has the tick.
-    Taken {
-        /// The tick.
+    /// The tick (or a later one) was decided already: by another node, or
+    /// earlier by this one.
+    Decided {
+        /// The tick asked for.
         tick: SystemTime,
-        /// The label of the node holding it, if its lease has one.
-        holder: Option<String>,
+        /// The decision of the highest tick decided.
+        decision: Decision,
     },
-    /// This node fired too late to ask for the tick safely (see
-    /// [`TickJobBuilder::max_lateness`]), and did not run it.
-    Late {
+    /// The tick was asked for late and is recorded as missed.
+    Missed {
         /// The tick.
         tick: SystemTime,
-        /// How late this node was, by its own clock.
-        lateness: Duration,
+    },
+    /// The previous run still held the job's lease: the tick is recorded
+    /// as skipped.
+    Overlap {
+        /// The tick.
+        tick: SystemTime,
+        /// The run that held.
+        running: RunInfo,
+    },
+    /// The tick is more than a period ahead of the server's clock: this
+    /// node's clock is ahead. Nothing was recorded.
+    ClockAhead {
+        /// The tick.
+        tick: SystemTime,
+        /// How far ahead of the server's clock it was.
+        ahead: Duration,
+    },
+    /// The job's record names another schedule: this node's schedule
+    /// differs from the fleet's. Nothing was run or recorded.
+    Conflict {
+        /// The tick.
+        tick: SystemTime,
+        /// The record's fingerprint.
+        fingerprint: String,
     },
 }
 
@@ -359,125 +468,255 @@ impl<T> TickOutcome<T> {
     }
 }
 
+/// A tick's instant in UNIX milliseconds.
+pub(crate) fn millis(tick: SystemTime, job: &JobName) -> Result<u64, LeaseError> {
+    tick.duration_since(UNIX_EPOCH)
+        .ok()
+        .and_then(|d| u64::try_from(d.as_millis()).ok())
+        .ok_or_else(|| LeaseError::InvalidTick {
+            job: job.to_string(),
+            reason: "the tick is before 1970-01-01; pass the instant the schedule fired for"
+                .to_owned(),
+        })
+}
+
+/// The instant of UNIX milliseconds.
+pub(crate) fn instant(ms: u64) -> SystemTime {
+    UNIX_EPOCH + Duration::from_millis(ms)
+}
+
+pub(crate) fn ticks_of<'a, B: LeaseBackend>(
+    backend: &'a B,
+    op: &'static str,
+    job: &JobName,
+) -> Result<&'a impl TickBackend, LeaseError> {
+    backend
+        .ticks()
+        .ok_or_else(|| LeaseError::Backend(BackendError::no_ticks(op, job)))
+}
+
 impl<B: LeaseBackend> LeaseManager<B> {
-    /// Runs `work` for the tick scheduled at `tick` if no other node of the
-    /// fleet has it, under the tick's lease (see the [module](crate::tick)
+    /// Asks for the tick `tick` of `job` and, if the server's clock and
+    /// the job's record grant it to this node, runs `work` under the run's
+    /// lease and records its completion (see the [module](crate::tick)
     /// documentation for how, and what is promised).
     ///
-    /// `tick` is the instant on the schedule's grid (the same on every
-    /// node); `fired_at` is this node's wall clock when its scheduler fired
-    /// for it (`SystemTime::now()` then), from which its lateness is
-    /// measured, on the monotonic clock after that.
+    /// `tick` is the instant on the job's grid that this node fired for
+    /// (the same on every node): [`TickJob::tick_to_ask`] names it. A tick
+    /// still due on the server's clock is waited for (at most one period
+    /// each time) and asked for again.
     ///
     /// ```
-    /// use std::time::{Duration, SystemTime, UNIX_EPOCH};
+    /// use std::time::Duration;
     /// use leasehold_core::MemoryBackend;
-    /// use leasehold_watchdog::{LeaseManager, LeaseOptions, TickJob, TickOutcome};
+    /// use leasehold_watchdog::{Every, LeaseManager, LeaseOptions, TickJob, TickOutcome};
     ///
     /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), Box<dyn std::error::Error>> {
     /// let fleet = MemoryBackend::new();
-    /// let (a, b) = (LeaseManager::new(fleet.clone())?, LeaseManager::new(fleet)?);
+    /// let (a, b) = (LeaseManager::new(fleet.clone())?, LeaseManager::new(fleet.clone())?);
     /// let job = |node: &str| {
-    ///     TickJob::builder("report").lease(LeaseOptions::builder().label(node)).build()
+    ///     TickJob::builder("report", Every::new(Duration::from_secs(60))?)
+    ///         .lease(LeaseOptions::builder().label(node))
+    ///         .build()
     /// };
     /// let (job_a, job_b) = (job("node-a")?, job("node-b")?);
-    /// // The tick both schedulers fired for, and when each fired.
-    /// let tick = UNIX_EPOCH + Duration::from_secs(1_800_000_000);
-    /// let ran = a.run_tick(&job_a, tick, tick, |run| async move { run.fencing_token() }).await?;
+    /// // The tick both nodes fired for: the latest on the grid.
+    /// let tick = job_a.tick_to_ask(fleet.wall_clock()).expect("a tick");
+    /// let ran = a.run_tick(&job_a, tick, |run| async move { run.fencing_token() }).await?;
     /// assert!(ran.ran());
-    /// let skipped = b.run_tick(&job_b, tick, tick + Duration::from_millis(300), |_| async {}).await?;
-    /// assert!(matches!(skipped, TickOutcome::Taken { holder: Some(h), .. } if h == "node-a"));
+    /// let skipped = b.run_tick(&job_b, tick, |_| async {}).await?;
+    /// assert!(matches!(skipped, TickOutcome::Decided { .. }));
     /// # Ok(()) }
     /// ```
     ///
     /// # Errors
     ///
-    /// [`LeaseError::InvalidTick`] for a tick before 1970; every error of
-    /// [`acquire`](Self::acquire) but [`LeaseError::NotAcquired`] (which is
-    /// [`TickOutcome::Taken`]); [`LeaseError::LeaseEnded`] when the lease
-    /// was lost while the job ran (the job ran, perhaps in part: the tick is
-    /// not run again elsewhere).
+    /// [`LeaseError::InvalidTick`] for a tick before 1970 or with no tick
+    /// after it on the grid; [`LeaseError::Backend`] when the backend keeps
+    /// no job records (Redlock) or could not be asked;
+    /// [`LeaseError::LeaseEnded`] when the run's lease ended while the job
+    /// ran (the job ran, perhaps in part; its completion is not recorded,
+    /// and the run is abandoned).
     ///
     /// # Panics
     ///
-    /// A panic in `work` is resumed after the lease is released.
+    /// A panic in `work` is resumed after the run's lease is released
+    /// (its completion is not recorded).
     ///
     /// # Cancel safety
     ///
-    /// Dropping the future drops the job and releases the lease in the
-    /// background; the minimum hold still keeps the tick from others.
+    /// Dropping the future drops the job and releases the run's lease in
+    /// the background, without a completion: the run is abandoned.
     pub async fn run_tick<F, Fut, T>(
         &self,
         job: &TickJob,
         tick: SystemTime,
-        fired_at: SystemTime,
         work: F,
     ) -> Result<TickOutcome<T>, LeaseError>
     where
         F: FnOnce(TickRun) -> Fut,
         Fut: Future<Output = T>,
     {
-        // Lateness goes on from the wall-clock reading on the monotonic
-        // clock, which a wall-clock step during the attempt does not move.
-        let fired = Instant::now();
-        let lateness = || {
-            // Checked: an absurd `fired_at` must not panic; it reads as late.
-            fired_at
-                .checked_add(fired.elapsed())
-                .map_or(Duration::MAX, |now| {
-                    now.duration_since(tick).unwrap_or_default()
-                })
-        };
-        let key = job.tick_key(tick)?;
-        let late = |lateness: Duration| {
-            crate::metrics::tick_skipped(&job.name, crate::metrics::SKIP_LATE);
-            debug!(%key, ?lateness, "too late for the tick; left to the others");
-            Ok(TickOutcome::Late { tick, lateness })
-        };
-        let before = lateness();
-        if before > job.max_lateness {
-            return late(before);
-        }
-        let lease = match self.acquire(&key, &job.lease).await {
-            Ok(lease) => lease,
-            Err(LeaseError::NotAcquired { holder, .. }) => {
-                crate::metrics::tick_skipped(&job.name, crate::metrics::SKIP_TAKEN);
-                return Ok(TickOutcome::Taken {
-                    tick,
-                    holder: holder.label,
-                });
+        let ticks = ticks_of(self.backend(), "decide_tick", job.name())?;
+        let at = millis(tick, job.name())?;
+        let next = job
+            .grid
+            .next_after(tick)
+            .ok_or_else(|| LeaseError::InvalidTick {
+                job: job.name.to_string(),
+                reason: "the schedule has no tick after this one".to_owned(),
+            })?;
+        let next = millis(next, job.name())?;
+        let name = job.name.as_str();
+        for _ in 0..DUE_ASKS {
+            let request = job.request(at, next, HolderId::generate()?)?;
+            let answer = job.clock.ask(|| ticks.decide_tick(&request)).await?;
+            let decided = |why: &'static str| crate::metrics::tick_not_run(name, why);
+            match answer.reply {
+                TickReply::Due { wait } => {
+                    debug!(
+                        job = name,
+                        tick = at,
+                        ?wait,
+                        "the tick is due later on the server's clock"
+                    );
+                    tokio::time::sleep(wait).await;
+                }
+                TickReply::ClockAhead { ahead } => {
+                    decided(crate::metrics::TICK_CLOCK_AHEAD);
+                    warn!(
+                        job = name,
+                        tick = at,
+                        ?ahead,
+                        "this node's clock is more than a period ahead of the server's; the tick was not asked for"
+                    );
+                    return Ok(TickOutcome::ClockAhead { tick, ahead });
+                }
+                TickReply::Conflict { fingerprint } => {
+                    decided(crate::metrics::TICK_CONFLICT);
+                    warn!(job = name, ours = %job.grid.fingerprint(), theirs = %fingerprint, "the job's record names another schedule; not run (roll the new schedule out to every node)");
+                    return Ok(TickOutcome::Conflict { tick, fingerprint });
+                }
+                TickReply::Decided(decision) => {
+                    decided(crate::metrics::TICK_DECIDED);
+                    return Ok(TickOutcome::Decided { tick, decision });
+                }
+                TickReply::Missed => {
+                    decided(crate::metrics::TICK_MISSED);
+                    warn!(
+                        job = name,
+                        tick = at,
+                        lag_ms = answer.server_time.saturating_sub(at),
+                        "the tick was asked for late and is recorded as missed"
+                    );
+                    return Ok(TickOutcome::Missed { tick });
+                }
+                TickReply::Overlap { running } => {
+                    decided(crate::metrics::TICK_OVERLAP);
+                    info!(
+                        job = name,
+                        tick = at,
+                        running = running.tick,
+                        "the previous run still holds; the tick is skipped"
+                    );
+                    return Ok(TickOutcome::Overlap { tick, running });
+                }
+                TickReply::Granted { grant, reason } => {
+                    crate::metrics::tick_lag(name, answer.server_time.saturating_sub(at));
+                    return self.run_granted(job, tick, grant, reason, work).await;
+                }
+                _ => {
+                    return Err(LeaseError::Backend(BackendError::UnexpectedReply {
+                        op: "decide_tick",
+                        key: job.name.run_key().as_str().to_owned(),
+                        detail: "an answer this version does not know".to_owned(),
+                    }));
+                }
             }
-            Err(error) => return Err(error),
-        };
-        // The grant may have come back late (a slow network or server): the
-        // first winner's minimum hold may then have passed, and running
-        // would run the tick twice.
-        let after = lateness();
-        if after > job.max_lateness {
-            if let Err(error) = lease.release().await {
-                debug!(%key, %error, "release of a late tick failed; it expires by itself");
-            }
-            return late(after);
         }
-        crate::metrics::tick_ran(&job.name);
+        // Still due after as many waits: the server's clock is not moving
+        // as this node's is.
+        Err(LeaseError::InvalidTick {
+            job: job.name.to_string(),
+            reason: format!(
+                "the server still said the tick was due after {DUE_ASKS} waits; is its clock moving?"
+            ),
+        })
+    }
+
+    /// Runs `work` under the granted run's lease and ends it with a fenced
+    /// completion.
+    pub(crate) async fn run_granted<F, Fut, T>(
+        &self,
+        job: &TickJob,
+        tick: SystemTime,
+        grant: Grant,
+        reason: TickReason,
+        work: F,
+    ) -> Result<TickOutcome<T>, LeaseError>
+    where
+        F: FnOnce(TickRun) -> Fut,
+        Fut: Future<Output = T>,
+    {
+        let name = job.name.as_str();
+        let key = grant.key.clone();
+        let fencing_token = grant.fencing_token;
+        let holder = grant.holder;
+        let lease = self.register(
+            key.clone(),
+            grant,
+            &job.lease,
+            Attempt::Lease,
+            Kind::Exclusive,
+        )?;
+        crate::metrics::tick_ran(name, reason.as_str());
+        info!(job = name, tick = ?tick, %fencing_token, reason = reason.as_str(), "running the tick");
         let run = TickRun {
             tick,
-            fencing_token: lease.fencing_token(),
+            fencing_token,
             token: lease.token(),
+            progress: lease.progress(),
         };
         let outcome = AssertUnwindSafe(work(run)).catch_unwind().await;
         let ended = lease.loss_reason();
-        let fencing_token = lease.fencing_token();
-        if let Err(error) = lease.release().await {
-            warn!(%key, %error, "release after the tick failed; the lease expires by itself");
-        }
-        match (outcome, ended) {
-            (Err(panic), _) => std::panic::resume_unwind(panic),
-            (Ok(_), Some(reason)) => Err(LeaseError::LeaseEnded { key, reason }),
-            (Ok(output), None) => Ok(TickOutcome::Ran {
+        let completion = match lease.take_end() {
+            None => None,
+            Some(ending) => {
+                let ticks = ticks_of(self.backend(), "complete_tick", &job.name)?;
+                match ticks.complete_tick(&job.name, &holder, fencing_token).await {
+                    Ok(completion) => {
+                        ending.done();
+                        Some(completion)
+                    }
+                    Err(error) => {
+                        warn!(job = name, %error, "the completion could not be recorded; the lease is released in the background");
+                        drop(ending);
+                        if outcome.is_ok() && ended.is_none() {
+                            return Err(error.into());
+                        }
+                        None
+                    }
+                }
+            }
+        };
+        let output = match outcome {
+            Err(panic) => std::panic::resume_unwind(panic),
+            Ok(output) => output,
+        };
+        match (ended, completion) {
+            (None, Some(Completion::Completed { .. })) => Ok(TickOutcome::Ran {
                 tick,
                 fencing_token,
+                reason,
                 output,
+            }),
+            (Some(reason), _) => Err(LeaseError::LeaseEnded {
+                key: key.to_string(),
+                reason,
+            }),
+            (None, _) => Err(LeaseError::LeaseEnded {
+                key: key.to_string(),
+                reason: crate::LossReason::Lost,
             }),
         }
     }

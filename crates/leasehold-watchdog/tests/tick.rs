@@ -1,48 +1,42 @@
-//! Once per tick across a fleet, on `MemoryBackend` and tokio's paused
-//! clock: managers sharing one backend are the nodes of a fleet, and a
-//! node's clock skew is the firing time it passes for the same tick (a node
-//! whose clock is behind fires later, by the paused clock, for the same
-//! tick). The witness is a record the jobs append to, kept by the test.
+//! Scheduled jobs on `MemoryBackend` and tokio's paused clock: managers
+//! sharing one backend are the nodes of a fleet, and the backend's wall
+//! clock is the server's. A node whose clock is off fires for its tick at
+//! another moment of the server's clock. The witnesses are a record the
+//! jobs append to, kept by the test, and the backend's job record.
 
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use leasehold_core::{LeaseBackend, LeaseKey, MemoryBackend};
-use leasehold_watchdog::metrics::{LABEL_NAME, LABEL_REASON, TICK_RUNS, TICK_SKIPS};
-use leasehold_watchdog::{
-    LeaseError, LeaseManager, LeaseOptions, LossReason, TickJob, TickOutcome,
+use leasehold_core::{
+    CatchUp, JobName, MemoryBackend, OnAbandon, TickBackend, TickReason, TickState,
 };
-use metrics_util::debugging::{DebugValue, DebuggingRecorder};
-use tokio::sync::oneshot;
+use leasehold_watchdog::{
+    Every, LeaseError, LeaseManager, LeaseOptions, TickGrid, TickJob, TickOutcome,
+};
 use tokio::time::{sleep, timeout};
 
 type TestResult = Result<(), Box<dyn std::error::Error>>;
 
-/// The clocks of the test's nodes: 3 s apart at most (−1.5 s, 0, +1.5 s).
-const SKEW: Duration = Duration::from_secs(3);
-const LATENESS: Duration = Duration::from_secs(1);
-/// How late each node's scheduler fires, by the node's own clock.
-const FIRING_DELAY: Duration = Duration::from_millis(200);
 /// No test waits longer than this for anything.
-const LIMIT: Duration = Duration::from_secs(120);
+const LIMIT: Duration = Duration::from_secs(3_600);
+const PERIOD: Duration = Duration::from_secs(10);
 
-fn tick() -> SystemTime {
+/// A tick of the 10 s grid, far from 1970.
+fn t0() -> SystemTime {
     UNIX_EPOCH + Duration::from_secs(1_800_000_000)
 }
 
-fn job(node: &str) -> Result<TickJob, LeaseError> {
-    TickJob::builder("report")
-        .max_skew(SKEW)
-        .max_lateness(LATENESS)
+fn job(name: &str, node: &str, grid: impl TickGrid + 'static) -> Result<TickJob, LeaseError> {
+    TickJob::builder(name, grid)
         .lease(
             LeaseOptions::builder()
-                .ttl(Duration::from_secs(10))
+                .ttl(Duration::from_secs(3))
                 .label(node),
         )
         .build()
 }
 
-/// Runs (kept by the test): the node that ran each tick.
+/// Runs (kept by the test): `<tick s>:<node>:<token>` per start.
 #[derive(Clone, Default)]
 struct Record(Arc<Mutex<Vec<String>>>);
 
@@ -53,267 +47,448 @@ impl Record {
     fn entries(&self) -> Vec<String> {
         self.0.lock().unwrap_or_else(|e| e.into_inner()).clone()
     }
-}
-
-/// One node fires for `tick()` now, by its clock `FIRING_DELAY` after the
-/// tick, and runs a 1 ms job that records it.
-async fn fire(
-    node: &LeaseManager<MemoryBackend>,
-    name: &str,
-    record: &Record,
-) -> Result<TickOutcome<()>, LeaseError> {
-    let job = job(name)?;
-    let (record, name) = (record.clone(), name.to_owned());
-    timeout(
-        LIMIT,
-        node.run_tick(&job, tick(), tick() + FIRING_DELAY, |run| async move {
-            sleep(Duration::from_millis(1)).await;
-            record.push(format!("{name}:{}", run.fencing_token()));
-        }),
-    )
-    .await
-    .map_err(|_| LeaseError::InvalidOptions {
-        reason: "run_tick hung".to_owned(),
-    })?
-}
-
-fn holder_of<T>(outcome: &TickOutcome<T>) -> Option<&str> {
-    match outcome {
-        TickOutcome::Taken { holder, .. } => holder.as_deref(),
-        _ => None,
+    fn starts_of(&self, tick: SystemTime) -> usize {
+        let secs = secs(tick);
+        self.entries()
+            .iter()
+            .filter(|e| e.starts_with(&format!("{secs}:")))
+            .count()
     }
 }
 
-/// Three nodes fire for one tick 1.5 s apart (their clocks −1.5 s, 0 and
-/// +1.5 s off): the first runs its 1 ms job and releases at once, and the
-/// two later ones find the tick taken, told by whom. Without the minimum
-/// hold the key is free again 1 ms in, and each node runs the tick.
-#[tokio::test(start_paused = true)]
-async fn a_tick_runs_once_across_nodes_whose_clocks_differ_within_max_skew() -> TestResult {
-    let fleet = MemoryBackend::new();
-    let record = Record::default();
-    let nodes: Vec<_> = (0..3)
-        .map(|_| LeaseManager::new(fleet.clone()))
-        .collect::<Result<_, _>>()?;
-
-    let ahead = fire(&nodes[0], "ahead", &record).await?;
-    assert!(ahead.ran(), "{ahead:?}");
-    sleep(SKEW / 2).await;
-    let on_time = fire(&nodes[1], "on-time", &record).await?;
-    sleep(SKEW / 2).await;
-    let behind = fire(&nodes[2], "behind", &record).await?;
-
-    assert_eq!(record.entries().len(), 1, "runs: {:?}", record.entries());
-    assert!(record.entries()[0].starts_with("ahead:"));
-    assert_eq!(holder_of(&on_time), Some("ahead"), "{on_time:?}");
-    assert_eq!(holder_of(&behind), Some("ahead"), "{behind:?}");
-    // The key lives the minimum hold from its grant, and no longer.
-    let key = LeaseKey::new(job("x")?.tick_key(tick())?)?;
-    assert_eq!(
-        fleet.inspect(&key).await?.and_then(|i| i.ttl_left),
-        Some(job("x")?.min_hold() - SKEW - Duration::from_millis(1))
-    );
-    sleep(job("x")?.min_hold()).await;
-    assert_eq!(fleet.inspect(&key).await?, None);
-    Ok(())
+fn secs(t: SystemTime) -> u64 {
+    t.duration_since(UNIX_EPOCH).unwrap_or_default().as_secs()
 }
 
-/// A node firing later than `max_lateness` by its own clock leaves the
-/// tick alone, though the key is free (its winner's minimum hold is over);
-/// so does one whose grant comes back later than that. Without the checks
-/// (before asking, and after the grant) each runs the tick a second time.
+/// Three nodes whose clocks are 7 s behind, right, and 7 s ahead (more
+/// than two thirds of a period apart) fire for 20 ticks, each at its own
+/// moment of the server's clock: each tick starts exactly once, the node
+/// ahead waits for the server's "due", and nobody misses a tick.
 #[tokio::test(start_paused = true)]
-async fn a_node_later_than_max_lateness_does_not_run_the_tick() -> TestResult {
-    let fleet = MemoryBackend::new();
+async fn clocks_far_apart_start_each_tick_once() -> TestResult {
+    let server = MemoryBackend::new();
+    server.set_wall_clock(t0() - Duration::from_secs(8));
     let record = Record::default();
-    let (first, late) = (
-        LeaseManager::new(fleet.clone())?,
-        LeaseManager::new(fleet.clone())?,
-    );
-    assert!(fire(&first, "first", &record).await?.ran());
-    sleep(job("x")?.min_hold()).await;
-
-    // Fired late: 1.2 s after the tick by its clock.
-    let outcome = late
-        .run_tick(
-            &job("late")?,
-            tick(),
-            tick() + LATENESS + FIRING_DELAY,
-            |_| async {
-                record.push("late".to_owned());
-            },
-        )
-        .await?;
-    assert!(
-        matches!(outcome, TickOutcome::Late { lateness, .. } if lateness == LATENESS + FIRING_DELAY),
-        "{outcome:?}"
-    );
-
-    // Fired in time, but the grant took 2 s to come back.
-    fleet.set_latency(Duration::from_secs(2));
-    let outcome = late
-        .run_tick(&job("slow")?, tick(), tick() + FIRING_DELAY, |_| async {
-            record.push("slow".to_owned());
-        })
-        .await?;
-    assert!(matches!(outcome, TickOutcome::Late { .. }), "{outcome:?}");
-    assert_eq!(record.entries().len(), 1, "runs: {:?}", record.entries());
-    Ok(())
-}
-
-/// The winner dies mid-tick (its task is dropped while the job runs): the
-/// tick is missed, not run again. The nodes firing after it within the
-/// skew find the tick taken, and a node firing after the key is gone is
-/// late. Without the minimum hold the dropped lease's release frees the key
-/// and the next node runs the tick again.
-#[tokio::test(start_paused = true)]
-async fn a_tick_whose_winner_dies_is_missed_not_run_again() -> TestResult {
-    let fleet = MemoryBackend::new();
-    let record = Record::default();
-    let nodes: Vec<_> = (0..3)
-        .map(|_| LeaseManager::new(fleet.clone()))
-        .collect::<Result<_, _>>()?;
-    let (started, running) = oneshot::channel();
-    let winner = {
-        let (node, record, job) = (nodes[0].clone(), record.clone(), job("dies")?);
-        tokio::spawn(async move {
-            node.run_tick(&job, tick(), tick() + FIRING_DELAY, |run| async move {
-                record.push(format!("dies:{}", run.fencing_token()));
-                let _ = started.send(());
-                std::future::pending::<()>().await;
-            })
-            .await
-        })
-    };
-    timeout(LIMIT, running).await??;
-    winner.abort();
-    assert!(winner.await.is_err_and(|e| e.is_cancelled()));
-
-    sleep(SKEW / 2).await;
-    let second = fire(&nodes[1], "second", &record).await?;
-    sleep(SKEW / 2).await;
-    let third = fire(&nodes[2], "third", &record).await?;
-    assert_eq!(holder_of(&second), Some("dies"), "{second:?}");
-    assert_eq!(holder_of(&third), Some("dies"), "{third:?}");
-    assert_eq!(record.entries().len(), 1, "runs: {:?}", record.entries());
-    Ok(())
-}
-
-/// The job is given the lease's token: when the server loses the tick's
-/// lease the job is told, and the tick's result says the lease ended.
-#[tokio::test(start_paused = true)]
-async fn a_lost_tick_lease_cancels_the_job() -> TestResult {
-    let fleet = MemoryBackend::new();
-    let node = LeaseManager::new(fleet.clone())?;
-    let job = job("node")?;
-    let key = LeaseKey::new(job.tick_key(tick())?)?;
-    let vanish = {
-        let (fleet, key) = (fleet.clone(), key.clone());
-        tokio::spawn(async move {
-            sleep(Duration::from_secs(1)).await;
-            fleet.vanish(&key)
-        })
-    };
-    let record = Record::default();
-    let told = record.clone();
-    let outcome = node
-        .run_tick(&job, tick(), tick() + FIRING_DELAY, |run| async move {
-            if timeout(LIMIT, run.token().cancelled()).await.is_ok() {
-                told.push("cancelled".to_owned());
+    let nodes = [("behind", 7_i64), ("right", 0), ("ahead", -7)];
+    // (seconds after the tick, on the server's clock, that each fires)
+    let mut tasks = Vec::new();
+    for (node, fires_after_ms) in nodes {
+        let manager = LeaseManager::new(server.clone())?;
+        let job = job("report", node, Every::new(PERIOD)?)?;
+        let record = record.clone();
+        let server = server.clone();
+        tasks.push(tokio::spawn(async move {
+            let mut outcomes = Vec::new();
+            for k in 0..20_u64 {
+                let tick = t0() + PERIOD * u32::try_from(k).unwrap_or(0);
+                // This node's scheduler fires when its own clock reads
+                // `tick`: the server's `tick + fires_after`.
+                let offset = Duration::from_secs(fires_after_ms.unsigned_abs());
+                let fire_at = if fires_after_ms >= 0 {
+                    tick + offset
+                } else {
+                    tick - offset
+                };
+                if let Ok(wait) = fire_at.duration_since(server.wall_clock()) {
+                    sleep(wait).await;
+                }
+                let record = record.clone();
+                let outcome = manager
+                    .run_tick(&job, tick, |run| async move {
+                        record.push(format!(
+                            "{}:{node}:{}",
+                            secs(run.tick()),
+                            run.fencing_token()
+                        ));
+                    })
+                    .await;
+                outcomes.push(outcome.map(|o| match o {
+                    TickOutcome::Ran { .. } => "ran",
+                    TickOutcome::Decided { .. } => "decided",
+                    TickOutcome::Missed { .. } => "missed",
+                    _ => "other",
+                }));
             }
-        })
-        .await;
-    assert!(vanish.await?, "the lease was not there to vanish");
-    assert_eq!(record.entries(), ["cancelled"]);
-    assert!(
-        matches!(
-            &outcome,
-            Err(LeaseError::LeaseEnded {
-                reason: LossReason::Lost,
-                ..
-            })
-        ),
-        "{outcome:?}"
-    );
-    Ok(())
-}
-
-/// Job names are a key part and a metrics label: bounded and plain. A tick
-/// before 1970 and a ttl shorter than the minimum hold are refused too.
-#[test]
-fn bad_names_ticks_and_ttls_are_refused() -> TestResult {
-    let job = job("node")?;
-    assert_eq!(
-        job.tick_key(UNIX_EPOCH + Duration::from_millis(1_800_000_000_500))?,
-        "report:tick:1800000000500"
-    );
-    assert_eq!(job.lease_options().name(), "report");
-    assert_eq!(job.lease_options().wait(), None);
-    assert_eq!(job.lease_options().hold_at_least(), Some(SKEW + LATENESS));
-    for bad in ["", "a b", "{report}", "r:tick", &"x".repeat(65)] {
-        let refused = TickJob::builder(bad.to_owned()).build();
-        assert!(
-            matches!(&refused, Err(LeaseError::InvalidTick { job, .. }) if job == bad),
-            "{bad:?}: {refused:?}"
+            outcomes
+        }));
+    }
+    let mut all = Vec::new();
+    for task in tasks {
+        all.push(timeout(LIMIT, task).await??);
+    }
+    for k in 0..20_u32 {
+        let tick = t0() + PERIOD * k;
+        assert_eq!(
+            record.starts_of(tick),
+            1,
+            "tick {k}: {:?}",
+            record.entries()
         );
     }
-    assert!(TickJob::builder("x".repeat(64)).build().is_ok());
-    assert!(matches!(
-        job.tick_key(UNIX_EPOCH - Duration::from_secs(1)),
-        Err(LeaseError::InvalidTick { .. })
-    ));
-    let short_ttl = TickJob::builder("report")
-        .lease(LeaseOptions::builder().ttl(Duration::from_secs(5)))
-        .build();
+    for outcomes in &all {
+        for outcome in outcomes {
+            let outcome = outcome.as_ref().map_err(ToString::to_string)?;
+            assert!(matches!(*outcome, "ran" | "decided"), "{outcome}: {all:?}");
+        }
+    }
+    assert_eq!(record.entries().len(), 20, "{:?}", record.entries());
+    Ok(())
+}
+
+/// A node whose clock is more than a period ahead is told so, and runs
+/// nothing; another schedule under the same job name is a conflict.
+#[tokio::test(start_paused = true)]
+async fn a_clock_far_ahead_and_another_schedule_are_refused() -> TestResult {
+    let server = MemoryBackend::new();
+    server.set_wall_clock(t0());
+    let manager = LeaseManager::new(server.clone())?;
+    let every_10s = job("report", "a", Every::new(PERIOD)?)?;
+    let ahead = manager
+        .run_tick(&every_10s, t0() + PERIOD * 2, |_| async {})
+        .await?;
     assert!(
-        matches!(short_ttl, Err(LeaseError::InvalidOptions { .. })),
-        "{short_ttl:?}"
+        matches!(ahead, TickOutcome::ClockAhead { ahead, .. } if ahead == PERIOD * 2),
+        "{ahead:?}"
+    );
+    let ran = manager.run_tick(&every_10s, t0(), |_| async {}).await?;
+    assert!(ran.ran(), "{ran:?}");
+    let every_20s = job("report", "b", Every::new(PERIOD * 2)?)?;
+    sleep(PERIOD * 2).await;
+    let conflict = manager
+        .run_tick(&every_20s, t0() + PERIOD * 2, |_| async {})
+        .await?;
+    assert!(
+        matches!(&conflict, TickOutcome::Conflict { fingerprint, .. } if fingerprint == "every 10s"),
+        "{conflict:?}"
     );
     Ok(())
 }
 
-/// Runs and skips are counted per job name, skips by reason.
+/// A run that dies (its future dropped mid-run, so its lease ends without
+/// a completion) is re-run by a long-lived node under `Rerun`, with a
+/// higher fencing token, for the same tick; under `Skip` it is recorded
+/// as abandoned and not run again.
 #[tokio::test(start_paused = true)]
-async fn runs_and_skips_are_counted_by_job_name() -> TestResult {
-    let recorder = DebuggingRecorder::new();
-    let snapshotter = recorder.snapshotter();
-    // The test's runtime has one thread, and run_tick counts on the caller's task.
-    let _local = metrics::set_default_local_recorder(&recorder);
-    let fleet = MemoryBackend::new();
+async fn an_abandoned_run_is_re_run_or_recorded() -> TestResult {
+    for policy in [OnAbandon::Rerun, OnAbandon::Skip] {
+        let server = MemoryBackend::new();
+        server.set_wall_clock(t0() + Duration::from_millis(100));
+        // A long period, so that no next tick comes in the way.
+        let grid = Every::new(Duration::from_secs(3_600))?;
+        let dying = LeaseManager::new(server.clone())?;
+        let dying_job = job("nightly", "dying", grid)?;
+        let (started, was_started) = tokio::sync::oneshot::channel();
+        let run = tokio::spawn(async move {
+            dying
+                .run_tick(&dying_job, t0(), |run| async move {
+                    let _ = started.send(run.fencing_token());
+                    std::future::pending::<()>().await;
+                })
+                .await
+        });
+        let dead_token = timeout(LIMIT, was_started).await??;
+        // The watcher starts after the start, as a node that saw it.
+        let watcher = LeaseManager::new(server.clone())?;
+        let watcher_job = TickJob::builder("nightly", grid)
+            .on_abandon(policy)
+            .lease(
+                LeaseOptions::builder()
+                    .ttl(Duration::from_secs(3))
+                    .label("watcher"),
+            )
+            .build()?;
+        let (outcomes, mut seen) = tokio::sync::mpsc::unbounded_channel();
+        let watching = {
+            let watcher = watcher.clone();
+            tokio::spawn(async move {
+                watcher
+                    .run_schedule(
+                        &watcher_job,
+                        |run| async move { run.fencing_token() },
+                        move |outcome| {
+                            let _ = outcomes.send(outcome);
+                        },
+                    )
+                    .await
+            })
+        };
+        // The first outcome: the watcher's own ask finds the run started.
+        let first = timeout(LIMIT, seen.recv()).await?.ok_or("no outcome")??;
+        assert!(
+            matches!(&first, TickOutcome::Decided { decision, .. } if decision.state == TickState::Started),
+            "{first:?}"
+        );
+        // The run dies.
+        run.abort();
+        let _ = run.await;
+        let job_name = JobName::new("nightly")?;
+        match policy {
+            OnAbandon::Rerun => {
+                // Past the watcher's own asks (decided: the run started).
+                let rerun = timeout(Duration::from_secs(30), async {
+                    loop {
+                        match seen.recv().await {
+                            Some(Ok(TickOutcome::Decided { .. })) => {}
+                            other => return other,
+                        }
+                    }
+                })
+                .await?
+                .ok_or("no re-run")??;
+                match rerun {
+                    TickOutcome::Ran {
+                        tick,
+                        fencing_token,
+                        reason,
+                        ..
+                    } => {
+                        assert_eq!(tick, t0());
+                        assert_eq!(reason, TickReason::Rerun);
+                        assert!(
+                            fencing_token > dead_token,
+                            "{fencing_token} <= {dead_token}"
+                        );
+                    }
+                    other => panic!("not a re-run: {other:?}"),
+                }
+                let record = server.job_record(&job_name).await?.ok_or("no record")?;
+                assert_eq!(record.counts.reruns, 1, "{record:?}");
+                assert_eq!(record.counts.completed, 1, "{record:?}");
+                assert_eq!(record.decided.state, TickState::Completed, "{record:?}");
+            }
+            _ => {
+                // Settled within the lease's ttl (the watcher's timer).
+                timeout(Duration::from_secs(30), async {
+                    loop {
+                        let record = server.job_record(&job_name).await.ok().flatten();
+                        if record.is_some_and(|r| r.counts.abandoned == 1) {
+                            break;
+                        }
+                        sleep(Duration::from_millis(100)).await;
+                    }
+                })
+                .await?;
+                let record = server.job_record(&job_name).await?.ok_or("no record")?;
+                assert_eq!(record.counts.reruns, 0, "{record:?}");
+                assert_eq!(record.counts.completed, 0, "{record:?}");
+                assert_eq!(record.decided.state, TickState::Abandoned, "{record:?}");
+                while let Ok(outcome) = seen.try_recv() {
+                    assert!(
+                        matches!(outcome, Ok(TickOutcome::Decided { .. })),
+                        "nothing runs again under skip: {outcome:?}"
+                    );
+                }
+            }
+        }
+        watcher.shutdown().await;
+        timeout(LIMIT, watching).await???;
+    }
+    Ok(())
+}
+
+/// A job longer than its period: the ticks due while it runs are skipped
+/// and recorded so, and no tick starts twice.
+#[tokio::test(start_paused = true)]
+async fn ticks_due_while_a_run_holds_are_skipped_and_recorded() -> TestResult {
+    let server = MemoryBackend::new();
+    server.set_wall_clock(t0() + Duration::from_millis(1));
     let record = Record::default();
-    let (a, b) = (
-        LeaseManager::new(fleet.clone())?,
-        LeaseManager::new(fleet.clone())?,
-    );
-    fire(&a, "a", &record).await?;
-    fire(&b, "b", &record).await?;
-    b.run_tick(&job("b")?, tick(), tick() + LATENESS * 2, |_| async {})
-        .await?;
-    // One snapshot: taking one drains the counters.
-    let snapshot = snapshotter.snapshot().into_vec();
-    let counted = |name: &str, reason: Option<&str>| {
-        snapshot
-            .iter()
-            .filter(|(key, ..)| {
-                let labels: Vec<_> = key.key().labels().collect();
-                key.key().name() == name
-                    && labels
-                        .iter()
-                        .any(|l| l.key() == LABEL_NAME && l.value() == "report")
-                    && reason.is_none_or(|r| {
-                        labels
-                            .iter()
-                            .any(|l| l.key() == LABEL_REASON && l.value() == r)
-                    })
-            })
-            .map(|(.., value)| match value {
-                DebugValue::Counter(n) => *n,
-                _ => 0,
-            })
-            .sum::<u64>()
+    let manager = LeaseManager::new(server.clone())?;
+    let job = job("long", "a", Every::new(PERIOD)?)?;
+    let (outcomes, mut seen) = tokio::sync::mpsc::unbounded_channel();
+    let node = {
+        let (manager, record) = (manager.clone(), record.clone());
+        tokio::spawn(async move {
+            manager
+                .run_schedule(
+                    &job,
+                    move |run| {
+                        let record = record.clone();
+                        async move {
+                            record.push(format!("{}:a:{}", secs(run.tick()), run.fencing_token()));
+                            // 25 s: two and a half periods.
+                            sleep(Duration::from_secs(25)).await;
+                        }
+                    },
+                    move |outcome| {
+                        let _ = outcomes.send(outcome);
+                    },
+                )
+                .await
+        })
     };
-    assert_eq!(counted(TICK_RUNS, None), 1);
-    assert_eq!(counted(TICK_SKIPS, Some("taken")), 1);
-    assert_eq!(counted(TICK_SKIPS, Some("late")), 1);
+    let mut overlaps = 0;
+    let mut ran = 0;
+    while ran < 3 {
+        match timeout(LIMIT, seen.recv()).await?.ok_or("stopped")? {
+            Ok(TickOutcome::Ran { .. }) => ran += 1,
+            Ok(TickOutcome::Overlap { .. }) => overlaps += 1,
+            other => {
+                let _ = format!("{other:?}");
+            }
+        }
+    }
+    manager.shutdown().await;
+    timeout(LIMIT, node).await???;
+    let job_record = server
+        .job_record(&JobName::new("long")?)
+        .await?
+        .ok_or("no record")?;
+    assert!(overlaps >= 2, "{overlaps} overlaps");
+    assert_eq!(job_record.counts.skipped, overlaps, "{job_record:?}");
+    let entries = record.entries();
+    let mut ticks: Vec<&str> = entries.iter().filter_map(|e| e.split(':').next()).collect();
+    let all = ticks.len();
+    ticks.dedup();
+    assert_eq!(ticks.len(), all, "a tick started twice: {entries:?}");
+    Ok(())
+}
+
+/// The whole fleet stopped for five periods, then one node starts 5 s
+/// into a period with a start deadline of 1 s: under `None` the newest
+/// tick is recorded missed and the next one runs; under `Latest` the
+/// newest tick runs at once, as a catch-up. The older ticks never run.
+#[tokio::test(start_paused = true)]
+async fn after_an_outage_catch_up_none_and_latest_do_what_they_say() -> TestResult {
+    for policy in [CatchUp::None, CatchUp::Latest] {
+        let server = MemoryBackend::new();
+        server.set_wall_clock(t0() + Duration::from_millis(1));
+        let build = |node: &str| {
+            TickJob::builder("outage", Every::new(PERIOD)?)
+                .start_deadline(Duration::from_secs(1))
+                .catch_up(policy)
+                .lease(
+                    LeaseOptions::builder()
+                        .ttl(Duration::from_secs(3))
+                        .label(node),
+                )
+                .build()
+        };
+        // Before the outage: tick t0 runs.
+        let before = LeaseManager::new(server.clone())?;
+        let ran = before
+            .run_tick(&build("before")?, t0(), |_| async {})
+            .await?;
+        assert!(ran.ran(), "{ran:?}");
+        before.shutdown().await;
+        // Five periods and a half of nobody.
+        sleep(PERIOD * 5 + Duration::from_secs(5)).await;
+        let after = LeaseManager::new(server.clone())?;
+        let job = build("after")?;
+        let (outcomes, mut seen) = tokio::sync::mpsc::unbounded_channel();
+        let node = {
+            let after = after.clone();
+            tokio::spawn(async move {
+                after
+                    .run_schedule(
+                        &job,
+                        |run| async move { run.tick() },
+                        move |o| {
+                            let _ = outcomes.send(o);
+                        },
+                    )
+                    .await
+            })
+        };
+        // This process's own wall clock is not the test's server's: its
+        // first ask, before it learns the server's clock, names an old
+        // tick, found decided; the outcomes that count come after it.
+        let mut next = async || loop {
+            match seen.recv().await {
+                Some(Ok(TickOutcome::Decided { tick, .. })) if tick < t0() + PERIOD => {}
+                other => return other,
+            }
+        };
+        let first = timeout(LIMIT, next()).await?.ok_or("stopped")??;
+        let second = timeout(LIMIT, next()).await?.ok_or("stopped")??;
+        after.shutdown().await;
+        timeout(LIMIT, node).await???;
+        let newest = t0() + PERIOD * 5;
+        match policy {
+            CatchUp::Latest => {
+                assert!(
+                    matches!(first, TickOutcome::Ran { tick, reason: TickReason::CatchUp, .. } if tick == newest),
+                    "{first:?}"
+                );
+            }
+            _ => {
+                assert!(
+                    matches!(first, TickOutcome::Missed { tick } if tick == newest),
+                    "{first:?}"
+                );
+            }
+        }
+        assert!(
+            matches!(second, TickOutcome::Ran { tick, reason: TickReason::OnTime, .. } if tick == newest + PERIOD),
+            "{second:?}"
+        );
+        let record = server
+            .job_record(&JobName::new("outage")?)
+            .await?
+            .ok_or("no record")?;
+        let expected_started = if policy == CatchUp::Latest { 3 } else { 2 };
+        assert_eq!(record.counts.started, expected_started, "{record:?}");
+    }
+    Ok(())
+}
+
+/// A weekday schedule (02:00, Monday to Friday) under `CatchUp::Latest`:
+/// its record lives over the weekend, so Friday's tick asked for again on
+/// Monday before 02:00 (when it is still the newest tick) is found
+/// decided, not granted a second time as a catch-up.
+#[tokio::test(start_paused = true)]
+async fn a_weekday_record_outlives_the_weekend() -> TestResult {
+    #[derive(Clone, Copy)]
+    struct Weekdays;
+    const DAY: u64 = 24 * 60 * 60;
+    // 1970-01-01 was a Thursday: day d is a weekday unless (d + 3) % 7 is
+    // 5 or 6.
+    fn weekday(day: u64) -> bool {
+        (day + 3) % 7 < 5
+    }
+    impl TickGrid for Weekdays {
+        fn tick_at(&self, at: SystemTime) -> Option<SystemTime> {
+            let s = secs(at);
+            let mut day = (s - 2 * 3_600) / DAY;
+            while !weekday(day) {
+                day -= 1;
+            }
+            Some(UNIX_EPOCH + Duration::from_secs(day * DAY + 2 * 3_600))
+        }
+        fn next_after(&self, tick: SystemTime) -> Option<SystemTime> {
+            let mut day = (secs(tick) - 2 * 3_600) / DAY + 1;
+            while !weekday(day) {
+                day += 1;
+            }
+            Some(UNIX_EPOCH + Duration::from_secs(day * DAY + 2 * 3_600))
+        }
+        fn fingerprint(&self) -> String {
+            "0 0 2 * * 1-5 UTC".to_owned()
+        }
+        fn longest_gap(&self) -> Duration {
+            Duration::from_secs(3 * DAY)
+        }
+    }
+    // A Friday: 2027-01-01.
+    let friday_day = 20_819;
+    assert!(weekday(friday_day) && !weekday(friday_day + 1));
+    let friday = UNIX_EPOCH + Duration::from_secs(friday_day * DAY + 2 * 3_600);
+    let server = MemoryBackend::new();
+    server.set_wall_clock(friday + Duration::from_secs(1));
+    let manager = LeaseManager::new(server.clone())?;
+    let job = TickJob::builder("weekdays", Weekdays)
+        .catch_up(CatchUp::Latest)
+        .lease(LeaseOptions::builder().ttl(Duration::from_secs(3)))
+        .build()?;
+    assert!(job.record_ttl() >= Duration::from_secs(3 * DAY));
+    let ran = manager.run_tick(&job, friday, |_| async {}).await?;
+    assert!(ran.ran(), "{ran:?}");
+    // Monday, 01:59: the record is still there.
+    sleep(Duration::from_secs(3 * DAY - 61)).await;
+    let again = manager.run_tick(&job, friday, |_| async {}).await?;
+    assert!(
+        matches!(&again, TickOutcome::Decided { decision, .. } if decision.state == TickState::Completed),
+        "{again:?}"
+    );
     Ok(())
 }
