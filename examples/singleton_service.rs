@@ -1,8 +1,15 @@
-//! Three replicas of a scheduler elect one leader, which runs a tick every
-//! second; when the leader's lease is deleted, another replica takes over
+//! Three replicas of a long-running singleton service (a queue consumer, a
+//! controller) elect one leader, which consumes work for as long as it
+//! leads; when the leader's lease is deleted, another replica takes over
 //! within about one ttl.
 //!
-//! Run with `cargo run --example scheduler_singleton`.
+//! An election is for a service that must run on exactly one replica all
+//! the time. It is not for ticks of a schedule: between two terms there is
+//! a handover, and a tick due then is run by the old leader, the new one,
+//! both or neither. A scheduled job's ticks are decided by its record on the
+//! server (`TickJob`, `examples/cron_singleton.rs`).
+//!
+//! Run with `cargo run --example singleton_service`.
 //!
 //! It uses the Redis at `LEASEHOLD_REDIS_URL` if set; otherwise it starts a
 //! throwaway `redis-server` if one is installed; otherwise it runs on the
@@ -21,7 +28,7 @@ use leasehold::{
 use tokio::time::Instant;
 use tracing::info;
 
-const KEY: &str = "scheduler";
+const KEY: &str = "consumer";
 
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
@@ -82,7 +89,7 @@ where
         let options = LeaseOptions::builder()
             .ttl(Ttl::parse("3s")?)
             .label(name.clone())
-            .name("scheduler")
+            .name("consumer")
             .build()?;
         let election = Election::new(manager, KEY, options)?;
         let stop = stop.clone();
@@ -92,11 +99,18 @@ where
                     let name = name.clone();
                     async move {
                         info!("{name} leads (fencing token {fencing_token})");
-                        let mut tick = tokio::time::interval(Duration::from_secs(1));
+                        // The service itself: here, a consumer that takes one
+                        // item a second, and stops the moment it loses the
+                        // lead (the token fires before another can lead).
+                        let mut next = tokio::time::interval(Duration::from_secs(1));
+                        let mut item = 0_u64;
                         loop {
                             tokio::select! {
                                 () = token.cancelled() => break,
-                                _ = tick.tick() => info!("{name}: tick at {:.1?}", started.elapsed()),
+                                _ = next.tick() => {
+                                    item += 1;
+                                    info!("{name}: consumed item {item} at {:.1?}", started.elapsed());
+                                }
                             }
                         }
                         info!("{name} stops leading");
