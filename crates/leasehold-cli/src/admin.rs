@@ -154,7 +154,7 @@ fn rw_table(leases: &[(&LeaseKey, RwInfo)]) -> String {
 }
 
 /// Rows of cells, columns padded to their widest cell and two spaces apart.
-fn lined_up<const N: usize>(cells: &[[String; N]]) -> String {
+pub(crate) fn lined_up<const N: usize>(cells: &[[String; N]]) -> String {
     let mut widths = [0; N];
     for row in cells {
         for (width, cell) in widths.iter_mut().zip(row) {

@@ -5,14 +5,19 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand};
-use leasehold_core::{AcquireRequest, LeaseKey, LockDelay, Ttl};
+use leasehold_core::{AcquireRequest, CatchUp, JobName, LeaseKey, LockDelay, OnAbandon, Ttl};
+use leasehold_cron::Schedule;
 
 /// Run commands under distributed leases held in Redis, and inspect leases.
 ///
 /// Exit codes: the command's own for `run`; 64 bad usage, 69 Redis
-/// unreachable, 70 internal error, 74 output not written, 75 lease not acquired in time, 76 lease
-/// lost while the command ran, 78 bad configuration; 1 for `status` or
-/// `release` of a lease that is not held.
+/// unreachable, 70 internal error, 74 output not written, 75 lease not
+/// acquired in time (with --schedule: this host's clock is more than a
+/// period ahead of the server's), 76 lease lost while the command ran, 78
+/// bad configuration (with --schedule: the job runs under another schedule
+/// on the server); 0 for `run --schedule` when the tick is not run here; 1
+/// for `status` or `release` of a lease that is not held, or `jobs --job`
+/// of a job with no record.
 #[derive(Debug, Parser)]
 #[command(name = "leasehold", version, max_term_width = 100)]
 pub(crate) struct Cli {
@@ -73,8 +78,68 @@ pub(crate) enum Command {
     /// out so that it waits only for those already running. LEASEHOLD_KEY
     /// then names the reader's or the writer's key. A read-write lease KEY
     /// is another lock than the exclusive lease a plain `run KEY` takes.
+    ///
+    /// With --at-least, the lease stays taken until that long after it was
+    /// granted, even when CMD ends sooner. Unlike the library's minimum
+    /// hold, `run` refuses it with a wait (--wait or LEASEHOLD_WAIT: a
+    /// waiting host would take the lease when the hold ends and run CMD
+    /// again) and with a ttl below the hold (a leasehold killed or cut off
+    /// would let the key expire after the ttl, before the hold ends); with
+    /// no --ttl and no LEASEHOLD_TTL, the ttl is the hold (when it is
+    /// longer than 30s).
+    ///
+    /// With --schedule CRON --job NAME (and no --key), the same crontab
+    /// line on every host runs CMD once per tick across the hosts, decided
+    /// on the Redis server's clock, not the hosts': leasehold asks the
+    /// server for the tick at or before now on the schedule (waiting, at
+    /// most one period, for a tick the server's clock has not reached),
+    /// and the job's record on the server grants it to one host, which
+    /// runs CMD under the job's run lease (`job:{NAME}:run`, renewed and
+    /// stopped as above) and records its completion when CMD exits,
+    /// whatever its exit code. CMD gets LEASEHOLD_JOB, LEASEHOLD_TICK (the
+    /// tick in UNIX milliseconds, the same on every host: use it as the
+    /// run's idempotency key), LEASEHOLD_KEY and LEASEHOLD_FENCING_TOKEN.
+    /// Every other host exits with 0 and one line on stderr saying why the
+    /// tick is not run here (decided already, by whom; missed: asked for
+    /// after its start deadline; skipped: the previous run still holds the
+    /// job's lease). A record that names another schedule (or time zone)
+    /// is refused with 78: roll the new schedule out to every host. A
+    /// host whose clock is more than a period ahead of the server's exits
+    /// with 75 without asking. Not with --at-least, --wait (nor
+    /// LEASEHOLD_WAIT), --permits, --shared, --writer or --fair: the record
+    /// decides who runs, with no hold and no wait. CMD is stopped when the
+    /// run's lease ends exactly as under --key. With --on-abandon rerun, a
+    /// one-shot command whose winner died leaves the re-run to a
+    /// long-lived node; its next invocation records the abandonment.
     // Boxed: the other commands need far less room than its flags.
     Run(Box<RunArgs>),
+    /// List the scheduled jobs' records: per job, its last decision, its
+    /// last run and its counts, as the server keeps them.
+    ///
+    /// Per job: the highest tick decided (RFC 3339, UTC), its state
+    /// (started, completed, missed, skipped, abandoned) and reason; the
+    /// label and fencing token of the last run, its state (running,
+    /// completed, abandoned) and duration (so far, while it runs); the
+    /// next tick when the record's schedule is one leasehold reads (else
+    /// "unknown"); and how many runs started, completed, were re-run or
+    /// abandoned and how many ticks were missed or skipped over the
+    /// record's life. A record expires the schedule's longest gap plus the
+    /// start deadline after its last tick.
+    ///
+    /// Without --job it scans the namespace's job records: one SCAN per
+    /// server, and on a Redis Cluster one SCAN per master (every master is
+    /// visited).
+    Jobs {
+        /// Show this job only (exits with 1 when it has no record)
+        #[arg(long, value_name = "NAME", value_parser = parse_job)]
+        job: Option<JobName>,
+        /// Print one JSON object per job, one per line, instead of the
+        /// table: {"job","fingerprint","decided","run","next_tick",
+        /// "counts","last_seen","server_time"}; instants as RFC 3339
+        /// strings beside UNIX milliseconds (fields ending in _ms)
+        #[arg(long)]
+        json: bool,
+    },
     /// Show who holds leases: a table of each key's holder label, fencing
     /// token and remaining ttl.
     ///
@@ -151,9 +216,15 @@ pub(crate) enum Command {
 
 #[derive(Debug, Args)]
 pub(crate) struct RunArgs {
-    /// The lease key.
-    #[arg(long, value_parser = parse_key)]
-    pub(crate) key: LeaseKey,
+    /// The lease key (not with --schedule: a scheduled run holds its job's
+    /// lease)
+    #[arg(
+        long,
+        value_parser = parse_key,
+        required_unless_present = "schedule",
+        conflicts_with = "schedule"
+    )]
+    pub(crate) key: Option<LeaseKey>,
     /// How long Redis keeps the lease unless renewed (100ms to 24h; run needs
     /// about 400ms to stop the job in time); it is renewed every third of it,
     /// or more often when a long grace leaves less room [default: 30s]
@@ -197,8 +268,9 @@ pub(crate) struct RunArgs {
     /// by default the job is killed at once
     #[arg(long, value_parser = parse_duration, default_value = "0s", value_name = "DURATION")]
     pub(crate) lost_grace: Duration,
-    /// The lease name in logs (a bounded set, not a key) [default: default]
-    #[arg(long)]
+    /// The lease name in logs (a bounded set, not a key; with --schedule
+    /// the job's name is) [default: default]
+    #[arg(long, conflicts_with = "schedule")]
     pub(crate) name: Option<String>,
     /// A public label stored beside the lease, shown by `status` [default:
     /// the host name]
@@ -216,7 +288,10 @@ pub(crate) struct RunArgs {
     /// a job that runs longer frees it when it ends). With the same line in
     /// every host's crontab, a job that ends early is not run again by a
     /// host whose clock is late (1ms to 24h; exclusive leases only: not with
-    /// --permits, --shared, --writer or --fair) [default: none]
+    /// --permits, --shared, --writer or --fair; not with --wait or
+    /// LEASEHOLD_WAIT; the ttl must be at least the hold, and is the hold
+    /// when neither --ttl nor LEASEHOLD_TTL is given; not with --schedule,
+    /// whose record decides instead) [default: none]
     #[arg(
         long,
         value_parser = parse_at_least,
@@ -241,6 +316,68 @@ pub(crate) struct RunArgs {
     /// leasehold exits with 76 [default: progress is not watched]
     #[arg(long, value_parser = parse_duration, value_name = "DURATION", requires = "progress_file")]
     pub(crate) progress_window: Option<Duration>,
+    /// Run CMD once per tick of this cron schedule across every host that
+    /// runs the same line, decided on the Redis server's clock (see above):
+    /// five fields as in a crontab ("0 2 * * *", at second 0), or six or
+    /// seven with seconds first ("*/10 * * * * *"). Needs --job
+    #[arg(long, value_name = "CRON", value_parser = parse_schedule, requires = "job")]
+    pub(crate) schedule: Option<Schedule>,
+    /// The scheduled job's name (1 to 64 ASCII letters, digits, '-', '_'
+    /// and '.'): its record on the server and its run's lease
+    /// `job:{NAME}:run` are named after it. Every host of the job gives the
+    /// same --schedule and --time-zone
+    #[arg(
+        long,
+        value_name = "NAME",
+        value_parser = parse_job,
+        requires = "schedule",
+        conflicts_with = "key"
+    )]
+    pub(crate) job: Option<JobName>,
+    /// The IANA time zone the schedule is read in ("Europe/Berlin")
+    /// [default: UTC]
+    #[arg(long, value_name = "TZ", requires = "schedule", conflicts_with = "key")]
+    pub(crate) time_zone: Option<String>,
+    /// How long after its tick, by the server's clock, a tick may still
+    /// start (and never at or after the next tick); asked later, it is
+    /// missed (whole milliseconds) [default: 1m]
+    #[arg(
+        long,
+        value_parser = parse_duration,
+        value_name = "DURATION",
+        requires = "schedule",
+        conflicts_with = "key"
+    )]
+    pub(crate) start_deadline: Option<Duration>,
+    /// What becomes of a tick nobody started before its start deadline:
+    /// none (it is missed) or latest (it still starts while it is the
+    /// newest tick, before the next one; older ones are missed)
+    /// [default: none]
+    #[arg(
+        long,
+        value_name = "none|latest",
+        value_parser = parse_catch_up,
+        requires = "schedule",
+        conflicts_with = "key"
+    )]
+    pub(crate) catch_up: Option<CatchUp>,
+    /// What becomes of a run whose lease ended without a completion (its
+    /// host died or lost the lease): skip (recorded as abandoned, not run
+    /// again) or rerun (run again by a long-lived node that watches the
+    /// job, with a higher fencing token, so CMD's work may run twice for
+    /// one tick). `run` is one-shot and cannot watch a dead winner: a
+    /// one-shot command whose winner died leaves the re-run to a
+    /// long-lived node (the library's LeaseManager::run_schedule on the
+    /// same job); its next invocation records the abandonment
+    /// [default: skip]
+    #[arg(
+        long,
+        value_name = "skip|rerun",
+        value_parser = parse_on_abandon,
+        requires = "schedule",
+        conflicts_with = "key"
+    )]
+    pub(crate) on_abandon: Option<OnAbandon>,
     /// The command and its arguments (after `--`).
     #[arg(
         required = true,
@@ -274,6 +411,117 @@ fn parse_duration(s: &str) -> Result<Duration, String> {
     leasehold_core::parse_duration(s).map_err(|e| e.to_string())
 }
 
+fn parse_job(s: &str) -> Result<JobName, String> {
+    JobName::new(s).map_err(|e| e.to_string())
+}
+
+fn parse_schedule(s: &str) -> Result<Schedule, String> {
+    Schedule::parse(s).map_err(|e| e.to_string())
+}
+
+fn parse_catch_up(s: &str) -> Result<CatchUp, String> {
+    s.parse()
+}
+
+fn parse_on_abandon(s: &str) -> Result<OnAbandon, String> {
+    s.parse()
+}
+
+/// Where a setting came from, for a refusal to name it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Source {
+    /// The command line's flag.
+    Flag,
+    /// The LEASEHOLD_* environment variable.
+    Env,
+    /// Neither: the default.
+    Default,
+}
+
+/// The settings a refusal looks at once the flags and the LEASEHOLD_*
+/// variables are merged: the wait and the ttl, each with its source.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Merged {
+    pub(crate) wait: Option<(Duration, Source)>,
+    pub(crate) ttl: (Ttl, Source),
+}
+
+impl RunArgs {
+    /// The combinations `run` refuses (exit 64) that clap does not: each
+    /// with why. A LEASEHOLD_* variable cannot bring one back: a refusal
+    /// names the variable that set the value.
+    pub(crate) fn refusal(&self, merged: &Merged) -> Option<String> {
+        // A wait of zero tries once, as no wait does.
+        let wait = merged
+            .wait
+            .filter(|(wait, _)| !wait.is_zero())
+            .map(|(wait, source)| {
+                let wait = humantime::format_duration(wait);
+                match source {
+                    Source::Env => format!("LEASEHOLD_WAIT={wait}"),
+                    _ => format!("--wait {wait}"),
+                }
+            });
+        if self.schedule.is_some() {
+            let others = [
+                (self.at_least.is_some(), "--at-least"),
+                (self.permits.is_some(), "--permits"),
+                (self.shared, "--shared"),
+                (self.writer, "--writer"),
+                (self.fair, "--fair"),
+            ];
+            if let Some((_, flag)) = others.iter().find(|(given, _)| *given) {
+                return Some(format!(
+                    "--schedule cannot be used with {flag}: the job's record on the server \
+                     decides which host runs each tick, under the job's own exclusive run \
+                     lease, with no minimum hold, no wait and no other kind of lease"
+                ));
+            }
+            if let Some(wait) = wait {
+                let unset = if wait.starts_with("LEASEHOLD_") {
+                    "; unset LEASEHOLD_WAIT for this command"
+                } else {
+                    ""
+                };
+                return Some(format!(
+                    "--schedule cannot be used with {wait}: the job's record on the server \
+                     decides which host runs each tick; a host that is not granted it must \
+                     not wait and run it later{unset}"
+                ));
+            }
+            return None;
+        }
+        let at_least = self.at_least?;
+        let hold = humantime::format_duration(at_least);
+        if let Some(wait) = wait {
+            let unset = if wait.starts_with("LEASEHOLD_") {
+                "; unset LEASEHOLD_WAIT for this command"
+            } else {
+                "; leave --wait out"
+            };
+            return Some(format!(
+                "--at-least {hold} cannot be used with {wait}: a host that waits would take \
+                 the lease when the hold ends and run the command again (with --at-least, a \
+                 host that finds the lease held exits with 75){unset}"
+            ));
+        }
+        let (ttl, source) = merged.ttl;
+        if ttl.get() < at_least && source != Source::Default {
+            let given = match source {
+                Source::Env => format!("LEASEHOLD_TTL={ttl}"),
+                _ => format!("--ttl {ttl}"),
+            };
+            return Some(format!(
+                "--at-least {hold} cannot be used with {given}: a leasehold killed or cut off \
+                 leaves the key for its ttl, which would end the hold early and let another \
+                 host run the command again; give a ttl of at least {hold}, or none (the ttl \
+                 is then the hold)"
+            ));
+        }
+        None
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use clap::CommandFactory;
@@ -302,7 +550,7 @@ mod tests {
         let Command::Run(run) = cli.command else {
             panic!("not run: {cli:?}");
         };
-        assert_eq!(run.key.as_str(), "k");
+        assert_eq!(run.key.as_ref().map(LeaseKey::as_str), Some("k"));
         assert_eq!(
             run.ttl,
             Some(
@@ -350,6 +598,165 @@ mod tests {
             assert!(
                 Cli::try_parse_from(args).is_err(),
                 "--at-least {bad} was accepted"
+            );
+        }
+        Ok(())
+    }
+
+    fn run_args(args: &[&str]) -> Result<RunArgs, clap::Error> {
+        let cli = Cli::try_parse_from(
+            ["leasehold", "run"]
+                .iter()
+                .chain(args)
+                .chain(&["--", "true"]),
+        )?;
+        match cli.command {
+            Command::Run(run) => Ok(*run),
+            _ => Err(clap::Error::new(clap::error::ErrorKind::InvalidSubcommand)),
+        }
+    }
+
+    #[test]
+    fn a_schedule_takes_a_job_and_no_key() -> Result<(), clap::Error> {
+        let run = run_args(&["--schedule", "0 2 * * *", "--job", "nightly"])?;
+        assert_eq!(run.key, None);
+        assert_eq!(
+            run.schedule.map(|s| s.as_str().to_owned()).as_deref(),
+            Some("0 0 2 * * *")
+        );
+        assert_eq!(run.job.as_ref().map(JobName::as_str), Some("nightly"));
+        let run = run_args(&[
+            "--schedule",
+            "*/10 * * * * *",
+            "--job",
+            "j",
+            "--time-zone",
+            "Europe/Berlin",
+            "--start-deadline",
+            "5s",
+            "--catch-up",
+            "latest",
+            "--on-abandon",
+            "rerun",
+        ])?;
+        assert_eq!(run.time_zone.as_deref(), Some("Europe/Berlin"));
+        assert_eq!(run.start_deadline, Some(Duration::from_secs(5)));
+        assert_eq!(run.catch_up, Some(CatchUp::Latest));
+        assert_eq!(run.on_abandon, Some(OnAbandon::Rerun));
+        for (args, says) in [
+            (&["--schedule", "0 2 * * *"][..], "--job"),
+            (&["--job", "nightly"][..], "--schedule"),
+            (&["--key", "k", "--job", "nightly"][..], "--key"),
+            (&["--job", "nightly", "--key", "k"][..], "--key"),
+            (
+                &["--schedule", "0 2 * * *", "--job", "n", "--key", "k"][..],
+                "--key",
+            ),
+            (&["--key", "k", "--time-zone", "UTC"][..], "--key"),
+            (&["--key", "k", "--catch-up", "latest"][..], "--key"),
+            (&["--key", "k", "--on-abandon", "rerun"][..], "--key"),
+            (&["--key", "k", "--start-deadline", "1m"][..], "--key"),
+            (&["--time-zone", "UTC"][..], "--schedule"),
+            (
+                &["--schedule", "61 * * * *", "--job", "n"][..],
+                "61 * * * *",
+            ),
+            (
+                &["--schedule", "0 2 * * *", "--job", "no spaces"][..],
+                "--job",
+            ),
+            (
+                &["--schedule", "0 2 * * *", "--job", "n", "--catch-up", "all"][..],
+                "all",
+            ),
+            (
+                &["--schedule", "0 2 * * *", "--job", "n", "--name", "x"][..],
+                "--name",
+            ),
+        ] {
+            match run_args(args) {
+                Err(e) => assert!(e.to_string().contains(says), "{args:?}: {e}"),
+                Ok(run) => panic!("{args:?} was accepted: {run:?}"),
+            }
+        }
+        Ok(())
+    }
+
+    fn ttl(s: &str) -> Ttl {
+        Ttl::parse(s).expect("a valid ttl")
+    }
+
+    fn merged(wait: Option<(u64, Source)>, ttl_: (&str, Source)) -> Merged {
+        Merged {
+            wait: wait.map(|(secs, source)| (Duration::from_secs(secs), source)),
+            ttl: (ttl(ttl_.0), ttl_.1),
+        }
+    }
+
+    #[test]
+    fn refused_combinations_say_why_and_name_the_variable() -> Result<(), clap::Error> {
+        let default_ttl = ("30s", Source::Default);
+        let at_least = run_args(&["--key", "k", "--at-least", "10m"])?;
+        // Alone, with a ttl left to the default (raised to the hold), or
+        // with a long enough one: accepted.
+        assert_eq!(at_least.refusal(&merged(None, default_ttl)), None);
+        assert_eq!(at_least.refusal(&merged(None, ("10m", Source::Flag))), None);
+        assert_eq!(
+            at_least.refusal(&merged(Some((0, Source::Env)), default_ttl)),
+            None
+        );
+        let refused = |m: Merged| at_least.refusal(&m).unwrap_or_default();
+        let text = refused(merged(Some((300, Source::Flag)), default_ttl));
+        assert!(
+            text.contains("--at-least 10m cannot be used with --wait 5m")
+                && text.contains("run the command again"),
+            "{text}"
+        );
+        let text = refused(merged(Some((300, Source::Env)), default_ttl));
+        assert!(
+            text.contains("with LEASEHOLD_WAIT=5m") && text.contains("unset LEASEHOLD_WAIT"),
+            "{text}"
+        );
+        let text = refused(merged(None, ("30s", Source::Flag)));
+        assert!(
+            text.contains("--at-least 10m cannot be used with --ttl 30s"),
+            "{text}"
+        );
+        let text = refused(merged(None, ("1m", Source::Env)));
+        assert!(text.contains("with LEASEHOLD_TTL=1m"), "{text}");
+
+        let scheduled = run_args(&["--schedule", "0 2 * * *", "--job", "n"])?;
+        assert_eq!(scheduled.refusal(&merged(None, ("5s", Source::Flag))), None);
+        let text = scheduled
+            .refusal(&merged(Some((60, Source::Env)), default_ttl))
+            .unwrap_or_default();
+        assert!(
+            text.contains("--schedule cannot be used with LEASEHOLD_WAIT=1m"),
+            "{text}"
+        );
+        let text = scheduled
+            .refusal(&merged(Some((60, Source::Flag)), default_ttl))
+            .unwrap_or_default();
+        assert!(
+            text.contains("--schedule cannot be used with --wait 1m"),
+            "{text}"
+        );
+        for flag in [
+            &["--at-least", "1m"][..],
+            &["--permits", "2"][..],
+            &["--shared"][..],
+            &["--writer"][..],
+            &["--fair"][..],
+        ] {
+            let mut args = vec!["--schedule", "0 2 * * *", "--job", "n"];
+            args.extend_from_slice(flag);
+            let text = run_args(&args)?
+                .refusal(&merged(None, default_ttl))
+                .unwrap_or_default();
+            assert!(
+                text.contains(&format!("--schedule cannot be used with {}", flag[0]))
+                    && text.contains("record"),
+                "{flag:?}: {text}"
             );
         }
         Ok(())

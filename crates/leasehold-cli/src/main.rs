@@ -3,6 +3,8 @@
 //!
 //! ```text
 //! leasehold run --key reports:nightly --ttl 30s --wait 5m -- ./nightly-report.sh
+//! leasehold run --schedule "0 2 * * *" --job nightly -- ./nightly-report.sh
+//! leasehold jobs --json
 //! leasehold status reports:nightly --json
 //! leasehold watch reports:nightly
 //! leasehold release reports:nightly --force
@@ -16,9 +18,11 @@ mod admin;
 mod args;
 mod exit;
 mod job;
+mod jobs;
 mod packaging;
 mod progress;
 mod run;
+mod scheduled;
 mod stopping;
 
 use std::process::ExitCode;
@@ -59,6 +63,9 @@ fn main() -> ExitCode {
             } => admin::status(&cli.url, cli.namespace.as_deref(), &keys, permits, rw, json).await,
             Command::Release { key, force } => {
                 admin::release(&cli.url, cli.namespace.as_deref(), &key, force).await
+            }
+            Command::Jobs { job, json } => {
+                jobs::jobs(&cli.url, cli.namespace.as_deref(), job.as_ref(), json).await
             }
             Command::Watch { key } => admin::watch(&cli.url, cli.namespace.as_deref(), &key).await,
             Command::Completions { shell } => packaging::completions(shell),

@@ -4,16 +4,19 @@ use std::io::IsTerminal;
 use std::process::Command;
 use std::time::Duration;
 
-use leasehold_core::{BackendError, LeaseBackend, LeaseInfo, PermitLimit};
+use leasehold_core::{
+    BackendError, FencingToken, JobName, LeaseBackend, LeaseInfo, LeaseKey, PermitLimit, Ttl,
+};
 use leasehold_redis::RedisBackend;
 use leasehold_watchdog::{
-    Backoff, Fair, Lease, LeaseConfig, LeaseError, LeaseManager, LeaseOptions, LossReason,
+    Backoff, Fair, Lease, LeaseConfig, LeaseError, LeaseManager, LeaseOptions, LeaseOptionsBuilder,
+    LossReason, Progress, TickRun,
 };
 use nix::sys::signal::Signal;
 use tokio::signal::unix::{SignalKind, signal};
 use tokio::time::Instant;
 
-use crate::args::RunArgs;
+use crate::args::{Merged, RunArgs, Source};
 use crate::exit::{self, Failure, note};
 use crate::job::Job;
 use crate::progress::ProgressFile;
@@ -23,14 +26,14 @@ use crate::stopping::{Fit, KILL_ALLOWANCE, whole_ms};
 /// leasehold and leave the job running with no one to renew its lease or
 /// stop it in time: SIGHUP comes when the terminal closes, to leasehold's
 /// group while the job's has the terminal.
-struct Signals {
+pub(crate) struct Signals {
     interrupt: tokio::signal::unix::Signal,
     terminate: tokio::signal::unix::Signal,
     hangup: tokio::signal::unix::Signal,
 }
 
 impl Signals {
-    fn install() -> Result<Self, Failure> {
+    pub(crate) fn install() -> Result<Self, Failure> {
         let install = |kind| {
             signal(kind).map_err(|e| Failure::internal(format!("could not handle signals: {e}")))
         };
@@ -42,7 +45,7 @@ impl Signals {
     }
 
     /// The next SIGINT, SIGTERM or SIGHUP.
-    async fn next(&mut self) -> Signal {
+    pub(crate) async fn next(&mut self) -> Signal {
         tokio::select! {
             _ = self.interrupt.recv() => Signal::SIGINT,
             _ = self.terminate.recv() => Signal::SIGTERM,
@@ -60,11 +63,25 @@ pub(crate) async fn run(
     // it can give up its place cleanly.
     let mut signals = Signals::install()?;
     let (options, fit) = options(&args)?;
+    if let (Some(schedule), Some(job)) = (&args.schedule, &args.job) {
+        let (schedule, job) = (schedule.clone(), job.clone());
+        return crate::scheduled::run(url, namespace, &args, schedule, job, options, &fit, signals)
+            .await;
+    }
+    let Some(key) = args.key.clone() else {
+        return Err(Failure::new(
+            exit::USAGE,
+            "run needs --key KEY, or --schedule CRON with --job NAME",
+        ));
+    };
+    let options = options
+        .build()
+        .map_err(|e| Failure::new(exit::CONFIG, exit::chain(&e)))?;
     let backend = exit::connect(url, namespace).await?;
     let manager =
         LeaseManager::new(backend.clone()).map_err(|e| Failure::internal(e.to_string()))?;
     let acquired = tokio::select! {
-        acquired = acquire(&manager, &backend, &args, &options) => acquired,
+        acquired = acquire(&manager, &backend, &key, &args, &options) => acquired,
         signal = signals.next() => {
             if std::io::stderr().is_terminal() {
                 // Clears the waiting line, if one was shown.
@@ -78,20 +95,10 @@ pub(crate) async fn run(
         Ok(lease) => lease,
         Err(error) => {
             manager.shutdown().await;
-            let code = match &error {
-                LeaseError::NotAcquired { .. } => exit::NOT_ACQUIRED,
-                // Another --permits than the semaphore's holders use.
-                LeaseError::Backend(BackendError::PermitLimitMismatch { .. }) => exit::CONFIG,
-                LeaseError::Backend(_) => exit::UNAVAILABLE,
-                LeaseError::Invalid(_)
-                | LeaseError::InvalidOptions { .. }
-                | LeaseError::NotApplicable { .. } => exit::CONFIG,
-                _ => exit::SOFTWARE,
-            };
-            return Err(Failure::new(code, exit::chain(&error)));
+            return Err(lease_failure(&error));
         }
     };
-    let code = supervise(&args, &fit, &lease, &mut signals).await;
+    let code = supervise(&args, &fit, &Held::Lease(&lease), &mut signals).await;
     let key = lease.server_key();
     if let Err(error) = lease.release().await {
         note!(
@@ -104,17 +111,61 @@ pub(crate) async fn run(
     code
 }
 
-/// The lease options: LEASEHOLD_* variables, overridden by the flags, with
-/// a safety margin that leaves room to stop the command (see
-/// [`crate::stopping`]).
-fn options(args: &RunArgs) -> Result<(LeaseOptions, Fit), Failure> {
+/// The failure, and exit code, of a lease that could not be had.
+pub(crate) fn lease_failure(error: &LeaseError) -> Failure {
+    let code = match error {
+        LeaseError::NotAcquired { .. } => exit::NOT_ACQUIRED,
+        // Another --permits than the semaphore's holders use.
+        LeaseError::Backend(BackendError::PermitLimitMismatch { .. }) => exit::CONFIG,
+        LeaseError::Backend(_) => exit::UNAVAILABLE,
+        LeaseError::Invalid(_)
+        | LeaseError::InvalidOptions { .. }
+        | LeaseError::NotApplicable { .. }
+        | LeaseError::InvalidTick { .. } => exit::CONFIG,
+        _ => exit::SOFTWARE,
+    };
+    Failure::new(code, exit::chain(error))
+}
+
+/// The lease options, to build: LEASEHOLD_* variables, overridden by the
+/// flags, with a safety margin that leaves room to stop the command (see
+/// [`crate::stopping`]). Combinations `run` refuses are refused here (64),
+/// whether a flag or a variable brought them.
+fn options(args: &RunArgs) -> Result<(LeaseOptionsBuilder, Fit), Failure> {
     let mut config = LeaseConfig::from_env("LEASEHOLD_")
         .map_err(|e| Failure::new(exit::CONFIG, e.to_string()))?;
+    let from_env = |var: &str| std::env::var_os(var).is_some();
+    let source = |flag: bool, var: &str| {
+        if flag {
+            Source::Flag
+        } else if from_env(var) {
+            Source::Env
+        } else {
+            Source::Default
+        }
+    };
+    let ttl_source = source(args.ttl.is_some(), "LEASEHOLD_TTL");
+    let wait_source = source(args.wait.is_some(), "LEASEHOLD_WAIT");
     if let Some(ttl) = args.ttl {
         config.ttl = ttl;
     }
     if args.wait.is_some() {
         config.wait = args.wait;
+    }
+    let merged = Merged {
+        wait: config.wait.map(|wait| (wait, wait_source)),
+        ttl: (config.ttl, ttl_source),
+    };
+    if let Some(refusal) = args.refusal(&merged) {
+        return Err(Failure::new(exit::USAGE, refusal));
+    }
+    // A minimum hold outlives a leasehold killed or cut off only with a
+    // ttl of at least the hold: with no ttl given, the ttl is the hold.
+    if let Some(minimum) = args.at_least
+        && ttl_source == Source::Default
+        && config.ttl.get() < minimum
+    {
+        config.ttl = Ttl::new(minimum).map_err(|e| Failure::new(exit::USAGE, e.to_string()))?;
     }
     if args.max_renewals.is_some() {
         config.max_renewals = args.max_renewals;
@@ -165,20 +216,17 @@ fn options(args: &RunArgs) -> Result<(LeaseOptions, Fit), Failure> {
     if let Some(window) = args.progress_window {
         builder = builder.progress_window(window);
     }
-    let options = builder
-        .build()
-        .map_err(|e| Failure::new(exit::CONFIG, exit::chain(&e)))?;
-    Ok((options, fit))
+    Ok((builder, fit))
 }
 
 /// Acquires the lease, showing on a terminal that it is waiting.
 async fn acquire(
     manager: &LeaseManager<RedisBackend>,
     backend: &RedisBackend,
+    key: &LeaseKey,
     args: &RunArgs,
     options: &LeaseOptions,
 ) -> Result<Lease, LeaseError> {
-    let key = &args.key;
     let acquire = async {
         match args.permits {
             Some(n) => {
@@ -249,27 +297,101 @@ fn holder_text(info: &LeaseInfo) -> String {
     }
 }
 
+/// What the job runs under: a lease `run` acquired, or the run's lease of
+/// a scheduled job's tick, which the manager holds for the tick (and ends
+/// with the tick's completion).
+pub(crate) enum Held<'a> {
+    /// A lease taken with `run --key`.
+    Lease(&'a Lease),
+    /// The run of a tick of `job`, granted by the job's record.
+    Tick {
+        /// The run.
+        run: &'a TickRun,
+        /// Its job.
+        job: &'a JobName,
+    },
+}
+
+impl Held<'_> {
+    /// The key the job's lease is held on, as the user names it.
+    fn key(&self) -> LeaseKey {
+        match self {
+            Self::Lease(lease) => lease.server_key(),
+            Self::Tick { job, .. } => job.run_key(),
+        }
+    }
+
+    fn fencing_token(&self) -> FencingToken {
+        match self {
+            Self::Lease(lease) => lease.fencing_token(),
+            Self::Tick { run, .. } => run.fencing_token(),
+        }
+    }
+
+    fn progress(&self) -> Progress {
+        match self {
+            Self::Lease(lease) => lease.progress(),
+            Self::Tick { run, .. } => run.progress().clone(),
+        }
+    }
+
+    /// Waits until the lease ends, with its reason (`None` only if a
+    /// tick's run ended without one recorded, which the watchdog never
+    /// does: the reason is recorded before the token fires).
+    async fn ended(&self) -> Option<LossReason> {
+        match self {
+            Self::Lease(lease) => Some(lease.lost().await),
+            Self::Tick { run, .. } => {
+                run.token().cancelled().await;
+                run.loss_reason()
+            }
+        }
+    }
+
+    /// The end of the lease's certain validity.
+    fn valid_until(&self) -> Option<Instant> {
+        match self {
+            Self::Lease(lease) => Some(lease.valid_until()),
+            Self::Tick { run, .. } => Some(run.valid_until()),
+        }
+    }
+
+    /// What the job finds in its environment.
+    fn environment(&self) -> Vec<(&'static str, String)> {
+        let mut vars = vec![
+            ("LEASEHOLD_KEY", self.key().as_str().to_owned()),
+            ("LEASEHOLD_FENCING_TOKEN", self.fencing_token().to_string()),
+        ];
+        if let Self::Tick { run, job } = self {
+            vars.push(("LEASEHOLD_JOB", job.as_str().to_owned()));
+            let tick = run
+                .tick()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_millis());
+            vars.push(("LEASEHOLD_TICK", tick.to_string()));
+        }
+        vars
+    }
+}
+
 /// Runs the command while the lease is held; returns leasehold's exit code.
-async fn supervise(
+pub(crate) async fn supervise(
     args: &RunArgs,
     fit: &Fit,
-    lease: &Lease,
+    held: &Held<'_>,
     signals: &mut Signals,
 ) -> Result<u8, Failure> {
     let Some((program, rest)) = args.command.split_first() else {
         return Err(Failure::new(exit::USAGE, "no command to run"));
     };
     let mut command = Command::new(program);
-    command
-        .args(rest)
-        .env("LEASEHOLD_KEY", lease.server_key().as_str())
-        .env("LEASEHOLD_FENCING_TOKEN", lease.fencing_token().to_string());
+    command.args(rest).envs(held.environment());
     // Watched from before the job starts, so that its first touch counts.
     let _progress = args
         .progress_file
         .clone()
         .zip(args.progress_window)
-        .map(|(path, window)| ProgressFile::watch(path, window, lease.progress()));
+        .map(|(path, window)| ProgressFile::watch(path, window, held.progress()));
     let mut job = Job::spawn(&mut command).map_err(|e| {
         let code = match e.kind() {
             std::io::ErrorKind::NotFound => exit::NOT_FOUND,
@@ -281,7 +403,7 @@ async fn supervise(
         )
     })?;
     let mut stop = Stop::default();
-    let mut ended = None;
+    let mut ended = false;
     // While the job is being stopped, the group is also checked on a timer:
     // a process of the job whose parent is not leasehold dies without a
     // SIGCHLD to leasehold.
@@ -290,13 +412,13 @@ async fn supervise(
     recheck.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
     while !job.is_gone() {
         if job.exit_code().is_some() && !stop.is_stopping() {
-            stop.leftovers(&job, lease, fit.grace);
+            stop.leftovers(&job, held, fit.grace);
         }
         tokio::select! {
             biased;
-            reason = lease.lost(), if ended.is_none() => {
-                ended = Some(reason);
-                stop.lease_ended(&job, lease, reason, fit, args.lost_grace);
+            reason = held.ended(), if !ended => {
+                ended = true;
+                stop.lease_ended(&job, held, reason, fit, args.lost_grace);
             }
             () = sleep_until(stop.kill_at), if stop.kill_at.is_some() => stop.grace_over(&job),
             () = sleep_until(stop.dead_by), if stop.dead_by.is_some() => stop.still_alive(),
@@ -307,9 +429,9 @@ async fn supervise(
     }
     match (ended, job.exit_code()) {
         // The lease ended while the job ran: it was stopped.
-        (Some(_), _) => Ok(exit::LOST),
-        (None, Some(code)) => Ok(code),
-        (None, None) => Err(Failure::internal("the command's exit status was lost")),
+        (true, _) => Ok(exit::LOST),
+        (false, Some(code)) => Ok(code),
+        (false, None) => Err(Failure::internal("the command's exit status was lost")),
     }
 }
 
@@ -383,12 +505,12 @@ impl Stop {
 
     /// The command exited but processes it started are still in its group:
     /// they are stopped too before the lease is released.
-    fn leftovers(&mut self, job: &Job, lease: &Lease, grace: Duration) {
+    fn leftovers(&mut self, job: &Job, held: &Held<'_>, grace: Duration) {
         self.leftovers_told = true;
         note!(
             "leasehold: the command exited but processes it started are still running; \
              stopping them before releasing lease {:?} (SIGTERM, SIGKILL after {})",
-            lease.server_key().as_str(),
+            held.key().as_str(),
             humantime::format_duration(grace),
         );
         self.terminate(job, grace);
@@ -402,36 +524,46 @@ impl Stop {
     /// grace and the kill; the grace is also bounded by what is left of the
     /// certain validity, in case leasehold heard of the end late. A lost lease may already be someone
     /// else's: the job is killed at once unless `--lost-grace` says otherwise.
+    ///
+    /// A lease ended with no reason recorded (`None`) is stopped as for a
+    /// lost lease, with `--lost-grace` cut to the grace.
     fn lease_ended(
         &mut self,
         job: &Job,
-        lease: &Lease,
-        reason: LossReason,
+        held: &Held<'_>,
+        reason: Option<LossReason>,
         fit: &Fit,
         lost_grace: Duration,
     ) {
-        let key = lease.server_key();
+        let key = held.key();
         let key = key.as_str();
         let grace = match reason {
-            LossReason::RenewalLimit
-            | LossReason::Deadline
-            | LossReason::MaxHold
-            | LossReason::Stalled => {
-                let left = lease
+            Some(
+                LossReason::RenewalLimit
+                | LossReason::Deadline
+                | LossReason::MaxHold
+                | LossReason::Stalled,
+            ) => {
+                let left = held
                     .valid_until()
-                    .saturating_duration_since(Instant::now())
+                    .map_or(Duration::ZERO, |until| {
+                        until.saturating_duration_since(Instant::now())
+                    })
                     .saturating_sub(KILL_ALLOWANCE);
                 whole_ms(fit.grace.min(left))
             }
-            _ => lost_grace,
+            Some(_) => lost_grace,
+            None => lost_grace.min(fit.grace),
         };
+        let why = reason.map_or_else(
+            || "no reason was recorded; stopped as for a lost lease".to_owned(),
+            |reason| reason.to_string(),
+        );
         if grace.is_zero() {
-            note!(
-                "leasehold: lease {key:?} ended: {reason}; killing the command (SIGKILL) at once"
-            );
+            note!("leasehold: lease {key:?} ended: {why}; killing the command (SIGKILL) at once");
         } else {
             note!(
-                "leasehold: lease {key:?} ended: {reason}; stopping the command (SIGTERM, \
+                "leasehold: lease {key:?} ended: {why}; stopping the command (SIGTERM, \
                  SIGKILL after {})",
                 humantime::format_duration(grace),
             );

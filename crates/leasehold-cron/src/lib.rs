@@ -211,9 +211,12 @@ impl Schedule {
         self.zone
     }
 
-    /// The first tick strictly after `at` (the forward search).
+    /// The first tick strictly after `at` (the forward search). The grid
+    /// is in whole seconds: `at` falls to its second first, so that a tick
+    /// is never carried a fraction of a second off the grid.
     fn forward(&self, at: DateTime<Tz>) -> Option<DateTime<Tz>> {
-        self.cron.find_next_occurrence(&at, false).ok()
+        let second = self.zone.timestamp_opt(at.timestamp(), 0).single()?;
+        self.cron.find_next_occurrence(&second, false).ok()
     }
 
     fn local(&self, at: SystemTime) -> DateTime<Tz> {
@@ -488,6 +491,12 @@ mod tests {
         }
         assert_eq!(every_2s.tick_at(at(tick + 2_000)), Some(at(tick + 2_000)));
         assert_eq!(every_2s.next_after(at(tick)), Some(at(tick + 2_000)));
+        // An instant off the grid: the next tick is on it, on the second.
+        assert_eq!(every_2s.next_after(at(tick + 907)), Some(at(tick + 2_000)));
+        assert_eq!(
+            every_2s.next_after(at(tick + 2_907)),
+            Some(at(tick + 4_000))
+        );
         assert_eq!(every_2s.longest_gap(), Duration::from_secs(2));
         let hourly = Schedule::parse("0 * * * *")?;
         assert_eq!(hourly.as_str(), "0 0 * * * *");

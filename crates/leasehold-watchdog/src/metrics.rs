@@ -92,7 +92,7 @@ pub const TICK_RUNS: &str = "leasehold_tick_runs_total";
 /// recorded as missed), [`TICK_OVERLAP`] (skipped: the previous run still
 /// held), [`TICK_CLOCK_AHEAD`] (this node's clock is more than a period
 /// ahead of the server's), [`TICK_CONFLICT`] (the record names another
-/// schedule).
+/// schedule), [`TICK_ERROR`] (an error, returned to the caller too).
 pub const TICK_SKIPS: &str = "leasehold_tick_skips_total";
 /// Counter: runs of a scheduled job that this process found abandoned
 /// (their lease ended without a completion) and settled, labelled `name`.
@@ -137,6 +137,10 @@ pub const TICK_CLOCK_AHEAD: &str = "clock_ahead";
 /// The [`LABEL_REASON`] of a [`TICK_SKIPS`] count: the job's record names
 /// another schedule.
 pub const TICK_CONFLICT: &str = "conflict";
+/// The [`LABEL_REASON`] of a [`TICK_SKIPS`] count: the ask or the run
+/// ended in an error (the backend could not be asked, the run's lease was
+/// lost, the completion could not be recorded).
+pub const TICK_ERROR: &str = "error";
 
 /// What kind of lease a metric is about: the value of [`LABEL_KIND`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

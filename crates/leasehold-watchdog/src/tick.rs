@@ -368,13 +368,25 @@ impl TickJobBuilder {
 }
 
 /// What a run of a tick is given: the tick, its lease's fencing token,
-/// cancellation token and progress reporter.
-#[derive(Debug, Clone)]
+/// cancellation token and progress reporter, and why and when its lease
+/// ends.
+#[derive(Clone)]
 pub struct TickRun {
     tick: SystemTime,
     fencing_token: FencingToken,
     token: CancellationToken,
     progress: Progress,
+    lease: Arc<crate::shared::Shared>,
+}
+
+impl fmt::Debug for TickRun {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("TickRun")
+            .field("tick", &self.tick)
+            .field("fencing_token", &self.fencing_token)
+            .field("loss", &self.loss_reason())
+            .finish_non_exhaustive()
+    }
 }
 
 impl TickRun {
@@ -403,6 +415,22 @@ impl TickRun {
     #[must_use]
     pub fn progress(&self) -> &Progress {
         &self.progress
+    }
+
+    /// Why the run's lease ended, once its token fired: a stop with the
+    /// time left ([`RenewalLimit`](crate::LossReason::RenewalLimit),
+    /// [`Deadline`](crate::LossReason::Deadline), …) or at once
+    /// ([`Lost`](crate::LossReason::Lost)).
+    #[must_use]
+    pub fn loss_reason(&self) -> Option<crate::LossReason> {
+        self.lease.loss()
+    }
+
+    /// Until when, on this process's monotonic clock, the run's lease is
+    /// certainly held, as of its last renewal.
+    #[must_use]
+    pub fn valid_until(&self) -> tokio::time::Instant {
+        self.lease.valid_until()
     }
 }
 
@@ -557,6 +585,26 @@ impl<B: LeaseBackend> LeaseManager<B> {
         F: FnOnce(TickRun) -> Fut,
         Fut: Future<Output = T>,
     {
+        let outcome = self.ask_tick(job, tick, work).await;
+        if let Err(error) = &outcome {
+            // Counted, so that a tick's error reaches a metric as well as
+            // the caller, whatever the caller does with it.
+            crate::metrics::tick_not_run(job.name.as_str(), crate::metrics::TICK_ERROR);
+            debug!(job = %job.name, %error, "the tick failed");
+        }
+        outcome
+    }
+
+    async fn ask_tick<F, Fut, T>(
+        &self,
+        job: &TickJob,
+        tick: SystemTime,
+        work: F,
+    ) -> Result<TickOutcome<T>, LeaseError>
+    where
+        F: FnOnce(TickRun) -> Fut,
+        Fut: Future<Output = T>,
+    {
         let ticks = ticks_of(self.backend(), "decide_tick", job.name())?;
         let at = millis(tick, job.name())?;
         let next = job
@@ -676,6 +724,7 @@ impl<B: LeaseBackend> LeaseManager<B> {
             fencing_token,
             token: lease.token(),
             progress: lease.progress(),
+            lease: Arc::clone(lease.shared()),
         };
         let outcome = AssertUnwindSafe(work(run)).catch_unwind().await;
         let ended = lease.loss_reason();
