@@ -174,6 +174,17 @@ pub enum BackendError {
         /// Why, and what to use instead.
         reason: &'static str,
     },
+    /// The request is not one a backend can take as it is (nothing was
+    /// sent).
+    #[error("{op} on lease {key:?} was refused before it was sent: {reason}")]
+    InvalidRequest {
+        /// The operation.
+        op: &'static str,
+        /// The lease key.
+        key: String,
+        /// What is wrong with the request.
+        reason: &'static str,
+    },
 }
 
 impl BackendError {
@@ -191,7 +202,8 @@ impl BackendError {
             Self::WrongType { .. }
             | Self::UnexpectedReply { .. }
             | Self::PermitLimitMismatch { .. }
-            | Self::Unsupported { .. } => false,
+            | Self::Unsupported { .. }
+            | Self::InvalidRequest { .. } => false,
         }
     }
 
@@ -205,7 +217,8 @@ impl BackendError {
             | Self::UnexpectedReply { key, .. }
             | Self::Server { key, .. }
             | Self::PermitLimitMismatch { key, .. }
-            | Self::Unsupported { key, .. } => key,
+            | Self::Unsupported { key, .. }
+            | Self::InvalidRequest { key, .. } => key,
         }
     }
 }

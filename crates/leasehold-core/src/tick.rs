@@ -228,6 +228,35 @@ impl TickRequest {
     /// The default start deadline: one minute.
     pub const DEFAULT_START_DEADLINE: Duration = Duration::from_secs(60);
 
+    /// The latest tick accepted, in UNIX milliseconds: 2^53, the largest
+    /// integer a Lua number (a double) holds exactly (the year 287396).
+    pub const MAX_TICK: u64 = 1 << 53;
+
+    /// Checks that a backend can take the request: the run's lease is the
+    /// job's run key, without a minimum hold (the record, not a kept key,
+    /// decides each tick once); the next tick is after the tick and at
+    /// most [`TickRequest::MAX_TICK`]; the fingerprint is at most
+    /// [`TickRequest::MAX_FINGERPRINT`] bytes. Every backend calls it
+    /// before anything is sent.
+    ///
+    /// # Errors
+    ///
+    /// [`BackendError::InvalidRequest`] naming what is wrong.
+    pub fn check(&self, op: &'static str) -> Result<(), BackendError> {
+        check_run(op, &self.job, &self.run)?;
+        let refuse = |reason| Err(invalid(op, &self.job, reason));
+        if self.next <= self.tick {
+            return refuse("the next tick must be after the tick asked for");
+        }
+        if self.next > Self::MAX_TICK {
+            return refuse("a tick must be at most 2^53 UNIX milliseconds");
+        }
+        if self.fingerprint.len() > Self::MAX_FINGERPRINT {
+            return refuse("a schedule's fingerprint may be at most 256 bytes long");
+        }
+        Ok(())
+    }
+
     /// A request for `tick` (followed by `next`) of `job` under the
     /// schedule `fingerprint`, whose run would hold `run`; with the
     /// default start deadline ([`TickRequest::DEFAULT_START_DEADLINE`]),
@@ -513,6 +542,46 @@ impl RerunRequest {
             run,
         }
     }
+}
+
+impl RerunRequest {
+    /// Checks that a backend can take the request: the run's lease is the
+    /// job's run key, without a minimum hold.
+    ///
+    /// # Errors
+    ///
+    /// [`BackendError::InvalidRequest`] naming what is wrong.
+    pub fn check(&self, op: &'static str) -> Result<(), BackendError> {
+        check_run(op, &self.job, &self.run)
+    }
+}
+
+fn invalid(op: &'static str, job: &JobName, reason: &'static str) -> BackendError {
+    BackendError::InvalidRequest {
+        op,
+        key: job.run_key().as_str().to_owned(),
+        reason,
+    }
+}
+
+/// A run's lease is the job's run key (what makes a run that still holds
+/// an overlap), with no minimum hold.
+fn check_run(op: &'static str, job: &JobName, run: &AcquireRequest) -> Result<(), BackendError> {
+    if run.key != job.run_key() {
+        return Err(invalid(
+            op,
+            job,
+            "the run's lease must be the job's run key (JobName::run_key, \"job:{<name>}:run\")",
+        ));
+    }
+    if run.hold_at_least_millis().is_some() {
+        return Err(invalid(
+            op,
+            job,
+            "a job's run lease takes no minimum hold: the job's record decides each tick once; acquire without hold_at_least",
+        ));
+    }
+    Ok(())
 }
 
 /// The backend's answer to [`TickBackend::claim_rerun`].

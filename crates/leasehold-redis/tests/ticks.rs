@@ -802,7 +802,7 @@ async fn every_record_is_listed_and_bad_requests_are_typed_errors() -> TestResul
     wrong.run.key = LeaseKey::new("not-the-run-key")?;
     let refused = backend.decide_tick(&wrong).await;
     assert!(
-        matches!(refused, Err(BackendError::Unsupported { .. })),
+        matches!(refused, Err(BackendError::InvalidRequest { .. })),
         "{refused:?}"
     );
     let exists: bool = side.exists(keys(&job("wrong")).0).await?;

@@ -218,37 +218,6 @@ fn millis(d: Duration) -> u64 {
     u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
 }
 
-/// A refusal of a request the Redis scripts would refuse too.
-fn refuse(op: &'static str, job: &JobName, detail: &str) -> BackendError {
-    BackendError::Server {
-        op,
-        key: job.run_key().as_str().to_owned(),
-        detail: detail.to_owned(),
-        transient: false,
-    }
-}
-
-/// The run's lease must be the job's run key (it is what makes a run that
-/// still holds an overlap), and takes no minimum hold (the record decides
-/// when the next run may start; the Redis scripts grant none).
-fn check_run(op: &'static str, job: &JobName, run: &AcquireRequest) -> Result<(), BackendError> {
-    if run.key != job.run_key() {
-        return Err(refuse(
-            op,
-            job,
-            "the run's lease must be the job's run key (JobName::run_key)",
-        ));
-    }
-    if run.hold_at_least_millis().is_some() {
-        return Err(refuse(
-            op,
-            job,
-            "a run's lease takes no minimum hold: the job's record decides who runs each tick",
-        ));
-    }
-    Ok(())
-}
-
 impl MemoryBackend {
     /// Re-bases the backend's wall clock, by which scheduled jobs' ticks
     /// are decided (see [`TickBackend`]), on `at`: from now on it reads
@@ -476,21 +445,7 @@ impl TickBackend for MemoryBackend {
         const OP: &str = "decide_tick";
         let sent_at = Instant::now();
         let key = request.job.run_key();
-        check_run(OP, &request.job, &request.run)?;
-        if request.fingerprint.len() > TickRequest::MAX_FINGERPRINT {
-            return Err(refuse(
-                OP,
-                &request.job,
-                "the schedule's fingerprint is longer than 256 bytes",
-            ));
-        }
-        if request.next <= request.tick {
-            return Err(refuse(
-                OP,
-                &request.job,
-                "the next tick must be after the tick",
-            ));
-        }
+        request.check(OP)?;
         self.gate(OP, &key).await?;
         let now = Instant::now();
         let mut state = self.state();
@@ -580,7 +535,7 @@ impl TickBackend for MemoryBackend {
         const OP: &str = "claim_rerun";
         let sent_at = Instant::now();
         let key = request.job.run_key();
-        check_run(OP, &request.job, &request.run)?;
+        request.check(OP)?;
         self.gate(OP, &key).await?;
         let now = Instant::now();
         let mut state = self.state();

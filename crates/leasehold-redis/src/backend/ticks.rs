@@ -10,8 +10,8 @@ use std::collections::BTreeSet;
 
 use futures_util::future::join_all;
 use leasehold_core::{
-    AcquireRequest, BackendError, Completion, FencingToken, HolderId, JobName, JobRecord,
-    LeaseBackend, RerunReply, RerunRequest, TickAnswer, TickBackend, TickReply, TickRequest,
+    BackendError, Completion, FencingToken, HolderId, JobName, JobRecord, LeaseBackend, RerunReply,
+    RerunRequest, TickAnswer, TickBackend, TickReply, TickRequest,
 };
 use redis::Value;
 use redis::cluster_routing::{MultipleNodeRoutingInfo, RoutingInfo, SingleNodeRoutingInfo};
@@ -30,67 +30,6 @@ const SCAN_COUNT: usize = 500;
 /// How many records [`TickBackend::job_records`] reads at once.
 const READS_AT_ONCE: usize = 32;
 
-/// The largest tick accepted, in UNIX ms: a Lua number (a double) holds
-/// every integer up to 2^53 exactly (the year 287396).
-const MAX_TICK: u64 = 1 << 53;
-
-/// The refusal of a request the scripts cannot take as it is.
-fn refuse(op: &'static str, job: &JobName, reason: &'static str) -> BackendError {
-    BackendError::Unsupported {
-        op,
-        key: job.run_key().as_str().to_owned(),
-        reason,
-    }
-}
-
-/// Checks the run lease a job's request would grant: it is the job's run
-/// key, and an exclusive lease without a minimum hold (the record, not a
-/// kept key, says a tick was decided).
-fn check_run(op: &'static str, job: &JobName, run: &AcquireRequest) -> Result<(), BackendError> {
-    if run.key != job.run_key() {
-        return Err(refuse(
-            op,
-            job,
-            "the run's lease must be the job's run key (JobName::run_key, \"job:{<name>}:run\")",
-        ));
-    }
-    if run.hold_at_least_millis().is_some() {
-        return Err(refuse(
-            op,
-            job,
-            "a job's run lease takes no minimum hold: the job's record decides each tick once; acquire without hold_at_least",
-        ));
-    }
-    Ok(())
-}
-
-/// Checks a tick request's numbers and fingerprint.
-fn check_tick(op: &'static str, request: &TickRequest) -> Result<(), BackendError> {
-    check_run(op, &request.job, &request.run)?;
-    if request.next <= request.tick {
-        return Err(refuse(
-            op,
-            &request.job,
-            "the next tick must be after the tick asked for",
-        ));
-    }
-    if request.next > MAX_TICK {
-        return Err(refuse(
-            op,
-            &request.job,
-            "a tick must be at most 2^53 UNIX milliseconds",
-        ));
-    }
-    if request.fingerprint.len() > TickRequest::MAX_FINGERPRINT {
-        return Err(refuse(
-            op,
-            &request.job,
-            "a schedule's fingerprint may be at most 256 bytes long",
-        ));
-    }
-    Ok(())
-}
-
 impl TickBackend for RedisBackend {
     /// One `tick.lua` call, over the connection and with the replica
     /// acknowledgement of [`try_acquire`](Self::try_acquire): a run whose
@@ -98,7 +37,7 @@ impl TickBackend for RedisBackend {
     /// seen abandoned) and the call fails.
     async fn decide_tick(&self, request: &TickRequest) -> Result<TickAnswer, BackendError> {
         const OP: &str = "decide_tick";
-        check_tick(OP, request)?;
+        request.check(OP)?;
         let run_key = request.job.run_key();
         if let Some(notices) = &self.shared.notices
             && notices.needs_restore()
@@ -164,7 +103,7 @@ impl TickBackend for RedisBackend {
     /// acknowledgement of [`decide_tick`](Self::decide_tick).
     async fn claim_rerun(&self, request: &RerunRequest) -> Result<RerunReply, BackendError> {
         const OP: &str = "claim_rerun";
-        check_run(OP, &request.job, &request.run)?;
+        request.check(OP)?;
         let run_key = request.job.run_key();
         let layout = &self.shared.layout;
         let route = self
