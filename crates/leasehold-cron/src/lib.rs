@@ -404,7 +404,7 @@ where
             warn!(job = %self.job.name(), "fired with no tick of the schedule before now; skipped");
             return;
         };
-        {
+        let before = {
             let mut asked = self
                 .asked
                 .lock()
@@ -413,12 +413,23 @@ where
                 debug!(job = %self.job.name(), ?tick, "this tick was asked for already");
                 return;
             }
-            *asked = Some(tick);
-        }
+            asked.replace(tick)
+        };
         let outcome = self
             .manager
             .run_tick(&self.job, tick, |run| (self.work)(run))
             .await;
+        if matches!(outcome, Ok(TickOutcome::ClockAhead { .. }) | Err(_)) {
+            // Nothing was decided for it: the next firing (on the server's
+            // clock, now learned) may ask for it, or an earlier tick.
+            let mut asked = self
+                .asked
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            if *asked == Some(tick) {
+                *asked = before;
+            }
+        }
         (self.on_outcome)(&self.job, outcome);
     }
 }
