@@ -95,7 +95,8 @@ where
         let stop = stop.clone();
         runs.push(tokio::spawn(async move {
             election
-                .run(stop, |token, fencing_token| {
+                .run(stop, |work| {
+                    let (token, fencing_token) = (work.token().clone(), work.fencing_token());
                     let name = name.clone();
                     async move {
                         info!("{name} leads (fencing token {fencing_token})");

@@ -83,8 +83,8 @@ pub use leasehold_watchdog::LeaseError as Error;
 pub use leasehold_watchdog::{
     Backoff, CancellationToken, DEFAULT_MAX_WAITERS, Election, Every, Fair, Leader, Lease,
     LeaseError, LeaseManager, LeaseManagerBuilder, LeaseOptions, LeaseOptionsBuilder, LossReason,
-    Progress, TickGrid, TickJob, TickJobBuilder, TickOutcome, TickRun, UNREPORTED_RECHECK, metrics,
-    tick,
+    Progress, TickGrid, TickJob, TickJobBuilder, TickOutcome, TickRun, UNREPORTED_RECHECK,
+    WorkContext, metrics, tick,
 };
 #[cfg(feature = "config")]
 pub use leasehold_watchdog::{ConfigError, LeaseConfig};

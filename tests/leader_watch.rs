@@ -186,7 +186,8 @@ async fn every_observer_sees_every_leader_in_the_servers_order() -> TestResult {
         );
         runs.push(tokio::spawn(async move {
             election
-                .run(stop.clone(), |token, fencing_token| {
+                .run(stop.clone(), |work| {
+                    let (token, fencing_token) = (work.token().clone(), work.fencing_token());
                     let (terms, stop, delete) =
                         (Arc::clone(&terms), stop.clone(), Arc::clone(&delete));
                     async move {

@@ -192,7 +192,8 @@ async fn an_election_has_one_leader_at_a_time_and_moves_on_loss_and_shutdown() -
         runs.push(tokio::spawn(async move {
             let me = format!("replica-{i}");
             election
-                .run(stop, |token, _fencing| {
+                .run(stop, |work| {
+                    let token = work.token().clone();
                     let (leading, most, terms, me) =
                         (leading.clone(), most.clone(), terms.clone(), me.clone());
                     async move {

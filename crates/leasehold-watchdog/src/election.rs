@@ -4,14 +4,14 @@ use std::pin::pin;
 use std::sync::{Arc, Mutex, OnceLock, PoisonError, Weak};
 use std::time::Duration;
 
-use leasehold_core::{FencingToken, LeaseBackend, LeaseInfo, LeaseKey};
+use leasehold_core::{LeaseBackend, LeaseInfo, LeaseKey};
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 use tracing::{Instrument, info, info_span};
 
 use crate::backoff::upper_half;
 use crate::shared::Shared;
-use crate::{Leader, Lease, LeaseError, LeaseManager, LeaseOptions};
+use crate::{Leader, Lease, LeaseError, LeaseManager, LeaseOptions, WorkContext};
 
 /// One candidate in an election: at most one candidate per key leads at a
 /// time, for as long as it holds the election's lease.
@@ -40,12 +40,12 @@ use crate::{Leader, Lease, LeaseError, LeaseManager, LeaseOptions};
 /// let stop = CancellationToken::new();
 /// let stop_after_first_term = stop.clone();
 /// election
-///     .run(stop, |token, fencing_token| {
+///     .run(stop, |work| {
 ///         let stop = stop_after_first_term.clone();
 ///         async move {
-///             println!("leading with fencing token {fencing_token}");
-///             stop.cancel(); // a real leader would work until `token` fires
-///             token.cancelled().await;
+///             println!("leading with fencing token {}", work.fencing_token());
+///             stop.cancel(); // a real leader would work until its token fires
+///             work.cancelled().await;
 ///         }
 ///     })
 ///     .await?;
@@ -227,8 +227,9 @@ impl<B: LeaseBackend> Election<B> {
     /// Campaigns, leads, steps down and campaigns again until `stop` is
     /// cancelled.
     ///
-    /// Each term runs `lead(token, fencing_token)`. The leader must return
-    /// soon after `token` is cancelled: when the lease ends (lost, cap,
+    /// Each term runs `lead(work)` with the term's [`WorkContext`] (its
+    /// token, fencing token and progress reporter). The leader must return
+    /// soon after the context's token is cancelled: when the lease ends (lost, cap,
     /// deadline, shutdown) or when `stop` is cancelled. When `lead`
     /// returns, the candidate steps down (releases the lease), pauses, and
     /// campaigns again.
@@ -244,7 +245,7 @@ impl<B: LeaseBackend> Election<B> {
     /// its lease in the background; prefer cancelling `stop`.
     pub async fn run<F, Fut>(&self, stop: CancellationToken, mut lead: F) -> Result<(), LeaseError>
     where
-        F: FnMut(CancellationToken, FencingToken) -> Fut,
+        F: FnMut(WorkContext) -> Fut,
         Fut: Future<Output = ()>,
     {
         loop {
@@ -256,7 +257,7 @@ impl<B: LeaseBackend> Election<B> {
             let span = info_span!("lead", key = %self.key, name = %lease.name());
             info!(parent: &span, fencing_token = %lease.fencing_token(), "elected");
             let token = lease.token();
-            let leading = lead(token.clone(), lease.fencing_token()).instrument(span.clone());
+            let leading = lead(WorkContext::of(&lease)).instrument(span.clone());
             let mut leading = pin!(leading);
             tokio::select! {
                 biased;

@@ -70,6 +70,7 @@ pub mod tick;
 mod timing;
 mod turns;
 mod waiting;
+mod work;
 
 pub use backoff::Backoff;
 pub use bounds::Progress;
@@ -96,3 +97,4 @@ pub use tick::{
 };
 /// The token type handed to holders, re-exported for convenience.
 pub use tokio_util::sync::CancellationToken;
+pub use work::WorkContext;

@@ -4,18 +4,18 @@ use std::panic::AssertUnwindSafe;
 
 use futures_util::FutureExt;
 use leasehold_core::LeaseBackend;
-use tokio_util::sync::CancellationToken;
 use tracing::warn;
 
-use crate::{LeaseError, LeaseManager, LeaseOptions};
+use crate::{LeaseError, LeaseManager, LeaseOptions, WorkContext};
 
 impl<B: LeaseBackend> LeaseManager<B> {
-    /// Acquires `key`, runs `work` with the lease's token, and releases the
-    /// lease on every path: success, error, panic, and the returned future
-    /// being dropped.
+    /// Acquires `key`, runs `work` with the lease's [`WorkContext`] (its
+    /// token, fencing token and progress reporter), and releases the lease
+    /// on every path: success, error, panic, and the returned future being
+    /// dropped.
     ///
-    /// The work is stopped cooperatively: it receives the token and should
-    /// return soon after the token is cancelled. Its output is returned only
+    /// The work is stopped cooperatively: it should return soon after the
+    /// context's token is cancelled. Its output is returned only
     /// if the lease was held throughout; if the lease ended first, the result
     /// is [`LeaseError::LeaseEnded`] with the reason, whatever the work
     /// returned, since some of it may have run unguarded.
@@ -27,9 +27,9 @@ impl<B: LeaseBackend> LeaseManager<B> {
     /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), Box<dyn std::error::Error>> {
     /// let manager = LeaseManager::new(MemoryBackend::new())?;
     /// let rows = manager
-    ///     .with_lease("billing:close-month", &LeaseOptions::default(), |token| async move {
+    ///     .with_lease("billing:close-month", &LeaseOptions::default(), |work| async move {
     ///         let mut rows = 0;
-    ///         while rows < 1000 && !token.is_cancelled() {
+    ///         while rows < 1000 && !work.is_cancelled() {
     ///             rows += 1; // one unit of work between checks
     ///         }
     ///         rows
@@ -61,11 +61,13 @@ impl<B: LeaseBackend> LeaseManager<B> {
         work: F,
     ) -> Result<T, LeaseError>
     where
-        F: FnOnce(CancellationToken) -> Fut,
+        F: FnOnce(WorkContext) -> Fut,
         Fut: Future<Output = T>,
     {
         let lease = self.acquire(key, options).await?;
-        let outcome = AssertUnwindSafe(work(lease.token())).catch_unwind().await;
+        let outcome = AssertUnwindSafe(work(WorkContext::of(&lease)))
+            .catch_unwind()
+            .await;
         let ended = lease.loss_reason();
         let key = lease.key().to_string();
         if let Err(error) = lease.release().await {

@@ -54,10 +54,14 @@
 //! # What is promised
 //!
 //! One start and at most one recorded completion per tick on a healthy
-//! server, whatever the nodes' clocks. The server's clock is one clock at
-//! a time, not for ever: after a failover that lost the record's last
-//! writes, or a server clock that stepped back, a tick may start again,
-//! with a higher fencing token (docs/reliability.md measures it).
+//! server, whatever the nodes' clocks; a server clock that steps back
+//! starts no tick at or below the highest decided. The server is one clock
+//! at a time, not for ever: a failover that lost the record's last writes
+//! can start a tick again, with a higher fencing token when the new
+//! master's clock is not behind the old one's by more than the time since
+//! the first start, and a lower one when it is (the counter was lost with
+//! the record). `wait_for_replicas` on the Redis backend narrows that
+//! window (docs/reliability.md measures both).
 //!
 //! # How long a job's keys live
 //!
@@ -75,13 +79,12 @@ use leasehold_core::{
     AcquireRequest, BackendError, CatchUp, Completion, Decision, FencingToken, Grant, HolderId,
     JobName, LeaseBackend, OnAbandon, RunInfo, TickBackend, TickReason, TickReply, TickRequest,
 };
-use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
 use crate::attempt::Attempt;
-use crate::bounds::Progress;
 use crate::metrics::Kind;
 use crate::schedule::{ServerClock, TickGrid};
+use crate::work::WorkContext;
 use crate::{LeaseError, LeaseManager, LeaseOptions, LeaseOptionsBuilder};
 
 /// The default start deadline: one minute. A tick may start until the
@@ -367,26 +370,14 @@ impl TickJobBuilder {
     }
 }
 
-/// What a run of a tick is given: the tick, its lease's fencing token,
-/// cancellation token and progress reporter, and why and when its lease
-/// ends.
+/// What a run of a tick is given: the [`WorkContext`] every work under a
+/// lease is given (its cancellation token, fencing token, progress
+/// reporter, why and until when its lease holds; reached through `Deref`),
+/// and the tick.
 #[derive(Clone)]
 pub struct TickRun {
     tick: SystemTime,
-    fencing_token: FencingToken,
-    token: CancellationToken,
-    progress: Progress,
-    lease: Arc<crate::shared::Shared>,
-}
-
-impl fmt::Debug for TickRun {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("TickRun")
-            .field("tick", &self.tick)
-            .field("fencing_token", &self.fencing_token)
-            .field("loss", &self.loss_reason())
-            .finish_non_exhaustive()
-    }
+    work: WorkContext,
 }
 
 impl TickRun {
@@ -397,40 +388,28 @@ impl TickRun {
         self.tick
     }
 
-    /// The fencing token of the run's lease: pass it to the stores the
-    /// job writes to, so that they can refuse a write of an older run.
+    /// The context of the run's work, as `with_lease` and an election's
+    /// term give it.
     #[must_use]
-    pub fn fencing_token(&self) -> FencingToken {
-        self.fencing_token
+    pub fn work(&self) -> &WorkContext {
+        &self.work
     }
+}
 
-    /// Cancelled when the run's lease is lost: the job should stop soon
-    /// after.
-    #[must_use]
-    pub fn token(&self) -> &CancellationToken {
-        &self.token
+impl std::ops::Deref for TickRun {
+    type Target = WorkContext;
+
+    fn deref(&self) -> &WorkContext {
+        &self.work
     }
+}
 
-    /// The run's progress reporter, for a lease with a progress window.
-    #[must_use]
-    pub fn progress(&self) -> &Progress {
-        &self.progress
-    }
-
-    /// Why the run's lease ended, once its token fired: a stop with the
-    /// time left ([`RenewalLimit`](crate::LossReason::RenewalLimit),
-    /// [`Deadline`](crate::LossReason::Deadline), …) or at once
-    /// ([`Lost`](crate::LossReason::Lost)).
-    #[must_use]
-    pub fn loss_reason(&self) -> Option<crate::LossReason> {
-        self.lease.loss()
-    }
-
-    /// Until when, on this process's monotonic clock, the run's lease is
-    /// certainly held, as of its last renewal.
-    #[must_use]
-    pub fn valid_until(&self) -> tokio::time::Instant {
-        self.lease.valid_until()
+impl fmt::Debug for TickRun {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("TickRun")
+            .field("tick", &self.tick)
+            .field("work", &self.work)
+            .finish()
     }
 }
 
@@ -721,10 +700,7 @@ impl<B: LeaseBackend> LeaseManager<B> {
         info!(job = name, tick = ?tick, %fencing_token, reason = reason.as_str(), "running the tick");
         let run = TickRun {
             tick,
-            fencing_token,
-            token: lease.token(),
-            progress: lease.progress(),
-            lease: Arc::clone(lease.shared()),
+            work: WorkContext::of(&lease),
         };
         let outcome = AssertUnwindSafe(work(run)).catch_unwind().await;
         let ended = lease.loss_reason();

@@ -78,7 +78,8 @@ async fn every_observer_sees_every_term_at_the_instant_it_changes() -> TestResul
         runs.push(tokio::spawn(async move {
             let run_election = Arc::clone(&election);
             run_election
-                .run(stop.clone(), |token, fencing_token| {
+                .run(stop.clone(), |work| {
+                    let (token, fencing_token) = (work.token().clone(), work.fencing_token());
                     let (terms, stop, election) =
                         (Arc::clone(&terms), stop.clone(), Arc::clone(&election));
                     async move {

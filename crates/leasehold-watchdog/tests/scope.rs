@@ -80,9 +80,9 @@ async fn a_lost_lease_stops_the_work_and_says_why() -> TestResult {
     let manager = LeaseManager::new(backend.clone())?;
     let saboteur = backend.clone();
     let options = LeaseOptions::default();
-    let scoped = manager.with_lease("scoped", &options, |token| async move {
+    let scoped = manager.with_lease("scoped", &options, |work| async move {
         saboteur.vanish(&key());
-        token.cancelled().await;
+        work.cancelled().await;
         "stopped"
     });
     // The default ttl is 30 s: the loss comes well within it.
