@@ -812,28 +812,40 @@ async fn malformed_requests_are_refused() -> TestResult {
     wrong_key.run.key = leasehold_core::LeaseKey::new("elsewhere")?;
     let refused = backend.decide_tick(&wrong_key).await;
     assert!(
-        matches!(refused, Err(leasehold_core::BackendError::InvalidRequest { .. })),
+        matches!(
+            refused,
+            Err(leasehold_core::BackendError::InvalidRequest { .. })
+        ),
         "{refused:?}"
     );
     let mut backwards = ask(T0, holder(), "30s");
     backwards.next = T0;
     let refused = backend.decide_tick(&backwards).await;
     assert!(
-        matches!(refused, Err(leasehold_core::BackendError::InvalidRequest { .. })),
+        matches!(
+            refused,
+            Err(leasehold_core::BackendError::InvalidRequest { .. })
+        ),
         "{refused:?}"
     );
     let mut long = ask(T0, holder(), "30s");
     long.fingerprint = "x".repeat(TickRequest::MAX_FINGERPRINT + 1);
     let refused = backend.decide_tick(&long).await;
     assert!(
-        matches!(refused, Err(leasehold_core::BackendError::InvalidRequest { .. })),
+        matches!(
+            refused,
+            Err(leasehold_core::BackendError::InvalidRequest { .. })
+        ),
         "{refused:?}"
     );
     let mut held_at_least = ask(T0, holder(), "30s");
     held_at_least.run = held_at_least.run.with_hold_at_least(ms(5_000))?;
     let refused = backend.decide_tick(&held_at_least).await;
     assert!(
-        matches!(refused, Err(leasehold_core::BackendError::InvalidRequest { .. })),
+        matches!(
+            refused,
+            Err(leasehold_core::BackendError::InvalidRequest { .. })
+        ),
         "{refused:?}"
     );
     assert_eq!(backend.job_record(&job()).await?, None);
