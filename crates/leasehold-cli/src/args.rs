@@ -160,7 +160,7 @@ pub(crate) enum Command {
         /// Each KEY is a read-write lease, as taken with `run --shared` and
         /// `run --writer`: show its writer, its readers and a waiting
         /// writer, as the server holds them at one instant
-        #[arg(long, conflicts_with = "permits")]
+        #[arg(long, visible_alias = "write", conflicts_with = "permits")]
         rw: bool,
         /// Print one JSON object per key, one per line, instead of the table:
         /// {"key","held"} and, when held, "label", "fencing_token" and
@@ -236,7 +236,7 @@ pub(crate) struct RunArgs {
     pub(crate) permits: Option<u32>,
     /// Take a shared (read) hold on the read-write lease KEY: runs with
     /// --shared run together, never beside a --writer
-    #[arg(long, conflicts_with_all = ["permits", "writer"])]
+    #[arg(long, visible_alias = "read", conflicts_with_all = ["permits", "writer"])]
     pub(crate) shared: bool,
     /// Take the exclusive (write) hold on the read-write lease KEY: no
     /// --shared run and no other --writer runs beside it, and while it
@@ -293,7 +293,8 @@ pub(crate) struct RunArgs {
     /// when neither --ttl nor LEASEHOLD_TTL is given; not with --schedule,
     /// whose record decides instead) [default: none]
     #[arg(
-        long,
+        long = "hold-at-least",
+        visible_alias = "at-least",
         value_parser = parse_at_least,
         value_name = "DURATION",
         conflicts_with_all = ["permits", "shared", "writer", "fair"]
@@ -303,7 +304,12 @@ pub(crate) struct RunArgs {
     /// ttl): renewals stop before they would hold it longer, and the job is
     /// stopped as at the renewal cap, dead before the maximum [default: no
     /// limit]
-    #[arg(long, value_parser = parse_duration, value_name = "DURATION")]
+    #[arg(
+        long = "hold-at-most",
+        visible_alias = "at-most",
+        value_parser = parse_duration,
+        value_name = "DURATION"
+    )]
     pub(crate) at_most: Option<Duration>,
     /// A file the job touches to show progress (its modification time is
     /// polled four times per --progress-window); see --progress-window
@@ -444,6 +450,10 @@ pub(crate) enum Source {
 pub(crate) struct Merged {
     pub(crate) wait: Option<(Duration, Source)>,
     pub(crate) ttl: (Ttl, Source),
+    /// The minimum hold, from --hold-at-least or LEASEHOLD_HOLD_AT_LEAST.
+    pub(crate) at_least: Option<(Duration, Source)>,
+    /// Fair mode, from --fair or LEASEHOLD_FAIR.
+    pub(crate) fair: Option<Source>,
 }
 
 impl RunArgs {
@@ -462,15 +472,33 @@ impl RunArgs {
                     _ => format!("--wait {wait}"),
                 }
             });
+        // The flag wins over the variable; a caller that merged neither
+        // still has the flag.
+        let held = merged.at_least.or(self.at_least.map(|d| (d, Source::Flag)));
+        let at_least = held.map(|(hold, source)| {
+            let hold = humantime::format_duration(hold).to_string();
+            let given = match source {
+                Source::Env => format!("LEASEHOLD_HOLD_AT_LEAST={hold}"),
+                _ => format!("--at-least {hold}"),
+            };
+            (hold, given)
+        });
+        let fair = merged
+            .fair
+            .or(self.fair.then_some(Source::Flag))
+            .map(|source| match source {
+                Source::Env => "LEASEHOLD_FAIR",
+                _ => "--fair",
+            });
         if self.schedule.is_some() {
             let others = [
-                (self.at_least.is_some(), "--at-least"),
-                (self.permits.is_some(), "--permits"),
-                (self.shared, "--shared"),
-                (self.writer, "--writer"),
-                (self.fair, "--fair"),
+                (at_least.as_ref().map(|(_, given)| given.as_str())),
+                self.permits.is_some().then_some("--permits"),
+                self.shared.then_some("--shared"),
+                self.writer.then_some("--writer"),
+                fair,
             ];
-            if let Some((_, flag)) = others.iter().find(|(given, _)| *given) {
+            if let Some(flag) = others.into_iter().flatten().next() {
                 return Some(format!(
                     "--schedule cannot be used with {flag}: the job's record on the server \
                      decides which host runs each tick, under the job's own exclusive run \
@@ -491,8 +519,23 @@ impl RunArgs {
             }
             return None;
         }
-        let at_least = self.at_least?;
-        let hold = humantime::format_duration(at_least);
+        let (hold, given_hold) = at_least?;
+        if let Some(fair) = fair
+            && given_hold.starts_with("LEASEHOLD_")
+        {
+            return Some(format!(
+                "{given_hold} cannot be used with {fair}: a minimum hold is for exclusive \
+                 leases taken without fair mode"
+            ));
+        }
+        if (self.permits.is_some() || self.shared || self.writer)
+            && given_hold.starts_with("LEASEHOLD_")
+        {
+            return Some(format!(
+                "{given_hold} cannot be used with --permits, --shared or --writer: a minimum \
+                 hold is for exclusive leases; unset it for this command"
+            ));
+        }
         if let Some(wait) = wait {
             let unset = if wait.starts_with("LEASEHOLD_") {
                 "; unset LEASEHOLD_WAIT for this command"
@@ -500,19 +543,20 @@ impl RunArgs {
                 "; leave --wait out"
             };
             return Some(format!(
-                "--at-least {hold} cannot be used with {wait}: a host that waits would take \
+                "{given_hold} cannot be used with {wait}: a host that waits would take \
                  the lease when the hold ends and run the command again (with --at-least, a \
                  host that finds the lease held exits with 75){unset}"
             ));
         }
         let (ttl, source) = merged.ttl;
+        let at_least = held.map_or(Duration::ZERO, |(d, _)| d);
         if ttl.get() < at_least && source != Source::Default {
             let given = match source {
                 Source::Env => format!("LEASEHOLD_TTL={ttl}"),
                 _ => format!("--ttl {ttl}"),
             };
             return Some(format!(
-                "--at-least {hold} cannot be used with {given}: a leasehold killed or cut off \
+                "{given_hold} cannot be used with {given}: a leasehold killed or cut off \
                  leaves the key for its ttl, which would end the hold early and let another \
                  host run the command again; give a ttl of at least {hold}, or none (the ttl \
                  is then the hold)"
@@ -690,6 +734,8 @@ mod tests {
         Merged {
             wait: wait.map(|(secs, source)| (Duration::from_secs(secs), source)),
             ttl: (ttl(ttl_.0), ttl_.1),
+            at_least: None,
+            fair: None,
         }
     }
 

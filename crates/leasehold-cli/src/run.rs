@@ -9,7 +9,7 @@ use leasehold_core::{
 };
 use leasehold_redis::RedisBackend;
 use leasehold_watchdog::{
-    Backoff, Fair, Lease, LeaseConfig, LeaseError, LeaseManager, LeaseOptions, LeaseOptionsBuilder,
+    Backoff, Lease, LeaseConfig, LeaseError, LeaseManager, LeaseOptions, LeaseOptionsBuilder,
     LossReason, Progress, TickRun,
 };
 use nix::sys::signal::Signal;
@@ -152,16 +152,38 @@ fn options(args: &RunArgs) -> Result<(LeaseOptionsBuilder, Fit), Failure> {
     if args.wait.is_some() {
         config.wait = args.wait;
     }
+    // Every lease option a LEASEHOLD_* variable may set, the flag first.
+    let at_least = args
+        .at_least
+        .map(|d| (d, Source::Flag))
+        .or(config.hold_at_least.map(|d| (d, Source::Env)));
+    let fair = if args.fair {
+        Some(Source::Flag)
+    } else {
+        config.fair.map(|_| Source::Env)
+    };
     let merged = Merged {
         wait: config.wait.map(|wait| (wait, wait_source)),
         ttl: (config.ttl, ttl_source),
+        at_least,
+        fair,
     };
     if let Some(refusal) = args.refusal(&merged) {
         return Err(Failure::new(exit::USAGE, refusal));
     }
+    if config.progress_window.is_some() && args.progress_file.is_none() {
+        return Err(Failure::new(
+            exit::USAGE,
+            "LEASEHOLD_PROGRESS_WINDOW needs --progress-file: the command shows its progress by \
+             touching that file, and without one it would be stopped after the window; give \
+             --progress-file, or unset the variable"
+                .to_owned(),
+        ));
+    }
+    let at_least = at_least.map(|(d, _)| d);
     // A minimum hold outlives a leasehold killed or cut off only with a
     // ttl of at least the hold: with no ttl given, the ttl is the hold.
-    if let Some(minimum) = args.at_least
+    if let Some(minimum) = at_least
         && ttl_source == Source::Default
         && config.ttl.get() < minimum
     {
@@ -190,30 +212,35 @@ fn options(args: &RunArgs) -> Result<(LeaseOptionsBuilder, Fit), Failure> {
     if let Some(message) = fit.cut_message(config.ttl) {
         note!("leasehold: {message}");
     }
+    let fair_mode = if args.fair {
+        Some(config.fair.unwrap_or_default())
+    } else {
+        config.fair
+    };
     let mut builder = LeaseOptions::builder()
         .ttl(config.ttl)
         .safety_margin(fit.safety_margin)
-        .renew_interval(fit.renew_interval)
+        .renew_interval(config.renew_interval.unwrap_or(fit.renew_interval))
         .backoff(Backoff::new(config.backoff_initial, config.backoff_max))
         .name(config.name)
         .lock_delay(config.lock_delay)
-        .fair(args.fair.then(Fair::default));
+        .fair(fair_mode);
     if let Some(max) = config.max_renewals {
         builder = builder.max_renewals(max);
     }
     if let Some(wait) = config.wait {
         builder = builder.wait(wait);
     }
-    if let Some(minimum) = args.at_least {
+    if let Some(minimum) = at_least {
         builder = builder.hold_at_least(minimum);
     }
     if let Some(label) = config.label {
         builder = builder.label(label);
     }
-    if let Some(max) = args.at_most {
+    if let Some(max) = args.at_most.or(config.hold_at_most) {
         builder = builder.hold_at_most(max);
     }
-    if let Some(window) = args.progress_window {
+    if let Some(window) = args.progress_window.or(config.progress_window) {
         builder = builder.progress_window(window);
     }
     Ok((builder, fit))

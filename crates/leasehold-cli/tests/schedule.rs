@@ -95,7 +95,34 @@ type Env = &'static [(&'static str, &'static str)];
 #[test]
 fn refused_combinations_exit_64_and_say_why() -> TestResult {
     let f = Fixture::new()?;
-    let cases: [Refused; 14] = [
+    let cases: [Refused; 19] = [
+        // The library's lease options from the environment: none brings a
+        // refused combination back.
+        (
+            &["--key", "k", "--wait", "5m"],
+            &[("LEASEHOLD_HOLD_AT_LEAST", "10m")],
+            &["LEASEHOLD_HOLD_AT_LEAST=10m cannot be used with --wait 5m"],
+        ),
+        (
+            &["--schedule", "0 2 * * *", "--job", "n"],
+            &[("LEASEHOLD_HOLD_AT_LEAST", "1m")],
+            &["--schedule cannot be used with LEASEHOLD_HOLD_AT_LEAST=1m"],
+        ),
+        (
+            &["--schedule", "0 2 * * *", "--job", "n"],
+            &[("LEASEHOLD_FAIR", "true")],
+            &["--schedule cannot be used with LEASEHOLD_FAIR"],
+        ),
+        (
+            &["--key", "k"],
+            &[("LEASEHOLD_PROGRESS_WINDOW", "1m")],
+            &["LEASEHOLD_PROGRESS_WINDOW needs --progress-file"],
+        ),
+        (
+            &["--key", "k", "--permits", "2"],
+            &[("LEASEHOLD_HOLD_AT_LEAST", "1m")],
+            &["LEASEHOLD_HOLD_AT_LEAST=1m cannot be used with --permits"],
+        ),
         (
             &["--key", "k", "--at-least", "10m", "--wait", "5m"],
             &[],
@@ -240,6 +267,49 @@ fn at_least_with_no_ttl_holds_for_the_hold() -> TestResult {
         (110_000..=120_000).contains(&pttl),
         "while the command ran the key's PTTL was {pttl} ms, not the 2m hold's"
     );
+    Ok(())
+}
+
+/// The library's names work on the command line (`--hold-at-least`), and
+/// `LEASEHOLD_HOLD_AT_LEAST` sets the hold as the flag does: the key's
+/// PTTL while the command runs is the hold's, not the 30s default ttl's.
+#[test]
+fn the_hold_from_the_environment_holds_as_the_flag_does() -> TestResult {
+    let f = Fixture::new()?;
+    for (args, env) in [
+        (&["--hold-at-least", "2m"][..], None),
+        (&[][..], Some(("LEASEHOLD_HOLD_AT_LEAST", "2m"))),
+    ] {
+        let _ = std::fs::remove_file(f.path("stop"));
+        let _ = std::fs::remove_file(f.path("started"));
+        let mut cmd = f.cmd(&["run", "--key", "env-held"]);
+        cmd.args(args).args([
+            "--",
+            "sh",
+            "-c",
+            "touch started; while [ ! -e stop ]; do sleep 0.01; done",
+        ]);
+        if let Some((var, value)) = env {
+            cmd.env(var, value);
+        }
+        let mut run = cmd.spawn()?;
+        wait_for_file(&f.path("started"))?;
+        let pttl: i64 = f
+            .server
+            .cli(&["PTTL", "leasehold:{env-held}"])?
+            .trim()
+            .parse()?;
+        std::fs::write(f.path("stop"), "")?;
+        let status = wait_for_exit(&mut run)?;
+        assert_eq!(status.code(), Some(0), "{args:?} {env:?}");
+        assert!(
+            (110_000..=120_000).contains(&pttl),
+            "{args:?} {env:?}: while the command ran the key's PTTL was {pttl} ms, not the 2m hold's"
+        );
+        // Released at the end of the hold, not before: free it for the
+        // next round.
+        f.server.cli(&["DEL", "leasehold:{env-held}", "leasehold:{env-held}:held-until"])?;
+    }
     Ok(())
 }
 

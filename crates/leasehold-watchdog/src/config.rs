@@ -28,6 +28,13 @@ use crate::{Backoff, LeaseError, LeaseOptions};
 /// | `name`            | `LEASEHOLD_NAME`                  | `"default"`      |
 /// | `label`           | `LEASEHOLD_LABEL`                 | none             |
 /// | `lock_delay`      | `LEASEHOLD_LOCK_DELAY`            | `"0s"` (none)    |
+/// | `renew_interval`  | `LEASEHOLD_RENEW_INTERVAL`        | a third of ttl   |
+/// | `hold_at_least`   | `LEASEHOLD_HOLD_AT_LEAST`         | none             |
+/// | `hold_at_most`    | `LEASEHOLD_HOLD_AT_MOST`          | none             |
+/// | `progress_window` | `LEASEHOLD_PROGRESS_WINDOW`       | none             |
+/// | `fair`            | `LEASEHOLD_FAIR`                  | `false`          |
+/// | `fair_place_ttl`  | `LEASEHOLD_FAIR_PLACE_TTL`        | `"2s"`           |
+/// | `fair_handover`   | `LEASEHOLD_FAIR_HANDOVER`         | `true`           |
 /// | `redis_url`       | `LEASEHOLD_REDIS_URL`             | none             |
 ///
 /// ```
@@ -73,6 +80,21 @@ pub struct LeaseConfig {
     /// How long the key stays taken after the lease ends without a release
     /// (see [`LeaseOptionsBuilder::lock_delay`](crate::LeaseOptionsBuilder::lock_delay)).
     pub lock_delay: LockDelay,
+    /// How often the watchdog renews; `None` for a third of the ttl (see
+    /// [`LeaseOptionsBuilder::renew_interval`](crate::LeaseOptionsBuilder::renew_interval)).
+    pub renew_interval: Option<Duration>,
+    /// The minimum hold (see
+    /// [`LeaseOptionsBuilder::hold_at_least`](crate::LeaseOptionsBuilder::hold_at_least)).
+    pub hold_at_least: Option<Duration>,
+    /// The maximum hold (see
+    /// [`LeaseOptionsBuilder::hold_at_most`](crate::LeaseOptionsBuilder::hold_at_most)).
+    pub hold_at_most: Option<Duration>,
+    /// The progress window (see
+    /// [`LeaseOptionsBuilder::progress_window`](crate::LeaseOptionsBuilder::progress_window)).
+    pub progress_window: Option<Duration>,
+    /// Fair mode: `None` off, else its place ttl and handover (see
+    /// [`LeaseOptionsBuilder::fair`](crate::LeaseOptionsBuilder::fair)).
+    pub fair: Option<crate::Fair>,
     /// Where the Redis server is; read by the application or the
     /// `leasehold` command, not by the watchdog.
     pub redis_url: Option<String>,
@@ -91,6 +113,11 @@ impl Default for LeaseConfig {
             name: "default".to_owned(),
             label: None,
             lock_delay: LockDelay::ZERO,
+            renew_interval: None,
+            hold_at_least: None,
+            hold_at_most: None,
+            progress_window: None,
+            fair: None,
             redis_url: None,
         }
     }
@@ -144,6 +171,13 @@ struct RawConfig {
     name: Option<String>,
     label: Option<String>,
     lock_delay: Option<String>,
+    renew_interval: Option<String>,
+    hold_at_least: Option<String>,
+    hold_at_most: Option<String>,
+    progress_window: Option<String>,
+    fair: Option<bool>,
+    fair_place_ttl: Option<String>,
+    fair_handover: Option<bool>,
     redis_url: Option<String>,
 }
 
@@ -161,6 +195,13 @@ impl TryFrom<RawConfig> for LeaseConfig {
         fields.set("name", raw.name);
         fields.set("label", raw.label);
         fields.set("lock_delay", raw.lock_delay);
+        fields.set("renew_interval", raw.renew_interval);
+        fields.set("hold_at_least", raw.hold_at_least);
+        fields.set("hold_at_most", raw.hold_at_most);
+        fields.set("progress_window", raw.progress_window);
+        fields.set("fair", raw.fair.map(|b| b.to_string()));
+        fields.set("fair_place_ttl", raw.fair_place_ttl);
+        fields.set("fair_handover", raw.fair_handover.map(|b| b.to_string()));
         fields.set("redis_url", raw.redis_url);
         fields.check()
     }
@@ -186,6 +227,8 @@ impl Fields {
 
     fn check(self) -> Result<LeaseConfig, ConfigError> {
         let mut config = LeaseConfig::default();
+        // Fair mode's three settings, put together once all are read.
+        let (mut fair, mut place_ttl, mut handover) = (None, None, None);
         for (field, shown, value) in self.values {
             let invalid = |reason: String| ConfigError::Invalid {
                 field: shown.clone(),
@@ -235,6 +278,17 @@ impl Fields {
                     config.lock_delay =
                         LockDelay::new(duration()?).map_err(|e| invalid(reason_of(e)))?;
                 }
+                "renew_interval" => {
+                    config.renew_interval = Some(positive(duration()?, invalid)?);
+                }
+                "hold_at_least" => config.hold_at_least = Some(positive(duration()?, invalid)?),
+                "hold_at_most" => config.hold_at_most = Some(positive(duration()?, invalid)?),
+                "progress_window" => {
+                    config.progress_window = Some(positive(duration()?, invalid)?);
+                }
+                "fair" => fair = Some(boolean(&value).map_err(invalid)?),
+                "fair_place_ttl" => place_ttl = Some(positive(duration()?, invalid)?),
+                "fair_handover" => handover = Some(boolean(&value).map_err(invalid)?),
                 "redis_url" => {
                     if !value.contains("://") {
                         return Err(invalid(
@@ -245,6 +299,20 @@ impl Fields {
                 }
                 _ => {}
             }
+        }
+        if fair == Some(true) {
+            let mut mode = crate::Fair::default();
+            if let Some(ttl) = place_ttl {
+                mode = mode.with_place_ttl(ttl);
+            }
+            if let Some(on) = handover {
+                mode = mode.with_handover(on);
+            }
+            config.fair = Some(mode);
+        } else if place_ttl.is_some() || handover.is_some() {
+            return Err(ConfigError::Mismatch {
+                reason: "fair_place_ttl and fair_handover are settings of fair mode: set fair = true, or leave them out".to_owned(),
+            });
         }
         if config.backoff_initial > config.backoff_max {
             return Err(ConfigError::Mismatch {
@@ -270,6 +338,14 @@ fn positive(
     }
 }
 
+fn boolean(value: &str) -> Result<bool, String> {
+    match value.trim() {
+        "true" | "1" | "yes" | "on" => Ok(true),
+        "false" | "0" | "no" | "off" => Ok(false),
+        _ => Err("expected true or false".to_owned()),
+    }
+}
+
 fn parse_duration(value: &str) -> Result<Duration, String> {
     humantime::parse_duration(value.trim())
         .map_err(|e| format!("{e}; write durations like \"30s\", \"1m 30s\" or \"500ms\""))
@@ -292,7 +368,7 @@ fn excerpt(value: &str) -> String {
 }
 
 /// The environment variable suffix of each field.
-const ENV_FIELDS: [(&str, &str); 10] = [
+const ENV_FIELDS: [(&str, &str); 17] = [
     ("ttl", "TTL"),
     ("max_renewals", "MAX_RENEWALS"),
     ("safety_margin", "SAFETY_MARGIN"),
@@ -302,6 +378,13 @@ const ENV_FIELDS: [(&str, &str); 10] = [
     ("name", "NAME"),
     ("label", "LABEL"),
     ("lock_delay", "LOCK_DELAY"),
+    ("renew_interval", "RENEW_INTERVAL"),
+    ("hold_at_least", "HOLD_AT_LEAST"),
+    ("hold_at_most", "HOLD_AT_MOST"),
+    ("progress_window", "PROGRESS_WINDOW"),
+    ("fair", "FAIR"),
+    ("fair_place_ttl", "FAIR_PLACE_TTL"),
+    ("fair_handover", "FAIR_HANDOVER"),
     ("redis_url", "REDIS_URL"),
 ];
 
@@ -391,6 +474,19 @@ impl LeaseConfig {
         if let Some(label) = &self.label {
             builder = builder.label(label.clone());
         }
+        if let Some(interval) = self.renew_interval {
+            builder = builder.renew_interval(interval);
+        }
+        if let Some(minimum) = self.hold_at_least {
+            builder = builder.hold_at_least(minimum);
+        }
+        if let Some(max) = self.hold_at_most {
+            builder = builder.hold_at_most(max);
+        }
+        if let Some(window) = self.progress_window {
+            builder = builder.progress_window(window);
+        }
+        builder = builder.fair(self.fair);
         builder.build().map_err(|e| match e {
             LeaseError::InvalidOptions { reason } => ConfigError::Mismatch { reason },
             other => ConfigError::Mismatch {
@@ -450,6 +546,69 @@ mod tests {
             LeaseConfig::from_toml_str("")?.lease_options()?,
             LeaseOptions::default()
         );
+        Ok(())
+    }
+
+    /// Every lease option has a field: the holds, the progress window, the
+    /// renew interval and fair mode as well, from TOML and from the
+    /// environment alike.
+    #[test]
+    fn every_lease_option_has_a_field() -> Result<(), Box<dyn std::error::Error>> {
+        let text = r#"
+            ttl = "30s"
+            renew_interval = "5s"
+            hold_at_least = "1m"
+            hold_at_most = "2h"
+            progress_window = "10m"
+            fair = true
+            fair_place_ttl = "4s"
+            fair_handover = false
+        "#;
+        let vars: HashMap<&str, &str> = [
+            ("L_TTL", "30s"),
+            ("L_RENEW_INTERVAL", "5s"),
+            ("L_HOLD_AT_LEAST", "1m"),
+            ("L_HOLD_AT_MOST", "2h"),
+            ("L_PROGRESS_WINDOW", "10m"),
+            ("L_FAIR", "true"),
+            ("L_FAIR_PLACE_TTL", "4s"),
+            ("L_FAIR_HANDOVER", "false"),
+        ]
+        .into_iter()
+        .collect();
+        let from_env =
+            LeaseConfig::from_env_with("L_", |var| vars.get(var).map(|v| (*v).to_owned()))?;
+        let from_toml = LeaseConfig::from_toml_str(text)?;
+        assert_eq!(from_env, from_toml);
+        // Fair mode and a minimum hold do not go together: the options
+        // say so, naming both.
+        let both = from_toml.lease_options().map_err(|e| e.to_string());
+        assert!(matches!(&both, Err(m) if m.contains("fair")), "{both:?}");
+        let config = LeaseConfig::from_toml_str(
+            r#"
+            ttl = "30s"
+            renew_interval = "5s"
+            hold_at_least = "1m"
+            hold_at_most = "2h"
+            progress_window = "10m"
+            "#,
+        )?;
+        let options = config.lease_options()?;
+        assert_eq!(options.renew_interval(), Duration::from_secs(5));
+        assert_eq!(options.hold_at_least(), Some(Duration::from_secs(60)));
+        assert_eq!(options.hold_at_most(), Some(Duration::from_secs(7_200)));
+        assert_eq!(options.progress_window(), Some(Duration::from_secs(600)));
+        let fair = LeaseConfig::from_toml_str("fair = true
+fair_place_ttl = \"4s\"")?
+            .lease_options()?;
+        assert_eq!(
+            fair.fair(),
+            Some(crate::Fair::default().with_place_ttl(Duration::from_secs(4)))
+        );
+        let orphan = LeaseConfig::from_toml_str("fair_handover = false");
+        assert!(matches!(orphan, Err(ConfigError::Mismatch { .. })), "{orphan:?}");
+        let bad = LeaseConfig::from_toml_str(r#"progress_window = "0s""#).map_err(|e| e.to_string());
+        assert!(matches!(&bad, Err(m) if m.contains("progress_window")), "{bad:?}");
         Ok(())
     }
 
