@@ -308,7 +308,11 @@ fn the_hold_from_the_environment_holds_as_the_flag_does() -> TestResult {
         );
         // Released at the end of the hold, not before: free it for the
         // next round.
-        f.server.cli(&["DEL", "leasehold:{env-held}", "leasehold:{env-held}:held-until"])?;
+        f.server.cli(&[
+            "DEL",
+            "leasehold:{env-held}",
+            "leasehold:{env-held}:held-until",
+        ])?;
     }
     Ok(())
 }
