@@ -598,17 +598,23 @@ mod tests {
         assert_eq!(options.hold_at_least(), Some(Duration::from_secs(60)));
         assert_eq!(options.hold_at_most(), Some(Duration::from_secs(7_200)));
         assert_eq!(options.progress_window(), Some(Duration::from_secs(600)));
-        let fair = LeaseConfig::from_toml_str("fair = true
-fair_place_ttl = \"4s\"")?
-            .lease_options()?;
+        let fair =
+            LeaseConfig::from_toml_str("fair = true\nfair_place_ttl = \"4s\"")?.lease_options()?;
         assert_eq!(
             fair.fair(),
             Some(crate::Fair::default().with_place_ttl(Duration::from_secs(4)))
         );
         let orphan = LeaseConfig::from_toml_str("fair_handover = false");
-        assert!(matches!(orphan, Err(ConfigError::Mismatch { .. })), "{orphan:?}");
-        let bad = LeaseConfig::from_toml_str(r#"progress_window = "0s""#).map_err(|e| e.to_string());
-        assert!(matches!(&bad, Err(m) if m.contains("progress_window")), "{bad:?}");
+        assert!(
+            matches!(orphan, Err(ConfigError::Mismatch { .. })),
+            "{orphan:?}"
+        );
+        let bad =
+            LeaseConfig::from_toml_str(r#"progress_window = "0s""#).map_err(|e| e.to_string());
+        assert!(
+            matches!(&bad, Err(m) if m.contains("progress_window")),
+            "{bad:?}"
+        );
         Ok(())
     }
 
