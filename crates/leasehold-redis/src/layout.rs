@@ -95,6 +95,25 @@ use crate::Error;
 /// A lease key `job:{J}:record` would be kept at the record's Redis key:
 /// `LeaseKey` refuses it.
 ///
+/// A fenced resource `R` guarded by the lease key `K` (see
+/// [`Fence`](crate::Fence)) is one key, in the slot of `K`'s `P`:
+///
+/// | key                  | holds                                                   |
+/// |----------------------|---------------------------------------------------------|
+/// | `N{T}:fenced:R`      | a hash: `token`, the highest fencing token written or sealed (decimal); `lease`, the lease key whose tokens it compares (`K`, or the key `K`'s tokens are counted for: a permit's semaphore, a read-write share's lease); `value`, the value last written (absent while the resource is only sealed) |
+///
+/// `T` is the text Redis Cluster hashes in `P`: the hash tag of `K`, or
+/// `K` itself when it has none (up to a first `}`). So a resource is named
+/// within its lease key's hash tag: `order:{42}` and `invoice:{42}` name
+/// one resource `total`, whose fence holds the tokens of whichever of them
+/// fenced it first (the other is refused), while `reports` and `audits`
+/// each have their own. The key is the *user's data*, not leasehold's
+/// bookkeeping: the value and its fence live and die together, for as long
+/// as the user wants (until deleted, or the expiry the last write set), so
+/// nothing of leasehold's own is left behind by it. Its name starts with
+/// `N{`, never `N:` as every other key of the namespace does, so no lease
+/// key, counter or record can name it.
+///
 /// The namespace may not contain `{` or `}`: they would change the hash tag.
 /// A lease key with a hash tag may not end with `:fence`, `:permits`,
 /// `:readers`, `:write-wanted`, `:held-until`, `:fair`, `:fair-places` or
@@ -323,6 +342,26 @@ impl KeyLayout {
         format!("{}:job:{{{}}}:record", self.namespace, job.as_str())
     }
 
+    /// The Redis key holding the fenced resource `resource` guarded by the
+    /// lease key `key` (`N{T}:fenced:<resource>`, a hash; see the table
+    /// above): in the slot of `key`'s lease, whatever the topology. A
+    /// permit's or a read-write share's resources are its semaphore's or
+    /// lease's, whose tokens it holds.
+    ///
+    /// To delete a resource (its value and its fence), `DEL` this key.
+    #[must_use]
+    pub fn fenced(&self, key: &LeaseKey, resource: &str) -> String {
+        let lease = self.prefix(&key.counted_as());
+        let tag = hashed_part(&lease);
+        let mut out = String::with_capacity(self.namespace.len() + tag.len() + resource.len() + 10);
+        out.push_str(&self.namespace);
+        out.push('{');
+        out.push_str(tag);
+        out.push_str("}:fenced:");
+        out.push_str(resource);
+        out
+    }
+
     /// The `SCAN … MATCH` pattern of every job record of this namespace
     /// (`N:job:{*}:record`, the namespace's glob characters escaped).
     pub(crate) fn job_records_pattern(&self) -> String {
@@ -357,6 +396,19 @@ impl Default for KeyLayout {
     }
 }
 
+/// The part of a Redis key that Redis Cluster hashes: the text between the
+/// first `{` and the next `}`, when not empty; else the whole key.
+fn hashed_part(key: &str) -> &str {
+    key.find('{')
+        .and_then(|open| {
+            let rest = &key[open + 1..];
+            rest.find('}')
+                .filter(|&close| close > 0)
+                .map(|close| &rest[..close])
+        })
+        .unwrap_or(key)
+}
+
 /// `d` in whole milliseconds (every duration here is checked to fit).
 fn millis(d: Duration) -> u64 {
     u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
@@ -365,18 +417,6 @@ fn millis(d: Duration) -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    /// The part of a Redis key that Redis Cluster hashes (the cluster spec's rule).
-    fn hashed_part(key: &str) -> &str {
-        key.find('{')
-            .and_then(|open| {
-                let rest = &key[open + 1..];
-                rest.find('}')
-                    .filter(|&close| close > 0)
-                    .map(|close| &rest[..close])
-            })
-            .unwrap_or(key)
-    }
 
     fn k(s: &str) -> LeaseKey {
         LeaseKey::new(s).expect("valid key")
@@ -537,6 +577,38 @@ mod tests {
             globby.job_records_pattern(),
             "a\\*b\\?\\[c\\]\\\\d:job:{*}:record"
         );
+    }
+
+    #[test]
+    fn a_fenced_resource_sits_in_its_lease_keys_slot_and_names_no_other_key() {
+        let layout = KeyLayout::default();
+        for (lease, expected) in [
+            (
+                "reports:nightly",
+                "leasehold{reports:nightly}:fenced:chunk:7",
+            ),
+            (
+                "{reports:nightly}",
+                "leasehold{reports:nightly}:fenced:chunk:7",
+            ),
+            ("order:{42}", "leasehold{42}:fenced:chunk:7"),
+            ("invoice:{42}", "leasehold{42}:fenced:chunk:7"),
+            ("a}b", "leasehold{a}:fenced:chunk:7"),
+            ("x{}y", "leasehold{x{}:fenced:chunk:7"),
+            ("a{b", "leasehold{a{b}:fenced:chunk:7"),
+            ("jobs:{7}:permit:2", "leasehold{7}:fenced:chunk:7"),
+        ] {
+            let lease = k(lease);
+            let fenced = layout.fenced(&lease, "chunk:7");
+            assert_eq!(fenced, expected, "{lease:?}");
+            assert_eq!(
+                hashed_part(&fenced),
+                hashed_part(&layout.lease(&lease)),
+                "{lease:?}"
+            );
+            // Every other key of the namespace starts with `N:`.
+            assert!(!fenced.starts_with("leasehold:"));
+        }
     }
 
     #[test]

@@ -136,6 +136,7 @@ mod config;
 mod connection;
 mod error;
 mod fair;
+mod fence;
 mod layout;
 mod loads;
 mod notices;
@@ -149,6 +150,7 @@ pub use backend::RedisBackend;
 pub use capabilities::ServerInfo;
 pub use config::RedisBackendBuilder;
 pub use error::{Error, Missing, redact};
+pub use fence::{Fence, FencedValue, FencedWrite};
 pub use layout::KeyLayout;
 /// The redis client library, to build a [`redis::Client`] for
 /// [`RedisBackend::builder_for_client`] (TLS certificates, credentials

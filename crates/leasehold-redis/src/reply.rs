@@ -739,10 +739,134 @@ pub(crate) fn deleted(reply: &Value) -> Result<bool, Failure> {
     }
 }
 
+/// What `fenced_write.lua` answered.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum FenceAnswer {
+    /// `{1, token}`: the fence is at the writer's token.
+    Done,
+    /// `{0, newer}`: the resource has seen `newer`; nothing written.
+    Newer(FencingToken),
+    /// `{-1, lease}`: the fence compares the tokens of another lease key.
+    OtherLease(String),
+}
+
+/// The reply of `fenced_write.lua`: `{1, token}`, `{0, newer}` or
+/// `{-1, lease}`.
+pub(crate) fn fenced(reply: &Value) -> Result<FenceAnswer, Failure> {
+    const SHAPE: &str = "{1, token}, {0, newer token} or {-1, lease key}";
+    let Value::Array(items) = plain(reply) else {
+        return Err(unexpected(SHAPE, reply));
+    };
+    let [done, detail] = items.as_slice() else {
+        return Err(unexpected(SHAPE, reply));
+    };
+    match int(plain(done)) {
+        Some(1) => token(plain(detail)).map(|_| FenceAnswer::Done),
+        Some(0) => token(plain(detail)).map(FenceAnswer::Newer),
+        Some(-1) => text(plain(detail))
+            .map(|lease| FenceAnswer::OtherLease(lease.to_owned()))
+            .ok_or_else(|| unexpected("the fence's lease key", detail)),
+        _ => Err(unexpected(SHAPE, reply)),
+    }
+}
+
+/// A fenced resource as `fence_read.lua` read it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct FenceRead {
+    /// The lease key whose tokens the fence compares.
+    pub(crate) lease: String,
+    /// The fence: the highest token written or sealed.
+    pub(crate) token: FencingToken,
+    /// The value, absent while the resource is only sealed.
+    pub(crate) value: Option<Vec<u8>>,
+    /// The resource's time to live, `None` for no expiry.
+    pub(crate) ttl_left: Option<Duration>,
+}
+
+/// The reply of `fence_read.lua`: `{lease, token, value or nil, pttl}`, or
+/// `{}` for no resource.
+pub(crate) fn fence_read(reply: &Value) -> Result<Option<FenceRead>, Failure> {
+    const SHAPE: &str = "{lease, token, value, pttl} or {}";
+    let Value::Array(items) = plain(reply) else {
+        return Err(unexpected(SHAPE, reply));
+    };
+    let [lease, fence, value, pttl] = items.as_slice() else {
+        return if items.is_empty() {
+            Ok(None)
+        } else {
+            Err(unexpected(SHAPE, reply))
+        };
+    };
+    let lease = text(plain(lease)).ok_or_else(|| unexpected("the fence's lease key", lease))?;
+    let value = match plain(value) {
+        Value::Nil | Value::Boolean(false) => None,
+        stored => Some(
+            bytes(stored)
+                .ok_or_else(|| unexpected("the resource's value", stored))?
+                .to_vec(),
+        ),
+    };
+    Ok(Some(FenceRead {
+        lease: lease.to_owned(),
+        token: token(plain(fence))?,
+        value,
+        ttl_left: ttl_left(plain(pttl))?,
+    }))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use leasehold_core::{HolderId, Ttl};
+
+    #[test]
+    fn fenced_replies_are_read_and_odd_ones_refused() {
+        let pair = |n: i64, s: &str| Value::Array(vec![Value::Int(n), bulk(s)]);
+        assert_eq!(fenced(&pair(1, "7")).ok(), Some(FenceAnswer::Done));
+        assert_eq!(
+            fenced(&pair(0, "18446744073709551615")).ok(),
+            Some(FenceAnswer::Newer(FencingToken(u64::MAX)))
+        );
+        assert_eq!(
+            fenced(&pair(-1, "order:{42}")).ok(),
+            Some(FenceAnswer::OtherLease("order:{42}".to_owned()))
+        );
+        for odd in [
+            pair(2, "7"),
+            pair(0, "x"),
+            Value::Array(vec![Value::Int(1)]),
+            Value::Int(1),
+        ] {
+            assert!(fenced(&odd).is_err(), "{odd:?}");
+        }
+        assert_eq!(fence_read(&Value::Array(vec![])).ok(), Some(None));
+        let read = fence_read(&Value::Array(vec![
+            bulk("jobs"),
+            bulk("9"),
+            Value::Nil,
+            Value::Int(-1),
+        ]));
+        assert_eq!(
+            read.ok().flatten(),
+            Some(FenceRead {
+                lease: "jobs".to_owned(),
+                token: FencingToken(9),
+                value: None,
+                ttl_left: None,
+            })
+        );
+        let read = fence_read(&Value::Array(vec![
+            bulk("jobs"),
+            bulk("9"),
+            bulk("v"),
+            Value::Int(1500),
+        ]));
+        assert_eq!(
+            read.ok().flatten().map(|r| (r.value, r.ttl_left)),
+            Some((Some(b"v".to_vec()), Some(Duration::from_millis(1500))))
+        );
+        assert!(fence_read(&Value::Array(vec![bulk("jobs"), bulk("9")])).is_err());
+    }
 
     type TestResult = Result<(), Box<dyn std::error::Error>>;
 

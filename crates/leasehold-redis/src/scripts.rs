@@ -197,9 +197,20 @@ pub(crate) static TICK_RERUN: LazyLock<Lua> = LazyLock::new(|| {
 pub(crate) static TICK_RECORD: LazyLock<Lua> =
     LazyLock::new(|| Lua::new(include_str!("scripts/tick_record.lua")));
 
+/// Writes a value under a fenced resource, or seals it, when the writer's
+/// fencing token is at least the resource's fence; see
+/// `scripts/fenced_write.lua`.
+pub(crate) static FENCED_WRITE: LazyLock<Lua> =
+    LazyLock::new(|| Lua::new(include_str!("scripts/fenced_write.lua")));
+
+/// Reads a fenced resource's value, fence and time to live; see
+/// `scripts/fence_read.lua`.
+pub(crate) static FENCE_READ: LazyLock<Lua> =
+    LazyLock::new(|| Lua::new(include_str!("scripts/fence_read.lua")));
+
 /// Every script, for loading them all on a server before the first call
 /// (see `RedisBackendBuilder::connect`).
-pub(crate) fn all() -> [&'static Lua; 19] {
+pub(crate) fn all() -> [&'static Lua; 21] {
     [
         &ACQUIRE,
         &ACQUIRE_MANY,
@@ -220,6 +231,8 @@ pub(crate) fn all() -> [&'static Lua; 19] {
         &TICK_COMPLETE,
         &TICK_RERUN,
         &TICK_RECORD,
+        &FENCED_WRITE,
+        &FENCE_READ,
     ]
 }
 
@@ -839,6 +852,51 @@ pub(crate) fn tick_record(layout: &KeyLayout, job: &JobName) -> Call {
     call
 }
 
+/// What a [`fenced_write`] call stores besides the fence.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Fenced<'a> {
+    /// A value, with the resource's expiry in ms (`None`: it lives until
+    /// deleted).
+    Value(&'a [u8], Option<u64>),
+    /// Nothing: a seal, giving a resource it creates this expiry in ms.
+    Seal(Option<u64>),
+}
+
+/// `fenced_write.lua` on the resource kept at `resource` (a
+/// [`KeyLayout::fenced`] key), fenced by the tokens of `lease` (its counted
+/// key, as [`KeyLayout::fenced`] takes it) at `token`.
+pub(crate) fn fenced_write(
+    resource: &str,
+    lease: &LeaseKey,
+    token: FencingToken,
+    what: Fenced<'_>,
+) -> Call {
+    let (mode, value, expiry) = match what {
+        Fenced::Value(value, expiry) => ("write", value, expiry),
+        Fenced::Seal(expiry) => ("seal", &b""[..], expiry),
+    };
+    let bytes = resource.len() + lease.as_str().len() + 20 + 5 + value.len() + 20;
+    let mut call = Call::with_capacity(&FENCED_WRITE, 1, 6, bytes);
+    call.cmd
+        .arg(resource)
+        .arg(lease.as_str())
+        .arg(token.0)
+        .arg(mode)
+        .arg(value);
+    match expiry {
+        Some(ms) => call.cmd.arg(ms),
+        None => call.cmd.arg(""),
+    };
+    call
+}
+
+/// `fence_read.lua` on the resource kept at `resource`.
+pub(crate) fn fence_read(resource: &str) -> Call {
+    let mut call = Call::new(&FENCE_READ, 1);
+    call.cmd.arg(resource);
+    call
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -865,6 +923,8 @@ mod tests {
             ("tick_complete", include_str!("scripts/tick_complete.lua")),
             ("tick_rerun", include_str!("scripts/tick_rerun.lua")),
             ("tick_record", include_str!("scripts/tick_record.lua")),
+            ("fenced_write", include_str!("scripts/fenced_write.lua")),
+            ("fence_read", include_str!("scripts/fence_read.lua")),
         ] {
             if [
                 "acquire",
@@ -1225,6 +1285,43 @@ mod tests {
                 "leasehold:job:{nightly}:record",
                 "leasehold:job:{nightly}:run"
             ]
+        );
+        Ok(())
+    }
+
+    /// A fenced call names the resource's key alone (its slot is the
+    /// lease's), then the lease key, the token, the mode, the value and
+    /// the expiry ('' for none), as `fenced_write.lua` reads them.
+    #[test]
+    fn fenced_calls_are_encoded_as_the_scripts_expect() -> Result<(), leasehold_core::Error> {
+        let layout = KeyLayout::default();
+        let lease = LeaseKey::new("order:{42}")?;
+        let key = layout.fenced(&lease, "total");
+        let call = fenced_write(
+            &key,
+            &lease,
+            FencingToken(u64::MAX),
+            Fenced::Value(b"v", Some(1500)),
+        );
+        assert_eq!(
+            args(call.evalsha())[1..],
+            [
+                FENCED_WRITE.get_hash(),
+                "1",
+                "leasehold{42}:fenced:total",
+                "order:{42}",
+                "18446744073709551615",
+                "write",
+                "v",
+                "1500"
+            ]
+        );
+        assert_eq!(call.first_key(), b"leasehold{42}:fenced:total");
+        let call = fenced_write(&key, &lease, FencingToken(7), Fenced::Seal(None));
+        assert_eq!(args(call.evalsha())[5..], ["7", "seal", "", ""]);
+        assert_eq!(
+            args(fence_read(&key).evalsha())[1..],
+            [FENCE_READ.get_hash(), "1", "leasehold{42}:fenced:total"]
         );
         Ok(())
     }

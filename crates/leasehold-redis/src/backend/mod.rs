@@ -339,10 +339,25 @@ impl RedisBackend {
     }
 
     /// Runs a script (`EVALSHA`, loading the scripts on `NOSCRIPT`) under the op timeout.
-    async fn eval(&self, call: &Call) -> Result<Value, Failure> {
+    pub(crate) async fn eval(&self, call: &Call) -> Result<Value, Failure> {
         self.bounded(self.shared.conn.eval(call, None, &self.shared.loads))
             .await
             .map(|reply| reply.value)
+    }
+
+    /// Runs a script that writes the user's data (a fenced write,
+    /// `fence.rs`) over the operations connection and, under
+    /// [`wait_for_replicas`](crate::RedisBackendBuilder::wait_for_replicas),
+    /// `WAIT`s as a grant does: a write too few replicas acknowledged
+    /// fails, its outcome unknown (a failover could lose its fence).
+    pub(crate) async fn eval_acked(&self, call: &Call) -> Result<Value, Failure> {
+        let reply = self
+            .eval_write(call, WriteRoute::Untracked, self.shared.wait)
+            .await?;
+        match self.missing_ack(&reply, "; the write may be lost in a failover") {
+            Some(failure) => Err(failure),
+            None => Ok(reply.value),
+        }
     }
 
     /// Runs a lease write (and, with `wait`, `WAIT`s for its replicas) over
