@@ -16,7 +16,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 # leasehold-model is `publish = false`: it is never packaged.
-published=(leasehold leasehold-core leasehold-redis leasehold-watchdog leasehold-cron leasehold-testkit leasehold-cli)
+published=(leasehold leasehold-core leasehold-redis leasehold-watchdog leasehold-cron leasehold-postgres leasehold-testkit leasehold-cli)
 
 cargo_minor=$(cargo --version | sed -E 's/^cargo 1\.([0-9]+).*/\1/')
 if [ "$cargo_minor" -lt 90 ]; then

@@ -129,6 +129,27 @@ if [ -z "${LEASEHOLD_FAKETIME_SERVER:-}" ]; then
   export LEASEHOLD_FAKETIME_SERVER="$faketime_server"
 fi
 
+# PostgreSQL: the fenced-store tests (crates/leasehold-postgres) run a
+# throwaway server through the testkit (PostgresServer). Debian keeps its
+# binaries in /usr/lib/postgresql/<version>/bin, off PATH; the package
+# leaves its default cluster down here (no systemd), and any service it
+# did start is stopped, so that nothing is left running.
+# LEASEHOLD_PG_BIN names another bin directory.
+if [ -z "${LEASEHOLD_PG_BIN:-}" ] && ! compgen -G '/usr/lib/postgresql/*/bin/initdb' >/dev/null \
+  && ! command -v initdb >/dev/null 2>&1; then
+  echo "PostgreSQL (initdb) is missing; installing it..."
+  if command -v apt-get >/dev/null 2>&1; then
+    $sudo apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends postgresql >/dev/null
+    if command -v service >/dev/null 2>&1; then $sudo service postgresql stop >/dev/null 2>&1 || true; fi
+  elif command -v brew >/dev/null 2>&1; then
+    brew install postgresql
+  else
+    echo "cannot install PostgreSQL here: install it by hand and run again" >&2
+    exit 1
+  fi
+fi
+
 # --all-targets includes the benches (benches/*.rs, harness = false): run by
 # cargo test rather than cargo bench they get no --bench argument and run
 # their tiny configuration (LEASEHOLD_BENCH_QUICK), in the test profile, so

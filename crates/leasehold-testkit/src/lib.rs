@@ -53,6 +53,7 @@ pub mod conformance;
 mod error;
 mod history;
 mod masters;
+mod postgres;
 mod process;
 mod proxy;
 mod resp;
@@ -76,6 +77,7 @@ pub use history::{
     Report, ServerTime, Share, StaleWrite, TokenViolation, WriteAttempt, Writes,
 };
 pub use masters::independent_masters;
+pub use postgres::{PG_BIN_ENV, PG_USER, PostgresServer, postgres_bin_dir};
 pub use process::output_within;
 pub use proxy::{Proxy, ProxyMode};
 pub use sentinel::{MASTER_NAME, SentinelSet};
