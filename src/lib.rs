@@ -72,6 +72,9 @@ pub use leasehold_core::Error as InputError;
 /// The contract every backend fulfils, at the root too: code generic over a
 /// manager's backend names it as a bound (`LeaseManager<B: LeaseBackend>`).
 pub use leasehold_core::LeaseBackend;
+/// A backend's error, at the root too: [`Error::Backend`] carries it, and
+/// users match on its kinds (a timeout, an unreachable server).
+pub use leasehold_core::BackendError;
 pub use leasehold_core::{CatchUp, JobName, OnAbandon};
 pub use leasehold_core::{
     FencingToken, LeaseInfo, LeaseKey, LockDelay, MemoryBackend, PermitLimit, PlaceTtl,
