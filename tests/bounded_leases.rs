@@ -60,6 +60,8 @@ async fn gone(side: &mut MultiplexedConnection, key: &str) -> Result<Instant, Er
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_maximum_hold_fires_before_the_server_expires_the_lease() -> TestResult {
+    // Timing-bound: one test of this binary at a time.
+    let _serial = leasehold_testkit::serial().await;
     let server = RedisServer::start()?;
     let manager = LeaseManager::new(RedisBackend::connect(&server.url()).await?)?;
     let mut side = side(&server).await?;
@@ -99,6 +101,8 @@ async fn a_maximum_hold_fires_before_the_server_expires_the_lease() -> TestResul
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stalled_job_loses_its_lease_before_expiry_and_another_node_takes_over() -> TestResult {
+    // Timing-bound: one test of this binary at a time.
+    let _serial = leasehold_testkit::serial().await;
     let server = RedisServer::start()?;
     let manager = LeaseManager::new(RedisBackend::connect(&server.url()).await?)?;
     let other = LeaseManager::new(RedisBackend::connect(&server.url()).await?)?;

@@ -93,6 +93,8 @@ fn jump(server: &RedisServer, clock: &ShiftedClock, offset_ms: i64) -> Result<()
 
 #[tokio::test]
 async fn tokens_rise_when_the_server_clock_steps_back_within_the_retention() -> TestResult {
+    // Timing-bound: one test of this binary at a time.
+    let _serial = leasehold_testkit::serial().await;
     let (server, clock) = start()?;
     // The default retention (1 h): a 30 s step back is well within it.
     let manager = manager(&server, None).await?;
@@ -117,6 +119,8 @@ async fn tokens_rise_when_the_server_clock_steps_back_within_the_retention() -> 
 #[tokio::test]
 async fn a_step_back_beyond_the_retention_after_the_counter_expired_can_lower_tokens() -> TestResult
 {
+    // Timing-bound: one test of this binary at a time.
+    let _serial = leasehold_testkit::serial().await;
     let (server, clock) = start()?;
     let manager = manager(&server, Some(Duration::from_secs(1))).await?;
     let mut side = redis::Client::open(server.url())?
@@ -154,6 +158,8 @@ async fn a_step_back_beyond_the_retention_after_the_counter_expired_can_lower_to
 /// token.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_forward_jump_ends_a_lease_and_its_holder_hears_at_once() -> TestResult {
+    // Timing-bound: one test of this binary at a time.
+    let _serial = leasehold_testkit::serial().await;
     let (server, clock) = start()?;
     let holder = manager(&server, None).await?;
     let other = manager(&server, None).await?;
@@ -274,6 +280,8 @@ async fn expiry_of(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sentinel_a_forward_jump_of_the_master_ends_a_lease_and_its_holder_hears_at_once()
 -> TestResult {
+    // Timing-bound: one test of this binary at a time.
+    let _serial = leasehold_testkit::serial().await;
     let skewed = skewed_sentinel_set()?;
     let master = skewed.set.master();
     let holder = sentinel_manager(&skewed.set).await?;
@@ -363,6 +371,8 @@ const TIMER_SLACK: Duration = Duration::from_millis(100);
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sentinel_a_promoted_replica_whose_clock_is_ahead_drops_leases_and_fencing_keeps_order()
 -> TestResult {
+    // Timing-bound: one test of this binary at a time.
+    let _serial = leasehold_testkit::serial().await;
     let mut skewed = skewed_sentinel_set()?;
     jump(skewed.set.replica(), &skewed.replica_clock, 60_000)?;
     let mut promoted = promotion_of(skewed.set.replica().url());

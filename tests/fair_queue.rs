@@ -207,7 +207,9 @@ async fn dead_waiter_is_skipped(handover: bool) -> TestResult {
     until_queued(&server, &key, 1).await?;
     until_listening(&server, &key, handover).await?;
     die_tx.send(())?;
-    tokio::task::block_in_place(|| dying.join()).map_err(|_| "the dying thread panicked")??;
+    tokio::task::block_in_place(|| {
+        leasehold_testkit::join_within(dying, std::time::Duration::from_secs(30))
+    })??;
     let dead = server.cli(&["ZRANGE", &format!("{}:fair", stored(&key)), "0", "0"])?;
     let dead = dead.trim().to_owned();
     let mut expires_ms: u64 = server

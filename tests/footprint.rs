@@ -205,9 +205,7 @@ async fn every_key_is_gone_once_the_retention_passed() -> TestResult {
         drop(runtime);
         Ok(())
     });
-    crashed
-        .join()
-        .map_err(|_| "the crashing holder's thread panicked")??;
+    leasehold_testkit::join_within(crashed, Duration::from_secs(60))??;
     let last_grant = server_ms(&mut conn).await?;
 
     // Right after: every key has an expiry, none later than the retention

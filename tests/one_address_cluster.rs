@@ -54,6 +54,8 @@ fn stored_token(value: &str) -> Option<u64> {
 /// than leases, renewals in about one call per slot per round.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn ten_thousand_leases_live_through_a_minute_on_a_cluster_behind_one_address() -> TestResult {
+    // Timing-bound: one test of this binary at a time.
+    let _serial = leasehold_testkit::serial().await;
     const TAGS: usize = 100;
     const PER_TAG: usize = 100;
     const HOLD: Duration = Duration::from_secs(60);
@@ -151,6 +153,8 @@ async fn ten_thousand_leases_live_through_a_minute_on_a_cluster_behind_one_addre
 /// milliseconds, so no lease is lost.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_crossslot_refusal_turns_batching_by_slot_on() -> TestResult {
+    // Timing-bound: one test of this binary at a time.
+    let _serial = leasehold_testkit::serial().await;
     let cluster = RedisCluster::one_node()?;
     let server = &cluster.nodes()[0];
     server.cli(&[

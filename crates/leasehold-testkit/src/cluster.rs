@@ -16,6 +16,8 @@ const PORT_RANGE: std::ops::Range<u16> = 12_000..20_000;
 /// How many port bases are tried before giving up.
 const PORT_ATTEMPTS: usize = 10;
 /// How long the cluster may take to agree on its slots and link its replicas.
+/// How long `redis-cli --cluster create` may take.
+const CREATE_TIMEOUT: Duration = Duration::from_secs(60);
 const READY_TIMEOUT: Duration = Duration::from_secs(30);
 /// How often cluster state is polled.
 const POLL_INTERVAL: Duration = Duration::from_millis(20);
@@ -75,7 +77,9 @@ impl RedisCluster {
             .arg("--cluster-replicas")
             .arg(replicas_per_master.to_string())
             .arg("--cluster-yes");
-        let output = create.output()?;
+        // Bounded: a node that never answers must fail the test, not hang
+        // it (the cluster's creation takes about 2 s here).
+        let output = crate::output_within(&mut create, CREATE_TIMEOUT)?;
         if !output.status.success() {
             let mut text = String::from_utf8_lossy(&output.stdout).into_owned();
             text.push_str(&String::from_utf8_lossy(&output.stderr));

@@ -78,7 +78,7 @@ pub use history::{
 };
 pub use masters::independent_masters;
 pub use postgres::{PG_BIN_ENV, PG_USER, PostgresServer, postgres_bin_dir};
-pub use process::output_within;
+pub use process::{join_within, output_within};
 pub use proxy::{Proxy, ProxyMode};
 pub use sentinel::{MASTER_NAME, SentinelSet};
 pub use serial::serial;

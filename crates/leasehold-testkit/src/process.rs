@@ -84,6 +84,40 @@ pub fn output_within(cmd: &mut Command, limit: Duration) -> io::Result<Output> {
     }
 }
 
+/// `JoinHandle::join`, failing with [`io::ErrorKind::TimedOut`] if the
+/// thread has not finished within `limit` (it is then left running: a
+/// thread cannot be killed), and with [`io::ErrorKind::Other`] if it
+/// panicked. A test that waits for a thread says why it stopped waiting.
+///
+/// # Errors
+///
+/// `TimedOut` naming the limit, or `Other` for a panic.
+///
+/// # Example
+///
+/// ```
+/// use std::time::Duration;
+///
+/// let handle = std::thread::spawn(|| 6 * 7);
+/// assert_eq!(leasehold_testkit::join_within(handle, Duration::from_secs(5))?, 42);
+/// # Ok::<(), std::io::Error>(())
+/// ```
+pub fn join_within<T>(handle: std::thread::JoinHandle<T>, limit: Duration) -> io::Result<T> {
+    let deadline = Instant::now() + limit;
+    while !handle.is_finished() {
+        if Instant::now() >= deadline {
+            return Err(io::Error::new(
+                io::ErrorKind::TimedOut,
+                format!("a thread did not finish within {limit:?}"),
+            ));
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    handle
+        .join()
+        .map_err(|_| io::Error::other("the thread panicked"))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -230,7 +230,10 @@ fn many_servers_in_parallel_get_distinct_ports() -> TestResult {
         .collect();
     let mut servers = Vec::new();
     for handle in handles {
-        servers.push(handle.join().map_err(|_| "thread panicked")??);
+        servers.push(leasehold_testkit::join_within(
+            handle,
+            std::time::Duration::from_secs(30),
+        )??);
     }
     let mut ports: Vec<u16> = servers.iter().map(RedisServer::port).collect();
     ports.sort_unstable();
