@@ -65,6 +65,9 @@
 //! A Cluster or Sentinel URL in a build without its feature is refused
 //! with [`redis::Error::FeatureDisabled`], which names the feature.
 
+/// A backend's error, at the root too: [`Error::Backend`] carries it, and
+/// users match on its kinds (a timeout, an unreachable server).
+pub use leasehold_core::BackendError;
 /// The error of invalid input (a key, a ttl, a duration) where it is
 /// checked before any lease is asked for, such as [`LeaseKey::new`];
 /// [`Error`] carries it as [`Error::Invalid`].
@@ -72,9 +75,6 @@ pub use leasehold_core::Error as InputError;
 /// The contract every backend fulfils, at the root too: code generic over a
 /// manager's backend names it as a bound (`LeaseManager<B: LeaseBackend>`).
 pub use leasehold_core::LeaseBackend;
-/// A backend's error, at the root too: [`Error::Backend`] carries it, and
-/// users match on its kinds (a timeout, an unreachable server).
-pub use leasehold_core::BackendError;
 pub use leasehold_core::{CatchUp, JobName, OnAbandon};
 pub use leasehold_core::{
     FencingToken, LeaseInfo, LeaseKey, LockDelay, MemoryBackend, PermitLimit, PlaceTtl,
