@@ -450,6 +450,51 @@ async fn prometheus_evaluates_the_dashboard_and_fires_the_alerts() -> TestResult
         "{decided:?}"
     );
 
+    // Runs abandoned twice: a job every 2 s whose run's lease is deleted
+    // under it on the server (an operator, a failover that lost it): the
+    // run's token fires, its completion is refused, and the run counts as
+    // abandoned. Twice within the hour fires LeaseholdTickAbandoned.
+    let every_2s = Every::new(Duration::from_secs(2))?;
+    let flaky = TickJob::builder("flaky", every_2s)
+        .start_deadline(Duration::from_secs(2))
+        .lease(LeaseOptions::builder().ttl(Ttl::parse("10s")?))
+        .build()?;
+    let operator = redis::Client::open(server.url())?
+        .get_multiplexed_async_connection()
+        .await?;
+    let mut asked = None;
+    for _ in 0..2 {
+        // The next tick of the grid, when the clock reaches it.
+        let now = SystemTime::now();
+        let tick = every_2s.tick_at(now).ok_or("no tick")?;
+        let tick = if asked == Some(tick) {
+            let next = every_2s.next_after(tick).ok_or("no next tick")?;
+            tokio::time::sleep(next.duration_since(now).unwrap_or_default()).await;
+            next
+        } else {
+            tick
+        };
+        asked = Some(tick);
+        let operator = operator.clone();
+        let abandoned = within(
+            Duration::from_secs(10),
+            "the flaky run's end",
+            manager.run_tick(&flaky, tick, |run| async move {
+                let mut operator = operator;
+                let _: Result<i64, _> = redis::cmd("DEL")
+                    .arg("leasehold:job:{flaky}:run")
+                    .query_async(&mut operator)
+                    .await;
+                run.cancelled().await;
+            }),
+        )
+        .await;
+        assert!(
+            matches!(abandoned, Err(LeaseError::LeaseEnded { .. })),
+            "{abandoned:?}"
+        );
+    }
+
     // A baseline of 15 evaluations before the burst, so that the burst is
     // far above the average.
     within(Duration::from_secs(60), "15 evaluations", async {
@@ -530,6 +575,9 @@ async fn prometheus_evaluates_the_dashboard_and_fires_the_alerts() -> TestResult
         .until_alert("LeaseholdTickMissed", &[("name", "report")], true)
         .await;
     prometheus
+        .until_alert("LeaseholdTickAbandoned", &[("name", "flaky")], true)
+        .await;
+    prometheus
         .until_alert(
             "LeaseholdElectionLeaderless",
             &[("name", "scheduler")],
@@ -551,8 +599,9 @@ async fn prometheus_evaluates_the_dashboard_and_fires_the_alerts() -> TestResult
     };
     assert_eq!(
         of("LeaseholdLeaseLost", "reason"),
-        ["jobs/lost", "scheduler/lost"]
+        ["flaky/lost", "jobs/lost", "scheduler/lost"]
     );
+    assert_eq!(of("LeaseholdTickAbandoned", "name"), ["flaky/flaky"]);
     assert_eq!(of("LeaseholdAcquireBusy", "outcome"), ["jobs/busy"]);
     assert_eq!(of("LeaseholdJobStalled", "reason"), ["jobs/stalled"]);
     assert_eq!(of("LeaseholdTickMissed", "reason"), ["report/missed"]);
@@ -588,7 +637,12 @@ async fn prometheus_evaluates_the_dashboard_and_fires_the_alerts() -> TestResult
             }
         }
     }
-    assert_eq!(alerting, 7, "{rules}");
+    // Every alert of the shipped rules was evaluated.
+    let shipped = std::fs::read_to_string(repo_file("deploy/prometheus/leasehold-rules.yml"))?
+        .lines()
+        .filter(|line| line.trim_start().starts_with("- alert:"))
+        .count();
+    assert_eq!(alerting, shipped, "{rules}");
 
     // Every dashboard query returns series with the labels its legend
     // names, and every variable has values.

@@ -728,21 +728,25 @@ impl<B: LeaseBackend> LeaseManager<B> {
             Err(panic) => std::panic::resume_unwind(panic),
             Ok(output) => output,
         };
-        match (ended, completion) {
-            (None, Some(Completion::Completed { .. })) => Ok(TickOutcome::Ran {
-                tick,
-                fencing_token,
-                reason,
-                output,
-            }),
-            (Some(reason), _) => Err(LeaseError::LeaseEnded {
-                key: key.to_string(),
-                reason,
-            }),
-            (None, _) => Err(LeaseError::LeaseEnded {
-                key: key.to_string(),
-                reason: crate::LossReason::Lost,
-            }),
-        }
+        let reason = match (ended, completion) {
+            (None, Some(Completion::Completed { .. })) => {
+                return Ok(TickOutcome::Ran {
+                    tick,
+                    fencing_token,
+                    reason,
+                    output,
+                });
+            }
+            (Some(reason), _) => reason,
+            (None, _) => crate::LossReason::Lost,
+        };
+        // The run's lease ended without a completion: this node abandoned
+        // it, and counts it as a watcher of a dead node's run would.
+        crate::metrics::tick_abandoned(name);
+        warn!(job = name, tick = ?tick, %fencing_token, ?reason, "the run's lease ended before its completion; the run is abandoned");
+        Err(LeaseError::LeaseEnded {
+            key: key.to_string(),
+            reason,
+        })
     }
 }
