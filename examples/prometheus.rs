@@ -15,6 +15,9 @@
 //! (lost), a scratch lease is dropped, and a scheduler's election has a
 //! leader while the metrics are served.
 //!
+//! Its Cargo lines: `leasehold = { version = "0.1", features = ["prometheus"] }`
+//! and `metrics-exporter-prometheus = "0.18"`.
+//!
 //! deploy/prometheus/leasehold-rules.yml (alert rules) and
 //! deploy/grafana/leasehold.json (a dashboard) read these metrics; see
 //! docs/operations.md, "Alerts and dashboard".
@@ -26,10 +29,10 @@ use std::net::SocketAddr;
 use std::time::Duration;
 
 use leasehold::backend::LeaseBackend;
-use leasehold::metrics::{ACQUIRE_WAIT, HOLD_TIME, RENEWAL_LATENCY};
+use leasehold::metrics::install_prometheus_buckets;
 use leasehold::redis::RedisBackend;
 use leasehold::{Election, LeaseKey, LeaseManager, LeaseOptions, MemoryBackend, Ttl};
-use metrics_exporter_prometheus::{Matcher, PrometheusBuilder};
+use metrics_exporter_prometheus::PrometheusBuilder;
 use tracing::info;
 
 #[tokio::main]
@@ -39,22 +42,10 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let addr: SocketAddr = std::env::var("LEASEHOLD_METRICS_ADDR")
         .unwrap_or_else(|_| "127.0.0.1:9184".to_owned())
         .parse()?;
-    // Installed before the first manager, which describes the metrics to it.
-    PrometheusBuilder::new()
-        .with_http_listener(addr)
-        .set_buckets_for_metric(
-            Matcher::Full(HOLD_TIME.to_owned()),
-            &[0.5, 1.0, 2.0, 5.0, 30.0, 300.0, 3600.0],
-        )?
-        .set_buckets_for_metric(
-            Matcher::Full(ACQUIRE_WAIT.to_owned()),
-            &[0.001, 0.01, 0.1, 0.5, 1.0, 5.0],
-        )?
-        .set_buckets_for_metric(
-            Matcher::Full(RENEWAL_LATENCY.to_owned()),
-            &[0.0005, 0.001, 0.005, 0.01, 0.05, 0.1, 0.25, 0.5, 1.0],
-        )?
-        .install()?;
+    // Installed before the first manager, which describes the metrics to it,
+    // with leasehold's histogram buckets (feature `prometheus`), which the
+    // shipped rules and dashboard read.
+    install_prometheus_buckets(PrometheusBuilder::new().with_http_listener(addr))?.install()?;
     info!("serving metrics on http://{addr}/metrics");
 
     let store = common::choose_store();

@@ -52,7 +52,7 @@
 //!
 //! # Cargo features
 //!
-//! All on by default; leave out what you do not use with
+//! All but `prometheus` on by default; leave out what you do not use with
 //! `default-features = false` and a list of the ones you do:
 //!
 //! | feature | what it brings |
@@ -61,6 +61,7 @@
 //! | `cluster` | Redis Cluster URLs (`redis+cluster://`), with the redis crate's async cluster client |
 //! | `sentinel` | Sentinel URLs (`redis+sentinel://`), with the redis crate's Sentinel client |
 //! | `config` | `LeaseConfig` and `ConfigError`: lease settings from TOML files or `LEASEHOLD_*` variables (serde, toml) |
+//! | `prometheus` (off by default) | `metrics::install_prometheus_buckets`: the buckets of every histogram, which the shipped alert rules and dashboard read, set on a `metrics-exporter-prometheus` 0.18 builder in one call (`metrics::BUCKETS` lists them without the feature) |
 //!
 //! A Cluster or Sentinel URL in a build without its feature is refused
 //! with [`redis::Error::FeatureDisabled`], which names the feature.
@@ -84,10 +85,10 @@ pub use leasehold_core::{
 /// usually has.
 pub use leasehold_watchdog::LeaseError as Error;
 pub use leasehold_watchdog::{
-    Backoff, CancellationToken, DEFAULT_MAX_WAITERS, Election, Every, Fair, Leader, Lease,
-    LeaseError, LeaseManager, LeaseManagerBuilder, LeaseOptions, LeaseOptionsBuilder, LossReason,
-    Progress, TickGrid, TickJob, TickJobBuilder, TickOutcome, TickRun, UNREPORTED_RECHECK,
-    WorkContext, metrics, tick,
+    Backoff, CancellationToken, DEFAULT_MAX_WAITERS, DEFAULT_SHUTDOWN_GRACE, Election, Every, Fair,
+    Leader, Lease, LeaseError, LeaseManager, LeaseManagerBuilder, LeaseOptions,
+    LeaseOptionsBuilder, LossReason, Progress, TickGrid, TickJob, TickJobBuilder, TickOutcome,
+    TickRun, UNREPORTED_RECHECK, WorkContext, metrics, tick,
 };
 #[cfg(feature = "config")]
 pub use leasehold_watchdog::{ConfigError, LeaseConfig};

@@ -18,11 +18,20 @@
 //!   the burst and the delay make `LeaseholdLeasesHeldUnusual` and
 //!   `LeaseholdRenewalLatencyNearSafetyMargin` pending (both have a `for` of
 //!   5 minutes; promtool's tests check the firing);
+//! - the age of what is held: the steady `jobs` lease's age, read from
+//!   Prometheus while it is held, is its time since acquisition (within
+//!   a scrape and a renew interval), and `LeaseholdLeaseHeldLong` fires
+//!   for `jobs` alone: held over ten ttls and four times the name's usual
+//!   (released) hold;
 //! - every query of deploy/grafana/leasehold.json (Grafana's variables
 //!   replaced by fixed values) and every alert expression of
 //!   deploy/prometheus/leasehold-rules.yml, evaluated over the test's time
 //!   range, returns series, each carrying the labels its legend or its
 //!   alert's summary names; every dashboard variable has values.
+//!
+//! The exporter's buckets are leasehold's own, set in one call
+//! (`leasehold::metrics::install_prometheus_buckets`): the shipped rules
+//! and dashboard work with the defaults.
 //!
 //! Every wait has a timeout. It takes about a minute, most of it the
 //! leaderless alert's ttl and `for`; the second (Valkey) pass of
@@ -40,14 +49,14 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use leasehold::metrics::{ACQUIRE_WAIT, HOLD_TIME, RENEWAL_LATENCY};
+use leasehold::metrics::install_prometheus_buckets;
 use leasehold::redis::RedisBackend;
 use leasehold::{
     Election, Every, LeaseError, LeaseManager, LeaseOptions, LossReason, TickGrid, TickJob,
     TickOutcome, Ttl,
 };
 use leasehold_testkit::{Proxy, ProxyMode, RedisServer, free_port};
-use metrics_exporter_prometheus::{Matcher, PrometheusBuilder};
+use metrics_exporter_prometheus::PrometheusBuilder;
 use serde_json::Value;
 
 type TestResult = Result<(), Box<dyn std::error::Error>>;
@@ -346,21 +355,8 @@ async fn prometheus_evaluates_the_dashboard_and_fires_the_alerts() -> TestResult
     let server = RedisServer::start()?;
     let link = Proxy::start(server.addr()).await?;
     let exporter = SocketAddr::from((Ipv4Addr::LOCALHOST, free_port()?));
-    PrometheusBuilder::new()
-        .with_http_listener(exporter)
-        .set_buckets_for_metric(
-            Matcher::Full(HOLD_TIME.to_owned()),
-            &[0.5, 1.0, 2.0, 5.0, 30.0, 300.0],
-        )?
-        .set_buckets_for_metric(
-            Matcher::Full(ACQUIRE_WAIT.to_owned()),
-            &[0.001, 0.01, 0.1, 0.5, 1.0, 5.0],
-        )?
-        .set_buckets_for_metric(
-            Matcher::Full(RENEWAL_LATENCY.to_owned()),
-            &[0.0005, 0.001, 0.005, 0.01, 0.05, 0.1, 0.25, 0.5, 1.0],
-        )?
-        .install()?;
+    // The shipped defaults: leasehold's buckets, nothing else.
+    install_prometheus_buckets(PrometheusBuilder::new().with_http_listener(exporter))?.install()?;
     let prometheus = Prometheus::start(&binary, exporter)?;
     within(Duration::from_secs(30), "Prometheus ready", async {
         while !matches!(prometheus.get("/-/ready".to_owned()).await, Ok((200, _))) {
@@ -384,6 +380,8 @@ async fn prometheus_evaluates_the_dashboard_and_fires_the_alerts() -> TestResult
     let leader = within(Duration::from_secs(10), "the campaign", election.campaign()).await?;
     let victim = manager.acquire("jobs:victim", &jobs).await?;
     let steady = manager.acquire("jobs:steady", &jobs).await?;
+    // The oldest `jobs` lease held from the loss of `victim` on.
+    let steady_since = Instant::now();
     drop(manager.acquire("jobs:dropped", &jobs).await?);
     manager.acquire("jobs:done", &jobs).await?.release().await?;
 
@@ -508,6 +506,14 @@ async fn prometheus_evaluates_the_dashboard_and_fires_the_alerts() -> TestResult
     })
     .await;
 
+    // The usual `jobs` lease, seen by Prometheus: short holds released
+    // while it scrapes (a counter's first value is no increase), against
+    // which the steady lease is held far longer than usual.
+    for _ in 0..3 {
+        manager.acquire("jobs:done", &jobs).await?.release().await?;
+        tokio::time::sleep(Duration::from_millis(1100)).await;
+    }
+
     // The scripted loss: the leader's and a worker's keys overwritten on a
     // side connection to the server itself.
     let mut side = redis::Client::open(server.url())?
@@ -584,6 +590,27 @@ async fn prometheus_evaluates_the_dashboard_and_fires_the_alerts() -> TestResult
             true,
         )
         .await;
+    prometheus
+        .until_alert(
+            "LeaseholdLeaseHeldLong",
+            &[("name", "jobs"), ("kind", "exclusive")],
+            true,
+        )
+        .await;
+
+    // The age of what is held, while it is held: the steady lease's,
+    // as of its last renewal (every second) and the last scrape (every
+    // second), so at most about 2 s behind its true age.
+    let age = prometheus
+        .scalar(r#"leasehold_lease_oldest_age_seconds{name="jobs", kind="exclusive"}"#)
+        .await;
+    let held_for = steady_since.elapsed().as_secs_f64();
+    println!("the steady lease: {age:.2} s old in Prometheus, {held_for:.2} s held");
+    assert!(held_for > 30.0, "held only {held_for:.1} s");
+    assert!(
+        age > held_for - 3.0 && age < held_for + 0.5,
+        "age {age:.2} s in Prometheus, held for {held_for:.2} s"
+    );
     println!("alerts active after {:.1?}", started.elapsed());
 
     // Only the scripted faults: no other lease lost, nothing else busy.
@@ -603,6 +630,7 @@ async fn prometheus_evaluates_the_dashboard_and_fires_the_alerts() -> TestResult
     );
     assert_eq!(of("LeaseholdTickAbandoned", "name"), ["flaky/flaky"]);
     assert_eq!(of("LeaseholdAcquireBusy", "outcome"), ["jobs/busy"]);
+    assert_eq!(of("LeaseholdLeaseHeldLong", "kind"), ["jobs/exclusive"]);
     assert_eq!(of("LeaseholdJobStalled", "reason"), ["jobs/stalled"]);
     assert_eq!(of("LeaseholdTickMissed", "reason"), ["report/missed"]);
     assert_eq!(

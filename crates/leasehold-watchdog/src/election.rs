@@ -254,10 +254,16 @@ impl<B: LeaseBackend> Election<B> {
                 () = stop.cancelled() => return Ok(()),
                 lease = self.campaign() => lease?,
             };
-            let span = info_span!("lead", key = %self.key, name = %lease.name());
+            // Inside the lease's span (`Lease::span`), when it has one.
+            let span = lease
+                .span()
+                .in_scope(|| info_span!("lead", key = %self.key, name = %lease.name()));
             info!(parent: &span, fencing_token = %lease.fencing_token(), "elected");
-            let token = lease.token();
-            let leading = lead(WorkContext::of(&lease)).instrument(span.clone());
+            // The work's own token, so that `stop` reaches the work: a
+            // second `lease.token()` would be a sibling it never sees.
+            let work = WorkContext::of(&lease);
+            let token = work.token().clone();
+            let leading = lead(work).instrument(span.clone());
             let mut leading = pin!(leading);
             tokio::select! {
                 biased;

@@ -7,7 +7,7 @@ use leasehold_core::{FencingToken, HolderId, LeaseKey, ReleaseOutcome, Ttl};
 use tokio::sync::oneshot;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
-use tracing::{Instrument, debug, debug_span};
+use tracing::{Instrument, Span, debug, debug_span, info_span};
 
 use crate::LeaseError;
 use crate::bounds::Progress;
@@ -89,6 +89,59 @@ impl Lease {
     #[must_use]
     pub fn name(&self) -> &str {
         self.shared.name()
+    }
+
+    /// The span of the lease's whole life: `lease`, at the `INFO` level,
+    /// with the lease's `key`, `name`, `kind`, `holder` (abbreviated, as
+    /// holder ids are everywhere in logs) and `fencing_token`. It opens when
+    /// the lease is acquired, as a child of the span the acquisition was
+    /// called in, and closes when the handle is released or dropped and
+    /// the work instrumented with it is done; the watchdog's warning of a
+    /// loss is inside it.
+    ///
+    /// [`with_lease`](crate::LeaseManager::with_lease), an
+    /// [election](crate::Election::run)'s term and a
+    /// [tick](crate::LeaseManager::run_tick)'s run run their work inside
+    /// it; for a lease you hold yourself, instrument the work with it:
+    ///
+    /// ```
+    /// use leasehold_core::MemoryBackend;
+    /// use leasehold_watchdog::{LeaseManager, LeaseOptions};
+    /// use tracing::Instrument;
+    ///
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let manager = LeaseManager::new(MemoryBackend::new())?;
+    /// let lease = manager.acquire("reports:nightly", &LeaseOptions::default()).await?;
+    /// async { tracing::info!("writing the report") } // logged inside `lease`
+    ///     .instrument(lease.span())
+    ///     .await;
+    /// lease.release().await?;
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// Without a subscriber that wants it, it is
+    /// [`Span::none()`](tracing::Span::none) and costs nothing.
+    #[must_use]
+    pub fn span(&self) -> Span {
+        self.shared.span()
+    }
+
+    /// Opens the lease's span (see [`span`](Self::span)), as a child of the
+    /// current span: called where the lease was acquired, outside the
+    /// acquisition's own span.
+    pub(crate) fn open_span(&self) {
+        // Nothing to build when nothing is logged at this level.
+        if !tracing::level_enabled!(tracing::Level::INFO) {
+            return;
+        }
+        self.shared.set_span(info_span!(
+            "lease",
+            key = %self.shared.key,
+            name = %self.shared.name(),
+            kind = self.shared.series.kind.as_str(),
+            holder = %self.holder,
+            fencing_token = %self.shared.fencing_token,
+        ));
     }
 
     /// The fencing token of this acquisition: strictly greater than that of
@@ -215,7 +268,16 @@ impl Lease {
             permits: None,
             share: None,
         };
-        let span = debug_span!("release", key = %key, name = %self.shared.name());
+        // Inside the lease's span when it has one. Not even looked for
+        // when nothing is logged at this level (the usual release, in a
+        // process without a debug subscriber, pays one atomic load).
+        let span = if tracing::level_enabled!(tracing::Level::DEBUG) {
+            self.shared
+                .span()
+                .in_scope(|| debug_span!("release", key = %key, name = %self.shared.name()))
+        } else {
+            Span::none()
+        };
         let outcome = home
             .release(key, &self.holder, self.shared.fair())
             .instrument(span)
@@ -305,6 +367,13 @@ impl Drop for Forget<'_> {
 
 impl Drop for Lease {
     fn drop(&mut self) {
+        // Released (this runs at the end of `release` too) or dropped: the
+        // lease's span closes once the work instrumented with it is done.
+        // Without a subscriber at this level there is none to close (one
+        // kept by a subscriber gone since closes with the shared state).
+        if tracing::level_enabled!(tracing::Level::INFO) {
+            self.shared.close_span();
+        }
         if let Some(home) = self.home.take() {
             // Never blocks: the watchdog does the release. If it is gone the
             // manager has shut down and released everything already.
@@ -326,5 +395,282 @@ impl fmt::Debug for Lease {
             .field("renewals", &self.renewals())
             .field("loss", &self.loss_reason())
             .finish_non_exhaustive()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::HashMap;
+    use std::sync::{Arc, Mutex, PoisonError};
+    use std::time::Duration;
+
+    use leasehold_core::MemoryBackend;
+    use tracing::field::{Field, Visit};
+    use tracing::span::{Attributes, Id, Record};
+    use tracing::{Event, Instrument, Metadata, Subscriber, info, info_span};
+
+    use crate::{Election, Every, LeaseError, LeaseManager, LeaseOptions, LossReason, TickJob};
+
+    /// A span as the test subscriber saw it.
+    #[derive(Debug, Default)]
+    struct SpanSeen {
+        name: &'static str,
+        parent: Option<u64>,
+        fields: HashMap<String, String>,
+        refs: usize,
+        closed: bool,
+    }
+
+    #[derive(Debug, Default)]
+    struct Seen {
+        spans: HashMap<u64, SpanSeen>,
+        /// The spans entered on this (the only) thread, innermost last.
+        stack: Vec<u64>,
+        /// Each event's message and the span it was in.
+        events: Vec<(String, Option<u64>)>,
+    }
+
+    impl Seen {
+        fn ids(&self, name: &str) -> Vec<u64> {
+            let mut ids: Vec<u64> = self
+                .spans
+                .iter()
+                .filter(|(_, s)| s.name == name)
+                .map(|(id, _)| *id)
+                .collect();
+            ids.sort_unstable();
+            ids
+        }
+
+        /// The span of the event whose message starts with `message`.
+        fn span_of(&self, message: &str) -> Option<u64> {
+            self.events
+                .iter()
+                .find(|(m, _)| m.starts_with(message))
+                .unwrap_or_else(|| panic!("no event {message:?} in {:?}", self.events))
+                .1
+        }
+
+        /// Whether `span` is `ancestor` or inside it.
+        fn within(&self, mut span: Option<u64>, ancestor: u64) -> bool {
+            while let Some(id) = span {
+                if id == ancestor {
+                    return true;
+                }
+                span = self.spans.get(&id).and_then(|s| s.parent);
+            }
+            false
+        }
+    }
+
+    struct Fields<'a>(&'a mut HashMap<String, String>);
+
+    impl Visit for Fields<'_> {
+        fn record_debug(&mut self, field: &Field, value: &dyn std::fmt::Debug) {
+            self.0.insert(field.name().to_owned(), format!("{value:?}"));
+        }
+        fn record_str(&mut self, field: &Field, value: &str) {
+            self.0.insert(field.name().to_owned(), value.to_owned());
+        }
+    }
+
+    /// A subscriber that keeps every span (with its parent, fields and
+    /// whether it closed) and every event's span.
+    #[derive(Clone, Default)]
+    struct Spans(Arc<Mutex<Seen>>);
+
+    impl Spans {
+        fn seen(&self) -> std::sync::MutexGuard<'_, Seen> {
+            self.0.lock().unwrap_or_else(PoisonError::into_inner)
+        }
+    }
+
+    impl Subscriber for Spans {
+        fn enabled(&self, _: &Metadata<'_>) -> bool {
+            true
+        }
+        fn new_span(&self, attributes: &Attributes<'_>) -> Id {
+            let mut seen = self.seen();
+            let id = seen.spans.len() as u64 + 1;
+            let parent = if let Some(parent) = attributes.parent() {
+                Some(parent.into_u64())
+            } else if attributes.is_contextual() {
+                seen.stack.last().copied()
+            } else {
+                None
+            };
+            let mut span = SpanSeen {
+                name: attributes.metadata().name(),
+                parent,
+                refs: 1,
+                ..SpanSeen::default()
+            };
+            attributes.record(&mut Fields(&mut span.fields));
+            seen.spans.insert(id, span);
+            Id::from_u64(id)
+        }
+        fn record(&self, span: &Id, values: &Record<'_>) {
+            if let Some(span) = self.seen().spans.get_mut(&span.into_u64()) {
+                values.record(&mut Fields(&mut span.fields));
+            }
+        }
+        fn record_follows_from(&self, _: &Id, _: &Id) {}
+        fn event(&self, event: &Event<'_>) {
+            let mut fields = HashMap::new();
+            event.record(&mut Fields(&mut fields));
+            let mut seen = self.seen();
+            let span = if let Some(parent) = event.parent() {
+                Some(parent.into_u64())
+            } else if event.is_contextual() {
+                seen.stack.last().copied()
+            } else {
+                None
+            };
+            let message = fields.remove("message").unwrap_or_default();
+            seen.events.push((message, span));
+        }
+        fn enter(&self, span: &Id) {
+            self.seen().stack.push(span.into_u64());
+        }
+        fn exit(&self, span: &Id) {
+            let mut seen = self.seen();
+            if let Some(at) = seen.stack.iter().rposition(|id| *id == span.into_u64()) {
+                seen.stack.remove(at);
+            }
+        }
+        fn clone_span(&self, span: &Id) -> Id {
+            if let Some(seen) = self.seen().spans.get_mut(&span.into_u64()) {
+                seen.refs += 1;
+            }
+            span.clone()
+        }
+        fn try_close(&self, span: Id) -> bool {
+            let mut seen = self.seen();
+            let Some(seen) = seen.spans.get_mut(&span.into_u64()) else {
+                return false;
+            };
+            seen.refs -= 1;
+            seen.closed = seen.refs == 0;
+            seen.closed
+        }
+    }
+
+    /// The lease span: opened at the acquisition as a child of the
+    /// caller's span, with the lease's key, name, holder and fencing
+    /// token; the work of `with_lease`, of an election's term and of a
+    /// tick's run logs inside it (the term inside its `lead` span, a child
+    /// of it); the watchdog's warning of a loss is inside it; it is closed
+    /// once the handle is released or dropped, and only then.
+    #[tokio::test(flavor = "current_thread")]
+    async fn the_work_runs_inside_the_lease_span() -> Result<(), Box<dyn std::error::Error>> {
+        let spans = Spans::default();
+        // With a single dispatcher registered, tracing asks only the
+        // current thread's for a callsite's interest: a callsite first hit
+        // by another test of this binary (a thread without a subscriber)
+        // would be cached as never wanted, here too. A second dispatcher,
+        // kept for the test's length, makes every callsite ask them all.
+        let _second = tracing::Dispatch::new(tracing::subscriber::NoSubscriber::default());
+        let _subscriber = tracing::subscriber::set_default(spans.clone());
+        let backend = MemoryBackend::new();
+        let manager = LeaseManager::new(backend.clone())?;
+        let options = LeaseOptions::builder()
+            .ttl(Duration::from_secs(3))
+            .name("spanned")
+            .build()?;
+
+        // with_lease, called inside a span of the caller's.
+        let job = info_span!("job");
+        let job_id = job.id().ok_or("the job span is disabled")?.into_u64();
+        let token = manager
+            .with_lease("reports:spanned", &options, |work| async move {
+                info!("working");
+                tokio::task::yield_now().await;
+                info!("still working");
+                work.fencing_token()
+            })
+            .instrument(job)
+            .await?;
+        {
+            let seen = spans.seen();
+            let leases = seen.ids("lease");
+            assert_eq!(leases.len(), 1, "{:?}", seen.spans);
+            let lease = &seen.spans[&leases[0]];
+            assert_eq!(lease.parent, Some(job_id), "not the caller's child");
+            assert_eq!(lease.fields["key"], "reports:spanned");
+            assert_eq!(lease.fields["name"], "spanned");
+            assert_eq!(lease.fields["kind"], "exclusive");
+            assert_eq!(lease.fields["fencing_token"], token.to_string());
+            assert!(lease.fields.contains_key("holder"));
+            for message in ["working", "still working"] {
+                assert!(seen.events.iter().any(|(m, _)| m == message), "{message}");
+                assert_eq!(seen.span_of(message), Some(leases[0]), "{message}");
+            }
+            assert!(lease.closed, "the span outlived the lease: {lease:?}");
+        }
+
+        // A lease held by hand: open while held, its loss warned inside
+        // it, closed when the handle goes.
+        let lease = manager.acquire("reports:lost", &options).await?;
+        let id = lease.span().id().ok_or("no lease span")?.into_u64();
+        assert!(backend.vanish(lease.key()));
+        let reason = tokio::time::timeout(Duration::from_secs(5), lease.lost()).await?;
+        assert_eq!(reason, LossReason::Lost);
+        {
+            let seen = spans.seen();
+            assert_eq!(seen.span_of("lease ended: "), Some(id));
+            assert!(!seen.spans[&id].closed, "closed while the handle lives");
+        }
+        drop(lease);
+        assert!(spans.seen().spans[&id].closed, "not closed with its handle");
+
+        // An election's term: inside `lead`, inside the lease span.
+        let election = Election::new(manager.clone(), "spanned:leader", options.clone())?;
+        let stop = tokio_util::sync::CancellationToken::new();
+        let stop_after_term = stop.clone();
+        tokio::time::timeout(
+            Duration::from_secs(5),
+            election.run(stop, |work| {
+                let stop = stop_after_term.clone();
+                async move {
+                    info!("leading");
+                    stop.cancel();
+                    work.cancelled().await;
+                }
+            }),
+        )
+        .await??;
+        {
+            let seen = spans.seen();
+            let lease = *seen.ids("lease").last().ok_or("no lease span")?;
+            let lead = seen.span_of("leading");
+            assert_ne!(lead, Some(lease), "not in the lead span");
+            assert!(
+                seen.within(lead, lease),
+                "the term is not inside the lease span"
+            );
+            assert!(seen.spans[&lease].closed, "the term's span outlived it");
+        }
+
+        // A tick's run.
+        let job = TickJob::builder("spanned-report", Every::new(Duration::from_secs(60))?)
+            .lease(LeaseOptions::builder().name("spanned-report"))
+            .build()?;
+        let tick = job.tick_to_ask(backend.wall_clock()).ok_or("no tick")?;
+        let ran = manager
+            .run_tick(&job, tick, |_| async { info!("ticking") })
+            .await?;
+        assert!(ran.ran(), "{ran:?}");
+        {
+            let seen = spans.seen();
+            let lease = *seen.ids("lease").last().ok_or("no lease span")?;
+            assert_eq!(seen.spans[&lease].fields["name"], "spanned-report");
+            assert_eq!(seen.span_of("ticking"), Some(lease));
+            assert!(seen.spans[&lease].closed, "the run's span outlived it");
+        }
+        manager.shutdown().await;
+        // After the shutdown, a lease is refused (no span is left open).
+        let refused = manager.acquire("reports:late", &options).await;
+        assert!(matches!(refused, Err(LeaseError::ManagerStopped)));
+        Ok(())
     }
 }

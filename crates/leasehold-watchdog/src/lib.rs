@@ -36,6 +36,11 @@
 //! settings from TOML files or `LEASEHOLD_*` environment variables, with
 //! serde and toml. `serde` is its former name.
 //!
+//! `prometheus` (off by default): `metrics::install_prometheus_buckets`,
+//! which sets the buckets of every histogram on a
+//! `metrics-exporter-prometheus` builder in one call (the bucket lists
+//! themselves, [`metrics::BUCKETS`], need no feature).
+//!
 //! [`LeaseBackend`]: leasehold_core::LeaseBackend
 
 mod attempt;
@@ -66,6 +71,7 @@ mod rw;
 mod schedule;
 mod scope;
 mod shared;
+mod shutdown;
 pub mod tick;
 mod timing;
 mod turns;
@@ -88,7 +94,7 @@ pub use leasehold_core::PlaceTtl;
 /// [`LeaseManager::acquire_read`] and [`LeaseManager::acquire_write`].
 pub use leasehold_core::RwRole;
 pub use loss::LossReason;
-pub use manager::{DEFAULT_MAX_WAITERS, LeaseManager, LeaseManagerBuilder};
+pub use manager::{DEFAULT_MAX_WAITERS, DEFAULT_SHUTDOWN_GRACE, LeaseManager, LeaseManagerBuilder};
 pub use options::{Fair, LeaseOptions, LeaseOptionsBuilder};
 pub use schedule::{Every, TickGrid};
 pub use tick::{

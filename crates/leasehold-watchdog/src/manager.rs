@@ -54,6 +54,12 @@ struct Inner<B> {
     /// The watchdog's command channel and the handles' release.
     home: Arc<Home>,
     shutdown: CancellationToken,
+    /// Cancelled when a shutdown begins, graceful or not: acquisitions are
+    /// refused from then on. [`shutdown`](LeaseManager::shutdown) cancels
+    /// it with `shutdown`; a graceful one first.
+    draining: CancellationToken,
+    /// Cancelled when the watchdog task has ended (or was dropped).
+    stopped: CancellationToken,
     task: Mutex<Option<JoinHandle<()>>>,
     next_id: AtomicU64,
     /// The drivers of [`watch_leader`](LeaseManager::watch_leader), by key.
@@ -203,6 +209,11 @@ impl<B: LeaseBackend> LeaseManager<B> {
                 .acquire_key(key, options, attempt, kind, started)
                 .instrument(span)
                 .await;
+            if let Ok(lease) = &result {
+                // Outside the acquisition's span: the lease's is a child of
+                // the caller's.
+                lease.open_span();
+            }
             let outcome = match &result {
                 Ok(_) => crate::metrics::ACQUIRED,
                 Err(LeaseError::NotAcquired { .. }) => "not_acquired",
@@ -230,7 +241,7 @@ impl<B: LeaseBackend> LeaseManager<B> {
         kind: crate::metrics::Kind,
         started: Instant,
     ) -> Result<Lease, LeaseError> {
-        if self.inner.shutdown.is_cancelled() {
+        if self.inner.draining.is_cancelled() {
             return Err(LeaseError::ManagerStopped);
         }
         let mut request = AcquireRequest::new(key.clone(), HolderId::generate()?, options.ttl())
@@ -451,13 +462,19 @@ impl<B: LeaseBackend> LeaseManager<B> {
 
     /// Cancels every lease's token with
     /// [`LossReason::Shutdown`](crate::LossReason::Shutdown), releases them
-    /// all, and waits for the watchdog to finish. Later acquisitions fail
-    /// with [`LeaseError::ManagerStopped`].
+    /// all, and waits for the watchdog to finish (every release sent). Later
+    /// acquisitions fail with [`LeaseError::ManagerStopped`]. Called again,
+    /// or while another call runs, it waits for the same end.
+    ///
+    /// A lease is released here at the moment its token fires, while its
+    /// work may still be stopping; [`shutdown_gracefully`](Self::shutdown_gracefully)
+    /// lets the work stop first.
     ///
     /// # Cancel safety
     ///
     /// If the future is dropped, the shutdown still completes in the background.
     pub async fn shutdown(&self) {
+        self.inner.draining.cancel();
         self.inner.shutdown.cancel();
         let task = self
             .inner
@@ -470,8 +487,126 @@ impl<B: LeaseBackend> LeaseManager<B> {
             // runtime is shutting down, which ends it anyway.
             let _ = task.await;
         }
+        self.inner.stopped.cancelled().await;
+    }
+
+    /// Shuts down letting the work stop before its lease is released:
+    /// acquisitions are refused from now on, every lease's token is
+    /// cancelled with [`LossReason::Shutdown`](crate::LossReason::Shutdown)
+    /// and no lease is renewed any more, but each stays taken on the server
+    /// until its handle lets go (the work under
+    /// [`with_lease`](Self::with_lease), an
+    /// [election](crate::Election::run)'s term or a tick's run returns, or
+    /// the holder releases or drops its [`Lease`]); its release is then
+    /// sent at once, with its release notice, so that a replica waiting
+    /// for the key takes it within a round trip. Once every handle has let
+    /// go, or after `grace`, it ends as [`shutdown`](Self::shutdown) does:
+    /// what is left is released, and it returns when every release was sent.
+    ///
+    /// A lease whose handle is kept past its validity (work that ignores its
+    /// token) expires on the server on its own, as its token said.
+    ///
+    /// # Cancel safety
+    ///
+    /// If the future is dropped, the leases stay ended and unrenewed; a
+    /// later [`shutdown`](Self::shutdown) releases what is left.
+    pub async fn shutdown_gracefully(&self, grace: std::time::Duration) {
+        self.inner.draining.cancel();
+        let (reply, drained) = tokio::sync::oneshot::channel();
+        if !self.inner.shutdown.is_cancelled()
+            && self
+                .inner
+                .home
+                .commands
+                .send(crate::renewal::Command::Drain { reply })
+                .is_ok()
+        {
+            // An error: the watchdog has ended, with nothing left to wait for.
+            let _ = tokio::time::timeout(grace, drained).await;
+        }
+        self.shutdown().await;
+    }
+
+    /// Handles SIGTERM and SIGINT (Ctrl-C on other systems) from now on
+    /// with a graceful shutdown: on the first of them,
+    /// [`shutdown_gracefully`](Self::shutdown_gracefully) within
+    /// [`DEFAULT_SHUTDOWN_GRACE`] (a second signal cuts the grace short).
+    /// Returns a token cancelled when the signal comes (or when the manager
+    /// shuts down for another reason): the service's own
+    /// loops stop on it (pass it as [`Election::run`](crate::Election::run)'s
+    /// `stop`), then call [`shutdown`](Self::shutdown), which waits for the
+    /// releases to be sent.
+    ///
+    /// The handlers are installed before this returns, so a signal that
+    /// comes at any time after is handled. From then on these signals no
+    /// longer end the process by themselves (as with any handler): the
+    /// process ends when its `main` returns.
+    ///
+    /// ```no_run
+    /// use leasehold_core::MemoryBackend;
+    /// use leasehold_watchdog::{Election, LeaseManager, LeaseOptions};
+    ///
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let manager = LeaseManager::new(MemoryBackend::new())?;
+    /// let stop = manager.shutdown_on_signal()?;
+    /// let election = Election::new(manager.clone(), "scheduler", LeaseOptions::default())?;
+    /// election
+    ///     .run(stop, |work| async move {
+    ///         work.cancelled().await; // lead until the lease ends or the signal comes
+    ///     })
+    ///     .await?;
+    /// manager.shutdown().await; // the lease was released: a replica leads
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// An error when called outside a tokio runtime, and the operating
+    /// system's when a handler cannot be installed, or the runtime was
+    /// built without its I/O and signal driver (`enable_all`, or
+    /// `enable_io`).
+    pub fn shutdown_on_signal(&self) -> std::io::Result<CancellationToken> {
+        // Signal handlers and the task that waits for them need a runtime.
+        let runtime = tokio::runtime::Handle::try_current()
+            .map_err(|_| std::io::Error::other(LeaseError::NoRuntime))?;
+        let mut signals = crate::shutdown::Signals::install()?;
+        let manager = Arc::downgrade(&self.inner);
+        let stop = self.inner.draining.child_token();
+        let shutdown = self.inner.shutdown.clone();
+        runtime.spawn(async move {
+            let signal = tokio::select! {
+                signal = signals.next() => signal,
+                // Shut down otherwise: nothing left to do on a signal.
+                () = shutdown.cancelled() => return,
+            };
+            // Not holding the manager while waiting: a manager nobody
+            // uses any more still stops when its last handle goes.
+            let Some(inner) = manager.upgrade() else {
+                return;
+            };
+            let manager = LeaseManager { inner };
+            tracing::info!(
+                signal,
+                "shutting down: every lease's work is told to stop and its lease released"
+            );
+            tokio::select! {
+                () = manager.shutdown_gracefully(DEFAULT_SHUTDOWN_GRACE) => {}
+                signal = signals.next() => {
+                    tracing::info!(signal, "a second signal: releasing every lease now");
+                    manager.shutdown().await;
+                }
+            }
+        });
+        Ok(stop)
     }
 }
+
+/// How long a graceful shutdown on a signal
+/// ([`LeaseManager::shutdown_on_signal`]) waits for the work under every
+/// lease to stop before it releases the leases still held: 5 s, well
+/// within the usual grace of a service manager (Kubernetes's is 30 s,
+/// systemd's 90 s).
+pub const DEFAULT_SHUTDOWN_GRACE: std::time::Duration = std::time::Duration::from_secs(5);
 
 /// The default bound on waiters per key in one manager.
 pub const DEFAULT_MAX_WAITERS: usize = 1024;
@@ -513,7 +648,13 @@ impl<B: LeaseBackend> LeaseManagerBuilder<B> {
             Arc::clone(&registry),
             shutdown.clone(),
         );
-        let task = runtime.spawn(watchdog.run());
+        let stopped = CancellationToken::new();
+        let done = stopped.clone();
+        let task = runtime.spawn(async move {
+            // Cancelled however the task ends, dropped by its runtime too.
+            let _done = done.drop_guard();
+            watchdog.run().await;
+        });
         let home = Arc::new(Home::new(
             commands,
             registry,
@@ -525,7 +666,9 @@ impl<B: LeaseBackend> LeaseManagerBuilder<B> {
                 backend: self.backend,
                 queues,
                 home,
+                draining: shutdown.child_token(),
                 shutdown,
+                stopped,
                 task: Mutex::new(Some(task)),
                 next_id: AtomicU64::new(0),
                 leaders: Arc::default(),
@@ -555,6 +698,120 @@ mod tests {
         let size = std::mem::size_of_val(&short);
         drop(short);
         assert!(size <= 128, "the try_acquire future is {size} bytes");
+        Ok(())
+    }
+
+    /// A graceful shutdown lets the work stop before its lease goes: every
+    /// token fires with `Shutdown` at once and new acquisitions are
+    /// refused, but a lease stays taken on the server, unrenewed, until its
+    /// handle lets go (its work returned), and is then released at once, so
+    /// that another manager waiting for it takes it; a handle kept past the
+    /// grace has its lease released when the grace runs out; the shutdown
+    /// ends then, not before.
+    #[tokio::test(start_paused = true)]
+    async fn a_graceful_shutdown_waits_for_the_work() -> Result<(), Box<dyn std::error::Error>> {
+        use crate::LossReason;
+        use leasehold_core::LeaseBackend;
+        use std::time::Duration;
+
+        let backend = MemoryBackend::new();
+        let manager = LeaseManager::new(backend.client())?;
+        let other = LeaseManager::new(backend.client())?;
+        let options = LeaseOptions::builder()
+            .ttl(Duration::from_secs(3))
+            .label("leaving")
+            .build()?;
+        let patient = LeaseOptions::builder()
+            .ttl(Duration::from_secs(3))
+            .wait(Duration::from_secs(30))
+            .build()?;
+
+        // The work takes 200 ms to stop once told, and looks at the server
+        // as it finishes: (when told, why, who held the key then).
+        let stopped = Arc::new(Mutex::new(None));
+        let work = manager.with_lease("graceful", &options, |work| {
+            let (backend, stopped) = (backend.clone(), Arc::clone(&stopped));
+            async move {
+                work.cancelled().await;
+                let told = Instant::now();
+                tokio::time::sleep(Duration::from_millis(200)).await;
+                let key = LeaseKey::new("graceful").expect("a valid key");
+                let holder = backend.inspect(&key).await.ok().flatten();
+                *stopped.lock().unwrap_or_else(PoisonError::into_inner) =
+                    Some((told, work.loss_reason(), holder.and_then(|h| h.label)));
+            }
+        });
+        let mut work = Box::pin(work);
+        // A handle kept for good: released when the grace runs out.
+        let kept = manager.acquire("kept", &options).await?;
+        tokio::select! {
+            biased;
+            _ = &mut work => panic!("the work ended on its own"),
+            () = tokio::time::sleep(Duration::from_millis(10)) => {}
+        }
+        let takeover = tokio::spawn({
+            let other = other.clone();
+            async move {
+                let lease = other.acquire("graceful", &patient).await?;
+                Ok::<_, LeaseError>((Instant::now(), lease))
+            }
+        });
+        tokio::task::yield_now().await;
+
+        let started = Instant::now();
+        let grace = Duration::from_secs(1);
+        let ((), worked) = tokio::join!(manager.shutdown_gracefully(grace), &mut work);
+        let ended = Instant::now();
+        let Err(LeaseError::LeaseEnded { reason, .. }) = worked else {
+            panic!("the work's lease did not end: {:?}", worked.map(|_| ()));
+        };
+        assert_eq!(reason, LossReason::Shutdown);
+        let (told, why, holder) = stopped
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .take()
+            .ok_or("the work did not stop")?;
+        // Told at once; the lease still this manager's while it stopped.
+        assert!(
+            told - started < Duration::from_millis(10),
+            "told after {:?}",
+            told - started
+        );
+        assert_eq!(why, Some(LossReason::Shutdown));
+        assert_eq!(
+            holder.as_deref(),
+            Some("leaving"),
+            "released before the work stopped"
+        );
+        // Released as the work ended, and taken at once by the waiter.
+        let (taken, lease) = tokio::time::timeout(Duration::from_secs(5), takeover).await???;
+        let stop_time = told + Duration::from_millis(200);
+        assert!(
+            taken >= stop_time,
+            "taken {:?} before the work stopped",
+            stop_time - taken
+        );
+        assert!(
+            taken - stop_time < Duration::from_millis(50),
+            "taken {:?} after",
+            taken - stop_time
+        );
+        // The shutdown waited for the kept handle until the grace ran out,
+        // then released its lease.
+        assert_eq!(kept.loss_reason(), Some(LossReason::Shutdown));
+        assert!(
+            ended - started >= grace,
+            "ended after {:?}",
+            ended - started
+        );
+        assert!(ended - started < grace + Duration::from_millis(100));
+        assert!(backend.inspect(&LeaseKey::new("kept")?).await?.is_none());
+        assert!(matches!(
+            manager.acquire("late", &options).await,
+            Err(LeaseError::ManagerStopped)
+        ));
+        lease.release().await?;
+        other.shutdown().await;
         Ok(())
     }
 }

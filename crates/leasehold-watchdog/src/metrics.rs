@@ -13,6 +13,12 @@
 //! fixed set that grows only with the library. docs/operations.md describes each
 //! metric and suggests alerts.
 //!
+//! The histograms' buckets, for an exporter that needs them (Prometheus
+//! exports a histogram without buckets as a summary, which the shipped
+//! rules and dashboard cannot read), are [`BUCKETS`]; with the feature
+//! `prometheus`, `install_prometheus_buckets` sets them all on a
+//! `metrics_exporter_prometheus::PrometheusBuilder` in one call.
+//!
 //! ```
 //! use leasehold_watchdog::metrics;
 //!
@@ -26,10 +32,12 @@
 #![allow(clippy::ptr_arg)]
 
 use std::borrow::Cow;
+use std::collections::HashMap;
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use leasehold_core::LeaseKey;
+use tokio::time::Instant;
 
 use ::metrics::{
     Key, Label, Level, Metadata, Unit, counter, describe_counter, describe_gauge,
@@ -65,6 +73,20 @@ pub const HELD: &str = "leasehold_leases_held";
 /// ends, labelled `name`, `kind` and `ended` (`released`, `dropped`,
 /// `lost`, `renewal_limit`, `deadline`, `max_hold`, `stalled`, `shutdown`).
 pub const HOLD_TIME: &str = "leasehold_lease_hold_seconds";
+/// Gauge, seconds: the age of the oldest lease of a name and kind that this
+/// process holds now (how long ago its acquisition was sent), labelled
+/// `name` and `kind`: a two-hour job shows while it runs, not only in
+/// [`HOLD_TIME`] once it ends.
+///
+/// Set by the watchdog after each batch of renewals, for the names and
+/// kinds the batch renewed: at least once per renew interval while a lease
+/// of the name is held, at no cost per lease beyond a comparison. It is the
+/// process's: with several managers, the oldest of all their leases. When
+/// the oldest lease ends, the gauge falls to the next oldest within one
+/// renew interval (the leases still held are all renewed within it); when
+/// the last one ends, to 0 when the watchdog learns of it: at once for a
+/// loss, at its next wake (within a renew interval) for a release.
+pub const OLDEST_AGE: &str = "leasehold_lease_oldest_age_seconds";
 /// Gauge, seconds: the ttl of the leases of a name, labelled `name`; set by
 /// every `acquire` (the last call's options win when several differ). Alert
 /// rules compare durations with it.
@@ -95,11 +117,81 @@ pub const TICK_RUNS: &str = "leasehold_tick_runs_total";
 /// schedule), [`TICK_ERROR`] (an error, returned to the caller too).
 pub const TICK_SKIPS: &str = "leasehold_tick_skips_total";
 /// Counter: runs of a scheduled job that this process found abandoned
-/// (their lease ended without a completion) and settled, labelled `name`.
+/// (their lease ended without a completion), labelled `name`: its own runs
+/// whose lease ended mid-run, and other nodes' runs it settled as a
+/// watcher (recorded, or re-run).
 pub const TICK_ABANDONED: &str = "leasehold_tick_abandoned_total";
 /// Gauge: how late, on the server's clock, the last run of a job this
 /// process started began after its tick, labelled `name`.
 pub const TICK_LAG: &str = "leasehold_tick_lag_seconds";
+
+/// Buckets, in seconds, for [`HOLD_TIME`]: from half a second to a day, so
+/// that a quantile of short leases and of jobs of hours both resolve.
+pub const HOLD_TIME_BUCKETS: &[f64] = &[
+    0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0, 900.0, 1800.0, 3600.0, 7200.0, 14400.0, 43200.0,
+    86400.0,
+];
+/// Buckets, in seconds, for [`ACQUIRE_WAIT`]: from a millisecond (a free
+/// key, one round trip) to five minutes of waiting.
+pub const ACQUIRE_WAIT_BUCKETS: &[f64] = &[
+    0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 5.0, 10.0, 30.0, 60.0, 300.0,
+];
+/// Buckets, in seconds, for [`RENEWAL_LATENCY`]: from half a millisecond to
+/// 5 s, fine around the safety margins (a tenth of the ttl by default,
+/// 300 ms for a 3 s ttl) that `LeaseholdRenewalLatencyNearSafetyMargin`
+/// compares the 99th percentile with.
+pub const RENEWAL_LATENCY_BUCKETS: &[f64] = &[
+    0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.15, 0.25, 0.5, 1.0, 2.5, 5.0,
+];
+/// Every histogram and its buckets: what the shipped alert rules and
+/// dashboard need to find `_bucket` series. Without the feature
+/// `prometheus`, set them on the exporter yourself:
+///
+/// ```ignore
+/// let mut builder = metrics_exporter_prometheus::PrometheusBuilder::new();
+/// for (metric, buckets) in leasehold::metrics::BUCKETS {
+///     builder = builder.set_buckets_for_metric(Matcher::Full(metric.to_owned()), buckets)?;
+/// }
+/// ```
+pub const BUCKETS: [(&str, &[f64]); 3] = [
+    (HOLD_TIME, HOLD_TIME_BUCKETS),
+    (ACQUIRE_WAIT, ACQUIRE_WAIT_BUCKETS),
+    (RENEWAL_LATENCY, RENEWAL_LATENCY_BUCKETS),
+];
+
+/// Sets [`BUCKETS`] on a Prometheus exporter's builder: every histogram
+/// of leasehold is then exported with `_bucket` series, which the shipped
+/// rules (deploy/prometheus/leasehold-rules.yml) and dashboard
+/// (deploy/grafana/leasehold.json) read. Call it before `install`; a
+/// bucket list of your own set afterwards for one of these metrics
+/// replaces it.
+///
+/// ```
+/// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// use metrics_exporter_prometheus::PrometheusBuilder;
+///
+/// let builder = leasehold_watchdog::metrics::install_prometheus_buckets(PrometheusBuilder::new())?;
+/// let recorder = builder.build_recorder(); // or `.install()`, with your listener
+/// # drop(recorder);
+/// # Ok(()) }
+/// ```
+///
+/// # Errors
+///
+/// The builder's error for an empty bucket list, which these are not.
+#[cfg(feature = "prometheus")]
+pub fn install_prometheus_buckets(
+    mut builder: metrics_exporter_prometheus::PrometheusBuilder,
+) -> Result<metrics_exporter_prometheus::PrometheusBuilder, metrics_exporter_prometheus::BuildError>
+{
+    for (metric, buckets) in BUCKETS {
+        builder = builder.set_buckets_for_metric(
+            metrics_exporter_prometheus::Matcher::Full(metric.to_owned()),
+            buckets,
+        )?;
+    }
+    Ok(builder)
+}
 
 /// Label: the lease name.
 pub const LABEL_NAME: &str = "name";
@@ -143,7 +235,7 @@ pub const TICK_CONFLICT: &str = "conflict";
 pub const TICK_ERROR: &str = "error";
 
 /// What kind of lease a metric is about: the value of [`LABEL_KIND`].
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub(crate) enum Kind {
     /// A lease from `acquire`.
     Exclusive,
@@ -177,7 +269,7 @@ impl Kind {
         }
     }
 
-    const fn as_str(self) -> &'static str {
+    pub(crate) const fn as_str(self) -> &'static str {
         match self {
             Self::Exclusive => KIND_EXCLUSIVE,
             Self::Permit => KIND_PERMIT,
@@ -322,6 +414,11 @@ pub fn describe() {
         Unit::Seconds,
         "How long leases were held, recorded when each ends, by kind and how it ended."
     );
+    describe_gauge!(
+        OLDEST_AGE,
+        Unit::Seconds,
+        "Age of the oldest lease of a name and kind held by this process now."
+    );
     describe_gauge!(TTL, Unit::Seconds, "The ttl of the leases of a name.");
     describe_gauge!(
         SAFETY_MARGIN,
@@ -453,46 +550,472 @@ pub(crate) fn renew_batch(latency: Duration) {
     histogram!(RENEWAL_LATENCY).record(latency);
 }
 
-/// Renewal results of one batch, counted per lease name so that a batch of
-/// a thousand leases costs one counter lookup per name and outcome, not one
-/// per lease.
-#[derive(Default)]
-pub(crate) struct RenewalTally {
-    // Few distinct names per batch: a linear scan beats hashing.
-    counts: Vec<(Cow<'static, str>, [u64; 3])>,
-}
-
-/// Indices into a tally's counts.
+/// Indices into a row's renewal counts.
 pub(crate) const RENEWED: usize = 0;
 pub(crate) const RENEW_LOST: usize = 1;
 pub(crate) const RENEW_ERROR: usize = 2;
 const RENEW_OUTCOMES: [&str; 3] = ["renewed", "lost", "error"];
 
-impl RenewalTally {
-    pub(crate) fn add(&mut self, name: &Cow<'static, str>, outcome: usize) {
-        // Leases acquired with the same options share one name text, so the
-        // pointers usually match and the texts need no comparing.
-        let same = |n: &Cow<'static, str>| {
-            std::ptr::eq(n.as_ptr(), name.as_ptr()) && n.len() == name.len() || n == name
+/// A lease as the age gauge knows it: when its acquisition was sent, and
+/// which lease it is (the address of its shared state, unique while the
+/// watchdog keeps the lease, which is as long as a row refers to it).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Since {
+    at: Instant,
+    lease: usize,
+}
+
+impl Since {
+    pub(crate) fn of(shared: &Arc<crate::shared::Shared>) -> Self {
+        Self {
+            at: shared.acquired_at,
+            lease: Arc::as_ptr(shared).addr(),
+        }
+    }
+
+    fn older(self, other: Option<Self>) -> Self {
+        match other {
+            Some(other) if other.at <= self.at => other,
+            _ => self,
+        }
+    }
+}
+
+/// No row: a slot without a lease.
+pub(crate) const NO_ROW: u32 = u32::MAX;
+
+/// What the watchdog keeps per lease name and kind (a *row*), for
+/// [`RENEWALS`] and [`OLDEST_AGE`]: how many of its leases are of the
+/// row, the oldest of them, and the renewal results of the batch being
+/// handled.
+///
+/// A lease's row is looked up once, when the watchdog takes the lease in
+/// (the row of the previous lease first: leases come in runs of one
+/// options value), and kept beside the lease: a renewal then counts by
+/// index, without comparing names, and notes its acquisition time if it is
+/// the batch's oldest (one comparison). Per batch, each row it touched
+/// makes its counter updates and publishes its oldest lease once.
+///
+/// The oldest lease is known exactly while it is held: each lease taken in
+/// replaces it if older, and each renewed one too. When it ends, the next
+/// oldest is not known until every lease of the row has been renewed once
+/// more, within a renew interval; meanwhile the oldest renewed since
+/// stands in, and nothing is published.
+///
+/// The gauge is the process's: every watchdog (one per manager) publishes
+/// its oldest lease of a name and kind to the same [`AgeCell`], and the
+/// gauge shows the oldest of them.
+pub(crate) struct Rows {
+    rows: Vec<Row>,
+    /// Each row by name, then kind ([`NO_ROW`] where none).
+    by_name: HashMap<Cow<'static, str>, [u32; 4]>,
+    /// The row last looked up.
+    last: Option<u32>,
+    /// The rows the current batch counted in.
+    touched: Vec<u32>,
+    /// This watchdog, in the age cells.
+    id: u64,
+}
+
+struct Row {
+    name: Cow<'static, str>,
+    kind: Kind,
+    /// The process's oldest lease of this name and kind, by watchdog.
+    cell: Arc<AgeCell>,
+    /// Leases of the row that the watchdog keeps and that have not ended.
+    held: u64,
+    /// The oldest of them, when known.
+    oldest: Option<Since>,
+    /// In the current batch: renewal outcomes, the oldest lease renewed
+    /// or retried, and whether the row is in [`Rows::touched`].
+    counts: [u64; 3],
+    batch_oldest: Option<Since>,
+    touched: bool,
+    /// This watchdog has an entry in the cell: the row's last lease
+    /// leaving withdraws it (a lease that leaves before its first renewal
+    /// costs no update).
+    published: bool,
+}
+
+/// The oldest lease of one name and kind in each watchdog of the process
+/// that published one, and the gauge's key: shared by the watchdogs, so
+/// that the gauge is the process's oldest whichever manager holds it.
+struct AgeCell {
+    /// [`OLDEST_AGE`] with the name and kind as labels.
+    key: Key,
+    /// (watchdog, acquisition time of its oldest lease); few entries, one
+    /// per manager holding leases of the name.
+    oldest: std::sync::Mutex<Vec<(u64, Instant)>>,
+}
+
+impl AgeCell {
+    /// The cell of `name` and `kind`, made on first use.
+    fn of(name: &Cow<'static, str>, kind: Kind) -> Arc<Self> {
+        type Cells = std::sync::Mutex<HashMap<(Cow<'static, str>, Kind), Arc<AgeCell>>>;
+        static CELLS: OnceLock<Cells> = OnceLock::new();
+        let mut cells = CELLS
+            .get_or_init(Cells::default)
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        Arc::clone(cells.entry((name.clone(), kind)).or_insert_with(|| {
+            Arc::new(Self {
+                key: Key::from_parts(
+                    OLDEST_AGE,
+                    vec![
+                        Label::new(LABEL_NAME, label(name)),
+                        Label::from_static_parts(LABEL_KIND, kind.as_str()),
+                    ],
+                ),
+                oldest: std::sync::Mutex::default(),
+            })
+        }))
+    }
+
+    /// Sets `watchdog`'s oldest lease (`None`: it holds none), and the
+    /// gauge to the age, as of `now`, of the oldest of all.
+    fn publish(&self, watchdog: u64, oldest: Option<Instant>, now: Instant) {
+        let mut all = self
+            .oldest
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let mine = all.iter().position(|(w, _)| *w == watchdog);
+        match (mine, oldest) {
+            (Some(i), Some(at)) => all[i].1 = at,
+            (None, Some(at)) => all.push((watchdog, at)),
+            (Some(i), None) => {
+                all.swap_remove(i);
+            }
+            (None, None) => {}
+        }
+        let age = all
+            .iter()
+            .map(|(_, at)| *at)
+            .min()
+            .map_or(Duration::ZERO, |at| now.saturating_duration_since(at));
+        // Under the lock, so that two watchdogs' settings land in the
+        // order they were worked out.
+        ::metrics::with_recorder(|recorder| {
+            recorder.register_gauge(&self.key, &METADATA).set(age);
+        });
+    }
+}
+
+impl Default for Rows {
+    fn default() -> Self {
+        static WATCHDOGS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+        Self {
+            rows: Vec::new(),
+            by_name: HashMap::new(),
+            last: None,
+            touched: Vec::new(),
+            id: WATCHDOGS.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
+        }
+    }
+}
+
+impl Rows {
+    /// The row of the leases of `series`.
+    pub(crate) fn row_of(&mut self, series: &Series) -> u32 {
+        let (name, kind) = (&series.name, series.kind);
+        if let Some(last) = self.last {
+            let row = &self.rows[last as usize];
+            // The row keeps its own copy of the name, so a pointer equal to
+            // it is the same text (a `'static` name, usually).
+            let same = std::ptr::eq(row.name.as_ptr(), name.as_ptr())
+                && row.name.len() == name.len()
+                || row.name == *name;
+            if row.kind == kind && same {
+                return last;
+            }
+        }
+        let kinds = self.by_name.entry(name.clone()).or_insert([NO_ROW; 4]);
+        let index = match kinds[kind.index()] {
+            NO_ROW => {
+                let index = u32::try_from(self.rows.len()).unwrap_or(NO_ROW - 1);
+                kinds[kind.index()] = index;
+                self.rows.push(Row {
+                    cell: AgeCell::of(name, kind),
+                    name: name.clone(),
+                    kind,
+                    held: 0,
+                    oldest: None,
+                    counts: [0; 3],
+                    batch_oldest: None,
+                    touched: false,
+                    published: false,
+                });
+                index
+            }
+            index => index,
         };
-        match self.counts.iter_mut().find(|(n, _)| same(n)) {
-            Some((_, counts)) => counts[outcome] += 1,
-            None => {
-                let mut counts = [0; 3];
-                counts[outcome] = 1;
-                self.counts.push((name.clone(), counts));
+        self.last = Some(index);
+        index
+    }
+
+    /// A lease of `row` acquired at `since` is kept from now on.
+    pub(crate) fn join(&mut self, row: u32, since: Since) {
+        let Some(row) = self.rows.get_mut(row as usize) else {
+            return;
+        };
+        row.held += 1;
+        row.oldest = Some(since.older(row.oldest));
+    }
+
+    /// The lease `since` of `row` is no longer held (it ended, or its handle
+    /// released it): it stops counting. The last lease of a row withdraws
+    /// the row's age from the gauge at once.
+    pub(crate) fn leave(&mut self, row: u32, since: Since) {
+        let Some(row) = self.rows.get_mut(row as usize) else {
+            return;
+        };
+        row.held = row.held.saturating_sub(1);
+        if row.oldest.is_some_and(|o| o.lease == since.lease) {
+            row.oldest = None;
+        }
+        if row.batch_oldest.is_some_and(|o| o.lease == since.lease) {
+            row.batch_oldest = None;
+        }
+        if row.held == 0 {
+            row.oldest = None;
+            if std::mem::take(&mut row.published) {
+                row.cell.publish(self.id, None, Instant::now());
             }
         }
     }
 
-    pub(crate) fn record(self) {
-        for (name, counts) in self.counts {
-            for (outcome, n) in RENEW_OUTCOMES.iter().zip(counts) {
+    /// Counts a renewal `outcome` of the lease `since` of `row` in the
+    /// current batch.
+    pub(crate) fn count(&mut self, row: u32, outcome: usize, since: Since) {
+        let Some(r) = self.rows.get_mut(row as usize) else {
+            return;
+        };
+        r.counts[outcome] += 1;
+        // A lease found lost is no longer held; one whose renewal failed
+        // still is (it is retried until its deadline).
+        if outcome != RENEW_LOST {
+            r.batch_oldest = Some(since.older(r.batch_oldest));
+        }
+        if !r.touched {
+            r.touched = true;
+            self.touched.push(row);
+        }
+    }
+
+    /// Records the current batch: the renewal counts of each row it
+    /// touched, and its oldest lease as of `now`.
+    pub(crate) fn flush(&mut self, now: Instant) {
+        for index in self.touched.drain(..) {
+            let Some(row) = self.rows.get_mut(index as usize) else {
+                continue;
+            };
+            row.touched = false;
+            for (outcome, n) in RENEW_OUTCOMES.iter().zip(std::mem::take(&mut row.counts)) {
                 if n > 0 {
-                    counter!(RENEWALS, LABEL_NAME => label(&name), LABEL_OUTCOME => *outcome)
+                    counter!(RENEWALS, LABEL_NAME => label(&row.name), LABEL_OUTCOME => *outcome)
                         .increment(n);
                 }
             }
+            if let Some(oldest) = row.batch_oldest.take() {
+                row.oldest = Some(oldest.older(row.oldest));
+            }
+            if let Some(oldest) = row.oldest.filter(|_| row.held > 0) {
+                row.published = true;
+                row.cell.publish(self.id, Some(oldest.at), now);
+            }
+        }
+    }
+
+    /// Every lease is let go (the watchdog stops): its ages are withdrawn.
+    pub(crate) fn clear(&mut self) {
+        let now = Instant::now();
+        for row in &mut self.rows {
+            row.held = 0;
+            row.oldest = None;
+            row.batch_oldest = None;
+            if std::mem::take(&mut row.published) {
+                row.cell.publish(self.id, None, now);
+            }
+        }
+    }
+}
+
+/// A watchdog that ends without stopping (its runtime shut down) leaves
+/// no age behind.
+impl Drop for Rows {
+    fn drop(&mut self) {
+        self.clear();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::HashMap;
+    use std::sync::atomic::AtomicU64;
+    use std::sync::{Arc, Mutex, PoisonError};
+    use std::time::Duration;
+
+    use ::metrics::{
+        Counter, Gauge, Histogram, Key, KeyName, Metadata, Recorder, SharedString, Unit,
+    };
+    use leasehold_core::MemoryBackend;
+
+    use super::{BUCKETS, KIND_EXCLUSIVE, KIND_PERMIT, OLDEST_AGE};
+    use crate::{LeaseManager, LeaseOptions, LossReason};
+
+    /// A recorder that keeps the last value of every gauge, by name and
+    /// labels (`name{k=v,...}`); counters and histograms go nowhere.
+    #[derive(Default)]
+    struct Gauges(Mutex<HashMap<String, Arc<AtomicU64>>>);
+
+    impl Gauges {
+        fn get(&self, metric: &str, labels: &[(&str, &str)]) -> Option<f64> {
+            let labels: Vec<String> = labels.iter().map(|(k, v)| format!("{k}={v}")).collect();
+            let id = format!("{metric}{{{}}}", labels.join(","));
+            let gauges = self.0.lock().unwrap_or_else(PoisonError::into_inner);
+            gauges
+                .get(&id)
+                .map(|g| f64::from_bits(g.load(std::sync::atomic::Ordering::Relaxed)))
+        }
+    }
+
+    impl Recorder for Gauges {
+        fn describe_counter(&self, _: KeyName, _: Option<Unit>, _: SharedString) {}
+        fn describe_gauge(&self, _: KeyName, _: Option<Unit>, _: SharedString) {}
+        fn describe_histogram(&self, _: KeyName, _: Option<Unit>, _: SharedString) {}
+        fn register_counter(&self, _: &Key, _: &Metadata<'_>) -> Counter {
+            Counter::noop()
+        }
+        fn register_gauge(&self, key: &Key, _: &Metadata<'_>) -> Gauge {
+            let labels: Vec<String> = key
+                .labels()
+                .map(|l| format!("{}={}", l.key(), l.value()))
+                .collect();
+            let id = format!("{}{{{}}}", key.name(), labels.join(","));
+            let mut gauges = self.0.lock().unwrap_or_else(PoisonError::into_inner);
+            Gauge::from_arc(Arc::clone(gauges.entry(id).or_default()))
+        }
+        fn register_histogram(&self, _: &Key, _: &Metadata<'_>) -> Histogram {
+            Histogram::noop()
+        }
+    }
+
+    /// Whether `value` is within 70 ms of `expected` seconds: renewals come
+    /// up to a sixteenth of the renew interval (62.5 ms here) early.
+    fn near(value: Option<f64>, expected: f64) -> bool {
+        value.is_some_and(|v| (v - expected).abs() <= 0.07)
+    }
+
+    /// The age gauge, by name and kind, on the paused clock (leases of 3 s,
+    /// renewed every second): the oldest lease's age as of the last
+    /// renewal while it is held, then the next oldest's within a renew
+    /// interval of its end, then 0 once none is left; a permit of the same
+    /// name has a series of its own; a lost lease stops counting at once.
+    /// The watchdog runs on this thread, which the local recorder covers.
+    #[tokio::test(start_paused = true)]
+    async fn the_oldest_age_follows_what_is_held() -> Result<(), Box<dyn std::error::Error>> {
+        let gauges = Gauges::default();
+        let _recorder = ::metrics::set_default_local_recorder(&gauges);
+        let backend = MemoryBackend::new();
+        let manager = LeaseManager::new(backend.clone())?;
+        let options = LeaseOptions::builder()
+            .ttl(Duration::from_secs(3))
+            .name("aged")
+            .build()?;
+        let age = |kind: &str| gauges.get(OLDEST_AGE, &[("name", "aged"), ("kind", kind)]);
+        let step = |secs: f64| tokio::time::sleep(Duration::from_secs_f64(secs));
+
+        let a = manager.acquire("aged:a", &options).await?; // t = 0
+        step(1.5).await;
+        // Renewed once, at about 1 s: a second old then.
+        assert!(near(age(KIND_EXCLUSIVE), 1.0), "{:?}", age(KIND_EXCLUSIVE));
+        let b = manager.acquire("aged:b", &options).await?; // t = 1.5
+        let permit = manager
+            .acquire_permit("aged:pool", crate::PermitLimit::new(2)?, &options)
+            .await?;
+        step(4.25).await; // t = 5.75
+        // The oldest is a's, whichever lease's batch set the gauge last
+        // (b's and the permit's, at 5.5 s).
+        assert!(near(age(KIND_EXCLUSIVE), 5.5), "{:?}", age(KIND_EXCLUSIVE));
+        assert!(near(age(KIND_PERMIT), 4.0), "{:?}", age(KIND_PERMIT));
+
+        // a released: from b's next renewal (6.5 s) on, b is the oldest.
+        a.release().await?;
+        step(1.0).await; // t = 6.75
+        assert!(near(age(KIND_EXCLUSIVE), 5.0), "{:?}", age(KIND_EXCLUSIVE));
+        step(1.0).await; // t = 7.75
+        assert!(near(age(KIND_EXCLUSIVE), 6.0), "{:?}", age(KIND_EXCLUSIVE));
+
+        // The last exclusive lease, lost: 0 at once.
+        assert!(backend.vanish(b.key()));
+        step(1.0).await;
+        assert_eq!(b.loss_reason(), Some(LossReason::Lost));
+        assert_eq!(age(KIND_EXCLUSIVE), Some(0.0));
+        drop(b);
+
+        // The permit, released: 0 within a renew interval (the handle's
+        // release reaches the watchdog when it next wakes).
+        assert!(
+            age(KIND_PERMIT).is_some_and(|v| v > 5.0),
+            "{:?}",
+            age(KIND_PERMIT)
+        );
+        permit.release().await?;
+        step(1.1).await;
+        assert_eq!(age(KIND_PERMIT), Some(0.0));
+        manager.shutdown().await;
+        Ok(())
+    }
+
+    /// The gauge is the process's: with two managers holding leases of one
+    /// name, it shows the older lease whichever watchdog set it last, and
+    /// the one left when the other manager's last lease goes.
+    #[tokio::test(start_paused = true)]
+    async fn the_oldest_age_is_the_process_s() -> Result<(), Box<dyn std::error::Error>> {
+        let gauges = Gauges::default();
+        let _recorder = ::metrics::set_default_local_recorder(&gauges);
+        let backend = MemoryBackend::new();
+        let (first, second) = (
+            LeaseManager::new(backend.client())?,
+            LeaseManager::new(backend.client())?,
+        );
+        let options = LeaseOptions::builder()
+            .ttl(Duration::from_secs(3))
+            .name("shared-age")
+            .build()?;
+        let age = || {
+            gauges.get(
+                OLDEST_AGE,
+                &[("name", "shared-age"), ("kind", KIND_EXCLUSIVE)],
+            )
+        };
+        let step = |secs: f64| tokio::time::sleep(Duration::from_secs_f64(secs));
+
+        let old = first.acquire("shared-age:old", &options).await?; // t = 0
+        step(2.5).await;
+        let young = second.acquire("shared-age:young", &options).await?; // t = 2.5
+        step(2.25).await; // t = 4.75: first set 4 at 4 s, second 4.5 at 4.5 s
+        assert!(near(age(), 4.5), "{:?}", age());
+        // The older manager's lease goes: the younger's from its next renewal.
+        old.release().await?;
+        step(1.0).await; // t = 5.75: second set 3 at 5.5 s (first withdrew at 5 s)
+        assert!(near(age(), 3.0), "{:?}", age());
+        young.release().await?;
+        step(1.1).await;
+        assert_eq!(age(), Some(0.0));
+        first.shutdown().await;
+        second.shutdown().await;
+        Ok(())
+    }
+
+    /// The bucket lists are what an exporter accepts: not empty, rising.
+    #[test]
+    fn the_buckets_rise() {
+        for (metric, buckets) in BUCKETS {
+            assert!(!buckets.is_empty(), "{metric}");
+            assert!(
+                buckets.windows(2).all(|w| w[0] < w[1]),
+                "{metric}: {buckets:?}"
+            );
         }
     }
 }

@@ -67,7 +67,7 @@ use crate::LeaseError;
 use crate::bounds::Bounds;
 use crate::changes::Changes;
 use crate::loss::LossReason;
-use crate::metrics::{self, RENEW_ERROR, RENEW_LOST, RENEWED, RenewalTally};
+use crate::metrics::{self, NO_ROW, RENEW_ERROR, RENEW_LOST, RENEWED, Rows, Since};
 use crate::queue::Queues;
 use crate::shared::Shared;
 
@@ -101,6 +101,13 @@ pub(crate) enum Command {
     /// Release a lease that may exist on the server with no handle, after an
     /// acquisition whose outcome is unknown was abandoned.
     ReleaseOrphan { key: LeaseKey, holder: HolderId },
+    /// A graceful shutdown begins: end every lease, and every lease taken
+    /// from now on, with [`LossReason::Shutdown`] (their tokens fire) and
+    /// renew none of them any more, but leave each on the server until its
+    /// handle lets go, so that the work stops before the lease is released.
+    /// `reply` is sent once every handle has let go (the releases they
+    /// asked for are then on their way).
+    Drain { reply: oneshot::Sender<()> },
 }
 
 /// What the manager and handles leave for the watchdog to read when it
@@ -137,6 +144,9 @@ struct Notes {
     reads_by: Option<Instant>,
     /// Shut down: no lease is registered any more.
     closed: bool,
+    /// Draining (a graceful shutdown): a handle's release wakes the
+    /// watchdog, which waits for the last one.
+    draining: bool,
 }
 
 /// New and released leases on their way to the watchdog (see the module
@@ -158,6 +168,7 @@ impl Registry {
                 notes: Vec::new(),
                 reads_by: None,
                 closed: false,
+                draining: false,
             }),
             wake: Notify::new(),
         }
@@ -220,6 +231,10 @@ impl Registry {
         let mut notes = self.lock();
         if !notes.closed {
             notes.notes.push(Note::Forget { id });
+            if notes.draining {
+                drop(notes);
+                self.wake.notify_one();
+            }
         }
     }
 }
@@ -341,6 +356,9 @@ struct Bounded {
 /// place of a released lease never matches the lease that reuses the slot.
 struct Slot {
     generation: u32,
+    /// The lease's row in [`Rows`] (its name and kind), in room the
+    /// generation leaves; [`NO_ROW`] while the slot is empty.
+    row: u32,
     entry: Option<Entry>,
 }
 
@@ -425,6 +443,12 @@ pub(crate) struct Watchdog<B> {
     spare_notes: Vec<Note>,
     /// The leases with bounds, by slot: none for most managers.
     bounded: HashMap<u32, Bounded, BuildHasherDefault<IdHasher>>,
+    /// Renewal counts and the age of the oldest lease, by name and kind.
+    rows: Rows,
+    /// Draining for a graceful shutdown (see [`Command::Drain`]), and the
+    /// reply owed once every handle has let go.
+    draining: bool,
+    drained: Option<oneshot::Sender<()>>,
 }
 
 /// A watchdog that ends for any reason (shutdown, the last handle gone, its
@@ -475,6 +499,9 @@ impl<B: LeaseBackend> Watchdog<B> {
             changes: Changes::none(),
             spare_notes: Vec::new(),
             bounded: HashMap::default(),
+            rows: Rows::default(),
+            draining: false,
+            drained: None,
         }
     }
 
@@ -549,6 +576,11 @@ impl<B: LeaseBackend> Watchdog<B> {
                 else => break,
             }
             self.catch_up();
+            if self.ids.is_empty()
+                && let Some(reply) = self.drained.take()
+            {
+                let _ = reply.send(());
+            }
             if stopping && self.work.is_empty() {
                 break;
             }
@@ -708,12 +740,16 @@ impl<B: LeaseBackend> Watchdog<B> {
                 };
                 self.slots.push(Slot {
                     generation: 0,
+                    row: NO_ROW,
                     entry: None,
                 });
                 slot
             }
         };
         self.changes.insert(&entry.key, id);
+        let row = self.rows.row_of(&entry.shared.series);
+        self.rows.join(row, Since::of(&entry.shared));
+        self.slots[slot as usize].row = row;
         if let Some(bounds) = entry.shared.bounds.clone() {
             self.bounded.insert(
                 slot,
@@ -726,6 +762,12 @@ impl<B: LeaseBackend> Watchdog<B> {
         }
         self.slots[slot as usize].entry = Some(entry);
         self.ids.insert(id, slot);
+        if self.draining {
+            // Granted while draining (a waiter already asking): ended at
+            // once, and released when its handle lets go.
+            self.shut(slot);
+            return;
+        }
         if let Some((when, place)) = self.schedule(slot, renew_at, Instant::now()) {
             self.buckets.entry(when).or_default().push(place);
         }
@@ -751,6 +793,35 @@ impl<B: LeaseBackend> Watchdog<B> {
                 }
             },
             Command::ReleaseOrphan { key, holder } => self.release(&key, None, holder, None),
+            Command::Drain { reply } => {
+                self.draining = true;
+                self.registry.lock().draining = true;
+                for slot in 0..self.slots.len() {
+                    // Slots number fewer than u32::MAX (see `on_register`).
+                    self.shut(u32::try_from(slot).unwrap_or(u32::MAX));
+                }
+                self.drained = Some(reply);
+            }
+        }
+    }
+
+    /// Ends the lease in `slot` for a shutdown, as [`stop_all`](Self::stop_all)
+    /// does but without releasing it: its token fires, it is renewed no more
+    /// (it loses every place), and its handle's release, when it comes, is
+    /// sent to the server. No warning: a shutdown is no loss to report.
+    fn shut(&mut self, slot: u32) {
+        let Some(cell) = self.slots.get_mut(slot as usize) else {
+            return;
+        };
+        cell.generation = cell.generation.wrapping_add(1);
+        let row = cell.row;
+        let Some(entry) = cell.entry.as_mut() else {
+            return;
+        };
+        if !entry.ended && entry.shared.end(LossReason::Shutdown) {
+            entry.finish(LossReason::Shutdown.as_str());
+            metrics::lost(&entry.shared.series, LossReason::Shutdown.as_str());
+            self.rows.leave(row, Since::of(&entry.shared));
         }
     }
 
@@ -762,8 +833,13 @@ impl<B: LeaseBackend> Watchdog<B> {
         }
         let cell = self.slots.get_mut(slot as usize)?;
         cell.generation = cell.generation.wrapping_add(1);
+        let row = std::mem::replace(&mut cell.row, NO_ROW);
         let entry = cell.entry.take();
         self.free.push(slot);
+        // Not ended by the watchdog: held until now.
+        if let Some(entry) = entry.as_ref().filter(|e| !e.ended) {
+            self.rows.leave(row, Since::of(&entry.shared));
+        }
         entry
     }
 
@@ -1033,7 +1109,6 @@ impl<B: LeaseBackend> Watchdog<B> {
         self.batch_deadlines.remove(&(batch.deadline, id));
         let now = Instant::now();
         metrics::renew_batch(now.saturating_duration_since(sent_at));
-        let mut tally = RenewalTally::default();
         // Leases renewed together go back into one bucket: gathered here
         // and added to it at once, not looked up in the map one by one.
         let mut staged: Option<(Instant, Vec<Place>)> = None;
@@ -1047,9 +1122,15 @@ impl<B: LeaseBackend> Watchdog<B> {
                     .get(&place.slot)
                     .and_then(|b| b.bounds.hold_until)
             };
+            // Beside the generation that `at` reads: the same cache line.
+            let row = self
+                .slots
+                .get(place.slot as usize)
+                .map_or(NO_ROW, |c| c.row);
             let Some(entry) = self.at(place) else {
                 continue; // released or ended while the renewal was in flight
             };
+            let since = Since::of(&entry.shared);
             // A backend that returned too few outcomes left the rest unknown.
             let outcome = outcome.unwrap_or_else(|| {
                 Err(BackendError::UnexpectedReply {
@@ -1071,7 +1152,6 @@ impl<B: LeaseBackend> Watchdog<B> {
             }
             match outcome {
                 Ok(RenewOutcome::Renewed) => {
-                    tally.add(entry.shared.name(), RENEWED);
                     // Never valid past the maximum hold, whenever the
                     // renewal was sent.
                     let mut valid = valid_until(sent_at, entry.ttl);
@@ -1090,6 +1170,7 @@ impl<B: LeaseBackend> Watchdog<B> {
                         sent_at + entry.shared.timing.renew_interval()
                     };
                     debug!(key = %entry.key, name = %entry.shared.name(), "lease renewed");
+                    self.rows.count(row, RENEWED, since);
                     if let Some((when, place)) = self.schedule(place.slot, renew_at, now) {
                         match &mut staged {
                             Some((at, places)) if *at == when => places.push(place),
@@ -1105,14 +1186,14 @@ impl<B: LeaseBackend> Watchdog<B> {
                     }
                 }
                 Ok(RenewOutcome::Lost) => {
-                    tally.add(entry.shared.name(), RENEW_LOST);
+                    self.rows.count(row, RENEW_LOST, since);
                     self.end(place.slot, LossReason::Lost);
                 }
                 Err(error) => {
-                    tally.add(entry.shared.name(), RENEW_ERROR);
                     debug!(key = %entry.key, name = %entry.shared.name(), %error, "renewal failed; retrying");
                     let retry_at = now + entry.shared.timing.retry_delay(entry.failures);
                     entry.failures = entry.failures.saturating_add(1);
+                    self.rows.count(row, RENEW_ERROR, since);
                     if let Some((when, place)) = self.schedule_retry(place.slot, retry_at, now) {
                         self.buckets.entry(when).or_default().push(place);
                     }
@@ -1122,7 +1203,7 @@ impl<B: LeaseBackend> Watchdog<B> {
         if let Some((at, places)) = staged {
             self.add_to_bucket(at, places);
         }
-        tally.record();
+        self.rows.flush(now);
     }
 
     /// Cancels the holder's token; the entry stays until its handle releases
@@ -1132,19 +1213,27 @@ impl<B: LeaseBackend> Watchdog<B> {
             return;
         };
         cell.generation = cell.generation.wrapping_add(1);
+        let row = cell.row;
         let Some(entry) = cell.entry.as_mut() else {
             return;
         };
         // A lease whose handle is releasing it (or that ended before) has
         // no loss to report, and its hold time is recorded elsewhere.
         if entry.shared.end(reason) {
+            let held = !entry.ended;
             entry.finish(reason.as_str());
             metrics::lost(&entry.shared.series, reason.as_str());
+            if held {
+                self.rows.leave(row, Since::of(&entry.shared));
+            }
             let left = entry
                 .shared
                 .valid_until()
                 .saturating_duration_since(Instant::now());
+            // Inside the lease's span (when a subscriber keeps one), where
+            // its work's own events are.
             warn!(
+                parent: &entry.shared.span(),
                 key = %entry.key,
                 name = %entry.shared.name(),
                 reason = reason.as_str(),
@@ -1250,6 +1339,7 @@ impl<B: LeaseBackend> Watchdog<B> {
             }
             self.release(&entry.key, Some(&entry.shared), entry.holder, None);
         }
+        self.rows.clear();
     }
 
     /// Releases `key` for `holder` in the background: the lease `shared`

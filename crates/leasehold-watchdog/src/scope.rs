@@ -4,7 +4,7 @@ use std::panic::AssertUnwindSafe;
 
 use futures_util::FutureExt;
 use leasehold_core::LeaseBackend;
-use tracing::warn;
+use tracing::{Instrument, warn};
 
 use crate::{LeaseError, LeaseManager, LeaseOptions, WorkContext};
 
@@ -65,7 +65,8 @@ impl<B: LeaseBackend> LeaseManager<B> {
         Fut: Future<Output = T>,
     {
         let lease = self.acquire(key, options).await?;
-        let outcome = AssertUnwindSafe(work(WorkContext::of(&lease)))
+        // Inside the lease's span (`Lease::span`).
+        let outcome = AssertUnwindSafe(work(WorkContext::of(&lease)).instrument(lease.span()))
             .catch_unwind()
             .await;
         let ended = lease.loss_reason();

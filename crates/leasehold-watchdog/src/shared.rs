@@ -1,7 +1,7 @@
 //! The state a lease's handle and the watchdog share: [`Shared`], behind
 //! an `Arc` in both.
 
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use leasehold_core::{FencingToken, Grant, HolderId, LeaseKey, Ttl};
@@ -47,6 +47,11 @@ pub(crate) struct Shared {
     /// would otherwise be the struct's padding, where a second key would
     /// cost 16.
     shape: Shape,
+    /// The lease's span (`Lease::span`), while its handle lives: boxed, and
+    /// only when a subscriber wants it, so that a lease costs 16 bytes here
+    /// and no allocation without one. Taken out when the handle goes, so
+    /// that the span closes then, whoever still holds this state.
+    span: Mutex<Option<Box<tracing::Span>>>,
 }
 
 /// The kind of a lease and what it takes to name its key on the server
@@ -99,7 +104,36 @@ impl Shared {
             bounds: None,
             ttl_ms: u32::try_from(grant.ttl.as_millis()).unwrap_or(u32::MAX),
             shape: Shape::Exclusive,
+            span: Mutex::new(None),
         }
+    }
+
+    /// Keeps `span` as the lease's span, unless no subscriber wants it.
+    pub(crate) fn set_span(&self, span: tracing::Span) {
+        if !span.is_disabled() {
+            *self.span.lock().unwrap_or_else(PoisonError::into_inner) = Some(Box::new(span));
+        }
+    }
+
+    /// The lease's span, or a disabled one (`Span::none()`) when it has none
+    /// or its handle is gone.
+    pub(crate) fn span(&self) -> tracing::Span {
+        self.span
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .as_deref()
+            .map_or_else(tracing::Span::none, Clone::clone)
+    }
+
+    /// Lets go of the lease's span: it closes once the work instrumented
+    /// with it is done too.
+    pub(crate) fn close_span(&self) {
+        let span = self
+            .span
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .take();
+        drop(span);
     }
 
     /// This state for a lease of `shape` acquired as `key` (the key the

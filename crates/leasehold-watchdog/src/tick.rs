@@ -79,7 +79,7 @@ use leasehold_core::{
     AcquireRequest, BackendError, CatchUp, Completion, Decision, FencingToken, Grant, HolderId,
     JobName, LeaseBackend, OnAbandon, RunInfo, TickBackend, TickReason, TickReply, TickRequest,
 };
-use tracing::{debug, info, warn};
+use tracing::{Instrument, debug, info, warn};
 
 use crate::attempt::Attempt;
 use crate::metrics::Kind;
@@ -696,13 +696,17 @@ impl<B: LeaseBackend> LeaseManager<B> {
             Attempt::Lease,
             Kind::Exclusive,
         )?;
+        lease.open_span();
         crate::metrics::tick_ran(name, reason.as_str());
         info!(job = name, tick = ?tick, %fencing_token, reason = reason.as_str(), "running the tick");
         let run = TickRun {
             tick,
             work: WorkContext::of(&lease),
         };
-        let outcome = AssertUnwindSafe(work(run)).catch_unwind().await;
+        // Inside the lease's span (`Lease::span`).
+        let outcome = AssertUnwindSafe(work(run).instrument(lease.span()))
+            .catch_unwind()
+            .await;
         let ended = lease.loss_reason();
         let completion = match lease.take_end() {
             None => None,

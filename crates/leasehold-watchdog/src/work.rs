@@ -26,7 +26,7 @@ use crate::{Lease, LossReason};
 ///
 /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), Box<dyn std::error::Error>> {
 /// let manager = LeaseManager::new(MemoryBackend::new())?;
-/// let options = LeaseOptions::builder().progress_window(Duration::from_secs(5)).build()?;
+/// let options = LeaseOptions::builder().progress_window(Duration::from_secs(60)).build()?;
 /// let written = manager
 ///     .with_lease("reports:nightly", &options, |work| async move {
 ///         let mut written = Vec::new();
