@@ -45,7 +45,7 @@ use std::time::{Duration, Instant};
 
 use tempfile::TempDir;
 
-use crate::{TestkitError, free_port, output_within};
+use crate::{TestkitError, output_within};
 
 /// Environment variable naming the directory of PostgreSQL's binaries
 /// (`initdb`, `pg_ctl`, `createdb`, `psql`), for a PostgreSQL that is not in
@@ -70,8 +70,6 @@ const PG_CTL_TIMEOUT: Duration = Duration::from_secs(START_TIMEOUT_SECS as u64 +
 const CLIENT_TIMEOUT: Duration = Duration::from_secs(30);
 /// How long dropping the server waits for its guard to finish.
 const GUARD_TIMEOUT: Duration = Duration::from_secs(10);
-/// How many free ports are tried when the chosen one is taken meanwhile.
-const PORT_ATTEMPTS: usize = 5;
 /// How many lines of the log file go into errors.
 const LOG_TAIL_LINES: usize = 20;
 /// The data directory and the log file, inside the server's directory
@@ -213,22 +211,11 @@ impl PostgresServer {
         };
         server.initdb()?;
         server.spawn_guard()?;
-        let mut attempt = 1;
-        loop {
-            server.port = free_port()?;
-            match server.pg_ctl_start() {
-                Ok(()) => return Ok(server),
-                Err(TestkitError::PortInUse { .. }) if attempt < PORT_ATTEMPTS => attempt += 1,
-                Err(TestkitError::PortInUse { port, log_tail, .. }) => {
-                    return Err(TestkitError::PortInUse {
-                        port,
-                        attempts: attempt,
-                        log_tail,
-                    });
-                }
-                Err(other) => return Err(other),
-            }
-        }
+        crate::server::on_a_free_port(|port| {
+            server.port = port;
+            server.pg_ctl_start()
+        })?;
+        Ok(server)
     }
 
     /// The server of this test binary, started by the first call and

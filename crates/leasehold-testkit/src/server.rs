@@ -168,21 +168,35 @@ impl ServerBuilder {
             server.launch()?;
             return Ok(server);
         }
-        let mut attempt = 1;
-        loop {
-            server.port = free_port()?;
-            match server.launch() {
-                Ok(()) => return Ok(server),
-                Err(TestkitError::PortInUse { .. }) if attempt < PORT_ATTEMPTS => attempt += 1,
-                Err(TestkitError::PortInUse { port, log_tail, .. }) => {
-                    return Err(TestkitError::PortInUse {
-                        port,
-                        attempts: attempt,
-                        log_tail,
-                    });
-                }
-                Err(other) => return Err(other),
+        on_a_free_port(|port| {
+            server.port = port;
+            server.launch()
+        })?;
+        Ok(server)
+    }
+}
+
+/// Starts a server with `launch` on a free port, and on another if the
+/// port was taken meanwhile (another process bound it between the check
+/// and the server's own bind), up to [`PORT_ATTEMPTS`] times: the port it
+/// started on.
+pub(crate) fn on_a_free_port(
+    mut launch: impl FnMut(u16) -> Result<(), TestkitError>,
+) -> Result<u16, TestkitError> {
+    let mut attempt = 1;
+    loop {
+        let port = free_port()?;
+        match launch(port) {
+            Ok(()) => return Ok(port),
+            Err(TestkitError::PortInUse { .. }) if attempt < PORT_ATTEMPTS => attempt += 1,
+            Err(TestkitError::PortInUse { port, log_tail, .. }) => {
+                return Err(TestkitError::PortInUse {
+                    port,
+                    attempts: attempt,
+                    log_tail,
+                });
             }
+            Err(other) => return Err(other),
         }
     }
 }
