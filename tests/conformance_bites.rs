@@ -40,6 +40,8 @@ enum Flaw {
     NeverExpires,
     /// Leases are kept 250 ms longer than asked.
     LateExpiry,
+    /// Leases are kept 0.85 of the ttl asked.
+    EarlyExpiry,
     /// `valid_until` without the clock-drift allowance.
     NoDriftAllowance,
 }
@@ -85,6 +87,9 @@ impl LeaseBackend for Minimal {
             Flaw::LateExpiry => {
                 asked.ttl =
                     Ttl::new(request.ttl.get() + Duration::from_millis(250)).expect("a valid ttl");
+            }
+            Flaw::EarlyExpiry => {
+                asked.ttl = Ttl::new(request.ttl.get().mul_f64(0.85)).expect("a valid ttl");
             }
             _ => {}
         }
@@ -246,6 +251,7 @@ async fn each_flaw_breaks_its_rule() {
     expect!(Flaw::NeverExpires, Rule::ExpiryFrees, expiry_frees);
     expect!(Flaw::LateExpiry, Rule::ExpiryFrees, expiry_frees);
     expect!(Flaw::LateExpiry, Rule::TokensIncrease, tokens_increase);
+    expect!(Flaw::EarlyExpiry, Rule::ExpiryFrees, expiry_frees);
     expect!(Flaw::NoDriftAllowance, Rule::GrantsFreeKey, grants_free_key);
     assert!(missed.is_empty(), "flaws the suite missed: {missed:?}");
 }

@@ -1278,9 +1278,12 @@ impl<B: LeaseBackend> Suite<B> {
         self.free(rule, key, "released by the new holder").await
     }
 
-    /// [`Rule::ExpiryFrees`]: held halfway through its ttl, free at the
-    /// ttl (within the suite's [`expiry_slack`](Self::expiry_slack)), and
-    /// the old holder's renewal and release then say so.
+    /// [`Rule::ExpiryFrees`]: still held a tenth of its ttl before the ttl
+    /// ends, free at the ttl (within the suite's
+    /// [`expiry_slack`](Self::expiry_slack)), and the old holder's renewal
+    /// and release then say so. Both sides are bounded: a backend that
+    /// frees a lease at 0.9 × its ttl fails as surely as one that keeps it
+    /// past the ttl.
     ///
     /// # Errors
     ///
@@ -1289,6 +1292,11 @@ impl<B: LeaseBackend> Suite<B> {
         const RULE: Rule = Rule::ExpiryFrees;
         let (me, next) = (HolderId::generate()?, HolderId::generate()?);
         let ttl = self.short_ttl;
+        // The probe is sent a tenth of the ttl before the earliest instant
+        // the lease may end: the backend received the grant's request no
+        // earlier than it was sent, so its ttl runs at least until
+        // `sent_at + ttl`.
+        let probe = ttl.get() - ttl.get() / 10;
         let mut attempt = 0;
         let (key, grant, granted) = loop {
             attempt += 1;
@@ -1297,21 +1305,27 @@ impl<B: LeaseBackend> Suite<B> {
                 .grant(RULE, &AcquireRequest::new(key.clone(), me, ttl))
                 .await?;
             let granted = Instant::now();
-            tokio::time::sleep_until(grant.sent_at + ttl.get() / 2).await;
+            tokio::time::sleep_until(grant.sent_at + probe).await;
             match call::acquire(&self.backend, RULE, &self.request(&key, next)).await? {
                 AcquireOutcome::Held(info) => {
                     ensure(
                         RULE,
                         info.fencing_token == Some(grant.fencing_token),
-                        || format!("halfway through its ttl the lease shows {info:?}"),
+                        || {
+                            format!(
+                                "{probe:?} into a ttl of {:?} the lease shows {info:?}",
+                                ttl.get()
+                            )
+                        },
                     )?;
                     break (key, grant, granted);
                 }
-                // Answered while the lease was certainly valid: broken.
-                // Answered later (this process stalled for half a ttl),
-                // the check cannot judge: it starts again, at most thrice.
+                // Answered before the ttl could have run out: broken.
+                // Answered later (this process stalled for a tenth of the
+                // ttl), the check cannot judge: it starts again, and a
+                // fifth such answer is taken as broken.
                 AcquireOutcome::Acquired(early)
-                    if Instant::now() < grant.valid_until || attempt >= 3 =>
+                    if Instant::now() < grant.sent_at + ttl.get() || attempt >= 5 =>
                 {
                     return Err(violated(
                         RULE,
