@@ -64,7 +64,7 @@
 //! | `prometheus` (off by default) | `metrics::install_prometheus_buckets`: the buckets of every histogram, which the shipped alert rules and dashboard read, set on a `metrics-exporter-prometheus` 0.18 builder in one call (`metrics::BUCKETS` lists them without the feature) |
 //!
 //! A Cluster or Sentinel URL in a build without its feature is refused
-//! with [`redis::Error::FeatureDisabled`], which names the feature.
+//! with [`redis::ConnectError::FeatureDisabled`], which names the feature.
 
 /// A backend's error, at the root too: [`Error::Backend`] carries it, and
 /// users match on its kinds (a timeout, an unreachable server).
@@ -72,7 +72,7 @@ pub use leasehold_core::BackendError;
 /// The error of invalid input (a key, a ttl, a duration) where it is
 /// checked before any lease is asked for, such as [`LeaseKey::new`];
 /// [`Error`] carries it as [`Error::Invalid`].
-pub use leasehold_core::Error as InputError;
+pub use leasehold_core::InputError;
 /// The contract every backend fulfils, at the root too: code generic over a
 /// manager's backend names it as a bound (`LeaseManager<B: LeaseBackend>`).
 pub use leasehold_core::LeaseBackend;
@@ -108,8 +108,8 @@ pub mod backend {
     pub use leasehold_core::{
         AcquireOutcome, AcquireRequest, BackendError, Cause, ChangeBackend, ChangeFeed,
         ChangeWatch, FairBackend, FairOutcome, FairPlace, Grant, HandoverBackend, HandoverOutcome,
-        HandoverWatch, HolderId, LeaseBackend, LeaseChange, PermitBackend, ReadWriteBackend,
-        ReleaseReport, ReleaseWatch, RenewOutcome, RenewRequest, Unsupported, WatchPolicy,
+        HandoverWatch, HolderId, LeaseBackend, LeaseChange, NoCapability, PermitBackend,
+        ReadWriteBackend, ReleaseReport, ReleaseWatch, RenewOutcome, RenewRequest, WatchPolicy,
         clock_drift, parse_duration, valid_until,
     };
     pub use leasehold_core::{

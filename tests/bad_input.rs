@@ -4,32 +4,32 @@
 use std::time::Duration;
 
 use leasehold::backend::{AcquireRequest, HolderId, parse_duration};
-use leasehold::redis::{Error as RedisError, KeyLayout, RedisBackend};
-use leasehold::{InputError as Error, LeaseError, LeaseKey, LeaseOptions, Ttl};
+use leasehold::redis::{ConnectError, KeyLayout, RedisBackend};
+use leasehold::{InputError, LeaseError, LeaseKey, LeaseOptions, Ttl};
 
 /// The variant of a core error, by name.
-fn core_variant(e: &Error) -> &'static str {
+fn core_variant(e: &InputError) -> &'static str {
     match e {
-        Error::InvalidKey { .. } => "InvalidKey",
-        Error::InvalidTtl { .. } => "InvalidTtl",
-        Error::InvalidDuration { .. } => "InvalidDuration",
-        Error::InvalidLabel { .. } => "InvalidLabel",
-        Error::InvalidHolderId => "InvalidHolderId",
-        Error::Entropy(_) => "Entropy",
+        InputError::InvalidKey { .. } => "InvalidKey",
+        InputError::InvalidTtl { .. } => "InvalidTtl",
+        InputError::InvalidDuration { .. } => "InvalidDuration",
+        InputError::InvalidLabel { .. } => "InvalidLabel",
+        InputError::InvalidHolderId => "InvalidHolderId",
+        InputError::Entropy(_) => "Entropy",
         _ => "another variant",
     }
 }
 
-fn redis_variant(e: &RedisError) -> String {
+fn redis_variant(e: &ConnectError) -> String {
     match e {
-        RedisError::InvalidUrl { .. } => "InvalidUrl".to_owned(),
-        RedisError::InvalidConfig { field, .. } => format!("InvalidConfig({field})"),
-        RedisError::Connect { .. } => "Connect".to_owned(),
+        ConnectError::InvalidUrl { .. } => "InvalidUrl".to_owned(),
+        ConnectError::InvalidConfig { field, .. } => format!("InvalidConfig({field})"),
+        ConnectError::Connect { .. } => "Connect".to_owned(),
         _ => "another variant".to_owned(),
     }
 }
 
-fn outcome<T>(result: Result<T, Error>) -> &'static str {
+fn outcome<T>(result: Result<T, InputError>) -> &'static str {
     match result {
         Ok(_) => "ok",
         Err(e) => core_variant(&e),
@@ -65,7 +65,7 @@ fn lease_keys() {
     // A multi-byte key is measured in bytes, and the error cuts it safely.
     let wide = "é".repeat(257); // 514 bytes
     match LeaseKey::new(&wide) {
-        Err(e @ Error::InvalidKey { .. }) => assert!(e.to_string().len() < 300, "{e}"),
+        Err(e @ InputError::InvalidKey { .. }) => assert!(e.to_string().len() < 300, "{e}"),
         other => panic!("expected InvalidKey, got {other:?}"),
     }
 }
@@ -134,8 +134,8 @@ fn holder_ids() {
 }
 
 #[test]
-fn labels() -> Result<(), Error> {
-    let request = || -> Result<AcquireRequest, Error> {
+fn labels() -> Result<(), InputError> {
+    let request = || -> Result<AcquireRequest, InputError> {
         Ok(AcquireRequest::new(
             LeaseKey::new("k")?,
             HolderId::generate()?,

@@ -11,7 +11,7 @@ use std::time::{Duration, SystemTime};
 use leasehold::backend::{
     AcquireOutcome, AcquireRequest, HolderId, LeaseBackend, RenewOutcome, RenewRequest,
 };
-use leasehold::redis::{Error as RedisError, RedisBackend};
+use leasehold::redis::{ConnectError, RedisBackend};
 use leasehold::{
     LeaseError, LeaseKey, LeaseManager, LeaseOptions, LossReason, ReleaseOutcome, Ttl,
 };
@@ -21,7 +21,7 @@ use tokio::time::{Instant, timeout};
 
 type TestResult = Result<(), Box<dyn std::error::Error + Send + Sync>>;
 
-async fn backend(server: &RedisServer) -> Result<RedisBackend, RedisError> {
+async fn backend(server: &RedisServer) -> Result<RedisBackend, ConnectError> {
     RedisBackend::builder(server.url())
         .op_timeout(Duration::from_millis(250))
         .connect()
@@ -288,22 +288,22 @@ async fn fencing_tokens_strictly_increase_over_a_thousand_acquisitions() -> Test
 #[tokio::test]
 async fn bad_input_gets_the_documented_errors() -> TestResult {
     let _serial = leasehold_testkit::serial().await;
-    use leasehold::InputError as Error;
+    use leasehold::InputError;
     for key in ["", "line\nbreak", &"k".repeat(LeaseKey::MAX_LEN + 1)] {
         assert!(
-            matches!(LeaseKey::new(key), Err(Error::InvalidKey { .. })),
+            matches!(LeaseKey::new(key), Err(InputError::InvalidKey { .. })),
             "{key:?}"
         );
     }
     for ttl in ["0s", "99ms", "25h", "1s 500us"] {
         assert!(
-            matches!(Ttl::parse(ttl), Err(Error::InvalidTtl { .. })),
+            matches!(Ttl::parse(ttl), Err(InputError::InvalidTtl { .. })),
             "{ttl:?}"
         );
     }
     for ttl in ["", "ten seconds", "5", "-1s"] {
         assert!(
-            matches!(Ttl::parse(ttl), Err(Error::InvalidDuration { .. })),
+            matches!(Ttl::parse(ttl), Err(InputError::InvalidDuration { .. })),
             "{ttl:?}"
         );
     }
@@ -313,7 +313,7 @@ async fn bad_input_gets_the_documented_errors() -> TestResult {
         "redis://:hunter2@localhost:99999",
     ] {
         match RedisBackend::connect(url).await {
-            Err(e @ RedisError::InvalidUrl { .. }) => {
+            Err(e @ ConnectError::InvalidUrl { .. }) => {
                 assert!(!e.to_string().contains("hunter2"), "{e}")
             }
             Err(other) => return Err(format!("{url}: expected InvalidUrl, got {other}").into()),
@@ -327,7 +327,7 @@ async fn bad_input_gets_the_documented_errors() -> TestResult {
         manager
             .acquire("bad\u{7}key", &LeaseOptions::default())
             .await,
-        Err(LeaseError::Invalid(Error::InvalidKey { .. }))
+        Err(LeaseError::Invalid(InputError::InvalidKey { .. }))
     ));
     Ok(())
 }

@@ -12,7 +12,7 @@ use std::time::Duration;
 use leasehold::backend::{
     AcquireRequest, HandoverBackend, HandoverOutcome, HolderId, LeaseBackend, WatchPolicy,
 };
-use leasehold::redis::{Error as RedisError, RedisBackend, redis};
+use leasehold::redis::{ConnectError, RedisBackend, redis};
 use leasehold::{
     LeaseError, LeaseKey, LeaseManager, LeaseOptions, LossReason, ReleaseOutcome, Ttl,
 };
@@ -192,7 +192,7 @@ async fn wrong_passwords_and_missing_rights_are_errors_that_hide_the_password() 
         .connect()
         .await
     {
-        Err(e @ RedisError::Connect { .. }) => {
+        Err(e @ ConnectError::Connect { .. }) => {
             let shown = format!("{e} | {e:?}");
             assert!(!shown.contains(USER_PASSWORD), "{shown}");
         }
@@ -322,7 +322,7 @@ async fn tls_with_a_private_ca_works_and_an_untrusted_certificate_is_refused() -
         .connect()
         .await
     {
-        Err(e @ RedisError::Connect { .. }) => {
+        Err(e @ ConnectError::Connect { .. }) => {
             let shown = format!("{e} | {e:?}");
             assert!(!shown.contains(ADMIN_PASSWORD), "{shown}");
         }

@@ -22,7 +22,7 @@ use held::{held_and_renewed, held_on};
 
 type TestResult = Result<(), Box<dyn std::error::Error>>;
 
-async fn backend(cluster: &RedisCluster) -> Result<RedisBackend, leasehold::redis::Error> {
+async fn backend(cluster: &RedisCluster) -> Result<RedisBackend, leasehold::redis::ConnectError> {
     RedisBackend::builder(cluster.url())
         .op_timeout(Duration::from_millis(500))
         .connect()

@@ -48,7 +48,7 @@ const REDIS_AREAS: [Area; 7] = [
 
 const OP_TIMEOUT: Duration = Duration::from_millis(500);
 
-async fn connect(url: String) -> Result<RedisBackend, leasehold::redis::Error> {
+async fn connect(url: String) -> Result<RedisBackend, leasehold::redis::ConnectError> {
     RedisBackend::builder(url)
         .op_timeout(OP_TIMEOUT)
         .connect()

@@ -5,7 +5,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use leasehold::backend::{AcquireOutcome, AcquireRequest, BackendError, HolderId, LeaseBackend};
-use leasehold::redis::{Error as RedisError, KeyLayout, RedlockBackend};
+use leasehold::redis::{ConnectError, KeyLayout, RedlockBackend};
 use leasehold::{LeaseError, LeaseKey, LeaseManager, LeaseOptions, ReleaseOutcome, Ttl};
 use leasehold_testkit::{RedisServer, independent_masters};
 
@@ -23,7 +23,7 @@ async fn within<T>(limit: Duration, what: &str, future: impl std::future::Future
         .unwrap_or_else(|_| panic!("{what}: nothing within {limit:?}"))
 }
 
-async fn redlock(masters: &[RedisServer]) -> Result<RedlockBackend, RedisError> {
+async fn redlock(masters: &[RedisServer]) -> Result<RedlockBackend, ConnectError> {
     RedlockBackend::builder(masters.iter().map(RedisServer::url))
         .node_timeout(Duration::from_millis(100))
         .connect()
@@ -225,7 +225,7 @@ async fn bad_redlock_settings_are_refused_before_connecting() -> TestResult {
         .connect()
         .await;
     assert!(
-        matches!(two, Err(RedisError::InvalidConfig { field: "nodes", .. })),
+        matches!(two, Err(ConnectError::InvalidConfig { field: "nodes", .. })),
         "{two:?}"
     );
     let cluster = RedlockBackend::builder([
@@ -237,7 +237,7 @@ async fn bad_redlock_settings_are_refused_before_connecting() -> TestResult {
     .await;
     let shown = format!("{cluster:?}");
     assert!(
-        matches!(cluster, Err(RedisError::InvalidUrl { .. })),
+        matches!(cluster, Err(ConnectError::InvalidUrl { .. })),
         "{shown}"
     );
     assert!(!shown.contains("hunter2"), "{shown}");
@@ -265,7 +265,7 @@ async fn connecting_needs_a_majority_and_tolerates_a_minority_down() -> TestResu
     assert!(
         matches!(
             none,
-            Err(RedisError::NoQuorum {
+            Err(ConnectError::TooFewMasters {
                 reached: 1,
                 needed: 2,
                 total: 3,

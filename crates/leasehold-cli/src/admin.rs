@@ -407,7 +407,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn the_table_lines_up_its_columns() -> Result<(), leasehold_core::Error> {
+    fn the_table_lines_up_its_columns() -> Result<(), leasehold_core::InputError> {
         let held = LeaseKey::new("reports:nightly")?;
         let free = LeaseKey::new("k")?;
         let mut info = LeaseInfo::default();
@@ -425,7 +425,7 @@ mod tests {
 
     #[test]
     fn a_read_write_lease_has_a_row_per_holder_and_one_for_the_waiting_writer()
-    -> Result<(), leasehold_core::Error> {
+    -> Result<(), leasehold_core::InputError> {
         let doc = LeaseKey::new("doc")?;
         let free = LeaseKey::new("k")?;
         let held = |label: &str, token, ms| {
@@ -463,7 +463,7 @@ mod tests {
     }
 
     #[test]
-    fn json_is_escaped() -> Result<(), leasehold_core::Error> {
+    fn json_is_escaped() -> Result<(), leasehold_core::InputError> {
         let key = LeaseKey::new("a\"b\\c")?;
         assert_eq!(to_json(&key, None), r#"{"key":"a\"b\\c","held":false}"#);
         let mut info = LeaseInfo::default();

@@ -99,7 +99,7 @@ pub(crate) async fn connect(
     }
     builder.connect().await.map_err(|e| {
         let code = match &e {
-            leasehold_redis::Error::Connect { .. } => UNAVAILABLE,
+            leasehold_redis::ConnectError::Connect { .. } => UNAVAILABLE,
             _ => CONFIG,
         };
         Failure::new(code, chain(&e))

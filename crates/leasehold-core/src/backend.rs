@@ -6,9 +6,9 @@ use std::future::Future;
 use std::time::Duration;
 
 use crate::{
-    BackendError, ChangeBackend, Error, FairBackend, FencingToken, Grant, HandoverBackend,
-    HolderId, LeaseKey, LockDelay, PermitBackend, ReadWriteBackend, ReleaseWatch, TickBackend, Ttl,
-    Unsupported,
+    BackendError, ChangeBackend, FairBackend, FencingToken, Grant, HandoverBackend, HolderId,
+    InputError, LeaseKey, LockDelay, NoCapability, PermitBackend, ReadWriteBackend, ReleaseWatch,
+    TickBackend, Ttl,
 };
 
 /// A request to acquire a lease.
@@ -63,10 +63,10 @@ impl AcquireRequest {
     ///
     /// # Errors
     ///
-    /// [`Error::InvalidHoldAtLeast`] when the duration is above
+    /// [`InputError::InvalidHoldAtLeast`] when the duration is above
     /// [`AcquireRequest::MAX_HOLD_AT_LEAST`] or not a whole number of
     /// milliseconds.
-    pub fn with_hold_at_least(mut self, minimum: Duration) -> Result<Self, Error> {
+    pub fn with_hold_at_least(mut self, minimum: Duration) -> Result<Self, InputError> {
         self.hold_at_least = Self::check_hold_at_least(minimum)?;
         Ok(self)
     }
@@ -75,10 +75,10 @@ impl AcquireRequest {
     ///
     /// # Errors
     ///
-    /// [`Error::InvalidHoldAtLeast`] above [`AcquireRequest::MAX_HOLD_AT_LEAST`]
+    /// [`InputError::InvalidHoldAtLeast`] above [`AcquireRequest::MAX_HOLD_AT_LEAST`]
     /// or not in whole milliseconds.
-    pub fn check_hold_at_least(minimum: Duration) -> Result<Option<Duration>, Error> {
-        let refuse = |reason: String| Error::InvalidHoldAtLeast {
+    pub fn check_hold_at_least(minimum: Duration) -> Result<Option<Duration>, InputError> {
+        let refuse = |reason: String| InputError::InvalidHoldAtLeast {
             value: humantime::format_duration(minimum).to_string(),
             reason,
         };
@@ -133,10 +133,10 @@ impl AcquireRequest {
     ///
     /// # Errors
     ///
-    /// [`Error::InvalidLabel`] when the label is too long or has control characters.
-    pub fn with_label(mut self, label: impl Into<String>) -> Result<Self, Error> {
+    /// [`InputError::InvalidLabel`] when the label is too long or has control characters.
+    pub fn with_label(mut self, label: impl Into<String>) -> Result<Self, InputError> {
         let label = label.into();
-        let refuse = |reason| Error::InvalidLabel {
+        let refuse = |reason| InputError::InvalidLabel {
             label: crate::error::excerpt(&label),
             reason,
         };
@@ -456,39 +456,39 @@ pub trait LeaseBackend: Clone + Send + Sync + 'static {
     /// The backend's counting leases, if it has them: `Some(self)` from a
     /// backend that implements [`PermitBackend`]. The default has none.
     fn permits(&self) -> Option<&impl PermitBackend> {
-        None::<&Unsupported>
+        None::<&NoCapability>
     }
 
     /// The backend's read-write leases, if it has them: `Some(self)` from
     /// a backend that implements [`ReadWriteBackend`]. The default has none.
     fn read_write(&self) -> Option<&impl ReadWriteBackend> {
-        None::<&Unsupported>
+        None::<&NoCapability>
     }
 
     /// The backend's fair queue, if it has one: `Some(self)` from a
     /// backend that implements [`FairBackend`]. The default has none.
     fn fair(&self) -> Option<&impl FairBackend> {
-        None::<&Unsupported>
+        None::<&NoCapability>
     }
 
     /// The backend's handover to a local waiter, if it has one:
     /// `Some(self)` from a backend that implements [`HandoverBackend`].
     /// The default has none: a release is only a release.
     fn handover(&self) -> Option<&impl HandoverBackend> {
-        None::<&Unsupported>
+        None::<&NoCapability>
     }
 
     /// The backend's change feed, if it has one: `Some(self)` from a
     /// backend that implements [`ChangeBackend`]. The default has none:
     /// holders learn of a loss at their next renewal.
     fn changes(&self) -> Option<&impl ChangeBackend> {
-        None::<&Unsupported>
+        None::<&NoCapability>
     }
 
     /// The backend's job records for scheduled jobs, if it keeps them:
     /// `Some(self)` from a backend that implements [`TickBackend`]. The
     /// default has none.
     fn ticks(&self) -> Option<&impl TickBackend> {
-        None::<&Unsupported>
+        None::<&NoCapability>
     }
 }

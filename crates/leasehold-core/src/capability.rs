@@ -1,7 +1,7 @@
 //! The optional capabilities of a backend, each a trait of its own.
 //!
 //! A backend implements the ones it can and announces each through its
-//! accessor on [`LeaseBackend`] (`Some(self)`); [`Unsupported`] stands for
+//! accessor on [`LeaseBackend`] (`Some(self)`); [`NoCapability`] stands for
 //! the ones it lacks. The manager asks the accessor before it uses a
 //! capability and refuses a kind of lease the backend lacks with
 //! [`BackendError::Unsupported`].
@@ -250,9 +250,9 @@ pub trait ChangeBackend: Send + Sync {
 /// implements every capability trait only so that it can name the
 /// accessors' return type.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Unsupported {}
+pub enum NoCapability {}
 
-impl PermitBackend for Unsupported {
+impl PermitBackend for NoCapability {
     async fn try_acquire_permit(
         &self,
         _request: &AcquireRequest,
@@ -262,7 +262,7 @@ impl PermitBackend for Unsupported {
     }
 }
 
-impl ReadWriteBackend for Unsupported {
+impl ReadWriteBackend for NoCapability {
     async fn try_acquire_read(
         &self,
         _request: &AcquireRequest,
@@ -286,7 +286,7 @@ impl ReadWriteBackend for Unsupported {
     }
 }
 
-impl FairBackend for Unsupported {
+impl FairBackend for NoCapability {
     async fn try_acquire_fair(
         &self,
         _request: &AcquireRequest,
@@ -321,7 +321,7 @@ impl FairBackend for Unsupported {
     }
 }
 
-impl HandoverBackend for Unsupported {
+impl HandoverBackend for NoCapability {
     async fn release_to(
         &self,
         _key: &LeaseKey,
@@ -332,13 +332,13 @@ impl HandoverBackend for Unsupported {
     }
 }
 
-impl ChangeBackend for Unsupported {
+impl ChangeBackend for NoCapability {
     async fn watch_changes(&self) -> Result<ChangeWatch, BackendError> {
         match *self {}
     }
 }
 
-impl TickBackend for Unsupported {
+impl TickBackend for NoCapability {
     async fn decide_tick(&self, _request: &TickRequest) -> Result<TickAnswer, BackendError> {
         match *self {}
     }

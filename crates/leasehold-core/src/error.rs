@@ -12,7 +12,7 @@ pub type Cause = Arc<dyn std::error::Error + Send + Sync + 'static>;
 /// be shown to whoever wrote the value.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
-pub enum Error {
+pub enum InputError {
     /// A lease key was empty, too long, or contained control characters.
     #[error("invalid lease key {key:?}: {reason}")]
     InvalidKey {

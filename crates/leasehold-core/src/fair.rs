@@ -21,7 +21,7 @@ use std::time::Duration;
 
 use tokio::sync::oneshot;
 
-use crate::{Error, FencingToken, Grant, HolderId, LeaseInfo};
+use crate::{FencingToken, Grant, HolderId, InputError, LeaseInfo};
 
 /// How long a waiter's place in a fair queue lives without being refreshed:
 /// the bound on how long a waiter that died holds up the ones behind it.
@@ -31,7 +31,7 @@ use crate::{Error, FencingToken, Grant, HolderId, LeaseInfo};
 /// use leasehold_core::PlaceTtl;
 /// assert_eq!(PlaceTtl::new(Duration::from_secs(2))?.get(), Duration::from_secs(2));
 /// assert!(PlaceTtl::new(Duration::from_millis(10)).is_err());
-/// # Ok::<(), leasehold_core::Error>(())
+/// # Ok::<(), leasehold_core::InputError>(())
 /// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct PlaceTtl(Duration);
@@ -50,10 +50,10 @@ impl PlaceTtl {
     ///
     /// # Errors
     ///
-    /// [`Error::InvalidDuration`] when `ttl` is below [`PlaceTtl::MIN`],
+    /// [`InputError::InvalidDuration`] when `ttl` is below [`PlaceTtl::MIN`],
     /// above [`PlaceTtl::MAX`], or not in whole milliseconds.
-    pub fn new(ttl: Duration) -> Result<Self, Error> {
-        let refuse = |reason: &str| Error::InvalidDuration {
+    pub fn new(ttl: Duration) -> Result<Self, InputError> {
+        let refuse = |reason: &str| InputError::InvalidDuration {
             value: humantime::format_duration(ttl).to_string(),
             reason: reason.to_owned(),
         };
@@ -252,7 +252,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn places_keep_arrival_order_and_expire() -> Result<(), Error> {
+    fn places_keep_arrival_order_and_expire() -> Result<(), InputError> {
         let (a, b, c) = (
             HolderId::generate()?,
             HolderId::generate()?,

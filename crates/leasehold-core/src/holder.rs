@@ -2,7 +2,7 @@
 
 use std::fmt;
 
-use crate::Error;
+use crate::InputError;
 
 /// 128 random bits from the operating system's CSPRNG naming one acquisition.
 ///
@@ -16,7 +16,7 @@ use crate::Error;
 /// let b = HolderId::generate()?;
 /// assert_ne!(a, b);
 /// assert_eq!(a.to_hex().len(), 32);
-/// # Ok::<(), leasehold_core::Error>(())
+/// # Ok::<(), leasehold_core::InputError>(())
 /// ```
 #[derive(Clone, Copy, PartialEq, Eq, Hash)]
 pub struct HolderId([u8; 16]);
@@ -28,10 +28,10 @@ impl HolderId {
     ///
     /// # Errors
     ///
-    /// [`Error::Entropy`] if the operating system cannot supply random bytes.
-    pub fn generate() -> Result<Self, Error> {
+    /// [`InputError::Entropy`] if the operating system cannot supply random bytes.
+    pub fn generate() -> Result<Self, InputError> {
         let mut bytes = [0u8; 16];
-        getrandom::fill(&mut bytes).map_err(|e| Error::Entropy(e.to_string()))?;
+        getrandom::fill(&mut bytes).map_err(|e| InputError::Entropy(e.to_string()))?;
         Ok(Self(bytes))
     }
 
@@ -49,7 +49,7 @@ impl HolderId {
     /// use leasehold_core::HolderId;
     /// let id = HolderId::generate()?;
     /// assert_eq!(&id.to_hex_bytes()[..], id.to_hex().as_bytes());
-    /// # Ok::<(), leasehold_core::Error>(())
+    /// # Ok::<(), leasehold_core::InputError>(())
     /// ```
     #[must_use]
     pub fn to_hex_bytes(&self) -> [u8; 32] {
@@ -65,17 +65,17 @@ impl HolderId {
     ///
     /// # Errors
     ///
-    /// [`Error::InvalidHolderId`] unless `s` is 32 hexadecimal digits.
-    pub fn from_hex(s: &str) -> Result<Self, Error> {
+    /// [`InputError::InvalidHolderId`] unless `s` is 32 hexadecimal digits.
+    pub fn from_hex(s: &str) -> Result<Self, InputError> {
         let digits = s.as_bytes();
         if digits.len() != 32 {
-            return Err(Error::InvalidHolderId);
+            return Err(InputError::InvalidHolderId);
         }
         let nibble = |c: u8| match c {
             b'0'..=b'9' => Ok(c - b'0'),
             b'a'..=b'f' => Ok(c - b'a' + 10),
             b'A'..=b'F' => Ok(c - b'A' + 10),
-            _ => Err(Error::InvalidHolderId),
+            _ => Err(InputError::InvalidHolderId),
         };
         let mut bytes = [0u8; 16];
         for (i, pair) in digits.chunks_exact(2).enumerate() {
@@ -111,14 +111,14 @@ mod tests {
     use super::*;
 
     #[test]
-    fn hex_round_trips_and_debug_hides_the_id() -> Result<(), Error> {
+    fn hex_round_trips_and_debug_hides_the_id() -> Result<(), InputError> {
         let id = HolderId::generate()?;
         assert_eq!(HolderId::from_hex(&id.to_hex())?, id);
         assert!(!format!("{id:?} {id}").contains(&id.to_hex()));
-        assert_eq!(HolderId::from_hex("xyz"), Err(Error::InvalidHolderId));
+        assert_eq!(HolderId::from_hex("xyz"), Err(InputError::InvalidHolderId));
         assert_eq!(
             HolderId::from_hex(&"g".repeat(32)),
-            Err(Error::InvalidHolderId)
+            Err(InputError::InvalidHolderId)
         );
         Ok(())
     }

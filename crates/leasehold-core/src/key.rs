@@ -4,7 +4,7 @@ use std::fmt;
 use std::str::FromStr;
 use std::sync::Arc;
 
-use crate::Error;
+use crate::InputError;
 use crate::error::excerpt;
 
 /// The name of a lease.
@@ -39,7 +39,7 @@ use crate::error::excerpt;
 /// let key = LeaseKey::new("order:{42}")?;
 /// assert_eq!(key.hash_tag(), Some("42"));
 /// assert!(LeaseKey::new("").is_err());
-/// # Ok::<(), leasehold_core::Error>(())
+/// # Ok::<(), leasehold_core::InputError>(())
 /// ```
 #[derive(Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct LeaseKey(Arc<str>);
@@ -52,14 +52,14 @@ impl LeaseKey {
     ///
     /// # Errors
     ///
-    /// [`Error::InvalidKey`] when the key is empty, longer than
+    /// [`InputError::InvalidKey`] when the key is empty, longer than
     /// [`LeaseKey::MAX_LEN`] bytes, contains a control character, starts
     /// with `}`, or has a hash tag and ends with `:fence`, `:permits`,
     /// `:readers`, `:write-wanted`, `:fair`, `:fair-places`, `:fair-asks`
     /// or `:held-until`.
-    pub fn new(key: impl AsRef<str>) -> Result<Self, Error> {
+    pub fn new(key: impl AsRef<str>) -> Result<Self, InputError> {
         let key = key.as_ref();
-        let refuse = |reason| Error::InvalidKey {
+        let refuse = |reason| InputError::InvalidKey {
             key: excerpt(key),
             reason,
         };
@@ -84,7 +84,7 @@ impl LeaseKey {
             // A key with a hash tag is stored as is (`namespace:key`), and a
             // lease's fencing counter beside it with `:fence` appended: this
             // key would be another lease's counter.
-            return Err(Error::InvalidKey {
+            return Err(InputError::InvalidKey {
                 key: excerpt(&key.0),
                 reason: "a lease key with a hash tag must not end with ':fence', the suffix of fencing counters; choose another ending",
             });
@@ -94,7 +94,7 @@ impl LeaseKey {
         {
             // A read-write lease keeps the index of its readers and its
             // waiting writer's intent beside it with these suffixes.
-            return Err(Error::InvalidKey {
+            return Err(InputError::InvalidKey {
                 key: excerpt(&key.0),
                 reason: "a lease key with a hash tag must not end with ':readers' or ':write-wanted', the suffixes of a read-write lease's reader index and writer intent; choose another ending",
             });
@@ -105,7 +105,7 @@ impl LeaseKey {
                 .any(|suffix| key.0.ends_with(suffix))
         {
             // A fair queue is kept beside its lease with these suffixes.
-            return Err(Error::InvalidKey {
+            return Err(InputError::InvalidKey {
                 key: excerpt(&key.0),
                 reason: "a lease key with a hash tag must not end with ':fair', ':fair-places' or ':fair-asks', the suffixes of a lease's fair queue; choose another ending",
             });
@@ -114,7 +114,7 @@ impl LeaseKey {
             // A lease under a minimum hold keeps its holder's mark beside it
             // with `:held-until` appended: this key would be another
             // lease's mark.
-            return Err(Error::InvalidKey {
+            return Err(InputError::InvalidKey {
                 key: excerpt(&key.0),
                 reason: "a lease key with a hash tag must not end with ':held-until', the suffix of a lease's minimum hold; choose another ending",
             });
@@ -122,7 +122,7 @@ impl LeaseKey {
         if key.0.starts_with("job:{") && key.0.ends_with("}:record") {
             // A scheduled job `J` keeps its record at `job:{J}:record`
             // beside its run's lease `job:{J}:run` (`JobName`).
-            return Err(Error::InvalidKey {
+            return Err(InputError::InvalidKey {
                 key: excerpt(&key.0),
                 reason: "a lease key must not be 'job:{<name>}:record', the key of a scheduled job's record; choose another key",
             });
@@ -130,7 +130,7 @@ impl LeaseKey {
         if key.hash_tag().is_some() && key.0.ends_with(":permits") {
             // Likewise a semaphore's permit limit is stored beside it with
             // `:permits` appended.
-            return Err(Error::InvalidKey {
+            return Err(InputError::InvalidKey {
                 key: excerpt(&key.0),
                 reason: "a lease key with a hash tag must not end with ':permits', the suffix of semaphore limits; choose another ending",
             });
@@ -156,22 +156,22 @@ impl LeaseKey {
 }
 
 impl FromStr for LeaseKey {
-    type Err = Error;
-    fn from_str(s: &str) -> Result<Self, Error> {
+    type Err = InputError;
+    fn from_str(s: &str) -> Result<Self, InputError> {
         Self::new(s)
     }
 }
 
 impl TryFrom<&str> for LeaseKey {
-    type Error = Error;
-    fn try_from(s: &str) -> Result<Self, Error> {
+    type Error = InputError;
+    fn try_from(s: &str) -> Result<Self, InputError> {
         Self::new(s)
     }
 }
 
 impl TryFrom<String> for LeaseKey {
-    type Error = Error;
-    fn try_from(s: String) -> Result<Self, Error> {
+    type Error = InputError;
+    fn try_from(s: String) -> Result<Self, InputError> {
         Self::new(s)
     }
 }
@@ -212,7 +212,7 @@ mod tests {
     fn refuses_bad_keys() {
         for bad in ["", "a\nb", "tab\there", "}abc", &"k".repeat(513)] {
             assert!(
-                matches!(LeaseKey::new(bad), Err(Error::InvalidKey { .. })),
+                matches!(LeaseKey::new(bad), Err(InputError::InvalidKey { .. })),
                 "{bad:?}"
             );
         }
@@ -228,21 +228,21 @@ mod tests {
     fn a_key_with_a_hash_tag_cannot_name_a_fencing_counter() {
         // Stored as is, it would be the counter of "order:{42}" or "42".
         for bad in ["order:{42}:fence", "{42}:fence"] {
-            let Err(Error::InvalidKey { reason, .. }) = LeaseKey::new(bad) else {
+            let Err(InputError::InvalidKey { reason, .. }) = LeaseKey::new(bad) else {
                 panic!("{bad:?} was accepted");
             };
             assert!(reason.contains(":fence"), "{reason}");
         }
         // Nor the limit of a semaphore.
         for bad in ["order:{42}:permits", "{42}:permits"] {
-            let Err(Error::InvalidKey { reason, .. }) = LeaseKey::new(bad) else {
+            let Err(InputError::InvalidKey { reason, .. }) = LeaseKey::new(bad) else {
                 panic!("{bad:?} was accepted");
             };
             assert!(reason.contains(":permits"), "{reason}");
         }
         // Nor a lease's fair queue.
         for bad in ["doc:{42}:fair", "{42}:fair-places", "{42}:fair-asks"] {
-            let Err(Error::InvalidKey { reason, .. }) = LeaseKey::new(bad) else {
+            let Err(InputError::InvalidKey { reason, .. }) = LeaseKey::new(bad) else {
                 panic!("{bad:?} was accepted");
             };
             assert!(reason.contains(":fair"), "{reason}");
@@ -250,14 +250,14 @@ mod tests {
         assert!(LeaseKey::new("doc:fair").is_ok());
         // Nor a read-write lease's reader index or writer intent.
         for bad in ["doc:{42}:readers", "{42}:write-wanted"] {
-            let Err(Error::InvalidKey { reason, .. }) = LeaseKey::new(bad) else {
+            let Err(InputError::InvalidKey { reason, .. }) = LeaseKey::new(bad) else {
                 panic!("{bad:?} was accepted");
             };
             assert!(reason.contains(":readers"), "{reason}");
         }
         assert!(LeaseKey::new("doc:readers").is_ok());
         // Nor a lease's minimum-hold mark.
-        let Err(Error::InvalidKey { reason, .. }) = LeaseKey::new("job:{7}:held-until") else {
+        let Err(InputError::InvalidKey { reason, .. }) = LeaseKey::new("job:{7}:held-until") else {
             panic!("a minimum-hold mark's name was accepted");
         };
         assert!(reason.contains(":held-until"), "{reason}");

@@ -65,10 +65,10 @@ pub use backend::{
     ReleaseReport, RenewOutcome, RenewRequest, WatchPolicy,
 };
 pub use capability::{
-    ChangeBackend, FairBackend, HandoverBackend, PermitBackend, ReadWriteBackend, Unsupported,
+    ChangeBackend, FairBackend, HandoverBackend, NoCapability, PermitBackend, ReadWriteBackend,
 };
 pub use change::{ChangeFeed, ChangeWatch, LeaseChange};
-pub use error::{BackendError, Cause, Error};
+pub use error::{BackendError, Cause, InputError};
 pub use fair::{FairOutcome, FairPlace, HandoverWatch, PlaceTtl};
 pub use fencing::FencingToken;
 pub use grant::{Grant, valid_until};

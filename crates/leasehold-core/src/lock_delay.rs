@@ -5,7 +5,7 @@ use std::fmt;
 use std::str::FromStr;
 use std::time::Duration;
 
-use crate::{Error, Ttl};
+use crate::{InputError, Ttl};
 
 /// How long the server keeps a lease's key taken after the lease ended
 /// *without* a release: its holder crashed, paused or was cut off.
@@ -32,7 +32,7 @@ use crate::{Error, Ttl};
 /// assert_eq!(delay.get(), Duration::from_secs(15));
 /// assert!("2h".parse::<LockDelay>().is_err());
 /// assert_eq!(LockDelay::default(), LockDelay::ZERO);
-/// # Ok::<(), leasehold_core::Error>(())
+/// # Ok::<(), leasehold_core::InputError>(())
 /// ```
 #[derive(Clone, Copy, Default, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct LockDelay(
@@ -53,10 +53,10 @@ impl LockDelay {
     ///
     /// # Errors
     ///
-    /// [`Error::InvalidLockDelay`] when the duration is above
+    /// [`InputError::InvalidLockDelay`] when the duration is above
     /// [`LockDelay::MAX`] or not a whole number of milliseconds.
-    pub fn new(duration: Duration) -> Result<Self, Error> {
-        let refuse = |reason: String| Error::InvalidLockDelay {
+    pub fn new(duration: Duration) -> Result<Self, InputError> {
+        let refuse = |reason: String| InputError::InvalidLockDelay {
             value: humantime::format_duration(duration).to_string(),
             reason,
         };
@@ -81,9 +81,9 @@ impl LockDelay {
     ///
     /// # Errors
     ///
-    /// [`Error::InvalidDuration`] when the string is not a duration, and
-    /// [`Error::InvalidLockDelay`] when it is one outside the accepted range.
-    pub fn parse(s: &str) -> Result<Self, Error> {
+    /// [`InputError::InvalidDuration`] when the string is not a duration, and
+    /// [`InputError::InvalidLockDelay`] when it is one outside the accepted range.
+    pub fn parse(s: &str) -> Result<Self, InputError> {
         Self::new(crate::parse_duration(s)?)
     }
 
@@ -109,15 +109,15 @@ impl LockDelay {
 }
 
 impl FromStr for LockDelay {
-    type Err = Error;
-    fn from_str(s: &str) -> Result<Self, Error> {
+    type Err = InputError;
+    fn from_str(s: &str) -> Result<Self, InputError> {
         Self::parse(s)
     }
 }
 
 impl TryFrom<Duration> for LockDelay {
-    type Error = Error;
-    fn try_from(d: Duration) -> Result<Self, Error> {
+    type Error = InputError;
+    fn try_from(d: Duration) -> Result<Self, InputError> {
         Self::new(d)
     }
 }
@@ -153,28 +153,31 @@ mod tests {
         );
         for bad in ["1h 1ms", "2days"] {
             assert!(
-                matches!(LockDelay::parse(bad), Err(Error::InvalidLockDelay { .. })),
+                matches!(
+                    LockDelay::parse(bad),
+                    Err(InputError::InvalidLockDelay { .. })
+                ),
                 "{bad}"
             );
         }
         assert!(matches!(
             LockDelay::new(Duration::from_micros(1_500)),
-            Err(Error::InvalidLockDelay { .. })
+            Err(InputError::InvalidLockDelay { .. })
         ));
         // Far beyond a u32 of milliseconds: refused, not wrapped.
         assert!(matches!(
             LockDelay::new(Duration::from_secs(u64::MAX)),
-            Err(Error::InvalidLockDelay { .. })
+            Err(InputError::InvalidLockDelay { .. })
         ));
         assert!(matches!(
             LockDelay::parse("later"),
-            Err(Error::InvalidDuration { .. })
+            Err(InputError::InvalidDuration { .. })
         ));
     }
 
     /// What Redis is sent: ttl + lock-delay at both ends of both ranges.
     #[test]
-    fn the_expiry_adds_the_delay_to_the_ttl() -> Result<(), Error> {
+    fn the_expiry_adds_the_delay_to_the_ttl() -> Result<(), InputError> {
         let ttl = Ttl::parse("1s")?;
         assert_eq!(LockDelay::ZERO.expiry_millis(ttl), 1_000);
         assert_eq!(LockDelay::parse("2s")?.expiry_millis(ttl), 3_000);

@@ -500,8 +500,8 @@ impl MemoryBackend {
     ///
     /// # Errors
     ///
-    /// [`crate::Error::Entropy`] if no holder id can be drawn.
-    pub fn hand_over(&self, key: &LeaseKey, ttl: Ttl) -> Result<Grant, crate::Error> {
+    /// [`crate::InputError::Entropy`] if no holder id can be drawn.
+    pub fn hand_over(&self, key: &LeaseKey, ttl: Ttl) -> Result<Grant, crate::InputError> {
         let holder = HolderId::generate()?;
         let now = Instant::now();
         let mut state = self.state();

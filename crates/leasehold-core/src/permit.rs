@@ -19,7 +19,7 @@
 
 use std::fmt;
 
-use crate::{Error, LeaseKey};
+use crate::{InputError, LeaseKey};
 
 /// How many permits a semaphore has: 1 to [`PermitLimit::MAX`].
 ///
@@ -27,7 +27,7 @@ use crate::{Error, LeaseKey};
 /// use leasehold_core::PermitLimit;
 /// assert_eq!(PermitLimit::new(3)?.get(), 3);
 /// assert!(PermitLimit::new(0).is_err());
-/// # Ok::<(), leasehold_core::Error>(())
+/// # Ok::<(), leasehold_core::InputError>(())
 /// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct PermitLimit(u32);
@@ -44,17 +44,17 @@ impl PermitLimit {
     ///
     /// # Errors
     ///
-    /// [`Error::InvalidPermitLimit`] when `limit` is 0 or above
+    /// [`InputError::InvalidPermitLimit`] when `limit` is 0 or above
     /// [`PermitLimit::MAX`].
-    pub fn new(limit: u32) -> Result<Self, Error> {
+    pub fn new(limit: u32) -> Result<Self, InputError> {
         if limit == 0 {
-            return Err(Error::InvalidPermitLimit {
+            return Err(InputError::InvalidPermitLimit {
                 limit,
                 reason: "a semaphore needs at least 1 permit; for a single holder use an exclusive lease or a limit of 1",
             });
         }
         if limit > Self::MAX {
-            return Err(Error::InvalidPermitLimit {
+            return Err(InputError::InvalidPermitLimit {
                 limit,
                 reason: "a semaphore may have at most 100 permits",
             });
@@ -70,8 +70,8 @@ impl PermitLimit {
 }
 
 impl TryFrom<u32> for PermitLimit {
-    type Error = Error;
-    fn try_from(limit: u32) -> Result<Self, Error> {
+    type Error = InputError;
+    fn try_from(limit: u32) -> Result<Self, InputError> {
         Self::new(limit)
     }
 }
@@ -96,21 +96,21 @@ impl LeaseKey {
     /// let jobs = LeaseKey::new("jobs")?;
     /// assert_eq!(jobs.permit(2)?.as_str(), "{jobs}:permit:2");
     /// assert_eq!(jobs.permit(2)?.permit_of(), Some((jobs, 2)));
-    /// # Ok::<(), leasehold_core::Error>(())
+    /// # Ok::<(), leasehold_core::InputError>(())
     /// ```
     ///
     /// # Errors
     ///
-    /// [`Error::InvalidKey`] when the permit key would be longer than
+    /// [`InputError::InvalidKey`] when the permit key would be longer than
     /// [`LeaseKey::MAX_LEN`] bytes: choose a shorter semaphore key.
-    pub fn permit(&self, index: u32) -> Result<LeaseKey, Error> {
+    pub fn permit(&self, index: u32) -> Result<LeaseKey, InputError> {
         let k = self.as_str();
         let permit = if self.hash_tag().is_some() {
             format!("{k}{PERMIT_INFIX}{index}")
         } else {
             format!("{{{k}}}{PERMIT_INFIX}{index}")
         };
-        LeaseKey::new(&permit).map_err(|_| Error::InvalidKey {
+        LeaseKey::new(&permit).map_err(|_| InputError::InvalidKey {
             key: crate::error::excerpt(k),
             reason: "a semaphore key must leave room for its permits' keys (\"{key}:permit:99\" within 512 bytes); choose a shorter key",
         })
@@ -189,22 +189,22 @@ mod tests {
     fn limits_are_bounded() {
         assert!(matches!(
             PermitLimit::new(0),
-            Err(Error::InvalidPermitLimit { limit: 0, .. })
+            Err(InputError::InvalidPermitLimit { limit: 0, .. })
         ));
         assert!(matches!(
             PermitLimit::new(PermitLimit::MAX + 1),
-            Err(Error::InvalidPermitLimit { .. })
+            Err(InputError::InvalidPermitLimit { .. })
         ));
         assert!(matches!(
             PermitLimit::new(u32::MAX),
-            Err(Error::InvalidPermitLimit { .. })
+            Err(InputError::InvalidPermitLimit { .. })
         ));
         assert_eq!(PermitLimit::new(1).map(PermitLimit::get), Ok(1));
         assert_eq!(PermitLimit::new(100).map(PermitLimit::get), Ok(100));
     }
 
     #[test]
-    fn permit_keys_share_the_semaphores_hash_tag_and_map_back() -> Result<(), Error> {
+    fn permit_keys_share_the_semaphores_hash_tag_and_map_back() -> Result<(), InputError> {
         for (semaphore, permit, tag) in [
             ("jobs", "{jobs}:permit:0", "jobs"),
             ("order:{42}", "order:{42}:permit:0", "42"),
@@ -241,7 +241,7 @@ mod tests {
     }
 
     #[test]
-    fn a_permit_counts_with_its_semaphore() -> Result<(), Error> {
+    fn a_permit_counts_with_its_semaphore() -> Result<(), InputError> {
         assert_eq!(k("jobs").permit(3)?.counted_as(), k("jobs"));
         assert_eq!(k("jobs").counted_as(), k("jobs"));
         assert_eq!(k("{jobs}").counted_as(), k("jobs"));
@@ -254,6 +254,6 @@ mod tests {
     #[test]
     fn a_semaphore_key_must_leave_room_for_its_permits() {
         let long = k(&"s".repeat(LeaseKey::MAX_LEN - 5));
-        assert!(matches!(long.permit(0), Err(Error::InvalidKey { .. })));
+        assert!(matches!(long.permit(0), Err(InputError::InvalidKey { .. })));
     }
 }

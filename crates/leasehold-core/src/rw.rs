@@ -18,7 +18,7 @@
 
 use std::time::Duration;
 
-use crate::{Error, HolderId, LeaseInfo, LeaseKey};
+use crate::{HolderId, InputError, LeaseInfo, LeaseKey};
 
 /// Who holds a read-write lease, and who waits to write, as of one instant
 /// on the server. Holder ids are not shown: only labels, fencing tokens
@@ -70,8 +70,8 @@ const WRITE_SUFFIX: &str = ":write";
 const READ_INFIX: &str = ":read:";
 
 /// The refusal of a base key too long for its share keys.
-fn too_long(k: &str) -> Error {
-    Error::InvalidKey {
+fn too_long(k: &str) -> InputError {
+    InputError::InvalidKey {
         key: crate::error::excerpt(k),
         reason: "a read-write lease key must leave room for its readers' keys (\"{key}:read:\" and 32 hex digits within 512 bytes); choose a shorter key",
     }
@@ -79,7 +79,7 @@ fn too_long(k: &str) -> Error {
 
 impl LeaseKey {
     /// `K` + `suffix` when `K` has a hash tag, else `{K}` + `suffix`.
-    fn tagged_with(&self, suffix: &str) -> Result<LeaseKey, Error> {
+    fn tagged_with(&self, suffix: &str) -> Result<LeaseKey, InputError> {
         let k = self.as_str();
         let key = if self.hash_tag().is_some() {
             format!("{k}{suffix}")
@@ -97,14 +97,14 @@ impl LeaseKey {
     /// let doc = LeaseKey::new("doc")?;
     /// assert_eq!(doc.writer_key()?.as_str(), "{doc}:write");
     /// assert_eq!(doc.writer_key()?.rw_of(), Some((doc, RwRole::Writer)));
-    /// # Ok::<(), leasehold_core::Error>(())
+    /// # Ok::<(), leasehold_core::InputError>(())
     /// ```
     ///
     /// # Errors
     ///
-    /// [`Error::InvalidKey`] when `K` leaves no room for its readers' keys
+    /// [`InputError::InvalidKey`] when `K` leaves no room for its readers' keys
     /// (the longest share key) within [`LeaseKey::MAX_LEN`] bytes.
-    pub fn writer_key(&self) -> Result<LeaseKey, Error> {
+    pub fn writer_key(&self) -> Result<LeaseKey, InputError> {
         // Checked against the longest share key, so that a key that has a
         // writer always has readers too.
         self.tagged_with(&format!("{READ_INFIX}{:032}", 0))?;
@@ -117,9 +117,9 @@ impl LeaseKey {
     ///
     /// # Errors
     ///
-    /// [`Error::InvalidKey`] when the key would be longer than
+    /// [`InputError::InvalidKey`] when the key would be longer than
     /// [`LeaseKey::MAX_LEN`] bytes.
-    pub fn reader_key(&self, holder: &HolderId) -> Result<LeaseKey, Error> {
+    pub fn reader_key(&self, holder: &HolderId) -> Result<LeaseKey, InputError> {
         let mut suffix = String::with_capacity(READ_INFIX.len() + 32);
         suffix.push_str(READ_INFIX);
         suffix.push_str(&holder.to_hex());
@@ -162,7 +162,7 @@ mod tests {
     }
 
     #[test]
-    fn share_keys_share_the_hash_tag_and_map_back() -> Result<(), Error> {
+    fn share_keys_share_the_hash_tag_and_map_back() -> Result<(), InputError> {
         let reader = HolderId::generate()?;
         for (base, writer, tag) in [
             ("doc", "{doc}:write", "doc"),
@@ -202,6 +202,9 @@ mod tests {
         let fits = k(&"s".repeat(LeaseKey::MAX_LEN - 40));
         assert!(fits.writer_key().is_ok());
         let long = k(&"s".repeat(LeaseKey::MAX_LEN - 39));
-        assert!(matches!(long.writer_key(), Err(Error::InvalidKey { .. })));
+        assert!(matches!(
+            long.writer_key(),
+            Err(InputError::InvalidKey { .. })
+        ));
     }
 }

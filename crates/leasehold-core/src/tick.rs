@@ -20,7 +20,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::error::excerpt;
-use crate::{AcquireRequest, BackendError, Error, FencingToken, Grant, HolderId, LeaseKey};
+use crate::{AcquireRequest, BackendError, FencingToken, Grant, HolderId, InputError, LeaseKey};
 
 /// The name of a scheduled job: 1 to [`JobName::MAX_LEN`] bytes of ASCII
 /// letters, digits, `-`, `_` and `.`. It names the job's record and its
@@ -33,7 +33,7 @@ use crate::{AcquireRequest, BackendError, Error, FencingToken, Grant, HolderId, 
 /// let job = JobName::new("nightly-report")?;
 /// assert_eq!(job.run_key().as_str(), "job:{nightly-report}:run");
 /// assert!(JobName::new("no spaces").is_err());
-/// # Ok::<(), leasehold_core::Error>(())
+/// # Ok::<(), leasehold_core::InputError>(())
 /// ```
 #[derive(Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct JobName(Arc<str>);
@@ -46,12 +46,12 @@ impl JobName {
     ///
     /// # Errors
     ///
-    /// [`Error::InvalidJob`] when it is empty, longer than
+    /// [`InputError::InvalidJob`] when it is empty, longer than
     /// [`JobName::MAX_LEN`] bytes, or holds anything but ASCII letters,
     /// digits, `-`, `_` and `.`.
-    pub fn new(name: impl AsRef<str>) -> Result<Self, Error> {
+    pub fn new(name: impl AsRef<str>) -> Result<Self, InputError> {
         let name = name.as_ref();
-        let refuse = |reason| Error::InvalidJob {
+        let refuse = |reason| InputError::InvalidJob {
             job: excerpt(name),
             reason,
         };
@@ -105,8 +105,8 @@ impl fmt::Debug for JobName {
 }
 
 impl std::str::FromStr for JobName {
-    type Err = Error;
-    fn from_str(s: &str) -> Result<Self, Error> {
+    type Err = InputError;
+    fn from_str(s: &str) -> Result<Self, InputError> {
         Self::new(s)
     }
 }

@@ -2,21 +2,21 @@
 
 use std::time::Duration;
 
-use crate::Error;
+use crate::InputError;
 
 /// Parses a humantime duration such as `"30s"`, `"1m 30s"` or `"250ms"`.
 ///
 /// # Errors
 ///
-/// [`Error::InvalidDuration`] naming the string and what is wrong with it.
+/// [`InputError::InvalidDuration`] naming the string and what is wrong with it.
 ///
 /// ```
 /// use std::time::Duration;
 /// assert_eq!(leasehold_core::parse_duration("1m 30s").unwrap(), Duration::from_secs(90));
 /// assert!(leasehold_core::parse_duration("thirty seconds").is_err());
 /// ```
-pub fn parse_duration(s: &str) -> Result<Duration, Error> {
-    humantime::parse_duration(s.trim()).map_err(|e| Error::InvalidDuration {
+pub fn parse_duration(s: &str) -> Result<Duration, InputError> {
+    humantime::parse_duration(s.trim()).map_err(|e| InputError::InvalidDuration {
         value: crate::error::excerpt(s),
         reason: e.to_string(),
     })
@@ -58,7 +58,7 @@ mod tests {
     fn durations_parse_the_humantime_way_and_name_what_is_wrong() {
         assert_eq!(parse_duration(" 250ms "), Ok(Duration::from_millis(250)));
         match parse_duration("thirty seconds") {
-            Err(Error::InvalidDuration { value, reason }) => {
+            Err(InputError::InvalidDuration { value, reason }) => {
                 assert_eq!(value, "thirty seconds");
                 assert!(!reason.is_empty());
             }

@@ -4,7 +4,7 @@ use std::fmt;
 use std::str::FromStr;
 use std::time::Duration;
 
-use crate::Error;
+use crate::InputError;
 
 /// How long a lease lives on the server unless renewed.
 ///
@@ -19,7 +19,7 @@ use crate::Error;
 /// let ttl: Ttl = "1m 30s".parse()?;
 /// assert_eq!(ttl.as_millis(), 90_000);
 /// assert!("50ms".parse::<Ttl>().is_err());
-/// # Ok::<(), leasehold_core::Error>(())
+/// # Ok::<(), leasehold_core::InputError>(())
 /// ```
 #[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct Ttl(Duration);
@@ -36,10 +36,10 @@ impl Ttl {
     ///
     /// # Errors
     ///
-    /// [`Error::InvalidTtl`] when the duration is below [`Ttl::MIN`], above
+    /// [`InputError::InvalidTtl`] when the duration is below [`Ttl::MIN`], above
     /// [`Ttl::MAX`], or not a whole number of milliseconds.
-    pub fn new(duration: Duration) -> Result<Self, Error> {
-        let refuse = |reason: String| Error::InvalidTtl {
+    pub fn new(duration: Duration) -> Result<Self, InputError> {
+        let refuse = |reason: String| InputError::InvalidTtl {
             value: humantime::format_duration(duration).to_string(),
             reason,
         };
@@ -67,9 +67,9 @@ impl Ttl {
     ///
     /// # Errors
     ///
-    /// [`Error::InvalidDuration`] when the string is not a duration, and
-    /// [`Error::InvalidTtl`] when it is one outside the accepted range.
-    pub fn parse(s: &str) -> Result<Self, Error> {
+    /// [`InputError::InvalidDuration`] when the string is not a duration, and
+    /// [`InputError::InvalidTtl`] when it is one outside the accepted range.
+    pub fn parse(s: &str) -> Result<Self, InputError> {
         Self::new(crate::parse_duration(s)?)
     }
 
@@ -88,15 +88,15 @@ impl Ttl {
 }
 
 impl FromStr for Ttl {
-    type Err = Error;
-    fn from_str(s: &str) -> Result<Self, Error> {
+    type Err = InputError;
+    fn from_str(s: &str) -> Result<Self, InputError> {
         Self::parse(s)
     }
 }
 
 impl TryFrom<Duration> for Ttl {
-    type Error = Error;
-    fn try_from(d: Duration) -> Result<Self, Error> {
+    type Error = InputError;
+    fn try_from(d: Duration) -> Result<Self, InputError> {
         Self::new(d)
     }
 }
@@ -129,17 +129,17 @@ mod tests {
         assert_eq!(Ttl::parse("24h").map(Ttl::get), Ok(Ttl::MAX));
         for bad in ["0s", "99ms", "24h 1ms", "2days"] {
             assert!(
-                matches!(Ttl::parse(bad), Err(Error::InvalidTtl { .. })),
+                matches!(Ttl::parse(bad), Err(InputError::InvalidTtl { .. })),
                 "{bad}"
             );
         }
         assert!(matches!(
             Ttl::parse("soon"),
-            Err(Error::InvalidDuration { .. })
+            Err(InputError::InvalidDuration { .. })
         ));
         assert!(matches!(
             Ttl::new(Duration::from_micros(1_000_500)),
-            Err(Error::InvalidTtl { .. })
+            Err(InputError::InvalidTtl { .. })
         ));
     }
 

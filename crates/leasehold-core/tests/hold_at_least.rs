@@ -31,7 +31,7 @@ fn key() -> LeaseKey {
     LeaseKey::new("nightly").expect("valid key")
 }
 
-fn request(holder: HolderId) -> Result<AcquireRequest, leasehold_core::Error> {
+fn request(holder: HolderId) -> Result<AcquireRequest, leasehold_core::InputError> {
     AcquireRequest::new(key(), holder, ttl()).with_hold_at_least(MINIMUM)
 }
 
@@ -198,12 +198,12 @@ async fn other_kinds_refuse_a_minimum() -> TestResult {
 
 /// Refused: above a day, or finer than a millisecond; zero is none.
 #[test]
-fn the_minimum_is_validated() -> Result<(), leasehold_core::Error> {
+fn the_minimum_is_validated() -> Result<(), leasehold_core::InputError> {
     let r = AcquireRequest::new(key(), HolderId::generate()?, ttl());
     for bad in [Duration::from_secs(86_401), Duration::from_micros(1_500)] {
         assert!(matches!(
             r.clone().with_hold_at_least(bad),
-            Err(leasehold_core::Error::InvalidHoldAtLeast { .. })
+            Err(leasehold_core::InputError::InvalidHoldAtLeast { .. })
         ));
     }
     assert_eq!(

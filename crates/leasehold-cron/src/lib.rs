@@ -63,7 +63,7 @@ use tracing::{debug, info, warn};
 /// Why a schedule or a fleet job could not be made.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
-pub enum Error {
+pub enum CronError {
     /// The cron expression does not parse.
     #[error(
         "cron schedule {schedule:?} does not parse ({reason}); write five fields as in a crontab (\"0 2 * * *\") or six with seconds first (\"0 */5 * * * *\")"
@@ -146,13 +146,13 @@ impl Schedule {
     /// assert_eq!(every_2s.tick_at(at(1_800_000_001_300)), Some(at(1_800_000_000_000)));
     /// assert_eq!(every_2s.next_after(at(1_800_000_000_000)), Some(at(1_800_000_002_000)));
     /// assert_eq!(Schedule::parse("0 2 * * *")?.as_str(), "0 0 2 * * *");
-    /// # Ok::<(), leasehold_cron::Error>(())
+    /// # Ok::<(), leasehold_cron::CronError>(())
     /// ```
     ///
     /// # Errors
     ///
-    /// [`Error::Schedule`] when it does not parse.
-    pub fn parse(text: &str) -> Result<Self, Error> {
+    /// [`CronError::Schedule`] when it does not parse.
+    pub fn parse(text: &str) -> Result<Self, CronError> {
         let fields = text.split_whitespace().count();
         let normalized = if fields == 5 {
             format!(
@@ -162,7 +162,7 @@ impl Schedule {
         } else {
             text.split_whitespace().collect::<Vec<_>>().join(" ")
         };
-        let refuse = |reason: String| Error::Schedule {
+        let refuse = |reason: String| CronError::Schedule {
             schedule: text.to_owned(),
             reason,
         };
@@ -189,9 +189,9 @@ impl Schedule {
     ///
     /// # Errors
     ///
-    /// [`Error::TimeZone`] for a name that is not an IANA time zone.
-    pub fn in_time_zone(mut self, zone: &str) -> Result<Self, Error> {
-        self.zone = zone.parse::<Tz>().map_err(|_| Error::TimeZone {
+    /// [`CronError::TimeZone`] for a name that is not an IANA time zone.
+    pub fn in_time_zone(mut self, zone: &str) -> Result<Self, CronError> {
+        self.zone = zone.parse::<Tz>().map_err(|_| CronError::TimeZone {
             zone: zone.to_owned(),
         })?;
         self.gap = self.measure_gap();
@@ -315,14 +315,14 @@ impl TickGrid for Schedule {
 ///
 /// # Errors
 ///
-/// [`Error::Mismatch`] when `job`'s grid is not `schedule`, and
-/// [`Error::Scheduler`] when tokio-cron-scheduler refuses it.
+/// [`CronError::Mismatch`] when `job`'s grid is not `schedule`, and
+/// [`CronError::Scheduler`] when tokio-cron-scheduler refuses it.
 pub fn fleet_job<B, F, Fut, T>(
     manager: LeaseManager<B>,
     job: TickJob,
     schedule: &Schedule,
     work: F,
-) -> Result<Job, Error>
+) -> Result<Job, CronError>
 where
     B: LeaseBackend,
     F: Fn(TickRun) -> Fut + Send + Sync + 'static,
@@ -345,7 +345,7 @@ pub fn fleet_job_with_outcomes<B, F, Fut, T, O>(
     schedule: &Schedule,
     work: F,
     on_outcome: O,
-) -> Result<Job, Error>
+) -> Result<Job, CronError>
 where
     B: LeaseBackend,
     F: Fn(TickRun) -> Fut + Send + Sync + 'static,
@@ -355,7 +355,7 @@ where
 {
     let name = job.name().to_string();
     if job.grid().fingerprint() != schedule.fingerprint() {
-        return Err(Error::Mismatch {
+        return Err(CronError::Mismatch {
             job: name,
             job_schedule: job.grid().fingerprint(),
             schedule: schedule.fingerprint(),
@@ -372,7 +372,7 @@ where
         let fleet = Arc::clone(&fleet);
         Box::pin(async move { fleet.fire().await })
     })
-    .map_err(|e| Error::Scheduler {
+    .map_err(|e| CronError::Scheduler {
         job: name,
         schedule: schedule.as_str().to_owned(),
         reason: e.to_string(),
@@ -494,7 +494,7 @@ mod tests {
     /// tick, on the whole second; five fields are a crontab line; a bad
     /// expression or zone is refused with a hint.
     #[test]
-    fn the_tick_is_the_grid_instant_at_or_before_the_firing() -> Result<(), Error> {
+    fn the_tick_is_the_grid_instant_at_or_before_the_firing() -> Result<(), CronError> {
         let every_2s = Schedule::parse("*/2 * * * * *")?;
         let tick = 1_800_000_000_000;
         for late in [0, 1, 499, 1_000, 1_999] {
@@ -518,20 +518,20 @@ mod tests {
         assert_eq!(hourly.fingerprint(), "0 0 * * * * UTC");
         let bad = Schedule::parse("*/2 * * *").map(|_| ());
         assert!(
-            matches!(&bad, Err(Error::Schedule { schedule, .. }) if schedule == "*/2 * * *"),
+            matches!(&bad, Err(CronError::Schedule { schedule, .. }) if schedule == "*/2 * * *"),
             "{bad:?}"
         );
         let zone = Schedule::parse("0 2 * * *")?
             .in_time_zone("Mars/Olympus")
             .map(|_| ());
-        assert!(matches!(zone, Err(Error::TimeZone { .. })), "{zone:?}");
+        assert!(matches!(zone, Err(CronError::TimeZone { .. })), "{zone:?}");
         Ok(())
     }
 
     /// A weekday schedule's longest gap is its weekend: the record must
     /// outlive it.
     #[test]
-    fn the_longest_gap_of_a_weekday_schedule_is_its_weekend() -> Result<(), Error> {
+    fn the_longest_gap_of_a_weekday_schedule_is_its_weekend() -> Result<(), CronError> {
         let weekdays = Schedule::parse("0 2 * * 1-5")?;
         assert_eq!(
             weekdays.longest_gap(),
@@ -572,7 +572,7 @@ mod tests {
     /// daily 02:30 in Berlin, a local time that does not exist that day,
     /// names at most one instant that day, the same from both directions.
     #[test]
-    fn a_skipped_local_time_names_one_instant_from_both_directions() -> Result<(), Error> {
+    fn a_skipped_local_time_names_one_instant_from_both_directions() -> Result<(), CronError> {
         let schedule = Schedule::parse("0 30 2 * * *")?.in_time_zone("Europe/Berlin")?;
         let named = one_rule(&schedule, "2026-03-28T00:00:00Z", 72);
         let that_day: Vec<_> = named
@@ -590,7 +590,7 @@ mod tests {
     /// daily 02:30 in Berlin, a local time that happens twice that day,
     /// names one instant, the same from both directions.
     #[test]
-    fn a_repeated_local_time_names_one_instant_from_both_directions() -> Result<(), Error> {
+    fn a_repeated_local_time_names_one_instant_from_both_directions() -> Result<(), CronError> {
         let schedule = Schedule::parse("0 30 2 * * *")?.in_time_zone("Europe/Berlin")?;
         let named = one_rule(&schedule, "2026-10-24T00:00:00Z", 72);
         let that_day: Vec<_> = named

@@ -6,15 +6,15 @@ use tokio_postgres::error::{DbError, SqlState};
 use crate::sql;
 
 /// What can go wrong with a fence: the two refusals the database makes
-/// ([`Stale`](Error::Stale), [`OtherKey`](Error::OtherKey)), a database
-/// without the fence ([`NotInstalled`](Error::NotInstalled)), and anything
+/// ([`Stale`](PgFenceError::Stale), [`OtherKey`](PgFenceError::OtherKey)), a database
+/// without the fence ([`NotInstalled`](PgFenceError::NotInstalled)), and anything
 /// else PostgreSQL or the connection reports.
 ///
 /// After a refusal inside a transaction, the transaction is aborted: its
 /// writes are gone, further statements fail, and `COMMIT` rolls back.
 #[non_exhaustive]
 #[derive(Debug, thiserror::Error)]
-pub enum Error {
+pub enum PgFenceError {
     /// A newer holder of the lease has passed the resource's fence: this
     /// holder's lease is lost, and the database refused its write.
     #[error(
@@ -81,7 +81,7 @@ pub enum Error {
     /// PostgreSQL failed the statement for another reason (the caller's
     /// statement, permissions, a lost connection, a deadlock or a
     /// serialization failure between racing writers: see
-    /// [`is_retryable`](Error::is_retryable)).
+    /// [`is_retryable`](PgFenceError::is_retryable)).
     ///
     /// Converted from the driver's error, so that `?` works on the other
     /// statements of a fenced transaction too.
@@ -93,13 +93,16 @@ pub enum Error {
     },
 }
 
-impl Error {
-    /// Whether the database refused the write: [`Stale`](Error::Stale) or
-    /// [`OtherKey`](Error::OtherKey). A refused holder must stop; it will
+impl PgFenceError {
+    /// Whether the database refused the write: [`Stale`](PgFenceError::Stale) or
+    /// [`OtherKey`](PgFenceError::OtherKey). A refused holder must stop; it will
     /// be refused again.
     #[must_use]
     pub fn is_refused(&self) -> bool {
-        matches!(self, Error::Stale { .. } | Error::OtherKey { .. })
+        matches!(
+            self,
+            PgFenceError::Stale { .. } | PgFenceError::OtherKey { .. }
+        )
     }
 
     /// Whether the transaction may succeed if run again from the start: a
@@ -109,7 +112,7 @@ impl Error {
     #[must_use]
     pub fn is_retryable(&self) -> bool {
         match self {
-            Error::Postgres { source } => matches!(
+            PgFenceError::Postgres { source } => matches!(
                 source.code(),
                 Some(code) if *code == SqlState::T_R_DEADLOCK_DETECTED
                     || *code == SqlState::T_R_SERIALIZATION_FAILURE
@@ -118,11 +121,11 @@ impl Error {
         }
     }
 
-    /// The newer token that won, for [`Stale`](Error::Stale).
+    /// The newer token that won, for [`Stale`](PgFenceError::Stale).
     #[must_use]
     pub fn newer_token(&self) -> Option<FencingToken> {
         match self {
-            Error::Stale { newer, .. } => Some(*newer),
+            PgFenceError::Stale { newer, .. } => Some(*newer),
             _ => None,
         }
     }
@@ -149,15 +152,15 @@ pub(crate) fn classify(
     error: tokio_postgres::Error,
     writer: &Writer<'_>,
     ours: impl Fn(&DbError) -> bool,
-) -> Error {
+) -> PgFenceError {
     let Some(db) = error.as_db_error() else {
-        return Error::Postgres { source: error };
+        return PgFenceError::Postgres { source: error };
     };
     let code = db.code().code();
     if code == sql::STALE_SQLSTATE {
         // The refusal's detail is the fence's token, in digits (sql.rs).
         if let Ok(newer) = db.detail().unwrap_or_default().parse::<u64>() {
-            return Error::Stale {
+            return PgFenceError::Stale {
                 resource: writer.resource.to_owned(),
                 lease_key: writer.lease_key.to_owned(),
                 token: writer.token,
@@ -167,7 +170,7 @@ pub(crate) fn classify(
     } else if code == sql::OTHER_KEY_SQLSTATE {
         // The refusal's detail is the fence's lease key (sql.rs).
         if let Some(fenced_by) = db.detail() {
-            return Error::OtherKey {
+            return PgFenceError::OtherKey {
                 resource: writer.resource.to_owned(),
                 lease_key: writer.lease_key.to_owned(),
                 fenced_by: fenced_by.to_owned(),
@@ -177,7 +180,7 @@ pub(crate) fn classify(
         || *db.code() == SqlState::UNDEFINED_FUNCTION)
         && ours(db)
     {
-        return Error::NotInstalled { source: error };
+        return PgFenceError::NotInstalled { source: error };
     }
-    Error::Postgres { source: error }
+    PgFenceError::Postgres { source: error }
 }

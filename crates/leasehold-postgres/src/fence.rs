@@ -5,7 +5,7 @@ use tokio_postgres::error::ErrorPosition;
 use tokio_postgres::types::{ToSql, Type};
 use tokio_postgres::{GenericClient, Row, Transaction};
 
-use crate::error::{Error, Writer, classify};
+use crate::error::{PgFenceError, Writer, classify};
 use crate::sql;
 
 /// A holder's pass for one resource: the resource's name, the lease key
@@ -14,8 +14,8 @@ use crate::sql;
 /// The database keeps, per resource, the highest token that has passed
 /// (in the table [`install`](crate::install) creates). A token at least as
 /// high passes and raises the fence to itself; a lower one is refused by
-/// the database ([`Error::Stale`]), and so is a token of another lease key
-/// ([`Error::OtherKey`]), since tokens of different keys do not compare.
+/// the database ([`PgFenceError::Stale`]), and so is a token of another lease key
+/// ([`PgFenceError::OtherKey`]), since tokens of different keys do not compare.
 ///
 /// Three ways to use it:
 ///
@@ -42,7 +42,7 @@ use crate::sql;
 /// let key = LeaseKey::new("reports:nightly")?;
 /// let fence = Fence::new("report:2024-06-01", &key, token);
 /// let tx = client.transaction().await?;
-/// fence.check(&tx).await?; // a stale token: Err(Error::Stale), the transaction aborted
+/// fence.check(&tx).await?; // a stale token: Err(PgFenceError::Stale), the transaction aborted
 /// tx.execute("DELETE FROM report_rows WHERE day = '2024-06-01'", &[]).await?;
 /// tx.execute("INSERT INTO report_rows (day, line) VALUES ('2024-06-01', 'total: 42')", &[])
 ///     .await?;
@@ -112,18 +112,18 @@ impl Fence {
     ///
     /// # Errors
     ///
-    /// [`Error::Stale`] (a newer holder passed) and [`Error::OtherKey`]:
+    /// [`PgFenceError::Stale`] (a newer holder passed) and [`PgFenceError::OtherKey`]:
     /// refused by the database, which has aborted the transaction (writes
-    /// made in it are gone, and `COMMIT` rolls back). [`Error::NotInstalled`]
-    /// without [`install`](crate::install); [`Error::Postgres`] otherwise
+    /// made in it are gone, and `COMMIT` rolls back). [`PgFenceError::NotInstalled`]
+    /// without [`install`](crate::install); [`PgFenceError::Postgres`] otherwise
     /// (under `REPEATABLE READ`, a fence raised by a concurrent transaction
-    /// is a serialization failure: [`Error::is_retryable`]).
+    /// is a serialization failure: [`PgFenceError::is_retryable`]).
     ///
     /// # Cancel safety
     ///
     /// Not cancel safe: a dropped call may still pass the fence on the
     /// server. Drop the transaction too (it rolls back).
-    pub async fn check(&self, tx: &Transaction<'_>) -> Result<(), Error> {
+    pub async fn check(&self, tx: &Transaction<'_>) -> Result<(), PgFenceError> {
         self.pass(tx).await
     }
 
@@ -135,7 +135,7 @@ impl Fence {
     ///
     /// ```no_run
     /// # use leasehold_postgres::{FencingToken, LeaseKey, tokio_postgres::Client};
-    /// # async fn seal(client: &Client, key: &LeaseKey, token: FencingToken) -> Result<(), leasehold_postgres::Error> {
+    /// # async fn seal(client: &Client, key: &LeaseKey, token: FencingToken) -> Result<(), leasehold_postgres::PgFenceError> {
     /// use leasehold_postgres::Fence;
     ///
     /// // Right after acquiring the lease, before any work:
@@ -150,7 +150,7 @@ impl Fence {
     /// # Cancel safety
     ///
     /// Not cancel safe: a dropped call may still raise the fence.
-    pub async fn seal<C>(&self, client: &C) -> Result<(), Error>
+    pub async fn seal<C>(&self, client: &C) -> Result<(), PgFenceError>
     where
         C: GenericClient + Sync,
     {
@@ -174,7 +174,7 @@ impl Fence {
     ///
     /// ```no_run
     /// # use leasehold_postgres::{FencingToken, LeaseKey, tokio_postgres::Client};
-    /// # async fn write(client: &Client, key: &LeaseKey, token: FencingToken) -> Result<(), leasehold_postgres::Error> {
+    /// # async fn write(client: &Client, key: &LeaseKey, token: FencingToken) -> Result<(), leasehold_postgres::PgFenceError> {
     /// use leasehold_postgres::Fence;
     ///
     /// let fence = Fence::new("report:2024-06-01", key, token);
@@ -191,7 +191,7 @@ impl Fence {
     /// # Errors
     ///
     /// As [`check`](Fence::check); in a transaction, a refusal aborts it.
-    /// An error of the caller's statement is [`Error::Postgres`] (and the
+    /// An error of the caller's statement is [`PgFenceError::Postgres`] (and the
     /// fence is not raised).
     ///
     /// # Cancel safety
@@ -202,7 +202,7 @@ impl Fence {
         client: &C,
         statement: &str,
         params: &[&(dyn ToSql + Sync)],
-    ) -> Result<u64, Error>
+    ) -> Result<u64, PgFenceError>
     where
         C: GenericClient + Sync,
     {
@@ -229,7 +229,7 @@ impl Fence {
         client: &C,
         statement: &str,
         params: &[&(dyn ToSql + Sync)],
-    ) -> Result<Vec<Row>, Error>
+    ) -> Result<Vec<Row>, PgFenceError>
     where
         C: GenericClient + Sync,
     {
@@ -242,7 +242,7 @@ impl Fence {
     }
 
     /// The fence statement alone, typed so that it takes one round trip.
-    async fn pass<C>(&self, client: &C) -> Result<(), Error>
+    async fn pass<C>(&self, client: &C) -> Result<(), PgFenceError>
     where
         C: GenericClient + Sync,
     {

@@ -11,7 +11,7 @@
 //! have let it in: the transaction is aborted, with every write in it.
 //!
 //! ```no_run
-//! use leasehold_postgres::{Error, Fence, FencingToken, LeaseKey, tokio_postgres};
+//! use leasehold_postgres::{PgFenceError, Fence, FencingToken, LeaseKey, tokio_postgres};
 //!
 //! # async fn job(token: FencingToken) -> Result<(), Box<dyn std::error::Error>> {
 //! let (mut client, connection) =
@@ -37,7 +37,7 @@
 //!     .await
 //! {
 //!     Ok(_rows) => {}
-//!     Err(Error::Stale { newer, .. }) => println!("lost the lease to the holder of token {newer}"),
+//!     Err(PgFenceError::Stale { newer, .. }) => println!("lost the lease to the holder of token {newer}"),
 //!     Err(other) => return Err(other.into()),
 //! }
 //! # Ok(()) }
@@ -65,7 +65,7 @@ mod error;
 mod fence;
 mod sql;
 
-pub use error::Error;
+pub use error::PgFenceError;
 pub use fence::Fence;
 pub use leasehold_core::{FencingToken, LeaseKey};
 pub use tokio_postgres;
@@ -84,13 +84,13 @@ use tokio_postgres::GenericClient;
 ///
 /// # Errors
 ///
-/// [`Error::Postgres`] when PostgreSQL refuses (for example, no `CREATE`
+/// [`PgFenceError::Postgres`] when PostgreSQL refuses (for example, no `CREATE`
 /// right on the schema).
 ///
 /// # Cancel safety
 ///
 /// Not cancel safe: a dropped call may still install.
-pub async fn install<C>(client: &C) -> Result<(), Error>
+pub async fn install<C>(client: &C) -> Result<(), PgFenceError>
 where
     C: GenericClient + Sync,
 {
@@ -115,12 +115,12 @@ pub struct FenceState {
 ///
 /// # Errors
 ///
-/// [`Error::NotInstalled`] without [`install`]; [`Error::Postgres`] otherwise.
+/// [`PgFenceError::NotInstalled`] without [`install`]; [`PgFenceError::Postgres`] otherwise.
 ///
 /// # Cancel safety
 ///
 /// Cancel safe: it only reads.
-pub async fn inspect<C>(client: &C, resource: &str) -> Result<Option<FenceState>, Error>
+pub async fn inspect<C>(client: &C, resource: &str) -> Result<Option<FenceState>, PgFenceError>
 where
     C: GenericClient + Sync,
 {
@@ -143,7 +143,7 @@ where
     let token = token
         .parse::<u64>()
         .map(FencingToken)
-        .map_err(|_| Error::NotAToken {
+        .map_err(|_| PgFenceError::NotAToken {
             resource: resource.to_owned(),
             value: token,
         })?;

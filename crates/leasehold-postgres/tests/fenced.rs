@@ -13,7 +13,7 @@ use leasehold_core::{
     AcquireOutcome, AcquireRequest, Grant, HolderId, LeaseBackend, LeaseKey, ReleaseOutcome, Ttl,
 };
 use leasehold_postgres::tokio_postgres::{self, Client, NoTls};
-use leasehold_postgres::{Error, Fence, FenceState, FencingToken};
+use leasehold_postgres::{Fence, FenceState, FencingToken, PgFenceError};
 use leasehold_redis::{KeyLayout, RedisBackend};
 use leasehold_testkit::{PostgresServer, RedisServer};
 use nix::sys::signal::{Signal, kill};
@@ -121,7 +121,7 @@ const UPSERT: &str = "INSERT INTO reports (day, body) VALUES ($1, $2) \
                       ON CONFLICT (day) DO UPDATE SET body = excluded.body";
 
 /// Writes the report in a transaction fenced by `check`, and commits.
-async fn write_checked(client: &mut Client, fence: &Fence, body: &str) -> Result<(), Error> {
+async fn write_checked(client: &mut Client, fence: &Fence, body: &str) -> Result<(), PgFenceError> {
     let tx = client.transaction().await?;
     fence.check(&tx).await?;
     tx.execute(UPSERT, &[&DAY, &body]).await?;
@@ -129,12 +129,12 @@ async fn write_checked(client: &mut Client, fence: &Fence, body: &str) -> Result
 }
 
 fn assert_stale(
-    result: Result<impl std::fmt::Debug, Error>,
+    result: Result<impl std::fmt::Debug, PgFenceError>,
     token: FencingToken,
     newer: FencingToken,
 ) {
     match result {
-        Err(Error::Stale {
+        Err(PgFenceError::Stale {
             resource,
             token: t,
             newer: n,
@@ -444,7 +444,7 @@ async fn paused_holder_process() -> TestResult {
     std::io::stdin().read_line(&mut go)?;
     match fence.execute(&client, UPSERT, &[&DAY, &"late A"]).await {
         Ok(rows) => println!("holder: after the pause: written ({rows} rows)"),
-        Err(Error::Stale { newer, .. }) => {
+        Err(PgFenceError::Stale { newer, .. }) => {
             println!("holder: after the pause: refused, newer {newer}")
         }
         Err(other) => println!("holder: after the pause: failed: {other}"),
@@ -465,7 +465,7 @@ async fn refusals_and_a_missing_install_say_what_to_do() -> TestResult {
         .seal(&client)
         .await;
     match refused {
-        Err(Error::OtherKey {
+        Err(PgFenceError::OtherKey {
             ref lease_key,
             ref fenced_by,
             ..
@@ -475,7 +475,7 @@ async fn refusals_and_a_missing_install_say_what_to_do() -> TestResult {
         ),
         ref other => panic!("expected another key refused, got {other:?}"),
     }
-    assert!(refused.as_ref().is_err_and(Error::is_refused));
+    assert!(refused.as_ref().is_err_and(PgFenceError::is_refused));
     assert_eq!(world.fence_row()?, world.fenced_at(&grant));
 
     // Installing again (twice at once) changes nothing.
@@ -494,7 +494,7 @@ async fn refusals_and_a_missing_install_say_what_to_do() -> TestResult {
         .execute(&client, "UPDATE no_such_table SET x = 1", &[])
         .await;
     assert!(
-        matches!(missing, Err(Error::Postgres { .. })),
+        matches!(missing, Err(PgFenceError::Postgres { .. })),
         "{missing:?}"
     );
 
@@ -508,7 +508,10 @@ async fn refusals_and_a_missing_install_say_what_to_do() -> TestResult {
     ];
     for error in errors {
         let error = error.ok_or("a call succeeded without the fence")?;
-        assert!(matches!(error, Error::NotInstalled { .. }), "{error:?}");
+        assert!(
+            matches!(error, PgFenceError::NotInstalled { .. }),
+            "{error:?}"
+        );
         assert!(error.to_string().contains("install(&client)"), "{error}");
     }
     Ok(())
@@ -561,7 +564,10 @@ async fn under_repeatable_read_a_fence_raised_meanwhile_is_retryable_then_refuse
     tx.query_one("SELECT 1", &[]).await?;
     world.fence(&grant_b).seal(&b).await?;
     let raced = fence_a.check(&tx).await;
-    assert!(raced.as_ref().is_err_and(Error::is_retryable), "{raced:?}");
+    assert!(
+        raced.as_ref().is_err_and(PgFenceError::is_retryable),
+        "{raced:?}"
+    );
     drop(tx);
 
     // Run again, A is refused.

@@ -3,7 +3,7 @@
 //!
 //! Each is a type with no values: [`Endpoint::parse`](crate::Endpoint::parse)
 //! refuses the URLs of a topology whose feature is off
-//! ([`Error::FeatureDisabled`](crate::Error::FeatureDisabled)), so no
+//! ([`ConnectError::FeatureDisabled`](crate::ConnectError::FeatureDisabled)), so no
 //! connection of that topology is ever made, and the code that handles one
 //! compiles unchanged and is known unreachable (`match *self {}`), without a
 //! feature gate on every `match` over the topologies.

@@ -3,7 +3,7 @@
 //! (`HELLO`, without arguments, so that the connection keeps its protocol)
 //! and the commands the scripts call (`COMMAND INFO`), both sent at once.
 //!
-//! A server that lacks one is refused with [`Error::Unsupported`], naming
+//! A server that lacks one is refused with [`ConnectError::UnsupportedServer`], naming
 //! the server, its version and what is missing, instead of failing with a
 //! script error at the first renewal. What the library does without (GETEX,
 //! which `renew.lua` replaces by GET; client tracking, which is then off)
@@ -26,7 +26,7 @@ use std::fmt;
 use redis::{Cmd, ErrorKind, RedisError, ServerErrorKind, Value};
 use tracing::warn;
 
-use crate::error::{Error, Missing};
+use crate::error::{ConnectError, Missing};
 
 /// The name and version a server reported at connect (`HELLO`).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -101,8 +101,8 @@ impl Needs {
         hello: Result<Value, RedisError>,
         info: Result<Value, RedisError>,
         shown: &str,
-    ) -> Result<Option<ServerInfo>, Error> {
-        let refuse = |server: String, missing: Missing| Error::Unsupported {
+    ) -> Result<Option<ServerInfo>, ConnectError> {
+        let refuse = |server: String, missing: Missing| ConnectError::UnsupportedServer {
             url_redacted: shown.to_owned(),
             server,
             missing,
@@ -297,7 +297,7 @@ mod tests {
             )
             .expect_err("WAIT is missing");
         assert!(
-            matches!(&err, Error::Unsupported { missing: Missing::Command(c), .. } if c == "WAIT"),
+            matches!(&err, ConnectError::UnsupportedServer { missing: Missing::Command(c), .. } if c == "WAIT"),
             "{err:?}"
         );
         assert!(err.to_string().contains("valkey 8.0.1"), "{err}");

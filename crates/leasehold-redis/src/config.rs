@@ -25,7 +25,7 @@ use crate::notices::Notices;
 use crate::scripts;
 use crate::tracking::Tracking;
 use crate::url::{Endpoint, Kind, client_for_url};
-use crate::{Error, RedisBackend, redact};
+use crate::{ConnectError, RedisBackend, redact};
 
 /// Settings for a [`RedisBackend`], made by [`RedisBackend::builder`] or
 /// [`RedisBackend::builder_for_client`] and finished by
@@ -35,7 +35,7 @@ use crate::{Error, RedisBackend, redact};
 /// use std::time::Duration;
 /// use leasehold_redis::RedisBackend;
 ///
-/// # async fn run() -> Result<(), leasehold_redis::Error> {
+/// # async fn run() -> Result<(), leasehold_redis::ConnectError> {
 /// let backend = RedisBackend::builder("redis://:s3cret@127.0.0.1:6379/0")
 ///     .op_timeout(Duration::from_millis(500))
 ///     .namespace("billing")
@@ -207,28 +207,28 @@ impl RedisBackendBuilder {
     ///
     /// # Errors
     ///
-    /// - [`Error::InvalidConfig`] when a setting is out of range;
-    /// - [`Error::InvalidUrl`] when the URL cannot be used;
-    /// - [`Error::Connect`] when no connection (including the `AUTH` and
+    /// - [`ConnectError::InvalidConfig`] when a setting is out of range;
+    /// - [`ConnectError::InvalidUrl`] when the URL cannot be used;
+    /// - [`ConnectError::Connect`] when no connection (including the `AUTH` and
     ///   `SELECT` handshake) was made within the connect timeout.
     ///
     /// # Cancel safety
     ///
     /// Dropping the future abandons the connection attempt; nothing is left
     /// running.
-    pub async fn connect(self) -> Result<RedisBackend, Error> {
+    pub async fn connect(self) -> Result<RedisBackend, ConnectError> {
         self.connect_with(false).await
     }
 
     /// `connect`, or with `lazy`, a standalone backend that makes its first
     /// connection on its first call (for Redlock, whose nodes may be down
     /// at start).
-    pub(crate) async fn connect_with(mut self, lazy: bool) -> Result<RedisBackend, Error> {
+    pub(crate) async fn connect_with(mut self, lazy: bool) -> Result<RedisBackend, ConnectError> {
         let layout = KeyLayout::new(&self.namespace)?.with_fence_retention(self.fence_retention)?;
         check_timeout("op_timeout", self.op_timeout)?;
         check_timeout("connect_timeout", self.connect_timeout)?;
         if !(1..=1024).contains(&self.calls_in_flight) {
-            return Err(Error::InvalidConfig {
+            return Err(ConnectError::InvalidConfig {
                 field: "calls_in_flight",
                 reason: format!(
                     "{} is out of range: at least 1 call must be allowed in flight, and at most 1024",
@@ -239,7 +239,7 @@ impl RedisBackendBuilder {
         if let Some(wait) = self.wait {
             check_timeout("wait_for_replicas timeout", wait.timeout)?;
             if wait.replicas == 0 {
-                return Err(Error::InvalidConfig {
+                return Err(ConnectError::InvalidConfig {
                     field: "wait_for_replicas",
                     reason: "0 replicas would acknowledge every write; ask for at least 1, or leave it off".to_owned(),
                 });
@@ -286,7 +286,7 @@ impl RedisBackendBuilder {
                         Some(tracking) => {
                             match self.connect_sentinel(&target, Some(tracking), &shown).await {
                                 Ok(conn) => Some(conn),
-                                Err(Error::Connect { source, .. }) if refused(&source) => {
+                                Err(ConnectError::Connect { source, .. }) if refused(&source) => {
                                     tracking.unavailable(&format!(
                                         "the master refused RESP3: {source}"
                                     ));
@@ -343,7 +343,7 @@ impl RedisBackendBuilder {
         let (ops, renew, server_info) = if lazy {
             let lazy = |client: Client| {
                 ConnectionManager::new_lazy_with_config(client, config.clone()).map_err(|source| {
-                    Error::Connect {
+                    ConnectError::Connect {
                         url_redacted: shown.clone(),
                         source,
                     }
@@ -402,10 +402,14 @@ impl RedisBackendBuilder {
     ///
     /// # Errors
     ///
-    /// [`Error::Unsupported`] for a server that lacks something;
-    /// [`Error::Connect`] when the servers did not answer within the
+    /// [`ConnectError::UnsupportedServer`] for a server that lacks something;
+    /// [`ConnectError::Connect`] when the servers did not answer within the
     /// connect timeout.
-    async fn check_servers(&self, conn: &Conn, shown: &str) -> Result<Option<ServerInfo>, Error> {
+    async fn check_servers(
+        &self,
+        conn: &Conn,
+        shown: &str,
+    ) -> Result<Option<ServerInfo>, ConnectError> {
         let needs = Needs {
             cluster: conn.is_cluster(),
             wait: self.wait.is_some(),
@@ -455,14 +459,14 @@ impl RedisBackendBuilder {
     ///
     /// # Errors
     ///
-    /// [`Error::Connect`] when the server cannot be reached at all.
+    /// [`ConnectError::Connect`] when the server cannot be reached at all.
     async fn connect_tracked(
         &self,
         client: &Client,
         config: ConnectionManagerConfig,
         tracking: &Arc<Tracking>,
         shown: &str,
-    ) -> Result<Option<ConnectionManager>, Error> {
+    ) -> Result<Option<ConnectionManager>, ConnectError> {
         let info = client.get_connection_info().clone();
         let settings = info
             .redis_settings()
@@ -482,7 +486,7 @@ impl RedisBackendBuilder {
             .await
         {
             Ok(conn) => Ok(Some(conn)),
-            Err(Error::Connect { source, .. }) if refused(&source) => {
+            Err(ConnectError::Connect { source, .. }) if refused(&source) => {
                 tracking.unavailable(&format!("the server refused RESP3: {source}"));
                 Ok(None)
             }
@@ -498,7 +502,7 @@ impl RedisBackendBuilder {
         config: ConnectionManagerConfig,
         name: &str,
         shown: &str,
-    ) -> Result<ConnectionManager, Error> {
+    ) -> Result<ConnectionManager, ConnectError> {
         let connecting = ConnectionManager::new_with_config(client, config);
         let mut conn = self.bounded_connect(connecting, shown).await?;
         self.set_name(&mut conn, name).await;
@@ -571,10 +575,10 @@ impl RedisBackendBuilder {
         &self,
         connecting: impl std::future::Future<Output = redis::RedisResult<T>>,
         shown: &str,
-    ) -> Result<T, Error> {
+    ) -> Result<T, ConnectError> {
         match tokio::time::timeout(self.connect_timeout, connecting).await {
             Ok(Ok(conn)) => Ok(conn),
-            Ok(Err(source)) => Err(Error::Connect {
+            Ok(Err(source)) => Err(ConnectError::Connect {
                 url_redacted: shown.to_owned(),
                 source,
             }),
@@ -586,7 +590,7 @@ impl RedisBackendBuilder {
                         self.connect_timeout
                     ),
                 );
-                Err(Error::Connect {
+                Err(ConnectError::Connect {
                     url_redacted: shown.to_owned(),
                     source: waited.into(),
                 })
@@ -601,9 +605,9 @@ impl RedisBackendBuilder {
         &self,
         nodes: Vec<redis::ConnectionInfo>,
         shown: &str,
-    ) -> Result<(Conn, Conn), Error> {
+    ) -> Result<(Conn, Conn), ConnectError> {
         let _ = nodes;
-        Err(Error::FeatureDisabled {
+        Err(ConnectError::FeatureDisabled {
             url_redacted: shown.to_owned(),
             topology: "Redis Cluster",
             feature: "cluster",
@@ -616,7 +620,7 @@ impl RedisBackendBuilder {
         &self,
         nodes: Vec<redis::ConnectionInfo>,
         shown: &str,
-    ) -> Result<(Conn, Conn), Error> {
+    ) -> Result<(Conn, Conn), ConnectError> {
         if nodes
             .iter()
             .any(|n| matches!(n.addr(), ConnectionAddr::TcpTls { .. }))
@@ -632,7 +636,7 @@ impl RedisBackendBuilder {
             .min_retry_wait(CLUSTER_MIN_RETRY_WAIT_MS)
             .max_retry_wait(CLUSTER_MAX_RETRY_WAIT_MS)
             .build()
-            .map_err(|e| Error::InvalidUrl {
+            .map_err(|e| ConnectError::InvalidUrl {
                 url_redacted: shown.to_owned(),
                 reason: e.to_string(),
             })?;
@@ -652,7 +656,7 @@ impl RedisBackendBuilder {
         target: &SentinelTarget,
         tracking: Option<&Arc<Tracking>>,
         shown: &str,
-    ) -> Result<Conn, Error> {
+    ) -> Result<Conn, ConnectError> {
         let client = target.client(tracking.is_some(), shown)?;
         let mut config = redis::AsyncConnectionConfig::new()
             .set_connection_timeout(Some(self.connect_timeout))
@@ -676,7 +680,11 @@ impl RedisBackendBuilder {
 
     /// Release notices behind Sentinel: a RESP3 connection of their own to
     /// the master the sentinels name, opened on first use.
-    fn sentinel_notices(&self, target: &SentinelTarget, shown: &str) -> Result<Notices, Error> {
+    fn sentinel_notices(
+        &self,
+        target: &SentinelTarget,
+        shown: &str,
+    ) -> Result<Notices, ConnectError> {
         let client = target.client(true, shown)?;
         Ok(Notices::sentinel(
             client,
@@ -700,7 +708,7 @@ impl SentinelTarget {
     /// connection, so that none of them (the tracked one, the notices') can
     /// lose a setting the others have.
     #[cfg(not(feature = "sentinel"))]
-    fn client(&self, resp3: bool, shown: &str) -> Result<SentinelClient, Error> {
+    fn client(&self, resp3: bool, shown: &str) -> Result<SentinelClient, ConnectError> {
         // Never called: a Sentinel URL is refused when parsed.
         let _ = (
             resp3,
@@ -709,7 +717,7 @@ impl SentinelTarget {
             &self.master_info,
             self.tls,
         );
-        Err(Error::FeatureDisabled {
+        Err(ConnectError::FeatureDisabled {
             url_redacted: shown.to_owned(),
             topology: "Sentinel-monitored master",
             feature: "sentinel",
@@ -717,7 +725,7 @@ impl SentinelTarget {
     }
 
     #[cfg(feature = "sentinel")]
-    fn client(&self, resp3: bool, shown: &str) -> Result<SentinelClient, Error> {
+    fn client(&self, resp3: bool, shown: &str) -> Result<SentinelClient, ConnectError> {
         let master_info = if resp3 {
             self.master_info
                 .clone()
@@ -738,7 +746,7 @@ impl SentinelTarget {
             Some(node),
             SentinelServerType::Master,
         )
-        .map_err(|e| Error::InvalidUrl {
+        .map_err(|e| ConnectError::InvalidUrl {
             url_redacted: shown.to_owned(),
             reason: e.to_string(),
         })
@@ -790,7 +798,7 @@ impl RedisBackend {
     ///
     /// ```no_run
     /// use leasehold_redis::RedisBackend;
-    /// # async fn run() -> Result<(), leasehold_redis::Error> {
+    /// # async fn run() -> Result<(), leasehold_redis::ConnectError> {
     /// let cluster = RedisBackend::connect("redis+cluster://10.0.0.1:7000,10.0.0.2:7000").await?;
     /// let sentinel = RedisBackend::connect("redis+sentinel://10.0.0.1:26379,10.0.0.2:26379/mymaster").await?;
     /// # Ok(()) }
@@ -813,16 +821,16 @@ impl RedisBackend {
     /// # Errors
     ///
     /// As [`RedisBackendBuilder::connect`].
-    pub async fn connect(url: impl Into<String>) -> Result<Self, Error> {
+    pub async fn connect(url: impl Into<String>) -> Result<Self, ConnectError> {
         Self::builder(url).connect().await
     }
 }
 
-fn check_timeout(field: &'static str, timeout: Duration) -> Result<(), Error> {
+fn check_timeout(field: &'static str, timeout: Duration) -> Result<(), ConnectError> {
     if (MIN_TIMEOUT..=MAX_TIMEOUT).contains(&timeout) {
         Ok(())
     } else {
-        Err(Error::InvalidConfig {
+        Err(ConnectError::InvalidConfig {
             field,
             reason: format!("{timeout:?} is outside the accepted range of 1ms to 10min"),
         })
@@ -884,7 +892,10 @@ mod tests {
                 "{} {err:?}",
                 err.as_ref().map(ToString::to_string).unwrap_or_default()
             );
-            assert!(matches!(err, Some(Error::Connect { .. })), "{url}: {shown}");
+            assert!(
+                matches!(err, Some(ConnectError::Connect { .. })),
+                "{url}: {shown}"
+            );
             assert!(!shown.contains("hunter2"), "{shown}");
         }
     }
@@ -897,7 +908,7 @@ mod tests {
             .await;
         assert!(matches!(
             err,
-            Err(Error::InvalidConfig {
+            Err(ConnectError::InvalidConfig {
                 field: "namespace",
                 ..
             })
@@ -908,7 +919,7 @@ mod tests {
             .await;
         assert!(matches!(
             err,
-            Err(Error::InvalidConfig {
+            Err(ConnectError::InvalidConfig {
                 field: "op_timeout",
                 ..
             })
@@ -919,7 +930,7 @@ mod tests {
             .await;
         assert!(matches!(
             err,
-            Err(Error::InvalidConfig {
+            Err(ConnectError::InvalidConfig {
                 field: "connect_timeout",
                 ..
             })

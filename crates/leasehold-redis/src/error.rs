@@ -9,7 +9,7 @@ use std::fmt;
 /// type contains a password: URLs are shown through [`redact`].
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
-pub enum Error {
+pub enum ConnectError {
     /// The connection URL could not be used.
     #[error(
         "invalid Redis URL {url_redacted:?}: {reason}; write it as redis://[[user]:password@]host[:port][/db], rediss://… for TLS, or redis+unix:///path/to/socket"
@@ -35,7 +35,7 @@ pub enum Error {
     #[error(
         "only {reached} of {total} Redlock masters could be reached, and {needed} are needed; check that a majority of the masters is running and reachable"
     )]
-    NoQuorum {
+    TooFewMasters {
         /// How many masters answered.
         reached: usize,
         /// How many must answer: a majority.
@@ -44,14 +44,14 @@ pub enum Error {
         total: usize,
         /// The first master's connection failure.
         #[source]
-        source: Box<Error>,
+        source: Box<ConnectError>,
     },
     /// The server lacks a command or a version the library needs (checked
     /// once at connect, on every server of the topology).
     #[error(
         "{server} at {url_redacted} cannot hold leases: {missing}; leasehold needs Redis 6.0 or later (7.0 for Cluster) or Valkey, with the commands its scripts call left enabled"
     )]
-    Unsupported {
+    UnsupportedServer {
         /// The server (or cluster node) with its password replaced by `***`.
         url_redacted: String,
         /// The server's name and version as it reported them (`HELLO`),
@@ -221,7 +221,7 @@ mod tests {
     #[test]
     fn messages_never_show_the_password() {
         let url = "redis://admin:hunter2@db:99999";
-        let err = Error::InvalidUrl {
+        let err = ConnectError::InvalidUrl {
             url_redacted: redact(url),
             reason: "invalid port number".to_owned(),
         };

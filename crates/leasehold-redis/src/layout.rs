@@ -4,7 +4,7 @@ use std::time::Duration;
 
 use leasehold_core::{JobName, LeaseKey};
 
-use crate::Error;
+use crate::ConnectError;
 
 /// The Redis keys of leases in one namespace.
 ///
@@ -159,11 +159,11 @@ impl KeyLayout {
     ///
     /// # Errors
     ///
-    /// [`Error::InvalidConfig`] when the namespace is empty, longer than
+    /// [`ConnectError::InvalidConfig`] when the namespace is empty, longer than
     /// [`KeyLayout::MAX_NAMESPACE_LEN`] bytes, or contains braces, whitespace
     /// or control characters.
-    pub fn new(namespace: &str) -> Result<Self, Error> {
-        let refuse = |reason: &str| Error::InvalidConfig {
+    pub fn new(namespace: &str) -> Result<Self, ConnectError> {
+        let refuse = |reason: &str| ConnectError::InvalidConfig {
             field: "namespace",
             reason: format!("{namespace:?} {reason}"),
         };
@@ -202,10 +202,10 @@ impl KeyLayout {
     ///
     /// # Errors
     ///
-    /// [`Error::InvalidConfig`] when `retention` is below one second, above
+    /// [`ConnectError::InvalidConfig`] when `retention` is below one second, above
     /// 30 days, or not a whole number of milliseconds.
-    pub fn with_fence_retention(mut self, retention: Duration) -> Result<Self, Error> {
-        let refuse = |reason: String| Error::InvalidConfig {
+    pub fn with_fence_retention(mut self, retention: Duration) -> Result<Self, ConnectError> {
+        let refuse = |reason: String| ConnectError::InvalidConfig {
             field: "fence_retention",
             reason,
         };
@@ -617,7 +617,7 @@ mod tests {
             assert!(
                 matches!(
                     KeyLayout::new(bad),
-                    Err(Error::InvalidConfig {
+                    Err(ConnectError::InvalidConfig {
                         field: "namespace",
                         ..
                     })
@@ -646,7 +646,7 @@ mod tests {
             ),
         ] {
             match layout.clone().with_fence_retention(retention) {
-                Err(Error::InvalidConfig { field, reason }) => {
+                Err(ConnectError::InvalidConfig { field, reason }) => {
                     assert_eq!(field, "fence_retention");
                     assert!(reason.contains(says), "{reason}");
                 }

@@ -79,7 +79,7 @@
 //! [`BackendError::Timeout`](leasehold_core::BackendError::Timeout), whose
 //! outcome is unknown. A lease key holding a non-string value gives
 //! [`BackendError::WrongType`](leasehold_core::BackendError::WrongType) (a
-//! renewal reports it as `Lost`). Setup errors are [`Error`]s, and no error
+//! renewal reports it as `Lost`). Setup errors are [`ConnectError`]s, and no error
 //! message or `Debug` output shows a password.
 //!
 //! # Features
@@ -105,7 +105,7 @@
 //! ```no_run
 //! use leasehold_redis::{RedisBackend, RedlockBackend};
 //!
-//! # async fn run() -> Result<(), leasehold_redis::Error> {
+//! # async fn run() -> Result<(), leasehold_redis::ConnectError> {
 //! let cluster = RedisBackend::connect("redis+cluster://10.0.0.1:7000,10.0.0.2:7000").await?;
 //! let sentinel = RedisBackend::connect("redis+sentinel://10.0.0.1:26379,10.0.0.2:26379/mymaster").await?;
 //! let redlock = RedlockBackend::builder(["redis://10.0.0.1", "redis://10.0.0.2", "redis://10.0.0.3"])
@@ -124,7 +124,7 @@
 //! | `sentinel` | on | Sentinel (`redis+sentinel://`), with the redis crate's `sentinel` client |
 //!
 //! A URL of a topology whose feature is off is refused when parsed, with
-//! [`Error::FeatureDisabled`] naming the feature. A cluster behind one
+//! [`ConnectError::FeatureDisabled`] naming the feature. A cluster behind one
 //! address (a proxy or a managed service) is a standalone URL and needs no
 //! feature.
 
@@ -149,7 +149,7 @@ mod url;
 pub use backend::RedisBackend;
 pub use capabilities::ServerInfo;
 pub use config::RedisBackendBuilder;
-pub use error::{Error, Missing, redact};
+pub use error::{ConnectError, Missing, redact};
 pub use fence::{Fence, FencedValue, FencedWrite};
 pub use layout::KeyLayout;
 /// The redis client library, to build a [`redis::Client`] for

@@ -15,7 +15,7 @@ use leasehold_core::{
 use tokio::time::Instant;
 
 use crate::url::{Endpoint, Topology};
-use crate::{Error, RedisBackend};
+use crate::{ConnectError, RedisBackend};
 
 /// A [`LeaseBackend`] over N independent Redis masters, after the Redlock
 /// algorithm: a lease is held when a majority (`N/2 + 1`) of the masters
@@ -86,7 +86,7 @@ use crate::{Error, RedisBackend};
 /// use std::time::Duration;
 /// use leasehold_redis::RedlockBackend;
 ///
-/// # async fn run() -> Result<(), leasehold_redis::Error> {
+/// # async fn run() -> Result<(), leasehold_redis::ConnectError> {
 /// let backend = RedlockBackend::builder([
 ///     "redis://10.0.0.1:6379",
 ///     "redis://10.0.0.2:6379",
@@ -232,18 +232,18 @@ impl RedlockBuilder {
     ///
     /// # Errors
     ///
-    /// - [`Error::InvalidConfig`] with fewer than 3 URLs or a setting out of range;
-    /// - [`Error::InvalidUrl`] for a malformed URL, or one that names a
+    /// - [`ConnectError::InvalidConfig`] with fewer than 3 URLs or a setting out of range;
+    /// - [`ConnectError::InvalidUrl`] for a malformed URL, or one that names a
     ///   cluster or sentinels rather than one master;
-    /// - [`Error::NoQuorum`] when fewer than a majority could be reached.
+    /// - [`ConnectError::TooFewMasters`] when fewer than a majority could be reached.
     ///
     /// # Cancel safety
     ///
     /// Dropping the future abandons the connection attempts.
-    pub async fn connect(self) -> Result<RedlockBackend, Error> {
+    pub async fn connect(self) -> Result<RedlockBackend, ConnectError> {
         let total = self.urls.len();
         if total < 3 {
-            return Err(Error::InvalidConfig {
+            return Err(ConnectError::InvalidConfig {
                 field: "nodes",
                 reason: format!(
                     "Redlock needs at least 3 independent masters, got {total}; use 3 or 5"
@@ -253,7 +253,7 @@ impl RedlockBuilder {
         for url in &self.urls {
             let endpoint = Endpoint::parse(url)?;
             if endpoint.topology() != Topology::Standalone {
-                return Err(Error::InvalidUrl {
+                return Err(ConnectError::InvalidUrl {
                     url_redacted: endpoint.to_string(),
                     reason: "Redlock needs independent standalone masters, not a cluster or a sentinel set".to_owned(),
                 });
@@ -279,7 +279,7 @@ impl RedlockBuilder {
         for (url, result) in self.urls.iter().zip(eager) {
             match result {
                 Ok(node) => nodes.push(node),
-                Err(err @ Error::Connect { .. }) => {
+                Err(err @ ConnectError::Connect { .. }) => {
                     first_failure.get_or_insert(err);
                     nodes.push(builder(url).connect_with(true).await?);
                 }
@@ -289,7 +289,7 @@ impl RedlockBuilder {
         if let Some(source) = first_failure {
             let reached = nodes.len() - self.unreached(&nodes).await;
             if reached < quorum {
-                return Err(Error::NoQuorum {
+                return Err(ConnectError::TooFewMasters {
                     reached,
                     needed: quorum,
                     total,

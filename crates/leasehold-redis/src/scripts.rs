@@ -622,7 +622,7 @@ pub(crate) fn permit(
     request: &AcquireRequest,
     limit: PermitLimit,
     check: u32,
-) -> Result<Call, leasehold_core::Error> {
+) -> Result<Call, leasehold_core::InputError> {
     let sent = limit.get().max(check);
     let keys = usize::try_from(sent).map_or(usize::MAX, |n| n.saturating_add(2));
     let mut call = Call::new(&PERMIT, keys);
@@ -959,7 +959,7 @@ mod tests {
     }
 
     #[test]
-    fn calls_are_encoded_as_the_scripts_expect() -> Result<(), leasehold_core::Error> {
+    fn calls_are_encoded_as_the_scripts_expect() -> Result<(), leasehold_core::InputError> {
         let layout = KeyLayout::default();
         let (a, b) = (LeaseKey::new("a")?, LeaseKey::new("order:{42}")?);
         let (h1, h2) = (HolderId::generate()?, HolderId::generate()?);
@@ -1149,7 +1149,8 @@ mod tests {
     /// handover.lua for the waiter) as its milliseconds, last; a request
     /// without one sends exactly what it always did.
     #[test]
-    fn a_minimum_hold_is_sent_only_where_a_script_marks_it() -> Result<(), leasehold_core::Error> {
+    fn a_minimum_hold_is_sent_only_where_a_script_marks_it()
+    -> Result<(), leasehold_core::InputError> {
         let layout = KeyLayout::default();
         let (a, b) = (LeaseKey::new("a")?, LeaseKey::new("b")?);
         let (h1, h2) = (HolderId::generate()?, HolderId::generate()?);
@@ -1175,7 +1176,7 @@ mod tests {
     /// in every script that sets one; renewals whose expiries differ form a
     /// mixed batch, and ones that share it share it, whatever their ttls.
     #[test]
-    fn a_lock_delay_is_sent_as_ttl_plus_delay() -> Result<(), leasehold_core::Error> {
+    fn a_lock_delay_is_sent_as_ttl_plus_delay() -> Result<(), leasehold_core::InputError> {
         let layout = KeyLayout::default();
         let (a, b) = (LeaseKey::new("a")?, LeaseKey::new("b")?);
         let (h1, h2) = (HolderId::generate()?, HolderId::generate()?);
@@ -1206,7 +1207,7 @@ mod tests {
     /// job's slot, and send numbers as the scripts read them: ms, a record
     /// expiry of at least 1 ms rounded up.
     #[test]
-    fn job_calls_are_encoded_as_the_scripts_expect() -> Result<(), leasehold_core::Error> {
+    fn job_calls_are_encoded_as_the_scripts_expect() -> Result<(), leasehold_core::InputError> {
         let layout = KeyLayout::default();
         let job = JobName::new("nightly")?;
         let h = HolderId::generate()?;
@@ -1293,7 +1294,7 @@ mod tests {
     /// lease's), then the lease key, the token, the mode, the value and
     /// the expiry ('' for none), as `fenced_write.lua` reads them.
     #[test]
-    fn fenced_calls_are_encoded_as_the_scripts_expect() -> Result<(), leasehold_core::Error> {
+    fn fenced_calls_are_encoded_as_the_scripts_expect() -> Result<(), leasehold_core::InputError> {
         let layout = KeyLayout::default();
         let lease = LeaseKey::new("order:{42}")?;
         let key = layout.fenced(&lease, "total");

@@ -430,7 +430,8 @@ mod tests {
     }
 
     #[tokio::test(start_paused = true)]
-    async fn only_leases_renewed_here_count_towards_a_storm() -> Result<(), leasehold_core::Error> {
+    async fn only_leases_renewed_here_count_towards_a_storm()
+    -> Result<(), leasehold_core::InputError> {
         let layout = KeyLayout::new("ns").expect("valid namespace");
         let tracking = Tracking::new(layout.clone());
         let mut watch = tracking.watch();

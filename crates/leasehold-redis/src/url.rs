@@ -23,7 +23,7 @@ use std::fmt;
 use redis::io::tcp::TcpSettings;
 use redis::{Client, ConnectionInfo, IntoConnectionInfo};
 
-use crate::{Error, redact};
+use crate::{ConnectError, redact};
 
 /// Which kind of deployment a connection string names.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -54,7 +54,7 @@ pub enum Topology {
 /// assert_eq!(e.master_name(), Some("mymaster"));
 ///
 /// assert!(Endpoint::parse("redis+sentinel://10.0.0.1:26379").is_err()); // no master name
-/// # Ok::<(), leasehold_redis::Error>(())
+/// # Ok::<(), leasehold_redis::ConnectError>(())
 /// ```
 #[derive(Clone)]
 pub struct Endpoint {
@@ -82,15 +82,15 @@ impl Endpoint {
     ///
     /// # Errors
     ///
-    /// [`Error::InvalidUrl`] naming what is wrong (unknown scheme, no host,
+    /// [`ConnectError::InvalidUrl`] naming what is wrong (unknown scheme, no host,
     /// no port in a list form, a bad port, no master name, TLS without the
     /// `tls` feature…), with the password masked;
-    /// [`Error::FeatureDisabled`] for a Cluster or Sentinel URL when the
+    /// [`ConnectError::FeatureDisabled`] for a Cluster or Sentinel URL when the
     /// `cluster` or `sentinel` feature is off.
-    pub fn parse(url: &str) -> Result<Self, Error> {
+    pub fn parse(url: &str) -> Result<Self, ConnectError> {
         let url = url.trim();
         let shown = redact(url);
-        let invalid = |reason: &str| Error::InvalidUrl {
+        let invalid = |reason: &str| ConnectError::InvalidUrl {
             url_redacted: redact(url),
             reason: reason.to_owned(),
         };
@@ -100,7 +100,7 @@ impl Endpoint {
         let kind = match scheme.to_ascii_lowercase().as_str() {
             "redis+cluster" | "rediss+cluster" | "valkey+cluster" | "valkeys+cluster" => {
                 if cfg!(not(feature = "cluster")) {
-                    return Err(Error::FeatureDisabled {
+                    return Err(ConnectError::FeatureDisabled {
                         url_redacted: shown,
                         topology: "Redis Cluster",
                         feature: "cluster",
@@ -118,7 +118,7 @@ impl Endpoint {
             }
             "redis+sentinel" | "rediss+sentinel" | "valkey+sentinel" | "valkeys+sentinel" => {
                 if cfg!(not(feature = "sentinel")) {
-                    return Err(Error::FeatureDisabled {
+                    return Err(ConnectError::FeatureDisabled {
                         url_redacted: shown,
                         topology: "Sentinel-monitored master",
                         feature: "sentinel",
@@ -300,8 +300,8 @@ fn parse_list(rest: &str, tls: bool) -> Result<List, String> {
 
 /// Checks a URL and turns it into a client, with `TCP_NODELAY` on (leases
 /// are small requests that should not wait for more to send).
-pub(crate) fn client_for_url(url: &str) -> Result<Client, Error> {
-    let invalid = |reason: String| Error::InvalidUrl {
+pub(crate) fn client_for_url(url: &str) -> Result<Client, ConnectError> {
+    let invalid = |reason: String| ConnectError::InvalidUrl {
         url_redacted: redact(url),
         reason,
     };
@@ -391,7 +391,7 @@ mod tests {
                 continue;
             }
             assert!(
-                matches!(&error, Error::FeatureDisabled { feature: named, .. } if *named == feature),
+                matches!(&error, ConnectError::FeatureDisabled { feature: named, .. } if *named == feature),
                 "{url}: {error:?}"
             );
             let shown = format!("{error} {error:?}");
@@ -405,7 +405,7 @@ mod tests {
     // builds without them.
     #[cfg(all(feature = "cluster", feature = "sentinel"))]
     #[test]
-    fn every_form_parses() -> Result<(), Error> {
+    fn every_form_parses() -> Result<(), ConnectError> {
         let e = Endpoint::parse("redis://127.0.0.1:6379/2")?;
         assert_eq!((e.topology(), e.nodes()), (Topology::Standalone, 1));
         let e = Endpoint::parse("redis+cluster://a:1,b:2,c:3")?;
@@ -455,7 +455,7 @@ mod tests {
         ] {
             let err = Endpoint::parse(url).err();
             assert!(
-                matches!(err, Some(Error::InvalidUrl { .. })),
+                matches!(err, Some(ConnectError::InvalidUrl { .. })),
                 "{url}: {err:?}"
             );
             let shown = format!(
@@ -468,7 +468,7 @@ mod tests {
 
     #[cfg(feature = "cluster")]
     #[test]
-    fn shown_forms_mask_the_password() -> Result<(), Error> {
+    fn shown_forms_mask_the_password() -> Result<(), ConnectError> {
         let e = Endpoint::parse("redis+cluster://app:hunter2@a:1,b:2")?;
         let shown = format!("{e} {e:?}");
         assert!(
@@ -492,7 +492,7 @@ mod tests {
         ] {
             let err = client_for_url(url).err();
             assert!(
-                matches!(err, Some(Error::InvalidUrl { .. })),
+                matches!(err, Some(ConnectError::InvalidUrl { .. })),
                 "{url}: {err:?}"
             );
             let shown = format!(

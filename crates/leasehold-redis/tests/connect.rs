@@ -5,7 +5,7 @@ mod common;
 
 use std::time::Duration;
 
-use leasehold_redis::{Error, Missing, RedisBackend, RedlockBackend, Topology};
+use leasehold_redis::{ConnectError, Missing, RedisBackend, RedlockBackend, Topology};
 use leasehold_testkit::{RedisCluster, RedisServer, SentinelSet, free_port};
 use tokio::time::Instant;
 
@@ -22,7 +22,10 @@ async fn bad_urls_are_invalid_and_never_show_the_password() {
         "redis://127.0.0.1:6379/not-a-db",
     ] {
         let err = RedisBackend::connect(url).await.expect_err(url);
-        assert!(matches!(err, Error::InvalidUrl { .. }), "{url}: {err:?}");
+        assert!(
+            matches!(err, ConnectError::InvalidUrl { .. }),
+            "{url}: {err:?}"
+        );
         let shown = format!("{err} | {err:?}");
         assert!(!shown.contains("hunter2"), "{shown}");
         assert!(!url.contains("hunter2") || shown.contains("***"), "{shown}");
@@ -46,7 +49,7 @@ async fn a_closed_port_is_a_connect_error_within_the_connect_timeout() -> TestRe
         started.elapsed()
     );
     assert!(
-        matches!(&err, Error::Connect { url_redacted, .. } if url_redacted.contains(":***@")),
+        matches!(&err, ConnectError::Connect { url_redacted, .. } if url_redacted.contains(":***@")),
         "{err:?}"
     );
     let shown = format!("{err} | {err:?}");
@@ -66,7 +69,7 @@ async fn a_wrong_password_is_a_connect_error_that_does_not_show_it() -> TestResu
         .connect()
         .await
         .expect_err("wrong password");
-    assert!(matches!(err, Error::Connect { .. }), "{err:?}");
+    assert!(matches!(err, ConnectError::Connect { .. }), "{err:?}");
     let mut shown = format!("{err} | {err:?}");
     let mut cause = std::error::Error::source(&err);
     while let Some(c) = cause {
@@ -130,7 +133,7 @@ async fn a_server_without_a_command_the_scripts_call_is_refused_at_connect() -> 
         .await
         .expect_err("PEXPIRE is missing");
     match &err {
-        Error::Unsupported {
+        ConnectError::UnsupportedServer {
             server: shown,
             missing: Missing::Command(command),
             ..
@@ -138,7 +141,7 @@ async fn a_server_without_a_command_the_scripts_call_is_refused_at_connect() -> 
             assert_eq!(command, "PEXPIRE");
             assert_eq!(shown, &format!("{name} {version}"));
         }
-        other => panic!("expected Unsupported, got {other:?}"),
+        other => panic!("expected UnsupportedServer, got {other:?}"),
     }
     let message = err.to_string();
     for part in [name.as_str(), version.as_str(), "PEXPIRE"] {
@@ -151,7 +154,7 @@ async fn a_server_without_a_command_the_scripts_call_is_refused_at_connect() -> 
         .await
         .expect_err("one master lacks PEXPIRE");
     assert!(
-        matches!(&err, Error::Unsupported { missing: Missing::Command(c), .. } if c == "PEXPIRE"),
+        matches!(&err, ConnectError::UnsupportedServer { missing: Missing::Command(c), .. } if c == "PEXPIRE"),
         "{err:?}"
     );
     Ok(())

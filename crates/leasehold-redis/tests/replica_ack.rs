@@ -8,7 +8,7 @@ use common::{TestResult, holder, key, ttl};
 use leasehold_core::{
     AcquireOutcome, AcquireRequest, BackendError, LeaseBackend, RenewOutcome, RenewRequest,
 };
-use leasehold_redis::{Error, RedisBackend};
+use leasehold_redis::{ConnectError, RedisBackend};
 use leasehold_testkit::RedisServer;
 
 #[tokio::test]
@@ -122,7 +122,7 @@ async fn asking_for_no_replicas_is_refused() {
     assert!(
         matches!(
             err,
-            Err(Error::InvalidConfig {
+            Err(ConnectError::InvalidConfig {
                 field: "wait_for_replicas",
                 ..
             })

@@ -209,7 +209,7 @@ pub enum ConformanceError {
     /// The suite could not build its inputs (a prefix too long for a key,
     /// no entropy for a holder id, a short ttl out of range).
     #[error("the conformance suite could not build its inputs: {0}")]
-    Setup(#[from] leasehold_core::Error),
+    Setup(#[from] leasehold_core::InputError),
 }
 
 impl fmt::Debug for ConformanceError {

@@ -352,13 +352,13 @@ fn parse_duration(value: &str) -> Result<Duration, String> {
 }
 
 /// The reason alone, since the field and value are reported beside it.
-fn reason_of(error: leasehold_core::Error) -> String {
+fn reason_of(error: leasehold_core::InputError) -> String {
     match error {
-        leasehold_core::Error::InvalidTtl { reason, .. }
-        | leasehold_core::Error::InvalidLockDelay { reason, .. }
-        | leasehold_core::Error::InvalidDuration { reason, .. } => reason,
-        leasehold_core::Error::InvalidLabel { reason, .. }
-        | leasehold_core::Error::InvalidKey { reason, .. } => reason.to_owned(),
+        leasehold_core::InputError::InvalidTtl { reason, .. }
+        | leasehold_core::InputError::InvalidLockDelay { reason, .. }
+        | leasehold_core::InputError::InvalidDuration { reason, .. } => reason,
+        leasehold_core::InputError::InvalidLabel { reason, .. }
+        | leasehold_core::InputError::InvalidKey { reason, .. } => reason.to_owned(),
         other => other.to_string(),
     }
 }

@@ -12,7 +12,7 @@ use crate::LossReason;
 pub enum LeaseError {
     /// A key, ttl, label or duration was refused.
     #[error(transparent)]
-    Invalid(#[from] leasehold_core::Error),
+    Invalid(#[from] leasehold_core::InputError),
     /// The lease options do not fit together.
     #[error("invalid lease options: {reason}")]
     InvalidOptions {

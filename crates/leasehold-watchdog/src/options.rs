@@ -579,17 +579,17 @@ impl LeaseOptionsBuilder {
     ///
     /// # Errors
     ///
-    /// [`LeaseError::Invalid`] with [`leasehold_core::Error::InvalidTtl`]
+    /// [`LeaseError::Invalid`] with [`leasehold_core::InputError::InvalidTtl`]
     /// for a ttl out of its bounds or not in whole milliseconds.
     /// [`LeaseError::InvalidOptions`] when the renew interval is zero, or
     /// when the first renewal would not be due before the token's deadline
     /// (renew interval ≥ ttl − clock drift − safety margin), or when the
     /// margin is zero or leaves no validity. [`LeaseError::Invalid`] with
-    /// [`leasehold_core::Error::InvalidLockDelay`] for a lock-delay above
+    /// [`leasehold_core::InputError::InvalidLockDelay`] for a lock-delay above
     /// [`LockDelay::MAX`] or not in whole milliseconds;
-    /// [`leasehold_core::Error::InvalidDuration`] for a fair mode's place
+    /// [`leasehold_core::InputError::InvalidDuration`] for a fair mode's place
     /// ttl out of its bounds (see [`Fair::with_place_ttl`]);
-    /// [`leasehold_core::Error::InvalidHoldAtLeast`] for a minimum hold
+    /// [`leasehold_core::InputError::InvalidHoldAtLeast`] for a minimum hold
     /// above 24 hours or not in whole milliseconds;
     /// [`LeaseError::InvalidOptions`] for a minimum hold in fair mode, a
     /// maximum hold shorter than the ttl, and a progress window shorter
@@ -734,7 +734,7 @@ mod tests {
             assert!(matches!(
                 LeaseOptions::builder().ttl(ttl).lock_delay(bad).build(),
                 Err(LeaseError::Invalid(
-                    leasehold_core::Error::InvalidLockDelay { .. }
+                    leasehold_core::InputError::InvalidLockDelay { .. }
                 ))
             ));
         }
@@ -790,7 +790,7 @@ mod tests {
             assert!(matches!(
                 LeaseOptions::builder().hold_at_least(bad).build(),
                 Err(LeaseError::Invalid(
-                    leasehold_core::Error::InvalidHoldAtLeast { .. }
+                    leasehold_core::InputError::InvalidHoldAtLeast { .. }
                 ))
             ));
         }
@@ -834,7 +834,7 @@ mod tests {
                 matches!(
                     built,
                     Err(LeaseError::Invalid(
-                        leasehold_core::Error::InvalidTtl { .. }
+                        leasehold_core::InputError::InvalidTtl { .. }
                     ))
                 ),
                 "{bad:?}: {built:?}"

@@ -76,7 +76,7 @@ impl Shape {
         self,
         key: &LeaseKey,
         holder: &HolderId,
-    ) -> Result<LeaseKey, leasehold_core::Error> {
+    ) -> Result<LeaseKey, leasehold_core::InputError> {
         match self {
             Self::Exclusive => Ok(key.clone()),
             Self::Permit(index) => key.permit(u32::from(index)),
