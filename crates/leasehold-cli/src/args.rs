@@ -63,9 +63,14 @@ pub(crate) enum Command {
     /// leasehold are passed to the job. A leasehold killed with SIGKILL cannot stop its
     /// job.
     ///
-    /// Unset options are read from LEASEHOLD_TTL, LEASEHOLD_WAIT,
-    /// LEASEHOLD_MAX_RENEWALS, LEASEHOLD_SAFETY_MARGIN, LEASEHOLD_NAME and
-    /// LEASEHOLD_LABEL.
+    /// Unset options are read from LEASEHOLD_* variables named after the
+    /// library's settings: LEASEHOLD_TTL, LEASEHOLD_WAIT,
+    /// LEASEHOLD_MAX_RENEWALS, LEASEHOLD_SAFETY_MARGIN, LEASEHOLD_NAME,
+    /// LEASEHOLD_LABEL, LEASEHOLD_LOCK_DELAY, LEASEHOLD_HOLD_AT_LEAST and
+    /// the others docs/operations.md lists. Any other LEASEHOLD_ variable
+    /// is refused (78), naming it and the setting it is nearest to, except
+    /// LEASEHOLD_URL and the variables `run` sets for CMD, which a nested
+    /// `leasehold run` inherits.
     ///
     /// With --permits N, KEY is a semaphore: up to N commands run at once,
     /// each under one of its permits (a lease of its own, renewed and

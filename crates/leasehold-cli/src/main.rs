@@ -16,6 +16,7 @@
 
 mod admin;
 mod args;
+mod environment;
 mod exit;
 mod job;
 mod jobs;
@@ -45,6 +46,16 @@ fn main() -> ExitCode {
             return ExitCode::from(exit::USAGE);
         }
     };
+    // Every command that talks to Redis reads the LEASEHOLD_* variables;
+    // one that is no setting is refused before anything is done, as a
+    // typo in a configuration file would be (environment.rs).
+    let reads_environment = !matches!(
+        cli.command,
+        Command::Completions { .. } | Command::Man { .. }
+    );
+    if reads_environment && let Err(failure) = environment::lease_config() {
+        return failure.report();
+    }
     let runtime = match tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()

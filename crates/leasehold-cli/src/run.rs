@@ -9,14 +9,15 @@ use leasehold_core::{
 };
 use leasehold_redis::RedisBackend;
 use leasehold_watchdog::{
-    Backoff, Lease, LeaseConfig, LeaseError, LeaseManager, LeaseOptions, LeaseOptionsBuilder,
-    LossReason, Progress, TickRun,
+    Backoff, Lease, LeaseError, LeaseManager, LeaseOptions, LeaseOptionsBuilder, LossReason,
+    Progress, TickRun,
 };
 use nix::sys::signal::Signal;
 use tokio::signal::unix::{SignalKind, signal};
 use tokio::time::Instant;
 
 use crate::args::{Merged, RunArgs, Source};
+use crate::environment;
 use crate::exit::{self, Failure, note};
 use crate::job::Job;
 use crate::progress::ProgressFile;
@@ -132,8 +133,7 @@ pub(crate) fn lease_failure(error: &LeaseError) -> Failure {
 /// [`crate::stopping`]). Combinations `run` refuses are refused here (64),
 /// whether a flag or a variable brought them.
 fn options(args: &RunArgs) -> Result<(LeaseOptionsBuilder, Fit), Failure> {
-    let mut config = LeaseConfig::from_env("LEASEHOLD_")
-        .map_err(|e| Failure::new(exit::CONFIG, e.to_string()))?;
+    let mut config = environment::lease_config()?;
     let from_env = |var: &str| std::env::var_os(var).is_some();
     let source = |flag: bool, var: &str| {
         if flag {

@@ -1,5 +1,14 @@
 //! Lease settings from a TOML file or environment variables.
+//!
+//! A name that is no lease setting is refused, from TOML and from the
+//! environment alike ([`ConfigError::Unknown`], naming it and the setting
+//! it is nearest to), so that a typo does not leave a default in force.
+//! The rule for the environment, and the names it passes over, are stated
+//! once, on [`LeaseConfig`] ("Unknown names"), where users read it; the
+//! `leasehold` command applies it with names of leasehold's own test suite
+//! left out (crates/leasehold-cli/src/environment.rs).
 
+use std::ffi::OsString;
 use std::time::Duration;
 
 use leasehold_core::{LockDelay, Ttl};
@@ -11,10 +20,11 @@ use crate::{Backoff, LeaseError, LeaseOptions};
 /// strings (`"30s"`, `"1m 30s"`, `"500ms"`), every field optional, every
 /// value checked with an error that names the field and the value.
 ///
-/// Read it with [`from_toml_str`](Self::from_toml_str) or
-/// [`from_env`](Self::from_env), or embed it in your own serde
-/// configuration (it deserialises from the same fields, and unknown fields
-/// are refused so that a typo is not silently ignored). Turn it into
+/// Read it with [`from_toml_str`](Self::from_toml_str),
+/// [`from_env`](Self::from_env) or [`from_vars`](Self::from_vars), or
+/// embed it in your own serde configuration (it deserialises from the same
+/// fields, and unknown fields are refused there too, in serde's words).
+/// Turn it into
 /// [`LeaseOptions`] with [`lease_options`](Self::lease_options).
 ///
 /// | TOML field        | environment (`LEASEHOLD_` prefix) | default          |
@@ -36,6 +46,26 @@ use crate::{Backoff, LeaseError, LeaseOptions};
 /// | `fair_place_ttl`  | `LEASEHOLD_FAIR_PLACE_TTL`        | `"2s"`           |
 /// | `fair_handover`   | `LEASEHOLD_FAIR_HANDOVER`         | `true`           |
 /// | `redis_url`       | `LEASEHOLD_REDIS_URL`             | none             |
+///
+/// # Unknown names
+///
+/// A name that is no lease setting is refused with
+/// [`ConfigError::Unknown`], which names it and, for a typo, the setting
+/// meant: a TOML field such as `tll`, and an environment variable under
+/// the prefix such as `LEASEHOLD_TTL_` alike.
+///
+/// In the environment the rule is about the prefix (`LEASEHOLD_` for the
+/// `leasehold` command): every variable whose name starts with it must be
+/// a setting (the prefix followed by the field in capitals) or one of the
+/// [`COMMAND_VARIABLES`](Self::COMMAND_VARIABLES), the names the
+/// `leasehold` command reads (`LEASEHOLD_URL`) or sets for the command it
+/// runs (`LEASEHOLD_KEY`, `LEASEHOLD_FENCING_TOKEN`, `LEASEHOLD_JOB`,
+/// `LEASEHOLD_TICK`), which are passed over so that a program started by
+/// `leasehold run` reads its settings as any other. Anything else under
+/// the prefix is refused; variables not under it are not looked at. An
+/// application with variables of its own gives its lease settings a
+/// prefix of their own (`APP_LEASE_`, not `APP_`), or leaves its names out
+/// of what it hands to [`from_vars`](Self::from_vars).
 ///
 /// ```
 /// use std::time::Duration;
@@ -156,6 +186,35 @@ pub enum ConfigError {
         /// Which values conflict, and why.
         reason: String,
     },
+    /// A TOML field, or an environment variable under the prefix, that
+    /// is no lease setting (see [`LeaseConfig`], "Unknown names", for the
+    /// variables passed over).
+    #[error("unknown lease setting {name}{}{}", at_line(.at), advice(.closest.as_deref(), .expected))]
+    Unknown {
+        /// The TOML field or the environment variable, as written.
+        name: String,
+        /// Where the field is in the TOML text (line, column, from 1);
+        /// `None` for a variable.
+        at: Option<(usize, usize)>,
+        /// The setting whose name is nearest, when it is near enough to be
+        /// the one meant (a letter or two apart).
+        closest: Option<String>,
+        /// Every setting's name (the TOML fields, or the variables under
+        /// the prefix).
+        expected: Vec<String>,
+    },
+}
+
+fn at_line(at: &Option<(usize, usize)>) -> String {
+    at.map(|(line, column)| format!(" (at line {line}, column {column})"))
+        .unwrap_or_default()
+}
+
+fn advice(closest: Option<&str>, expected: &[String]) -> String {
+    match closest {
+        Some(name) => format!("; did you mean {name}?"),
+        None => format!("; the settings are {}", expected.join(", ")),
+    }
 }
 
 /// The fields as written, before checking.
@@ -388,64 +447,225 @@ const ENV_FIELDS: [(&str, &str); 17] = [
     ("redis_url", "REDIS_URL"),
 ];
 
+/// The TOML fields, in the table's order.
+const FIELDS: &[&str] = &{
+    let mut fields = [""; ENV_FIELDS.len()];
+    let mut i = 0;
+    while i < ENV_FIELDS.len() {
+        fields[i] = ENV_FIELDS[i].0;
+        i += 1;
+    }
+    fields
+};
+
+/// The name in `names` nearest to `name`, if it is near enough to be a
+/// typo of it: at most one edit for a short name, and one in three of
+/// its characters for a longer one (case aside: `leasehold_ttl` is
+/// nearest `LEASEHOLD_TTL`).
+fn closest<'a>(name: &str, names: &[&'a str]) -> Option<&'a str> {
+    let limit = (name.chars().count() / 3).max(1);
+    names
+        .iter()
+        .map(|&candidate| (edits(name, candidate), candidate))
+        .filter(|&(distance, _)| distance <= limit)
+        .min_by_key(|&(distance, _)| distance)
+        .map(|(_, candidate)| candidate)
+}
+
+/// The edits (a letter added, removed, changed, or two neighbours swapped)
+/// that turn `a` into `b`, ignoring ASCII case: the optimal string
+/// alignment distance.
+fn edits(a: &str, b: &str) -> usize {
+    let a: Vec<char> = a.chars().map(|c| c.to_ascii_uppercase()).collect();
+    let b: Vec<char> = b.chars().map(|c| c.to_ascii_uppercase()).collect();
+    // rows[i][j]: the edits between a[..i] and b[..j].
+    let mut rows = vec![vec![0_usize; b.len() + 1]; a.len() + 1];
+    for (i, row) in rows.iter_mut().enumerate() {
+        row[0] = i;
+    }
+    for (j, cell) in rows[0].iter_mut().enumerate() {
+        *cell = j;
+    }
+    for i in 1..=a.len() {
+        for j in 1..=b.len() {
+            let change = usize::from(a[i - 1] != b[j - 1]);
+            let mut best = (rows[i - 1][j] + 1)
+                .min(rows[i][j - 1] + 1)
+                .min(rows[i - 1][j - 1] + change);
+            if i > 1 && j > 1 && a[i - 1] == b[j - 2] && a[i - 2] == b[j - 1] {
+                best = best.min(rows[i - 2][j - 2] + 1);
+            }
+            rows[i][j] = best;
+        }
+    }
+    rows[a.len()][b.len()]
+}
+
 impl LeaseConfig {
+    /// The variables under `LEASEHOLD_` that are no lease settings but are
+    /// leasehold's own: `LEASEHOLD_URL`, which the `leasehold` command
+    /// reads for its Redis URL, and the four it sets for the command it
+    /// runs (`LEASEHOLD_KEY`, `LEASEHOLD_FENCING_TOKEN`, and for a
+    /// scheduled run `LEASEHOLD_JOB` and `LEASEHOLD_TICK`).
+    /// [`from_env`](Self::from_env) and [`from_vars`](Self::from_vars) pass
+    /// over them, so that a program started by `leasehold run` (a nested
+    /// `leasehold run` too) is not refused for what it inherited. They are
+    /// whole names: under another prefix nothing is passed over.
+    pub const COMMAND_VARIABLES: [&'static str; 5] = [
+        "LEASEHOLD_URL",
+        "LEASEHOLD_KEY",
+        "LEASEHOLD_FENCING_TOKEN",
+        "LEASEHOLD_JOB",
+        "LEASEHOLD_TICK",
+    ];
+
     /// Reads settings from TOML text; fields left out keep their defaults.
     ///
     /// # Errors
     ///
-    /// [`ConfigError::Toml`] for bad syntax, a value of the wrong type or an
-    /// unknown field, [`ConfigError::Invalid`] for a value that cannot be
-    /// used (naming the field and the value), and [`ConfigError::Mismatch`]
-    /// for values that contradict each other.
+    /// [`ConfigError::Unknown`] for a field that is no lease setting
+    /// (naming the nearest one), [`ConfigError::Toml`] for bad syntax or a
+    /// value of the wrong type, [`ConfigError::Invalid`] for a value that
+    /// cannot be used (naming the field and the value), and
+    /// [`ConfigError::Mismatch`] for values that contradict each other.
     pub fn from_toml_str(text: &str) -> Result<Self, ConfigError> {
+        // Unknown fields first, and by our own rule, so that they are
+        // refused as the environment's are (serde's `deny_unknown_fields`
+        // still refuses them where the config is embedded in another).
+        // Text that does not parse is left to the parser below to report.
+        if let Ok(table) = toml::de::DeTable::parse(text) {
+            let unknown = table
+                .get_ref()
+                .keys()
+                .filter(|key| !FIELDS.contains(&key.get_ref().as_ref()))
+                .min_by_key(|key| key.span().start);
+            if let Some(key) = unknown {
+                let name = key.get_ref().as_ref();
+                let (line, column) = line_and_column(text, key.span().start);
+                return Err(ConfigError::Unknown {
+                    name: name.to_owned(),
+                    at: Some((line, column)),
+                    closest: closest(name, FIELDS).map(str::to_owned),
+                    expected: FIELDS.iter().map(|&field| field.to_owned()).collect(),
+                });
+            }
+        }
         let raw: RawConfig = toml::from_str(text).map_err(|e| ConfigError::Toml {
             message: e.message().to_owned() + &location(text, e.span()),
         })?;
         Self::try_from(raw)
     }
 
-    /// Reads settings from environment variables named `prefix` + the field
-    /// in capitals, such as `LEASEHOLD_TTL=30s` for the prefix
-    /// `"LEASEHOLD_"`. Unset variables keep their defaults; set but empty
-    /// ones are refused.
+    /// Reads settings from the process's environment variables named
+    /// `prefix` + the field in capitals, such as `LEASEHOLD_TTL=30s` for
+    /// the prefix `"LEASEHOLD_"` (the table on [`LeaseConfig`]). Unset
+    /// variables keep their defaults; set but empty ones are refused.
+    ///
+    /// Every other variable whose name starts with `prefix` is refused,
+    /// unless it is one of the [`COMMAND_VARIABLES`](Self::COMMAND_VARIABLES):
+    /// give the lease settings a prefix no other variable of yours starts
+    /// with. The prefix is matched as written (case-sensitively).
     ///
     /// # Errors
     ///
-    /// [`ConfigError::Invalid`] naming the variable and its value,
-    /// [`ConfigError::NotUnicode`] for a variable that is not UTF-8, and
+    /// [`ConfigError::Unknown`] naming a variable under the prefix that is
+    /// no lease setting, and the setting it is nearest to;
+    /// [`ConfigError::Invalid`] naming a variable and its value (or an
+    /// empty prefix, which would make every variable a lease setting);
+    /// [`ConfigError::NotUnicode`] for a setting that is not UTF-8; and
     /// [`ConfigError::Mismatch`] for values that contradict each other.
     pub fn from_env(prefix: &str) -> Result<Self, ConfigError> {
-        let mut fields = Fields::default();
-        for (field, suffix) in ENV_FIELDS {
-            let var = format!("{prefix}{suffix}");
-            let value = match std::env::var(&var) {
-                Ok(value) => Some(value),
-                Err(std::env::VarError::NotPresent) => None,
-                Err(std::env::VarError::NotUnicode(_)) => {
-                    return Err(ConfigError::NotUnicode { field: var });
-                }
-            };
-            fields.set_as(field, var, value);
-        }
-        fields.check()
+        Self::from_vars(prefix, std::env::vars_os())
     }
 
-    /// Like [`from_env`](Self::from_env), reading the variables through
-    /// `lookup` instead of the process environment (for tests, or other
-    /// sources of key-value pairs).
+    /// Like [`from_env`](Self::from_env), reading the variables from `vars`
+    /// (name and value pairs, as [`std::env::vars_os`] yields them) instead
+    /// of the process environment: for tests, other sources of key-value
+    /// pairs, or an environment with names of your own left out.
+    ///
+    /// ```
+    /// use leasehold_watchdog::{ConfigError, LeaseConfig};
+    ///
+    /// let vars = [("APP_LEASE_TTL", "45s"), ("APP_LEASE_WAIT", "5m"), ("PATH", "/usr/bin")];
+    /// let config = LeaseConfig::from_vars("APP_LEASE_", vars)?;
+    /// assert_eq!(config.ttl.to_string(), "45s");
+    ///
+    /// let typo = LeaseConfig::from_vars("APP_LEASE_", [("APP_LEASE_TTL_", "45s")]);
+    /// let Err(ConfigError::Unknown { name, closest, .. }) = typo else { panic!("{typo:?}") };
+    /// assert_eq!((name.as_str(), closest.as_deref()), ("APP_LEASE_TTL_", Some("APP_LEASE_TTL")));
+    /// # Ok::<(), ConfigError>(())
+    /// ```
     ///
     /// # Errors
     ///
     /// As for [`from_env`](Self::from_env).
-    pub fn from_env_with(
+    pub fn from_vars<K, V>(
         prefix: &str,
-        mut lookup: impl FnMut(&str) -> Option<String>,
-    ) -> Result<Self, ConfigError> {
+        vars: impl IntoIterator<Item = (K, V)>,
+    ) -> Result<Self, ConfigError>
+    where
+        K: Into<OsString>,
+        V: Into<OsString>,
+    {
+        if prefix.is_empty() {
+            return Err(ConfigError::Invalid {
+                field: "prefix".to_owned(),
+                value: String::new(),
+                reason: "an empty prefix would make every environment variable a lease setting; \
+                         give one such as \"LEASEHOLD_\" or \"APP_LEASE_\""
+                    .to_owned(),
+            });
+        }
+        let settings: Vec<(&'static str, String)> = ENV_FIELDS
+            .iter()
+            .map(|&(field, suffix)| (field, format!("{prefix}{suffix}")))
+            .collect();
+        let mut given: Vec<(&'static str, String, OsString)> = Vec::new();
+        let mut unknown: Vec<String> = Vec::new();
+        for (name, value) in vars {
+            let (name, value): (OsString, OsString) = (name.into(), value.into());
+            if !name.as_encoded_bytes().starts_with(prefix.as_bytes()) {
+                continue;
+            }
+            let shown = name.to_string_lossy();
+            if let Some((field, var)) = settings.iter().find(|(_, var)| *var == shown) {
+                given.push((field, var.clone(), value));
+            } else if !Self::COMMAND_VARIABLES.contains(&shown.as_ref()) {
+                unknown.push(shown.into_owned());
+            }
+        }
+        // The same variable reported whatever order the environment
+        // lists them in.
+        unknown.sort();
+        if let Some(name) = unknown.into_iter().next() {
+            // Nearness is judged on what follows the prefix, among the
+            // settings and the command's names under it.
+            let suffixes: Vec<&str> = ENV_FIELDS
+                .iter()
+                .map(|&(_, suffix)| suffix)
+                .chain(
+                    Self::COMMAND_VARIABLES
+                        .iter()
+                        .filter_map(|var| var.strip_prefix(prefix)),
+                )
+                .collect();
+            let typed = name.get(prefix.len()..).unwrap_or_default();
+            return Err(ConfigError::Unknown {
+                closest: closest(typed, &suffixes).map(|suffix| format!("{prefix}{suffix}")),
+                name,
+                at: None,
+                expected: settings.into_iter().map(|(_, var)| var).collect(),
+            });
+        }
+        // In the table's order, so that of two bad values the first
+        // setting is the one reported, as from TOML.
+        given.sort_by_key(|(field, _, _)| FIELDS.iter().position(|f| f == field));
         let mut fields = Fields::default();
-        for (field, suffix) in ENV_FIELDS {
-            let var = format!("{prefix}{suffix}");
-            let value = lookup(&var);
-            fields.set_as(field, var, value);
+        for (field, var, value) in given {
+            let value = value
+                .into_string()
+                .map_err(|_| ConfigError::NotUnicode { field: var.clone() })?;
+            fields.set_as(field, var, Some(value));
         }
         fields.check()
     }
@@ -498,19 +718,20 @@ impl LeaseConfig {
 
 /// " at line L, column C" for a byte span of `text`.
 fn location(text: &str, span: Option<std::ops::Range<usize>>) -> String {
-    let Some(span) = span else {
-        return String::new();
-    };
-    let before = text.get(..span.start).unwrap_or(text);
+    span.map(|span| at_line(&Some(line_and_column(text, span.start))))
+        .unwrap_or_default()
+}
+
+/// The line and column (from 1) of a byte offset in `text`.
+fn line_and_column(text: &str, offset: usize) -> (usize, usize) {
+    let before = text.get(..offset).unwrap_or(text);
     let line = before.matches('\n').count() + 1;
     let column = before.rsplit('\n').next().map_or(0, |l| l.chars().count()) + 1;
-    format!(" (at line {line}, column {column})")
+    (line, column)
 }
 
 #[cfg(test)]
 mod tests {
-    use std::collections::HashMap;
-
     use super::*;
 
     #[test]
@@ -564,7 +785,7 @@ mod tests {
             fair_place_ttl = "4s"
             fair_handover = false
         "#;
-        let vars: HashMap<&str, &str> = [
+        let vars = [
             ("L_TTL", "30s"),
             ("L_RENEW_INTERVAL", "5s"),
             ("L_HOLD_AT_LEAST", "1m"),
@@ -573,11 +794,8 @@ mod tests {
             ("L_FAIR", "true"),
             ("L_FAIR_PLACE_TTL", "4s"),
             ("L_FAIR_HANDOVER", "false"),
-        ]
-        .into_iter()
-        .collect();
-        let from_env =
-            LeaseConfig::from_env_with("L_", |var| vars.get(var).map(|v| (*v).to_owned()))?;
+        ];
+        let from_env = LeaseConfig::from_vars("L_", vars)?;
         let from_toml = LeaseConfig::from_toml_str(text)?;
         assert_eq!(from_env, from_toml);
         // Fair mode and a minimum hold do not go together: the options
@@ -648,17 +866,22 @@ mod tests {
 
     #[test]
     fn syntax_types_unknown_fields_and_mismatches_are_refused() {
-        for text in ["ttl = ", "ttl = 30", "max_renewals = -1", "tll = \"30s\""] {
+        for text in ["ttl = ", "ttl = 30", "max_renewals = -1"] {
             let error = LeaseConfig::from_toml_str(text);
             assert!(
                 matches!(&error, Err(ConfigError::Toml { message }) if message.contains("line 1")),
                 "{text}: {error:?}"
             );
         }
-        let unknown = LeaseConfig::from_toml_str("tll = \"30s\"").map_err(|e| e.to_string());
+        let unknown = LeaseConfig::from_toml_str("wait = \"1m\"\ntll = \"30s\"");
         assert!(
-            matches!(&unknown, Err(m) if m.contains("tll")),
+            matches!(&unknown, Err(ConfigError::Unknown { name, at: Some((2, 1)), closest: Some(near), .. })
+                if name == "tll" && near == "ttl"),
             "{unknown:?}"
+        );
+        assert_eq!(
+            unknown.map_err(|e| e.to_string()),
+            Err("unknown lease setting tll (at line 2, column 1); did you mean ttl?".to_owned())
         );
         let backoff = LeaseConfig::from_toml_str("backoff_initial = \"2s\"\nbackoff_max = \"1s\"");
         assert!(matches!(backoff, Err(ConfigError::Mismatch { .. })));
@@ -672,18 +895,15 @@ mod tests {
 
     #[test]
     fn environment_variables_with_a_prefix() -> Result<(), Box<dyn std::error::Error>> {
-        let vars: HashMap<&str, &str> = [
+        let vars = [
             ("APP_LEASE_TTL", "45s"),
             ("APP_LEASE_WAIT", "5m"),
             ("APP_LEASE_NAME", "reports"),
             ("APP_LEASE_LOCK_DELAY", "10s"),
             ("APP_LEASE_REDIS_URL", "rediss://cache:6380"),
             ("LEASEHOLD_TTL", "not for us"),
-        ]
-        .into_iter()
-        .collect();
-        let lookup = |var: &str| vars.get(var).map(|v| (*v).to_owned());
-        let config = LeaseConfig::from_env_with("APP_LEASE_", lookup)?;
+        ];
+        let config = LeaseConfig::from_vars("APP_LEASE_", vars)?;
         assert_eq!(config.ttl, Ttl::parse("45s")?);
         assert_eq!(config.wait, Some(Duration::from_secs(300)));
         assert_eq!(config.name, "reports");
@@ -691,7 +911,7 @@ mod tests {
         assert_eq!(config.max_renewals, None);
         assert_eq!(config.lock_delay, LockDelay::parse("10s")?);
 
-        let bad = LeaseConfig::from_env_with("LEASEHOLD_", lookup).map_err(|e| e.to_string());
+        let bad = LeaseConfig::from_vars("LEASEHOLD_", vars).map_err(|e| e.to_string());
         assert_eq!(
             bad,
             Err("invalid LEASEHOLD_TTL \"not for us\": expected number at 0; write durations like \"30s\", \"1m 30s\" or \"500ms\"".to_owned())
@@ -700,6 +920,101 @@ mod tests {
         assert_eq!(
             LeaseConfig::from_env("LEASEHOLD_TEST_UNSET_")?,
             LeaseConfig::default()
+        );
+        Ok(())
+    }
+
+    /// A variable under the prefix that is no setting is refused as an
+    /// unknown TOML field is: the same error, naming it and, for a typo,
+    /// the setting meant.
+    #[test]
+    fn unknown_variables_under_the_prefix_are_refused_as_unknown_fields_are() {
+        let unknown = |name: &str| match LeaseConfig::from_vars("LEASEHOLD_", [(name, "30s")]) {
+            Err(e @ ConfigError::Unknown { .. }) => e,
+            other => panic!("{name}: {other:?}"),
+        };
+        let typo = unknown("LEASEHOLD_TTL_");
+        assert_eq!(
+            typo.to_string(),
+            "unknown lease setting LEASEHOLD_TTL_; did you mean LEASEHOLD_TTL?"
+        );
+        // The same mistake in TOML: the same variant, the same advice.
+        let in_toml = LeaseConfig::from_toml_str("ttl_ = \"30s\"");
+        assert!(
+            matches!(&in_toml, Err(ConfigError::Unknown { name, closest: Some(near), .. })
+                if name == "ttl_" && near == "ttl"),
+            "{in_toml:?}"
+        );
+        for (name, meant) in [
+            ("LEASEHOLD_TLL", "LEASEHOLD_TTL"), // unknown on purpose
+            ("LEASEHOLD_ttl", "LEASEHOLD_TTL"), // unknown on purpose
+            ("LEASEHOLD_HOLD_AT_LEST", "LEASEHOLD_HOLD_AT_LEAST"), // unknown on purpose
+            ("LEASEHOLD_SAFETYMARGIN", "LEASEHOLD_SAFETY_MARGIN"), // unknown on purpose
+            ("LEASEHOLD_MAX_RENEWAL", "LEASEHOLD_MAX_RENEWALS"), // unknown on purpose
+            ("LEASEHOLD_UR", "LEASEHOLD_URL"),  // unknown on purpose
+        ] {
+            let error = unknown(name);
+            assert!(
+                matches!(&error, ConfigError::Unknown { name: n, closest: Some(c), at: None, .. }
+                    if n == name && c == meant),
+                "{name}: {error:?}"
+            );
+        }
+        // Nothing near: the message names the variable and lists the
+        // settings instead.
+        let colour = "LEASEHOLD_COLOUR"; // unknown on purpose
+        let far = unknown(colour).to_string();
+        let listed = "the settings are LEASEHOLD_TTL, LEASEHOLD_MAX_RENEWALS,";
+        assert!(
+            far.starts_with(&format!("unknown lease setting {colour}; {listed}"))
+                && far.ends_with(", LEASEHOLD_REDIS_URL"),
+            "{far}"
+        );
+        // Not UTF-8, and so no setting: unknown too.
+        let odd: OsString = std::os::unix::ffi::OsStringExt::from_vec(b"LEASEHOLD_\xff".to_vec());
+        let odd = LeaseConfig::from_vars("LEASEHOLD_", [(odd, OsString::from("1"))]);
+        assert!(matches!(odd, Err(ConfigError::Unknown { .. })), "{odd:?}");
+    }
+
+    /// What `leasehold run` reads or sets besides the settings passes,
+    /// under `LEASEHOLD_` only; what is not under the prefix is not looked
+    /// at; an empty prefix is refused.
+    #[test]
+    fn the_commands_variables_pass_and_other_prefixes_are_not_looked_at()
+    -> Result<(), Box<dyn std::error::Error>> {
+        let inherited = [
+            ("LEASEHOLD_KEY", "reports:nightly"),
+            ("LEASEHOLD_FENCING_TOKEN", "42"),
+            ("LEASEHOLD_JOB", "nightly"),
+            ("LEASEHOLD_TICK", "1700000000000"),
+            ("LEASEHOLD_URL", "redis://127.0.0.1:6379"),
+            ("LEASEHOLD_TTL", "45s"),
+            ("HOME", "/root"),
+            ("APP_LEASE_COLOUR", "blue"),
+        ];
+        let config = LeaseConfig::from_vars("LEASEHOLD_", inherited)?;
+        assert_eq!(config.ttl, Ttl::parse("45s")?);
+        let elsewhere = LeaseConfig::from_vars("APP_LEASE_", [("APP_LEASE_KEY", "k")]);
+        assert!(
+            matches!(&elsewhere, Err(ConfigError::Unknown { name, .. }) if name == "APP_LEASE_KEY"),
+            "{elsewhere:?}"
+        );
+        // Of two unknown names, the first in order, whatever the order
+        // they come in; and an unknown name before a bad value.
+        for vars in [
+            [("L_ZZZ", "1"), ("L_TTL", "soon"), ("L_AAA", "1")],
+            [("L_AAA", "1"), ("L_ZZZ", "1"), ("L_TTL", "soon")],
+        ] {
+            let first = LeaseConfig::from_vars("L_", vars);
+            assert!(
+                matches!(&first, Err(ConfigError::Unknown { name, .. }) if name == "L_AAA"),
+                "{first:?}"
+            );
+        }
+        let empty = LeaseConfig::from_vars("", [("PATH", "/usr/bin")]);
+        assert!(
+            matches!(&empty, Err(ConfigError::Invalid { field, .. }) if field == "prefix"),
+            "{empty:?}"
         );
         Ok(())
     }
