@@ -69,6 +69,15 @@ const OP_TIMEOUT: Duration = Duration::from_millis(500);
 /// clients (a few milliseconds measured; 50 ms leaves room without
 /// hiding a missed renewal, which would cost a full retry period, 83 ms).
 const SCHEDULING_ALLOWANCE: Duration = Duration::from_millis(50);
+/// What the measurement adds to a firing's server-judged margin: the
+/// millisecond the server rounds its expiry down to (1 ms), tokio's timer
+/// tick (1 ms), and the scheduling of the watchdog and of the task that
+/// records the firing on a loaded 2-core machine. Measured worst margin per
+/// seed over 36 seed runs (other cargo builds on the 2 cores): 99.2–111 ms
+/// of the 112 ms promised, so at most 13 ms short; 25 ms leaves room for
+/// that noise, where the 52 ms allowed before passed a safety margin cut
+/// in half (seen red now: the margin halved, worst margin 55.2 ms).
+const MARGIN_SLACK: Duration = Duration::from_millis(25);
 /// The seeds every run tries (with one fresh seed): together their plans
 /// apply every kind of fault, and each has a restart that loses data.
 const FIXED_SEEDS: [u64; 2] = [16, 22];
@@ -259,7 +268,7 @@ async fn run(seed: u64, mode: Mode) -> Result<String, BoxError> {
         .await?;
     let verdict = judge(&report, &applied, renew_interval);
     let effects = effects(&history, &applied);
-    let margins = Margins::judge(&history, &tally, &applied);
+    let margins = Margins::judge(&history, &tally, &applied, &effects);
     let fullest = most_believed(&history.holds());
     let (readers_at_once, writer_holds) = shares_seen(&history.holds());
     println!(
@@ -629,27 +638,21 @@ fn effects(history: &History, applied: &[Applied]) -> Vec<Effect> {
     out
 }
 
-/// What the margin of a token fired by deadline must reach, in µs: docs/
-/// design.md promises it fires at least the safety margin plus the drift
-/// allowance (100 + 12 ms at the campaign's 1 s ttl) before the key can
-/// expire, the deadline being counted from the last renewal's *send* and
-/// the server's expiry from when it ran the script, later. Less what the
-/// measurement itself adds to the firing: the millisecond the server
-/// rounds its expiry down to (1 ms), tokio's timer tick (1 ms), and the
-/// scheduling of the watchdog and of the task that records the firing on
-/// the loaded 2-core machine ([`SCHEDULING_ALLOWANCE`]). Measured worst
-/// margin per seed over 36 seed runs (4 full campaigns, other cargo builds
-/// on the 2 cores): 99.2–111 ms; with the safety margin removed from the
-/// deadline, 9.4–11.4 ms.
+/// What the margin of a fired token must reach, in µs: docs/design.md
+/// promises it fires at least the safety margin plus the drift allowance
+/// (100 + 12 ms at the campaign's 1 s ttl) before the key can expire, the
+/// deadline being counted from the last renewal's *send* and the server's
+/// expiry from when it ran the script, later. Less [`MARGIN_SLACK`], what
+/// the measurement itself adds to the firing.
 fn promised_margin(options: &LeaseOptions) -> i64 {
     let promise = options.safety_margin() + leasehold::backend::clock_drift(options.ttl().get());
-    let epsilon = Duration::from_millis(2) + SCHEDULING_ALLOWANCE;
-    i64::try_from(promise.saturating_sub(epsilon).as_micros()).unwrap_or(i64::MAX)
+    i64::try_from(promise.saturating_sub(MARGIN_SLACK).as_micros()).unwrap_or(i64::MAX)
 }
 
-/// The margins of the tokens fired by deadline, judged by the server.
+/// The margins of the fired tokens, judged by the server whatever reason
+/// the library gave.
 struct Margins {
-    /// Server expiry minus firing, in µs, for every deadline not caused by
+    /// Server expiry minus firing, in µs, for every firing not caused by
     /// a restart that lost the lease; `None` when the witness saw no grant.
     server: Vec<(String, Option<i64>)>,
     /// Where a side connection saw the server keep a lease later than the
@@ -659,8 +662,12 @@ struct Margins {
     /// witness's latest expiry is the last write's own line plus its ttl.
     /// Lease, side's bound, witness's latest margin, µs.
     disagree: Vec<(String, i64, i64)>,
-    /// Deadlines excused by a restart that lost data.
+    /// Firings excused by a restart that lost data.
     excused: usize,
+    /// The least number of firings the server must have judged: one for
+    /// each fault that must end the leases it meets without losing data
+    /// (a pause, blackhole or reset of a ttl or more) and met one.
+    floor: usize,
     /// Probes on a side connection right after a deadline fired while the
     /// server was healthy (a proxy fault), answered before the lease could
     /// expire: each must find the lease.
@@ -676,7 +683,7 @@ struct Margins {
 }
 
 impl Margins {
-    fn judge(history: &History, tally: &Tally, applied: &[Applied]) -> Self {
+    fn judge(history: &History, tally: &Tally, applied: &[Applied], effects: &[Effect]) -> Self {
         let lost_with_data = |at: Instant, acquired_at: Instant| {
             applied
                 .iter()
@@ -699,11 +706,15 @@ impl Margins {
                 (kept >= latest + 1_000).then(|| (f.lease(), kept, latest))
             })
             .collect();
-        let excused = tally.deadlines().count() - judged.len();
+        let excused = tally.fired.len() - judged.len();
+        let floor = effects
+            .iter()
+            .filter(|e| !e.fault.loses_data() && e.ended > 0)
+            .count();
         let mut proxy_probes = Vec::new();
         let mut inconclusive = 0;
         let mut probes = (0, None::<Duration>, 0, 0);
-        for f in tally.deadlines() {
+        for f in &tally.fired {
             match f.probe {
                 Probe::Present(d) => {
                     probes.0 += 1;
@@ -738,6 +749,7 @@ impl Margins {
             server,
             disagree,
             excused,
+            floor,
             proxy_probes,
             inconclusive,
             probes,
@@ -756,6 +768,14 @@ impl Margins {
             "seed {seed}: a side connection saw the server keep a lease later than the MONITOR witness allows (lease, side's bound, witness's latest margin, in µs): {:?}",
             self.disagree
         );
+        // A regression that empties the verdict (every firing excused, or
+        // none recorded) must not pass as a clean one.
+        assert!(
+            self.server.len() >= self.floor,
+            "seed {seed}: {} firings judged by the server, fewer than the {} faults that ended leases without losing data",
+            self.server.len(),
+            self.floor
+        );
         let late: Vec<_> = self
             .server
             .iter()
@@ -763,7 +783,7 @@ impl Margins {
             .collect();
         assert!(
             late.is_empty(),
-            "seed {seed}: tokens fired by deadline less than the safety margin plus the drift allowance (less scheduling: {promised_us} µs) before the server's expiry of their lease (last grant or renewal the server applied + ttl), in µs: {late:?}"
+            "seed {seed}: tokens fired (for any reason) less than the safety margin plus the drift allowance (less the measurement's slack: {promised_us} µs) before the server's expiry of their lease (last grant or renewal the server applied + ttl), in µs: {late:?}"
         );
         let gone: Vec<_> = self
             .proxy_probes
@@ -795,14 +815,15 @@ fn summary(
     let _ = writeln!(out, "losses by reason: {:?}", tally.losses);
     let _ = writeln!(
         out,
-        "deadline losses: {} judged by the server, {} excused by a restart that lost data; worst server margin {}",
+        "losses (any reason): {} judged by the server (at least {} due), {} excused by a restart that lost data; worst server margin {}",
         margins.server.len(),
+        margins.floor,
         margins.excused,
         margins.worst().map_or_else(|| "-".to_owned(), ms)
     );
     let _ = writeln!(
         out,
-        "side-connection probes after a deadline: {} present (smallest lower bound {:?}), {} gone, {} unanswered; {} during proxy faults, and {} more there that could not tell (no answer, or gone only after the lease could expire)",
+        "side-connection probes after a firing: {} present (smallest lower bound {:?}), {} gone, {} unanswered; {} during proxy faults, and {} more there that could not tell (no answer, or gone only after the lease could expire)",
         margins.probes.0,
         margins.probes.1,
         margins.probes.2,

@@ -968,18 +968,20 @@ impl Tally {
     }
 }
 
-/// The server-judged margins of the tokens fired by deadline that `judged`
-/// selects: the server's expiry of the lease (its last grant or renewal,
-/// as the MONITOR feed showed it, plus the ttl) minus the moment the token
-/// fired, in µs; negative when the token fired too late. A lease with no
-/// recorded grant is returned as `None`.
+/// The server-judged margins of the fired tokens that `judged` selects,
+/// whatever reason the library gave (a deadline it mislabelled as a loss
+/// is judged all the same): the server's expiry of the lease (its last
+/// grant or renewal, as the MONITOR feed showed it, plus the ttl) minus
+/// the moment the token fired, in µs; negative when the token fired too
+/// late. A lease with no recorded grant is returned as `None`.
 pub(crate) fn server_margins<'a>(
     history: &History,
     tally: &'a Tally,
     judged: impl Fn(&Fired) -> bool,
 ) -> Vec<(&'a Fired, Option<i64>)> {
     tally
-        .deadlines()
+        .fired
+        .iter()
         .filter(|f| judged(f))
         .map(|f| {
             let margin = history.server_expiry(&f.key, f.token).map(|e| f.until(e));
