@@ -14,6 +14,14 @@
 //! above a run's length, so nothing expires within one and timing does not
 //! matter. The memory backend is the oracle of every paused-clock test:
 //! this is what ties it to the server's scripts.
+//!
+//! A second arm lets time pass ([`Scale::TIMED`]): every duration is a
+//! whole number of 150 ms units plus half a unit (ttls, the minimum hold,
+//! the lock-delay), and an operation may wait one to three units. Each
+//! operation then runs a whole number of units (plus the few milliseconds
+//! the operations take) after the case began, and every expiry falls half
+//! a unit away from it: leases, permits, readers, minimum holds and
+//! lock-delays expire within runs, on both backends at the same step.
 
 // The operation strategy (one `prop_oneof!` of thirteen arms) is a deep
 // type; clippy walks it past the default limit.
@@ -46,13 +54,80 @@ const HOLDERS: usize = 3;
 const KEYS: usize = 3;
 const FAIR: usize = 2;
 const TTLS: [u64; 3] = [30, 60, 90];
-/// The minimum hold some acquisitions carry: above every ttl.
-const MINIMUM_HOLD: Duration = Duration::from_secs(120);
-/// The lock-delay some acquisitions and renewals carry.
-const LOCK_DELAY: Duration = Duration::from_secs(5);
 
-fn lock_delay() -> LockDelay {
-    LockDelay::new(LOCK_DELAY).expect("a valid lock-delay")
+/// The durations of one arm, in units of `unit`.
+#[derive(Debug, Clone, Copy)]
+struct Scale {
+    unit: Duration,
+    /// The ttl choices, in units.
+    ttls: [u64; 3],
+    /// How many units apart two holders' ttls are.
+    holder_step: u64,
+    /// Whether every duration has half a unit added.
+    half: bool,
+    /// The minimum hold some acquisitions carry, in units: above every ttl.
+    minimum_hold: u64,
+    /// The lock-delay some acquisitions and renewals carry, in units.
+    lock_delay: u64,
+    /// How far apart two times left may be.
+    tolerance: Duration,
+    /// Whether operations may wait.
+    waits: bool,
+}
+
+impl Scale {
+    /// Nothing expires within a run.
+    const UNTIMED: Self = Self {
+        unit: Duration::from_secs(1),
+        ttls: TTLS,
+        holder_step: 1,
+        half: false,
+        minimum_hold: 120,
+        lock_delay: 5,
+        tolerance: Duration::from_secs(1),
+        waits: false,
+    };
+    /// Things expire within a run, half a unit away from any operation.
+    const TIMED: Self = Self {
+        unit: Duration::from_millis(150),
+        ttls: [1, 2, 3],
+        holder_step: 4,
+        half: true,
+        minimum_hold: 12,
+        lock_delay: 2,
+        tolerance: Duration::from_millis(60),
+        waits: true,
+    };
+
+    fn of(&self, units: u64) -> Duration {
+        let whole = self.unit * u32::try_from(units).expect("few units");
+        if self.half {
+            whole + self.unit / 2
+        } else {
+            whole
+        }
+    }
+
+    fn minimum_hold(&self) -> Duration {
+        self.of(self.minimum_hold)
+    }
+
+    fn lock_delay(&self) -> LockDelay {
+        LockDelay::new(self.of(self.lock_delay)).expect("a valid lock-delay")
+    }
+
+    /// The ttl choice `ttl` of `holder`: `holder_step` units apart for any
+    /// two holders, so that two holds never expire in the same millisecond
+    /// and "the reader that frees first" is one reader on both backends.
+    fn ttl(&self, holder: usize, ttl: usize) -> Ttl {
+        let units = self.ttls[ttl] + self.holder_step * u64::try_from(holder).expect("few holders");
+        Ttl::new(self.of(units)).expect("valid ttl")
+    }
+}
+
+std::thread_local! {
+    /// The tolerance of [`Left`]'s comparison in this thread's arm.
+    static TOLERANCE: std::cell::Cell<Duration> = const { std::cell::Cell::new(Duration::from_secs(1)) };
 }
 
 /// The fair queue's place ttl: the longest, far above a run.
@@ -79,9 +154,9 @@ enum Op {
         holder: usize,
         key: usize,
         ttl: usize,
-        /// With a minimum hold of [`MINIMUM_HOLD`].
+        /// With the scale's minimum hold.
         held: bool,
-        /// With a lock-delay of [`LOCK_DELAY`].
+        /// With the scale's lock-delay.
         delayed: bool,
     },
     AcquireFair {
@@ -117,7 +192,7 @@ enum Op {
         holder: usize,
         target: Target,
         ttl: usize,
-        /// With a lock-delay of [`LOCK_DELAY`].
+        /// With the scale's lock-delay.
         delayed: bool,
     },
     RenewMany(Vec<(usize, Target)>),
@@ -131,6 +206,8 @@ enum Op {
         next: usize,
     },
     Inspect(Target),
+    /// Waits this many units of the scale.
+    Wait(u64),
 }
 
 fn target() -> impl Strategy<Value = Target> {
@@ -142,9 +219,12 @@ fn target() -> impl Strategy<Value = Target> {
     ]
 }
 
-fn op() -> impl Strategy<Value = Op> {
+fn op(scale: Scale) -> impl Strategy<Value = Op> {
     let (h, t) = (0..HOLDERS, 0..TTLS.len());
+    // proptest refuses a weight of 0: without waits, a rare no-op.
+    let (waits, longest): (u32, u64) = if scale.waits { (3, 3) } else { (1, 0) };
     prop_oneof![
+        waits => (longest.min(1)..=longest).prop_map(Op::Wait),
         4 => (h.clone(), 0..FAIR, t.clone(), proptest::bool::weighted(0.2), proptest::bool::weighted(0.2))
             .prop_map(|(holder, key, ttl, held, delayed)| Op::Acquire { holder, key, ttl, held: held && key == 0, delayed }),
         2 => (h.clone(), t.clone()).prop_map(|(holder, ttl)| Op::AcquireFair { holder, key: FAIR, ttl }),
@@ -171,15 +251,15 @@ struct Token {
     value: u64,
 }
 
-/// A time left, equal to another within a second (the two backends run
-/// each operation a few milliseconds apart).
+/// A time left, equal to another within the arm's tolerance (the two
+/// backends run each operation a few milliseconds apart).
 #[derive(Clone, Copy)]
 struct Left(Option<Duration>);
 
 impl PartialEq for Left {
     fn eq(&self, other: &Self) -> bool {
         match (self.0, other.0) {
-            (Some(a), Some(b)) => a.abs_diff(b) <= Duration::from_secs(1),
+            (Some(a), Some(b)) => a.abs_diff(b) <= TOLERANCE.get(),
             (a, b) => a == b,
         }
     }
@@ -238,6 +318,7 @@ fn error_kind(error: &BackendError) -> &'static str {
 
 /// One case's world: its holders and keys, the same on both backends.
 struct World {
+    scale: Scale,
     holders: Vec<HolderId>,
     plain: Vec<LeaseKey>,
     semaphore: LeaseKey,
@@ -245,8 +326,9 @@ struct World {
 }
 
 impl World {
-    fn new(prefix: &str) -> Result<Self, leasehold::InputError> {
+    fn new(prefix: &str, scale: Scale) -> Result<Self, leasehold::InputError> {
         Ok(Self {
+            scale,
             holders: (0..HOLDERS)
                 .map(|_| HolderId::generate())
                 .collect::<Result<_, _>>()?,
@@ -268,9 +350,13 @@ impl World {
     }
 
     fn request(&self, key: &LeaseKey, holder: usize, ttl: usize) -> AcquireRequest {
-        AcquireRequest::new(key.clone(), self.holders[holder], ttl_of(holder, ttl))
-            .with_label(format!("h{holder}"))
-            .expect("valid label")
+        AcquireRequest::new(
+            key.clone(),
+            self.holders[holder],
+            self.scale.ttl(holder, ttl),
+        )
+        .with_label(format!("h{holder}"))
+        .expect("valid label")
     }
 
     fn token(counter: &LeaseKey, token: leasehold::FencingToken) -> Token {
@@ -319,10 +405,12 @@ impl World {
                     let key = &self.plain[*key];
                     let mut request = self.request(key, *holder, *ttl);
                     if *held {
-                        request = request.with_hold_at_least(MINIMUM_HOLD).map_err(fail)?;
+                        request = request
+                            .with_hold_at_least(self.scale.minimum_hold())
+                            .map_err(fail)?;
                     }
                     if *delayed {
-                        request = request.with_lock_delay(lock_delay());
+                        request = request.with_lock_delay(self.scale.lock_delay());
                     }
                     let outcome = backend.try_acquire(&request).await;
                     self.acquired(key, outcome)
@@ -397,9 +485,9 @@ impl World {
                 } => {
                     let key = self.key(*target).map_err(fail)?;
                     let mut request =
-                        RenewRequest::new(key, self.holders[*holder], ttl_of(*holder, *t));
+                        RenewRequest::new(key, self.holders[*holder], self.scale.ttl(*holder, *t));
                     if *delayed {
-                        request = request.with_lock_delay(lock_delay());
+                        request = request.with_lock_delay(self.scale.lock_delay());
                     }
                     renewed(backend.renew(&request).await)
                 }
@@ -410,7 +498,7 @@ impl World {
                         requests.push(RenewRequest::new(
                             key,
                             self.holders[*holder],
-                            ttl_of(*holder, 1),
+                            self.scale.ttl(*holder, 1),
                         ));
                     }
                     let outcomes = backend.renew_many(&requests).await;
@@ -451,6 +539,13 @@ impl World {
                         Err(error) => Seen::Error(error_kind(&error)),
                     }
                 }
+                Op::Wait(units) => {
+                    let units = u32::try_from(*units).expect("few units");
+                    if units > 0 {
+                        tokio::time::sleep(self.scale.unit * units).await;
+                    }
+                    continue;
+                }
                 Op::Inspect(target) => {
                     let key = self.key(*target).map_err(fail)?;
                     let counter = key.counted_as();
@@ -464,14 +559,6 @@ impl World {
         }
         Ok(seen)
     }
-}
-
-/// The ttl choice `ttl` of `holder`: whole seconds apart for any two
-/// holders, so that two holds never expire in the same millisecond and
-/// "the reader that frees first" is one reader on both backends.
-fn ttl_of(holder: usize, ttl: usize) -> Ttl {
-    let seconds = TTLS[ttl] + u64::try_from(holder).expect("few holders");
-    Ttl::new(Duration::from_secs(seconds)).expect("valid ttl")
 }
 
 fn renewed(outcome: Result<RenewOutcome, BackendError>) -> Seen {
@@ -517,6 +604,20 @@ fn normalize(seen: &mut [Seen]) {
 
 #[test]
 fn memory_backend_and_redis_agree_outcome_for_outcome() -> TestResult {
+    agree(Scale::UNTIMED, 256, 40)
+}
+
+/// The arm where time passes: leases, permits, readers, minimum holds and
+/// lock-delays expire within a run, on both backends alike.
+#[test]
+fn memory_backend_and_redis_agree_as_time_passes() -> TestResult {
+    agree(Scale::TIMED, 12, 24)
+}
+
+/// Runs `cases` random sequences of up to `ops` operations at `scale` on
+/// both backends, and compares them outcome for outcome.
+fn agree(scale: Scale, cases: u32, ops: usize) -> TestResult {
+    TOLERANCE.set(scale.tolerance);
     let server = RedisServer::start()?;
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
@@ -527,15 +628,15 @@ fn memory_backend_and_redis_agree_outcome_for_outcome() -> TestResult {
             .connect(),
     )?;
     let mut runner = TestRunner::new(Config {
-        cases: 256,
+        cases,
         failure_persistence: None,
         ..Config::default()
     });
     let case = std::cell::Cell::new(0u32);
     let started = std::time::Instant::now();
-    let result = runner.run(&proptest::collection::vec(op(), 1..40), |ops| {
+    let result = runner.run(&proptest::collection::vec(op(scale), 1..ops), |ops| {
         case.set(case.get() + 1);
-        let world = World::new(&format!("diff:{}", case.get())).map_err(|e| TestCaseError::fail(e.to_string()))?;
+        let world = World::new(&format!("diff:{}", case.get()), scale).map_err(|e| TestCaseError::fail(e.to_string()))?;
         runtime.block_on(async {
             let memory = MemoryBackend::new();
             let mut expected = world.run(&memory, &ops).await?;
@@ -573,7 +674,7 @@ fn memory_backend_and_redis_agree_outcome_for_outcome() -> TestResult {
 async fn release_fair_keeps_a_minimum_hold_as_release_does() -> TestResult {
     let server = RedisServer::start()?;
     let redis = RedisBackend::builder(server.url()).connect().await?;
-    let world = World::new("held-fair")?;
+    let world = World::new("held-fair", Scale::UNTIMED)?;
     let ops = [
         Op::Acquire {
             holder: 0,
@@ -605,7 +706,7 @@ async fn release_fair_keeps_a_minimum_hold_as_release_does() -> TestResult {
 async fn a_fair_refresh_leaves_the_holders_place_on_both() -> TestResult {
     let server = RedisServer::start()?;
     let redis = RedisBackend::builder(server.url()).connect().await?;
-    let world = World::new("fair-refresh")?;
+    let world = World::new("fair-refresh", Scale::UNTIMED)?;
     let ops = [
         Op::Acquire {
             holder: 1,
