@@ -126,5 +126,59 @@ pub mod jobs {
     };
 }
 
-/// The Redis backends (and the `redis` client crate they use).
-pub use leasehold_redis as redis;
+pub mod redis {
+    //! The Redis backends: [`RedisBackend`] on a standalone server, a
+    //! Redis Cluster or a Sentinel-monitored master, chosen by the URL
+    //! ([`Endpoint`] lists every form), and [`RedlockBackend`] on a
+    //! majority of N independent masters. Every lease operation is one Lua
+    //! script, run atomically by the server; [`KeyLayout`] shows the keys a
+    //! lease keeps there, and [`RedisBackend::fence`] gives writes that the
+    //! server refuses from a stale holder.
+    //!
+    //! ```no_run
+    //! use std::time::Duration;
+    //! use leasehold::LeaseManager;
+    //! use leasehold::redis::{ConnectError, RedisBackend, RedlockBackend};
+    //!
+    //! # #[tokio::main] async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    //! let backend = RedisBackend::builder("redis://127.0.0.1:6379")
+    //!     .op_timeout(Duration::from_millis(500))
+    //!     .connect()
+    //!     .await?;
+    //! let manager = LeaseManager::new(backend)?;
+    //!
+    //! let cluster = RedisBackend::connect("redis+cluster://10.0.0.1:7000,10.0.0.2:7000").await?;
+    //! let sentinel = RedisBackend::connect("redis+sentinel://10.0.0.1:26379/mymaster").await?;
+    //! let redlock = RedlockBackend::builder(["redis://10.0.0.1", "redis://10.0.0.2", "redis://10.0.0.3"])
+    //!     .connect()
+    //!     .await?;
+    //!
+    //! // Setting up can fail: a bad URL, a server that cannot be reached or
+    //! // cannot hold leases, a feature left out of the build.
+    //! match RedisBackend::connect("redis://cache.internal:6379").await {
+    //!     Ok(backend) => drop(backend),
+    //!     Err(e @ ConnectError::Connect { .. }) => eprintln!("not reachable yet: {e}"),
+    //!     Err(e) => return Err(e.into()),
+    //! }
+    //! # Ok(()) }
+    //! ```
+    //!
+    //! Setting up fails with a [`ConnectError`], whose messages never show a
+    //! password ([`redact`]); a lease operation on a running backend fails
+    //! with a [`BackendError`](crate::BackendError). The client crate the
+    //! backends are built on is [`redis`], to build a client of
+    //! your own (TLS certificates, credentials from a secret store) for
+    //! [`RedisBackend::builder_for_client`].
+    //!
+    //! The crate leasehold-redis, which this module re-exports, documents
+    //! the scripts, the key layout and the fencing counters in full, with
+    //! its own paths; docs/topologies.md states each topology's guarantees.
+    pub use leasehold_redis::{
+        ConnectError, Endpoint, Fence, FencedValue, FencedWrite, KeyLayout, Missing, NoQuorum,
+        RedisBackend, RedisBackendBuilder, RedlockBackend, RedlockBuilder, ServerInfo, Topology,
+        redact,
+    };
+    // A link to the client crate's own documentation, not a copy of it.
+    #[doc(no_inline)]
+    pub use leasehold_redis::redis;
+}

@@ -10,14 +10,14 @@
 //! [`JobScheduler`](tokio_cron_scheduler::JobScheduler): when the scheduler
 //! fires, the job asks for the tick the server's clock is at
 //! ([`TickJob::tick_to_ask`]), and the job's record on the server decides
-//! whether this replica starts it (see [`leasehold_watchdog::tick`]: one
+//! whether this replica starts it (see [how a tick is decided](leasehold_watchdog::tick): one
 //! start per tick whatever the replicas' clocks, a run that dies handled
 //! as the job's `on_abandon` says).
 //!
 //! ```no_run
+//! use leasehold::redis::RedisBackend;
+//! use leasehold::{LeaseManager, LeaseOptions, TickJob};
 //! use leasehold_cron::{Schedule, fleet_job};
-//! use leasehold_redis::RedisBackend;
-//! use leasehold_watchdog::{LeaseManager, LeaseOptions, TickJob};
 //! use tokio_cron_scheduler::JobScheduler;
 //!
 //! # #[tokio::main] async fn main() -> Result<(), Box<dyn std::error::Error>> {
@@ -138,8 +138,8 @@ impl Schedule {
     ///
     /// ```
     /// use std::time::{Duration, UNIX_EPOCH};
+    /// use leasehold::TickGrid;
     /// use leasehold_cron::Schedule;
-    /// use leasehold_watchdog::TickGrid;
     ///
     /// let every_2s = Schedule::parse("*/2 * * * * *")?;
     /// let at = |ms| UNIX_EPOCH + Duration::from_millis(ms);

@@ -29,7 +29,8 @@ use crate::sql;
 ///   previous holder's late writes are refused before this holder writes.
 ///
 /// ```no_run
-/// use leasehold_postgres::{Fence, FencingToken, LeaseKey, tokio_postgres};
+/// use leasehold::{FencingToken, LeaseKey};
+/// use leasehold_postgres::{Fence, tokio_postgres};
 ///
 /// # async fn job(token: FencingToken) -> Result<(), Box<dyn std::error::Error>> {
 /// let (mut client, connection) =

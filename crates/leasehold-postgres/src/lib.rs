@@ -11,7 +11,8 @@
 //! have let it in: the transaction is aborted, with every write in it.
 //!
 //! ```no_run
-//! use leasehold_postgres::{PgFenceError, Fence, FencingToken, LeaseKey, tokio_postgres};
+//! use leasehold::{FencingToken, LeaseKey};
+//! use leasehold_postgres::{Fence, PgFenceError, tokio_postgres};
 //!
 //! # async fn job(token: FencingToken) -> Result<(), Box<dyn std::error::Error>> {
 //! let (mut client, connection) =

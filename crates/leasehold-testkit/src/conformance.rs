@@ -31,7 +31,7 @@
 //! `MemoryBackend` stands in for it):
 //!
 //! ```no_run
-//! use leasehold_core::MemoryBackend as MyBackend;
+//! use leasehold::MemoryBackend as MyBackend;
 //! use leasehold_testkit::conformance::{Area, ConformanceError, Rule, Suite};
 //!
 //! #[tokio::test]

@@ -20,8 +20,9 @@
 //! `metrics_exporter_prometheus::PrometheusBuilder` in one call.
 //!
 //! ```
-//! use leasehold_watchdog::metrics;
-//!
+//! # // Hidden: the path differs between the facade (`leasehold::metrics`)
+//! # // and this crate, and the facade shows this page as its own.
+//! # use leasehold_watchdog::metrics;
 //! // After installing a recorder, so that it receives the descriptions.
 //! metrics::describe();
 //! assert_eq!(metrics::HOLD_TIME, "leasehold_lease_hold_seconds");
