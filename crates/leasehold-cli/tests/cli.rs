@@ -106,6 +106,8 @@ fn the_child_sees_its_key_and_fencing_token() -> TestResult {
 /// the same line on a second host does not run the job.
 #[test]
 fn at_least_keeps_the_key_after_the_job_ends_early() -> TestResult {
+    // Timing-bound: one such test of this binary at a time.
+    let _serial = leasehold_testkit::serial_blocking();
     let f = Fixture::new()?;
     let mut side = Side::connect(&f.server)?;
     let begun = Instant::now();
@@ -149,6 +151,8 @@ fn at_least_keeps_the_key_after_the_job_ends_early() -> TestResult {
 
 #[test]
 fn a_held_key_is_not_acquired_in_time() -> TestResult {
+    // Timing-bound: one such test of this binary at a time.
+    let _serial = leasehold_testkit::serial_blocking();
     let f = Fixture::new()?;
     let started = f.path("started");
     let holder_script = "touch started; while [ ! -e stop ]; do sleep 0.01; done";
@@ -187,6 +191,8 @@ fn a_held_key_is_not_acquired_in_time() -> TestResult {
 
 #[test]
 fn a_deleted_lease_stops_the_command_with_sigterm_given_a_lost_grace() -> TestResult {
+    // Timing-bound: one such test of this binary at a time.
+    let _serial = leasehold_testkit::serial_blocking();
     let f = Fixture::new()?;
     let script = "trap 'echo terminated > term; exit 0' TERM; touch started; while true; do sleep 0.01; done";
     let mut run = f.spawn(&[
@@ -214,6 +220,8 @@ fn a_deleted_lease_stops_the_command_with_sigterm_given_a_lost_grace() -> TestRe
 
 #[test]
 fn a_command_that_ignores_sigterm_is_killed_after_the_lost_grace() -> TestResult {
+    // Timing-bound: one such test of this binary at a time.
+    let _serial = leasehold_testkit::serial_blocking();
     let f = Fixture::new()?;
     let script = "trap '' TERM; touch started; while true; do sleep 0.01; done";
     let mut run = f.spawn(&[
@@ -336,6 +344,8 @@ fn watch_shows_holders_that_come_and_go_between_two_looks() -> TestResult {
 
 #[test]
 fn status_release_and_watch() -> TestResult {
+    // Timing-bound: one such test of this binary at a time.
+    let _serial = leasehold_testkit::serial_blocking();
     let f = Fixture::new()?;
     let mut watch = f.spawn(&["watch", "admin"])?;
     let (lines, seen) = mpsc::channel();
@@ -776,6 +786,8 @@ fn job_of(f: &Fixture) -> Result<(Process, Process), Box<dyn std::error::Error>>
 /// dead before the lease can expire on the server.
 #[test]
 fn at_the_renewal_cap_the_job_is_dead_before_the_lease_can_expire() -> TestResult {
+    // Timing-bound: one such test of this binary at a time.
+    let _serial = leasehold_testkit::serial_blocking();
     let f = Fixture::new()?;
     let mut side = Side::connect(&f.server)?;
     let mut run = f.spawn(&[
@@ -813,6 +825,8 @@ fn at_the_renewal_cap_the_job_is_dead_before_the_lease_can_expire() -> TestResul
 /// at its deadline; the job is dead before the server expires the lease.
 #[test]
 fn at_the_deadline_the_job_is_dead_before_the_lease_can_expire() -> TestResult {
+    // Timing-bound: one such test of this binary at a time.
+    let _serial = leasehold_testkit::serial_blocking();
     let f = Fixture::new()?;
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(1)
@@ -869,6 +883,8 @@ fn at_the_deadline_the_job_is_dead_before_the_lease_can_expire() -> TestResult {
 /// of the takeover).
 #[test]
 fn a_lost_lease_kills_the_whole_job_at_once() -> TestResult {
+    // Timing-bound: one such test of this binary at a time.
+    let _serial = leasehold_testkit::serial_blocking();
     let f = Fixture::new()?;
     let mut side = Side::connect(&f.server)?;
     let key = "leasehold:{taken}";
@@ -1051,6 +1067,8 @@ fn sighup_reaches_the_command_and_leasehold_stays() -> TestResult {
 /// the key only after the delay.
 #[test]
 fn a_killed_run_leaves_the_key_taken_for_its_lock_delay() -> TestResult {
+    // Timing-bound: one such test of this binary at a time.
+    let _serial = leasehold_testkit::serial_blocking();
     let (ttl, delay) = (Duration::from_secs(1), Duration::from_secs(2));
     let f = Fixture::new()?;
     let mut side = Side::connect(&f.server)?;
@@ -1136,6 +1154,8 @@ const STALLING_JOB: &str = "trap '' TERM; sleep 300 & echo $! > grandchild; echo
 /// before the server could expire the lease, and the lease is released.
 #[test]
 fn a_job_that_stops_touching_its_progress_file_is_dead_before_the_lease_can_expire() -> TestResult {
+    // Timing-bound: one such test of this binary at a time.
+    let _serial = leasehold_testkit::serial_blocking();
     let f = Fixture::new()?;
     let mut side = Side::connect(&f.server)?;
     let key = "leasehold:{stalls}";

@@ -81,5 +81,5 @@ pub use postgres::{PG_BIN_ENV, PG_USER, PostgresServer, postgres_bin_dir};
 pub use process::{join_within, output_within};
 pub use proxy::{Proxy, ProxyMode};
 pub use sentinel::{MASTER_NAME, SentinelSet};
-pub use serial::serial;
+pub use serial::{serial, serial_blocking};
 pub use server::{RedisServer, ServerBuilder, free_port};

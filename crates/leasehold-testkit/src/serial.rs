@@ -28,6 +28,18 @@ pub async fn serial() -> MutexGuard<'static, ()> {
     SERIAL.lock().await
 }
 
+/// [`serial`] for a test that is not async (a `#[test]` driving processes
+/// with `std`): blocks its thread until no other test of this binary holds
+/// the guard.
+///
+/// # Panics
+///
+/// When called from inside an async runtime: use [`serial`] there.
+#[must_use = "the test runs alone only while the guard lives"]
+pub fn serial_blocking() -> MutexGuard<'static, ()> {
+    SERIAL.blocking_lock()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
