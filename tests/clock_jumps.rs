@@ -261,7 +261,10 @@ async fn expiry_of(
         .await?;
     events.subscribe("__keyevent@0__:expired").await?;
     let wanted = format!("leasehold:{{{key}}}");
-    Ok(async move {
+    // A task of its own, listening from now on: the notice is stamped when
+    // it arrives, not when the test gets round to awaiting it (after the
+    // clock jump, which takes longer than the holder needs to hear).
+    let listening = tokio::spawn(async move {
         let mut events = events.into_on_message();
         loop {
             let message = events.next().await.ok_or("the event subscription ended")?;
@@ -270,7 +273,8 @@ async fn expiry_of(
                 return Ok::<_, Error>(Instant::now());
             }
         }
-    })
+    });
+    Ok(async move { listening.await? })
 }
 
 /// Sentinel, the master's clock jumps forward: as on a standalone server,
