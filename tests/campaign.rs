@@ -43,12 +43,12 @@ use std::net::TcpStream;
 use std::time::Duration;
 
 use leasehold::redis::RedisBackend;
-use leasehold::{LeaseManager, LeaseOptions, Ttl};
+use leasehold::{CancellationToken, LeaseManager, LeaseOptions, Ttl};
 use leasehold_testkit::{
     Excess, Fault, FaultPlan, History, Hold, HoldEnd, Overlap, Proxy, ProxyMode, RedisServer,
     Report, fault_length,
 };
-use tokio::time::{Instant, timeout};
+use tokio::time::{Instant, sleep, timeout};
 
 mod common;
 
@@ -1118,5 +1118,113 @@ async fn a_stale_write_after_a_restart_reaches_only_the_unfenced_store() -> Test
         writes.after_fire.is_empty(),
         "writes after the writer's token fired must be 0: {writes}"
     );
+    Ok(())
+}
+
+/// A holder cut off from a healthy server (a blackhole: no data is lost)
+/// keeps writing, checking its token before each write, until the token
+/// fires; another client takes the lease once the server expires it and
+/// writes. Because the token fires the safety margin before the server
+/// can expire the lease, none of the cut-off holder's writes reaches the
+/// resource after the new grant: 0 stale writes, with no race window to
+/// excuse any (the window is set to zero). Seen red with the deadline
+/// disabled: the cut-off holder kept writing past the new grant.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cut_off_holder_that_keeps_writing_makes_no_stale_write() -> TestResult {
+    let _serial = leasehold_testkit::serial().await;
+    let server = RedisServer::start()?;
+    let resource = RedisServer::start()?;
+    let history = History::new();
+    let mut witness = Witness::start(server.addr(), &history)?;
+    let proxy = Proxy::start(server.addr()).await?;
+    let connect = |url: String| async move {
+        RedisBackend::builder(url)
+            .op_timeout(OP_TIMEOUT)
+            .connect()
+            .await
+    };
+    let old_manager = LeaseManager::new(connect(proxy.url()).await?)?;
+    let new_manager = LeaseManager::new(connect(server.url()).await?)?;
+    let options = LeaseOptions::builder()
+        .ttl(Ttl::new(TTL)?)
+        .wait(TTL * 3)
+        .name("campaign")
+        .build()?;
+    let old = timeout(TTL, old_manager.acquire("key0", &options)).await??;
+    let old_token = old.fencing_token().get();
+    let fired = old.token();
+
+    // The cut-off holder's writer: check, then write, every 5 ms, while
+    // it believes, until told to stop.
+    let stop = CancellationToken::new();
+    let writer = {
+        let (history, stop) = (history.clone(), stop.clone());
+        let mut store = Resource::connect(&resource).await?;
+        tokio::spawn(async move {
+            let mut n = 0u32;
+            while !stop.is_cancelled() && !fired.is_cancelled() {
+                n += 1;
+                let checked = (wall_us(), fired.is_cancelled());
+                store
+                    .write(
+                        &history,
+                        "key0",
+                        "old",
+                        format!("old/{n}"),
+                        old_token,
+                        checked,
+                    )
+                    .await?;
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+            Ok::<_, BoxError>(n)
+        })
+    };
+    sleep(Duration::from_millis(100)).await;
+    proxy.set_mode(ProxyMode::Blackhole);
+    let new = timeout(TTL * 3, new_manager.acquire("key0", &options)).await??;
+    let mut store = Resource::connect(&resource).await?;
+    store
+        .write(
+            &history,
+            "key0",
+            "new",
+            "new/1".into(),
+            new.fencing_token().get(),
+            (wall_us(), new.token().is_cancelled()),
+        )
+        .await?;
+    // Room for a believing writer to show itself after the new grant.
+    sleep(Duration::from_millis(200)).await;
+    stop.cancel();
+    let old_writes = timeout(TTL, writer).await???;
+    let old_fired = old.token().is_cancelled();
+
+    proxy.set_mode(ProxyMode::Pass);
+    let _ = timeout(TTL, old.release()).await;
+    timeout(TTL, new.release()).await??;
+    timeout(TTL * 5, old_manager.shutdown()).await?;
+    timeout(TTL * 5, new_manager.shutdown()).await?;
+    tokio::task::block_in_place(|| witness.finish())?;
+    read_stores(&history, &resource, &["key0".to_owned()]).await?;
+    history.race_window(Duration::ZERO);
+    let report = history.check();
+    let writes = report.writes.clone();
+    println!(
+        "cut-off writer: {old_writes} writes until its token fired or it was stopped; {writes}"
+    );
+    assert!(
+        writes.stale.is_empty(),
+        "a cut-off holder's writes reached the resource after the new grant: {writes}"
+    );
+    assert!(
+        old_writes >= 20,
+        "the cut-off holder wrote {old_writes} times: too few to have written up to its token firing"
+    );
+    assert!(
+        old_fired,
+        "the cut-off holder's token never fired, though another client took its lease"
+    );
+    assert!(report.is_clean(), "{report}");
     Ok(())
 }

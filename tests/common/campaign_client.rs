@@ -314,8 +314,10 @@ impl Applied {
 /// only after a flight longer than that, the stall fencing exists for, and
 /// that is what the window excuses. A token firing late could also hide
 /// behind the window: the margin verdict (every token fired by deadline at
-/// least the margin plus the drift allowance, less 52 ms, before the
-/// server's expiry) fails that case on its own.
+/// least the margin plus the drift allowance, less 25 ms, before the
+/// server's expiry) fails that case on its own, and
+/// `a_cut_off_holder_that_keeps_writing_makes_no_stale_write` judges a
+/// cut-off writer with no window at all.
 pub(crate) const RACE_WINDOW: Duration = Duration::from_millis(250);
 
 /// Microseconds since the Unix epoch on this host's clock: the clock the
