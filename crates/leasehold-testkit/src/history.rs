@@ -840,6 +840,24 @@ impl History {
         self.last_write(key, token).map(|w| w.by_us + micros(w.ttl))
     }
 
+    /// Whether the lease server recorded a write (a grant or an extension)
+    /// of `key`'s lease with `token` from `from_us` to `to_us` (server
+    /// clock, µs since the Unix epoch): a write a failover may have lost.
+    #[must_use]
+    pub fn written_between(&self, key: &str, token: u64, from_us: u64, to_us: u64) -> bool {
+        let record = self.record();
+        let Some(writes) = record.server.get(key) else {
+            return false;
+        };
+        let mut current = None;
+        writes.iter().any(|w| {
+            if w.token.is_some() {
+                current = w.token;
+            }
+            current == Some(token) && w.by_us >= from_us && w.at_us <= to_us
+        })
+    }
+
     /// The last recorded write of `key`'s lease while it held `token`.
     fn last_write(&self, key: &str, token: u64) -> Option<ServerWrite> {
         let record = self.record();
