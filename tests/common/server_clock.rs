@@ -44,6 +44,9 @@ pub(crate) struct Executed {
     pub(crate) started: SystemTime,
     /// Whether a script ran the command.
     pub(crate) by_script: bool,
+    /// The client that sent it, as the server names it (`127.0.0.1:5555`;
+    /// `lua` for a command a script ran): one connection's commands share it.
+    pub(crate) client: String,
     /// The command name and arguments, as the server printed them.
     pub(crate) args: Vec<String>,
 }
@@ -109,7 +112,14 @@ impl Monitor {
     /// Connects to `server` (directly, not through any proxy under test)
     /// and starts recording. Commands executed after this returns are seen.
     pub(crate) async fn start(server: SocketAddr) -> Result<Self, Error> {
-        let mut stream = TcpStream::connect(server).await?;
+        Self::start_via(server, server).await
+    }
+
+    /// As [`start`](Self::start), through `watch`, another address of the
+    /// same server (a port it listens on before it opens `server`'s):
+    /// [`sync`](Self::sync) still goes to `server`.
+    pub(crate) async fn start_via(watch: SocketAddr, server: SocketAddr) -> Result<Self, Error> {
+        let mut stream = TcpStream::connect(watch).await?;
         stream.write_all(b"MONITOR\r\n").await?;
         let mut lines = BufReader::new(stream).lines();
         let ok = tokio::time::timeout(ANSWER_TIMEOUT, lines.next_line())
@@ -228,10 +238,13 @@ fn parse(line: &str) -> Option<Executed> {
         + Duration::from_secs(secs.parse().ok()?)
         + Duration::from_micros(micros.parse().ok()?);
     let (source, quoted) = rest.split_once("] ")?;
+    // `[0 127.0.0.1:5555` or `[0 lua`: the database, then the client.
+    let client = source.split_once(' ').map_or("", |(_, client)| client);
     Some(Executed {
         at,
         started: at,
-        by_script: source.ends_with(" lua"),
+        by_script: client == "lua",
+        client: client.to_owned(),
         args: unquote(quoted),
     })
 }
@@ -279,7 +292,11 @@ fn monitor_lines_parse_with_their_escapes() {
         UNIX_EPOCH + Duration::from_secs(1_795_600_370) + Duration::from_micros(850_204)
     );
     assert!(executed.by_script);
+    assert_eq!(executed.client, "lua");
     assert!(executed.sets_ttl_of("leasehold:{a b\"}"));
+    let sent = parse(r#"+1795600370.850204 [0 127.0.0.1:5555] "HELLO" "3""#).expect("a line");
+    assert!(!sent.by_script);
+    assert_eq!(sent.client, "127.0.0.1:5555");
     assert_eq!(
         earliest_expiry(executed.at, Duration::from_secs(2)),
         UNIX_EPOCH + Duration::from_millis(1_795_600_372_850)

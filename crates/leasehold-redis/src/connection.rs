@@ -57,9 +57,9 @@ impl Conn {
     }
 
     /// Runs `call`, then `WAIT` if asked. On `NOSCRIPT` the call waits for
-    /// the scripts to be loaded on the server that answered, one load at a
-    /// time per server for all the calls that met it (`loads.rs`), and is
-    /// sent again.
+    /// its script to be loaded on the server that answered, one load at a
+    /// time per script and server for all the calls that met it
+    /// (`loads.rs`), and is sent again.
     pub(crate) async fn eval(
         &self,
         call: &Call,
@@ -96,13 +96,15 @@ impl Conn {
         }
     }
 
-    /// After `call`, sent at `sent`, met `NOSCRIPT`: waits for the scripts
+    /// After `call`, sent at `sent`, met `NOSCRIPT`: waits for its script
     /// to be loaded on the server that answered (see
     /// [`ScriptLoads::after_noscript`]).
     async fn reload(&self, call: &Call, sent: Mark, loads: &ScriptLoads) -> RedisResult<()> {
         let node = self.node_of(call).await;
         loads
-            .after_noscript(node, sent, || self.load_scripts(call))
+            .after_noscript(node, call.script().get_hash(), sent, || {
+                self.load_script(call)
+            })
             .await
     }
 
@@ -127,37 +129,32 @@ impl Conn {
         }
     }
 
-    /// A load of every script, in one round trip, on the server `call`
-    /// goes to; it owns what it needs, so that whichever waiter polls it
-    /// can drive it.
+    /// A load of `call`'s script on the server `call` goes to; it owns
+    /// what it needs, so that whichever waiter polls it can drive it.
     // Without the feature the cluster arm is unreachable (`absent.rs`).
     #[cfg_attr(
         not(feature = "cluster"),
         allow(unused_variables, unused_mut, unreachable_code)
     )]
-    fn load_scripts(&self, call: &Call) -> BoxFuture<'static, RedisResult<()>> {
-        let pipe = scripts::load_all();
+    fn load_script(&self, call: &Call) -> BoxFuture<'static, RedisResult<()>> {
+        let load = scripts::load(call.script());
         match self {
             Self::Standalone(conn) => {
                 let mut conn = conn.clone();
-                async move { loaded(pipe.query_async(&mut conn).await?) }.boxed()
+                async move { loaded(load.query_async(&mut conn).await?) }.boxed()
             }
             Self::Cluster(conn) => {
                 let mut conn = conn.clone();
-                let node = SingleNodeRoutingInfo::SpecificNode(Route::with_key(
-                    call.first_key(),
-                    SlotAddr::Master,
-                ));
-                let count = scripts::all().len();
-                async move { loaded(conn.route_pipeline(pipe, 0, count, node).await?) }.boxed()
+                let node = route_for(call.first_key());
+                async move { loaded(routed(&mut conn, load, node).await?) }.boxed()
             }
             Self::Sentinel(sentinel) => {
                 let sentinel = Arc::clone(sentinel);
                 async move {
-                    let replies = sentinel
-                        .on_master(async |conn| pipe.query_async::<Vec<Value>>(conn).await)
+                    let reply = sentinel
+                        .on_master(async |conn| load.query_async::<Value>(conn).await)
                         .await?;
-                    loaded(replies)
+                    loaded(reply)
                 }
                 .boxed()
             }
@@ -269,12 +266,9 @@ enum Sent {
     NoScript(redis::RedisError),
 }
 
-/// Every reply of a load pipeline, each an error if the server refused it.
-fn loaded(replies: Vec<Value>) -> RedisResult<()> {
-    for reply in replies {
-        reply.extract_error()?;
-    }
-    Ok(())
+/// A load's reply: an error if the server refused it.
+fn loaded(reply: Value) -> RedisResult<()> {
+    reply.extract_error().map(drop)
 }
 
 /// `EVALSHA` (and `WAIT`) on one connection; the pair goes out as one

@@ -14,8 +14,8 @@
 //! | `inspect`      | `inspect.lua` | read the lease's label, fencing token and ttl                          |
 //!
 //! The scripts are built once and called by `EVALSHA`; a server that forgot
-//! them (restart, failover, `SCRIPT FLUSH`) gets them all again on
-//! `NOSCRIPT`, once for all the calls that met it there.
+//! them (restart, failover, `SCRIPT FLUSH`) gets a script again on a call's
+//! `NOSCRIPT`, once for all the calls of that script that met it there.
 //!
 //! ```no_run
 //! use std::time::Duration;

@@ -2,10 +2,10 @@
 //!
 //! Each script is built once (its SHA-1 computed once) into a static and
 //! called with `EVALSHA`; when the server answers `NOSCRIPT` (after a
-//! restart, a failover or `SCRIPT FLUSH`) the connection loads every
-//! script, once for all the calls that met it there (`loads.rs`), on the
-//! node that answered, so that a down node elsewhere in a cluster does not
-//! fail the load, and sends the call again. The calls here only name keys and
+//! restart, a failover or `SCRIPT FLUSH`) the connection loads the call's
+//! script, once for all the calls of that script that met it there
+//! (`loads.rs`), on the node that answered, so that a down node elsewhere
+//! in a cluster does not fail the load, and sends the call again. The calls here only name keys and
 //! arguments, so every topology can send them over its own connection.
 //!
 //! Every `ttl` argument a script names is the key's expiry: the lease's ttl
@@ -49,6 +49,8 @@ impl Lua {
 /// lease.
 pub(crate) struct Call {
     cmd: Cmd,
+    /// The script it runs: the one loaded again if the server forgot it.
+    script: &'static Lua,
 }
 
 impl Call {
@@ -61,7 +63,12 @@ impl Call {
     fn with_capacity(script: &'static Lua, keys: usize, args: usize, bytes: usize) -> Self {
         let mut cmd = Cmd::with_capacity(3 + args, 64 + bytes);
         cmd.arg("EVALSHA").arg(script.get_hash()).arg(keys);
-        Self { cmd }
+        Self { cmd, script }
+    }
+
+    /// The script the call runs.
+    pub(crate) fn script(&self) -> &'static Lua {
+        self.script
     }
 
     /// The first key: in a cluster, the call goes to the node of its slot.
@@ -241,16 +248,6 @@ pub(crate) fn load(script: &Lua) -> Cmd {
     let mut cmd = redis::cmd("SCRIPT");
     cmd.arg("LOAD").arg(script.source);
     cmd
-}
-
-/// `SCRIPT LOAD` of every script, as one pipeline: what a server that
-/// answered `NOSCRIPT` is sent (`loads.rs`).
-pub(crate) fn load_all() -> redis::Pipeline {
-    let mut pipe = redis::pipe();
-    for script in all() {
-        pipe.add_command(load(script));
-    }
-    pipe
 }
 
 /// The most renewals sent in one script call: bounds how long one call keeps

@@ -1,9 +1,10 @@
 //! Scripts are loaded on every server at connect, so that many calls sent
 //! at once on a fresh connection meet no `NOSCRIPT` (each would load its
 //! script again); a server that loses them later (`SCRIPT FLUSH`, a
-//! restart) is sent them once per loss, however many calls meet
-//! `NOSCRIPT` together. Judged by the servers' own `INFO errorstats` and
-//! `INFO commandstats`.
+//! restart) is sent each script that a call needs once per loss, however
+//! many calls of it meet `NOSCRIPT` together, and no script that no call
+//! needs. Judged by the servers' own `INFO errorstats` and `INFO
+//! commandstats`.
 
 mod common;
 
@@ -98,8 +99,10 @@ async fn first_calls_on_a_server_meet_no_noscript() -> TestResult {
     Ok(())
 }
 
-/// The backend's scripts: one load of them all is this many `SCRIPT LOAD`s.
-const SCRIPTS: u64 = 21;
+/// The scripts the calls of these tests run after a loss: the acquisition
+/// (alone, or a batch of them), the renewal and the read. Each is loaded
+/// at most once per loss.
+const SCRIPTS_RUN: u64 = 4;
 
 /// `SCRIPT LOAD`s the server has run since its counters were reset.
 fn loads(server: &RedisServer) -> Result<u64, Box<dyn std::error::Error>> {
@@ -134,15 +137,16 @@ async fn hold(
 }
 
 /// Asserts that `server` noticed the loss of its scripts (a `NOSCRIPT` at
-/// least) and was sent them once (one `SCRIPT LOAD` of each), since its
-/// counters were reset; `when` names the loss in the messages.
+/// least) and was sent each script a call needed once at most (at least
+/// one `SCRIPT LOAD`, at most [`SCRIPTS_RUN`]), since its counters were
+/// reset; `when` names the loss in the messages.
 fn loaded_once(server: &RedisServer, when: &str) -> TestResult {
     let (loaded, refused) = (loads(server)?, noscripts(server)?);
     eprintln!("{when}: {loaded} SCRIPT LOADs, {refused} NOSCRIPT replies");
     assert!(refused >= 1, "{when}: the loss was noticed");
-    assert_eq!(
-        loaded, SCRIPTS,
-        "{when}: one load of all {SCRIPTS} scripts, not one per call that met NOSCRIPT ({refused} NOSCRIPT replies)"
+    assert!(
+        (1..=SCRIPTS_RUN).contains(&loaded),
+        "{when}: {loaded} SCRIPT LOADs: one per script the calls run (at most {SCRIPTS_RUN}), not one per call that met NOSCRIPT ({refused} NOSCRIPT replies) nor one of every script"
     );
     Ok(())
 }
