@@ -82,3 +82,44 @@ pub fn valid_until(sent_at: Instant, ttl: Ttl) -> Instant {
     // Ttl::MIN (100 ms) exceeds the drift (3 ms at that ttl), so this never underflows.
     sent_at + (ttl.get() - clock_drift(ttl.get()))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    fn key() -> LeaseKey {
+        LeaseKey::new("grant-test").expect("a valid key")
+    }
+
+    /// Certain validity ends the ttl less the drift allowance after the
+    /// request was sent: later than the send, earlier than the ttl.
+    #[test]
+    fn valid_until_is_the_ttl_less_the_drift_after_the_send() {
+        let sent = Instant::now();
+        for ms in [100, 1_000, 30_000] {
+            let ttl = Ttl::new(Duration::from_millis(ms)).expect("a valid ttl");
+            let until = valid_until(sent, ttl);
+            assert_eq!(until, sent + ttl.get() - clock_drift(ttl.get()), "{ms} ms");
+            assert!(until > sent && until < sent + ttl.get(), "{ms} ms");
+        }
+    }
+
+    /// A handed-over grant is valid for the hold less the drift of its
+    /// ttl, counted from when the place was taken, which it reports as
+    /// its send.
+    #[test]
+    fn a_handed_over_grant_is_valid_for_its_hold_less_the_drift() {
+        let placed = Instant::now();
+        let ttl = Ttl::new(Duration::from_secs(10)).expect("a valid ttl");
+        let hold = Duration::from_secs(4);
+        let holder = HolderId::generate().expect("a holder id");
+        let grant = Grant::handed_over(key(), holder, FencingToken(7), ttl, placed, hold);
+        assert_eq!(grant.sent_at, placed);
+        assert_eq!(grant.valid_until, placed + hold - clock_drift(ttl.get()));
+        assert_eq!(grant.fencing_token, FencingToken(7));
+        // A hold shorter than the drift leaves no validity, not an underflow.
+        let none = Grant::handed_over(key(), holder, FencingToken(8), ttl, placed, Duration::ZERO);
+        assert_eq!(none.valid_until, placed);
+    }
+}

@@ -139,3 +139,53 @@ impl fmt::Debug for Progress {
         d.finish_non_exhaustive()
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn bounds(window: Duration, origin: Instant) -> Arc<Bounds> {
+        let options = LeaseOptions::builder()
+            .progress_window(window)
+            .build()
+            .expect("valid options");
+        Bounds::of(&options, origin).expect("a progress window makes bounds")
+    }
+
+    /// A holder is stalled only once more than its window has passed since
+    /// its last report (or the acquisition): a report exactly the window
+    /// ago is still within it.
+    #[tokio::test(start_paused = true)]
+    async fn stalled_only_past_the_window() {
+        let window = Duration::from_secs(20);
+        let origin = Instant::now();
+        let b = bounds(window, origin);
+        assert!(
+            !b.stalled(origin + window),
+            "exactly the window after the acquisition"
+        );
+        assert!(b.stalled(origin + window + Duration::from_nanos(1)));
+        tokio::time::advance(Duration::from_secs(2)).await;
+        Progress::new(Some(Arc::clone(&b))).report();
+        let reported = origin + Duration::from_secs(2);
+        assert_eq!(b.last_report(), reported);
+        assert!(!b.stalled(reported + window));
+        assert!(b.stalled(reported + window + Duration::from_nanos(1)));
+    }
+
+    /// The reporter shows its window and last report, and nothing for a
+    /// lease without a window.
+    #[tokio::test(start_paused = true)]
+    async fn a_reporter_shows_its_window() {
+        let shown = format!(
+            "{:?}",
+            Progress::new(Some(bounds(Duration::from_secs(20), Instant::now())))
+        );
+        assert!(
+            shown.contains("window: Some(20s)") && shown.contains("last_report"),
+            "{shown}"
+        );
+        let unbound = format!("{:?}", Progress::new(None));
+        assert!(!unbound.contains("window"), "{unbound}");
+    }
+}
