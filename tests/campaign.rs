@@ -1135,7 +1135,7 @@ async fn a_cut_off_holder_that_keeps_writing_makes_no_stale_write() -> TestResul
     let server = RedisServer::start()?;
     let resource = RedisServer::start()?;
     let history = History::new();
-    let mut witness = Witness::start(server.addr(), &history)?;
+    let witness = Witness::start(server.addr(), &history)?;
     let proxy = Proxy::start(server.addr()).await?;
     let connect = |url: String| async move {
         RedisBackend::builder(url)
