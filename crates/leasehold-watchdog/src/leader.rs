@@ -287,3 +287,68 @@ async fn sleep_until(deadline: Option<Instant>) {
         None => std::future::pending().await,
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn info(ttl_left: Option<Duration>) -> LeaseInfo {
+        let mut info = LeaseInfo::default();
+        info.ttl_left = ttl_left;
+        info.fencing_token = Some(FencingToken(3));
+        info.label = Some("node-a".to_owned());
+        info
+    }
+
+    /// Where changes are reported, a held key is read again 2 ms past its
+    /// remaining ttl and a free one only on a signal; where they are not,
+    /// at the latest after the recheck period.
+    #[tokio::test(start_paused = true)]
+    async fn the_next_read_comes_at_the_expiry_or_the_recheck() {
+        let now = Instant::now();
+        let five = Duration::from_secs(5);
+        let short = Duration::from_millis(300);
+        assert_eq!(
+            next_read(Some(&info(Some(five))), now, true),
+            Some(now + five + EXPIRY_SLACK)
+        );
+        assert_eq!(
+            next_read(Some(&info(Some(five))), now, false),
+            Some(now + UNREPORTED_RECHECK)
+        );
+        assert_eq!(
+            next_read(Some(&info(Some(short))), now, false),
+            Some(now + short + EXPIRY_SLACK)
+        );
+        assert_eq!(next_read(None, now, true), None);
+        assert_eq!(next_read(None, now, false), Some(now + UNREPORTED_RECHECK));
+        assert_eq!(next_read(Some(&info(None)), now, true), None);
+        assert_eq!(
+            next_read(Some(&info(None)), now, false),
+            Some(now + UNREPORTED_RECHECK)
+        );
+    }
+
+    /// One term is one token and one label; a renewal (a new ttl, a later
+    /// read) is the same term and publishes nothing.
+    #[tokio::test(start_paused = true)]
+    async fn a_term_is_its_token_and_label() {
+        let now = Instant::now();
+        let a = Leader::from_info(info(Some(Duration::from_secs(5))), now);
+        let renewed = Leader::from_info(
+            info(Some(Duration::from_secs(9))),
+            now + Duration::from_secs(1),
+        );
+        assert!(a.same_term(&renewed));
+        let mut other_token = info(Some(Duration::from_secs(5)));
+        other_token.fencing_token = Some(FencingToken(4));
+        assert!(!a.same_term(&Leader::from_info(other_token, now)));
+        let mut other_label = info(Some(Duration::from_secs(5)));
+        other_label.label = Some("node-b".to_owned());
+        assert!(!a.same_term(&Leader::from_info(other_label, now)));
+        let mut neither = info(Some(Duration::from_secs(5)));
+        neither.fencing_token = Some(FencingToken(4));
+        neither.label = Some("node-b".to_owned());
+        assert!(!a.same_term(&Leader::from_info(neither, now)));
+    }
+}
