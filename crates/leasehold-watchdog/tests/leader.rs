@@ -313,3 +313,43 @@ async fn without_reports_a_watch_reads_again_every_recheck() -> TestResult {
     }
     Ok(())
 }
+
+/// Reading the same state again publishes nothing: a free key read every
+/// recheck stays one `None`, and a holder renewing its lease (a new ttl
+/// each read) stays one term. A watcher is woken only by a change.
+#[tokio::test(start_paused = true)]
+async fn reading_the_same_term_again_publishes_nothing() -> TestResult {
+    let backend = MemoryBackend::new();
+    let observer = LeaseManager::new(Unreporting(backend.client()))?;
+    let mut leader = observer.watch_leader("scheduler").await?;
+    let recheck = leasehold_watchdog::UNREPORTED_RECHECK;
+    tokio::time::sleep(recheck / 10).await;
+    leader.borrow_and_update();
+    tokio::time::sleep(recheck * 5).await;
+    assert!(
+        !leader.has_changed()?,
+        "a free key read again was published again: {:?}",
+        *leader.borrow()
+    );
+
+    let other = backend.client();
+    let (key, holder) = (LeaseKey::new("scheduler")?, HolderId::generate()?);
+    let ttl = Ttl::parse("3s")?;
+    other
+        .try_acquire(&AcquireRequest::new(key.clone(), holder, ttl))
+        .await?;
+    timeout(recheck * 2, leader.changed()).await??;
+    assert!(leader.borrow_and_update().is_some());
+    for _ in 0..5 {
+        tokio::time::sleep(recheck).await;
+        other
+            .renew(&leasehold_core::RenewRequest::new(key.clone(), holder, ttl))
+            .await?;
+    }
+    assert!(
+        !leader.has_changed()?,
+        "a renewed term was published again: {:?}",
+        *leader.borrow()
+    );
+    Ok(())
+}
