@@ -353,3 +353,77 @@ async fn reading_the_same_term_again_publishes_nothing() -> TestResult {
     );
     Ok(())
 }
+
+/// A backend whose reads fail once `failing` is set, counting them.
+#[derive(Clone)]
+struct Unreadable {
+    inner: MemoryBackend,
+    failing: Arc<std::sync::atomic::AtomicBool>,
+    reads: Arc<std::sync::atomic::AtomicUsize>,
+}
+
+impl LeaseBackend for Unreadable {
+    async fn try_acquire(
+        &self,
+        request: &AcquireRequest,
+    ) -> Result<leasehold_core::AcquireOutcome, leasehold_core::BackendError> {
+        self.inner.try_acquire(request).await
+    }
+
+    async fn renew_many(
+        &self,
+        requests: &[leasehold_core::RenewRequest],
+    ) -> Vec<Result<leasehold_core::RenewOutcome, leasehold_core::BackendError>> {
+        self.inner.renew_many(requests).await
+    }
+
+    async fn release(
+        &self,
+        key: &LeaseKey,
+        holder: &HolderId,
+    ) -> Result<leasehold_core::ReleaseReport, leasehold_core::BackendError> {
+        self.inner.release(key, holder).await
+    }
+
+    async fn inspect(
+        &self,
+        key: &LeaseKey,
+    ) -> Result<Option<leasehold_core::LeaseInfo>, leasehold_core::BackendError> {
+        if !self.failing.load(std::sync::atomic::Ordering::Relaxed) {
+            return self.inner.inspect(key).await;
+        }
+        self.reads
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        Err(leasehold_core::BackendError::UnexpectedReply {
+            op: "inspect",
+            key: key.to_string(),
+            detail: "unreadable on purpose".to_owned(),
+        })
+    }
+}
+
+/// A watch whose reads fail keeps the last leader it read and tries again
+/// every 250 ms: four reads a second, not a loop that spins.
+#[tokio::test(start_paused = true)]
+async fn failing_reads_are_retried_at_a_pace() -> TestResult {
+    let reads = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let failing = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let backend = Unreadable {
+        inner: MemoryBackend::new(),
+        failing: Arc::clone(&failing),
+        reads: Arc::clone(&reads),
+    };
+    let observer = LeaseManager::new(backend)?;
+    let leader = observer.watch_leader("scheduler").await?;
+    failing.store(true, std::sync::atomic::Ordering::Relaxed);
+    // The free key is read again after the recheck (1 s), then, failing,
+    // every 250 ms: at 1, 1.25, ... 3 s.
+    tokio::time::sleep(Duration::from_millis(3_100)).await;
+    let n = reads.load(std::sync::atomic::Ordering::Relaxed);
+    assert!(
+        (8..=10).contains(&n),
+        "{n} failed reads in 3.1 s: not one at the recheck and then one every 250 ms"
+    );
+    assert!(leader.borrow().is_none());
+    Ok(())
+}
