@@ -159,7 +159,7 @@ for entry in "${mutants[@]}"; do
   else
     missed=1
   fi
-  failing=$(grep -oE "^test [^ ]+ \.\.\. FAILED" "$log" | awk '{print $2}' | sort -u | head -5 | tr '\n' ' ')
+  failing=$(grep -oE "^test [^ ]+ \.\.\. FAILED" "$log" | awk '{print $2}' | sort -u | head -5 | tr '\n' ' ' || true)
   echo "$name|$file|$what|$result|$failing" | tee -a "$out"
 done
 restore
