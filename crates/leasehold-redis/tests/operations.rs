@@ -6,12 +6,14 @@ mod common;
 
 use std::time::Duration;
 
-use common::{TestResult, acquire, connect, held, holder, key, storage_key, ttl};
-use leasehold_core::{
-    AcquireOutcome, AcquireRequest, FencingToken, HandoverBackend, LeaseBackend, ReleaseOutcome,
-    RenewOutcome, RenewRequest,
+use common::{
+    TestResult, acquire, assert_expires, connect, held, holder, key, server_ms, storage_key, ttl,
 };
-use leasehold_redis::RedisBackend;
+use leasehold_core::{
+    AcquireOutcome, AcquireRequest, FencingToken, HandoverBackend, HandoverOutcome, LeaseBackend,
+    ReleaseOutcome, RenewOutcome, RenewRequest,
+};
+use leasehold_redis::{KeyLayout, RedisBackend};
 use leasehold_testkit::RedisServer;
 use tokio::time::Instant;
 
@@ -76,6 +78,85 @@ async fn acquire_held_reacquire_release() -> TestResult {
 
     let next = acquire(&backend, &k, b, ttl).await?;
     assert!(next.fencing_token > grant.fencing_token);
+    Ok(())
+}
+
+/// Every expiry the lease scripts write is the one asked for, by the
+/// server's own clock (`PEXPIRETIME` against `TIME` read around each call,
+/// see `common::assert_expires`): a grant keeps the lease for its ttl and
+/// its counter for the retention; the holder taking it again, for the new
+/// ttl; a handover, for the waiter's ttl, with the waiter's minimum-hold
+/// mark ending its minimum after the handover. An inspection shows no
+/// more than the ttl and no less than the server's `PTTL` read after it.
+#[tokio::test]
+async fn every_expiry_written_is_the_one_asked_for() -> TestResult {
+    let server = RedisServer::start()?;
+    let backend = connect(&server).await;
+    let (k, a, b) = (key("expiries"), holder(), holder());
+    let (p, fence) = (storage_key(&k), KeyLayout::default().fence(&k));
+    let retention = i64::try_from(KeyLayout::DEFAULT_FENCE_RETENTION.as_millis())?;
+
+    let before = server_ms(&server)?;
+    acquire(&backend, &k, a, ttl("20s")).await?;
+    let after = server_ms(&server)?;
+    assert_expires(&server, &p, (before, after), 20_000, "a grant")?;
+    assert_expires(
+        &server,
+        &fence,
+        (before, after),
+        retention,
+        "a grant's counter",
+    )?;
+
+    let before = server_ms(&server)?;
+    acquire(&backend, &k, a, ttl("40s")).await?;
+    let after = server_ms(&server)?;
+    assert_expires(
+        &server,
+        &p,
+        (before, after),
+        40_000,
+        "the holder taking it again",
+    )?;
+
+    let shown = backend
+        .inspect(&k)
+        .await?
+        .ok_or("the lease is held")?
+        .ttl_left
+        .ok_or("no ttl shown")?;
+    let left: u64 = server.cli(&["PTTL", &p])?.parse()?;
+    assert!(
+        Duration::from_millis(left) <= shown && shown <= Duration::from_secs(40),
+        "an inspection shows {shown:?} left; the server had {left} ms left just after it, of 40 s"
+    );
+
+    let minimum = Duration::from_secs(5);
+    let next = AcquireRequest::new(k.clone(), b, ttl("25s")).with_hold_at_least(minimum)?;
+    let before = server_ms(&server)?;
+    let HandoverOutcome::HandedOver(grant) = backend.release_to(&k, &a, &next).await? else {
+        panic!("not handed over, with no one else listening");
+    };
+    let after = server_ms(&server)?;
+    assert_eq!(grant.holder, b);
+    assert_expires(&server, &p, (before, after), 25_000, "a handover")?;
+    let mark = format!("{p}:held-until");
+    assert_expires(
+        &server,
+        &mark,
+        (before, after),
+        5_000,
+        "the handed-over grant's mark",
+    )?;
+    let value = server.cli(&["GET", &mark])?;
+    let end: i64 = value
+        .strip_prefix(&format!("{}:", b.to_hex()))
+        .ok_or_else(|| format!("the mark {value:?} is not the waiter's"))?
+        .parse()?;
+    assert!(
+        (before + 5_000..=after + 5_000).contains(&end),
+        "the mark ends at {end}, not the minimum after the handover ({before}..{after} + 5000)"
+    );
     Ok(())
 }
 

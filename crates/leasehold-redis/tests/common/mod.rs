@@ -83,3 +83,47 @@ where
         }
     }
 }
+
+/// The server's clock (`TIME`), in milliseconds since 1970: the clock it
+/// keeps its expiries by.
+pub(crate) fn server_ms(server: &RedisServer) -> Result<i64, Box<dyn std::error::Error>> {
+    let time = server.cli(&["TIME"])?;
+    let mut parts = time.split_whitespace();
+    let (Some(secs), Some(micros)) = (parts.next(), parts.next()) else {
+        return Err(format!("TIME answered {time:?}").into());
+    };
+    Ok(secs.parse::<i64>()? * 1_000 + micros.parse::<i64>()? / 1_000)
+}
+
+/// When the server frees `key` (`PEXPIRETIME`, Redis 7.0): milliseconds
+/// since 1970 by its clock, -1 for never, -2 for gone.
+pub(crate) fn expires_at(
+    server: &RedisServer,
+    key: &str,
+) -> Result<i64, Box<dyn std::error::Error>> {
+    Ok(server.cli(&["PEXPIRETIME", key])?.parse()?)
+}
+
+/// Asserts that the server frees `key` `ms` after a write it made while
+/// its clock read between `before` and `after` (`TIME` read just before
+/// and just after the call, see [`server_ms`]): its `PEXPIRETIME` lies in
+/// [before + ms, after + ms + 1], the server keeping an expiry in whole
+/// milliseconds. The bound is as wide as the call's round trip on the
+/// server's clock, with no allowance of its own: an expiry cut by any
+/// part of `ms` shows. Returns the end.
+pub(crate) fn assert_expires(
+    server: &RedisServer,
+    key: &str,
+    (before, after): (i64, i64),
+    ms: i64,
+    what: &str,
+) -> Result<i64, Box<dyn std::error::Error>> {
+    let end = expires_at(server, key)?;
+    let (low, high) = (before + ms, after + ms + 1);
+    assert!(
+        (low..=high).contains(&end),
+        "{what}: the server frees {key} at {end}, {} ms after the call began by its clock, not {ms} ms after the call ([{low}, {high}])",
+        end - before
+    );
+    Ok(end)
+}
