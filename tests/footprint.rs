@@ -264,14 +264,24 @@ async fn tokens_rise_after_the_counter_expired() -> TestResult {
     let manager = manager_at(server.url()).await?;
     let counter = format!("{NAMESPACE}:{{nightly}}:fence");
 
+    let before = server_ms(&mut conn).await?;
     let first = manager.acquire("nightly", &options("5s")).await?;
+    let after = server_ms(&mut conn).await?;
+    // Kept for the retention from its grant, by the server's clock: its
+    // PEXPIRETIME between TIME before the acquisition and TIME after it,
+    // plus the retention (and 1 ms: the server keeps whole milliseconds).
+    let ends: u64 = redis::cmd("PEXPIRETIME")
+        .arg(&counter)
+        .query_async(&mut conn)
+        .await?;
+    let retention = u64::try_from(RETENTION.as_millis())?;
+    assert!(
+        (before + retention..=after + retention + 1).contains(&ends),
+        "the counter is kept until {} ms after its grant began by the server's clock, not for the retention ({retention} ms)",
+        i128::from(ends) - i128::from(before)
+    );
     let token = first.fencing_token();
     first.release().await?;
-    let kept: i64 = conn.pttl(&counter).await?;
-    assert!(
-        (1..=i64::try_from(RETENTION.as_millis())?).contains(&kept),
-        "the counter is kept for the retention, PTTL {kept}"
-    );
     within(RETENTION * 3, "the counter to expire", async {
         loop {
             let exists: bool = conn.exists(&counter).await?;
