@@ -13,7 +13,9 @@ use std::process::{Child, Command, Stdio};
 use std::sync::mpsc;
 use std::time::Duration;
 
-use common::{TestResult, acquire, connect, holder, key, storage_key, ttl};
+use common::{
+    TestResult, acquire, assert_expires, connect, holder, key, server_ms, storage_key, ttl,
+};
 use futures_util::StreamExt;
 use futures_util::future::join_all;
 use leasehold_core::{
@@ -149,6 +151,60 @@ async fn a_batch_grants_the_free_keys_and_reports_the_held_ones() -> TestResult 
                 matches!(outcome, Err(BackendError::WrongType { .. })),
                 "{outcome:?}"
             ),
+        }
+    }
+    Ok(())
+}
+
+/// A batch writes the expiries asked for, by the server's clock
+/// (`PEXPIRETIME` against `TIME` read around the batch, see
+/// `common::assert_expires`): each lease it grants for its ttl and, over a
+/// tracking connection (which writes the batch's counters at its end),
+/// each counter for the retention; each lease its holder takes again in a
+/// batch, for the new ttl.
+#[tokio::test]
+async fn a_batch_writes_the_expiries_asked_for() -> TestResult {
+    let server = RedisServer::start()?;
+    let backend = batching(&server).await;
+    assert!(backend.tracks_lease_changes());
+    warm_up(&backend, &[&server], &[key("warm")]).await?;
+    let me = holder();
+    let keys: Vec<LeaseKey> = (0..4).map(|i| key(&format!("expiring-{i}"))).collect();
+    let retention = i64::try_from(KeyLayout::DEFAULT_FENCE_RETENTION.as_millis())?;
+    // (what, ttl, in ms, whether it grants, so writes the counters)
+    for (what, ttl_text, ms, grants) in [
+        ("a batched grant", "20s", 20_000, true),
+        ("a batched re-acquisition", "40s", 40_000, false),
+    ] {
+        assert_eq!(server.cli(&["CONFIG", "RESETSTAT"])?, "OK");
+        let requests: Vec<AcquireRequest> = keys
+            .iter()
+            .map(|k| AcquireRequest::new(k.clone(), me, ttl(ttl_text)))
+            .collect();
+        let before = server_ms(&server)?;
+        let outcomes = tokio::time::timeout(
+            BOUND,
+            join_all(requests.iter().map(|r| backend.try_acquire(r))),
+        )
+        .await?;
+        let after = server_ms(&server)?;
+        for outcome in outcomes {
+            assert!(matches!(outcome?, AcquireOutcome::Acquired(_)));
+        }
+        // One call for the first, one for the three that waited.
+        assert_eq!(calls(&server, "evalsha")?, 2);
+        for k in &keys[1..] {
+            assert_expires(&server, &storage_key(k), (before, after), ms, what)?;
+            if grants {
+                let fence = KeyLayout::default().fence(k);
+                assert_expires(
+                    &server,
+                    &fence,
+                    (before, after),
+                    retention,
+                    "a batch's counter",
+                )?;
+            }
         }
     }
     Ok(())
