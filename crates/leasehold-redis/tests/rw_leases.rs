@@ -10,12 +10,12 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicI32, AtomicUsize, Ordering};
 use std::time::Duration;
 
-use common::{TestResult, connect, holder, key, ttl};
+use common::{TestResult, assert_expires, connect, expires_at, holder, key, server_ms, ttl};
 use futures_util::StreamExt;
 use leasehold_core::{
     AcquireOutcome, AcquireRequest, BackendError, ChangeBackend, FencingToken, Grant, HolderId,
-    LeaseBackend, LeaseChange, LeaseInfo, LeaseKey, ReadWriteBackend, ReleaseOutcome, Ttl,
-    WatchPolicy,
+    LeaseBackend, LeaseChange, LeaseInfo, LeaseKey, ReadWriteBackend, ReleaseOutcome, RenewOutcome,
+    RenewRequest, Ttl, WatchPolicy,
 };
 use leasehold_redis::redis::{self, AsyncCommands};
 use leasehold_redis::{RedisBackend, RedlockBackend};
@@ -292,20 +292,137 @@ async fn a_refused_writer_goes_before_new_readers() -> TestResult {
 }
 
 /// A writer that dies while waiting holds readers back for its ttl only:
-/// its intent's PTTL on the server, no longer.
+/// its intent is kept for the writer's ttl from its refusal, by the
+/// server's clock, and no longer.
 #[tokio::test]
 async fn a_dead_writers_intent_runs_out_at_its_ttl() -> TestResult {
     let server = RedisServer::start()?;
     let backend = connect(&server).await;
     let mut side = side(&server.url()).await?;
     granted(read(&backend, holder(), ttl("30s")).await?)?;
+    let before = server_ms(&server)?;
     refused(write(&backend, holder(), ttl("1s")).await?)?;
+    let after = server_ms(&server)?;
+    assert_expires(
+        &server,
+        INTENT,
+        (before, after),
+        1_000,
+        "a refused writer's intent",
+    )?;
     let pttl: i64 = side.pttl(INTENT).await?;
-    assert!(pttl > 0 && pttl <= 1000, "intent PTTL {pttl}");
     refused(read(&backend, holder(), ttl("30s")).await?)?;
     tokio::time::sleep(Duration::from_millis(u64::try_from(pttl)? + 20)).await;
     assert!(!exists(&mut side, INTENT).await?);
     granted(read(&backend, holder(), ttl("30s")).await?)?;
+    Ok(())
+}
+
+/// Each share keeps the expiry asked for, by the server's clock
+/// (`PEXPIRETIME` against `TIME` read around each call, see
+/// `common::assert_expires`): a reader or a writer taken again by its
+/// holder, for the new ttl; the reader index, at least as long as its
+/// reader after the reader's grant, its re-acquisition and a renewal that
+/// lengthens it, so that a writer always finds a live reader. An
+/// inspection shows the writer, the waiting writer's intent and each
+/// reader with no more than its ttl and no less than the server's `PTTL`
+/// read after it.
+#[tokio::test]
+async fn each_share_keeps_the_expiry_asked_for() -> TestResult {
+    let server = RedisServer::start()?;
+    let backend = connect(&server).await;
+    let (r, w, waiting) = (holder(), holder(), holder());
+    let index_outlives = |reader: i64, what: &str| -> TestResult {
+        let index = expires_at(&server, READERS)?;
+        assert!(
+            index >= reader,
+            "{what}: the reader index is freed at {index}, before its reader at {reader}"
+        );
+        Ok(())
+    };
+
+    granted(read(&backend, r, ttl("1s")).await?)?;
+    let before = server_ms(&server)?;
+    granted(read(&backend, r, ttl("20s")).await?)?;
+    let after = server_ms(&server)?;
+    let end = assert_expires(
+        &server,
+        &reader_key(&r),
+        (before, after),
+        20_000,
+        "a reader taken again",
+    )?;
+    index_outlives(end, "a reader taken again")?;
+    let before = server_ms(&server)?;
+    let renewal = RenewRequest::new(doc().reader_key(&r)?, r, ttl("60s"));
+    assert_eq!(backend.renew(&renewal).await?, RenewOutcome::Renewed);
+    let after = server_ms(&server)?;
+    let end = assert_expires(
+        &server,
+        &reader_key(&r),
+        (before, after),
+        60_000,
+        "a renewed reader",
+    )?;
+    index_outlives(end, "a renewed reader")?;
+
+    // A second reader, and an inspection of both.
+    let other = holder();
+    granted(read(&backend, other, ttl("30s")).await?)?;
+    let info = backend.inspect_rw(&doc()).await?;
+    assert_eq!(info.readers.len(), 2, "{info:?}");
+    // Shown by rising fencing token: the first reader first.
+    for (reader, (who, most)) in info.readers.iter().zip([(r, 60), (other, 30)]) {
+        let shown = reader.ttl_left.ok_or("a reader shown without a ttl")?;
+        let left: u64 = server.cli(&["PTTL", &reader_key(&who)])?.parse()?;
+        assert!(
+            Duration::from_millis(left) <= shown && shown <= Duration::from_secs(most),
+            "a reader shown with {shown:?} left; the server had {left} ms left just after, of {most} s"
+        );
+    }
+    for who in [r, other] {
+        assert_eq!(
+            backend
+                .release(&doc().reader_key(&who)?, &who)
+                .await?
+                .outcome(),
+            ReleaseOutcome::Released
+        );
+    }
+
+    // A writer, taken again; another writer's intent; an inspection.
+    granted(write(&backend, w, ttl("1s")).await?)?;
+    let before = server_ms(&server)?;
+    granted(write(&backend, w, ttl("20s")).await?)?;
+    let after = server_ms(&server)?;
+    assert_expires(
+        &server,
+        WRITER,
+        (before, after),
+        20_000,
+        "a writer taken again",
+    )?;
+    let before = server_ms(&server)?;
+    refused(write(&backend, waiting, ttl("30s")).await?)?;
+    let after = server_ms(&server)?;
+    assert_expires(
+        &server,
+        INTENT,
+        (before, after),
+        30_000,
+        "a refused writer's intent",
+    )?;
+    let info = backend.inspect_rw(&doc()).await?;
+    let writer = info.writer.ok_or("no writer shown")?.ttl_left;
+    let intent = info.waiting_writer.ok_or("no intent shown")?.ttl_left;
+    for (key, shown, most) in [(WRITER, writer, 20), (INTENT, intent, 30)] {
+        let shown = shown.ok_or("shown without a ttl")?;
+        let left: u64 = server.cli(&["PTTL", key])?.parse()?;
+        assert!(
+            Duration::from_millis(left) <= shown && shown <= Duration::from_secs(most),
+            "{key} shown with {shown:?} left; the server had {left} ms left just after, of {most} s"
+        );
+    }
     Ok(())
 }
 
