@@ -9,7 +9,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, AtomicUsize, Ordering};
 use std::time::Duration;
 
-use common::{TestResult, connect, holder, key, ttl};
+use common::{TestResult, assert_expires, connect, holder, key, server_ms, ttl};
 use futures_util::StreamExt;
 use leasehold_core::{
     AcquireOutcome, AcquireRequest, BackendError, ChangeBackend, FencingToken, Grant, HolderId,
@@ -17,7 +17,7 @@ use leasehold_core::{
     WatchPolicy,
 };
 use leasehold_redis::redis::{self, AsyncCommands};
-use leasehold_redis::{RedisBackend, RedlockBackend};
+use leasehold_redis::{KeyLayout, RedisBackend, RedlockBackend};
 use leasehold_testkit::{RedisCluster, RedisServer};
 use tokio::time::{Instant, timeout};
 
@@ -165,6 +165,61 @@ async fn a_crashed_holders_permit_frees_at_its_ttl() -> TestResult {
     );
     let again = permit(&other, &jobs, holder(), ttl("30s"), 1).await?;
     assert_eq!(again.key, lost.key);
+    Ok(())
+}
+
+/// A semaphore's keys keep the expiries asked for, by the server's clock
+/// (`PEXPIRETIME` against `TIME` read around each call, see
+/// `common::assert_expires`): a permit its holder takes again, for the new
+/// ttl; the semaphore's counter, for the retention from a grant; its
+/// limit, for the retention from each grant and each re-acquisition (a
+/// limit that expired early would let a holder asking with another limit
+/// in while permits are held).
+#[tokio::test]
+async fn a_semaphore_keeps_the_expiries_asked_for() -> TestResult {
+    let server = RedisServer::start()?;
+    let backend = connect(&server).await;
+    let (jobs, who) = (key("jobs"), holder());
+    let retention = i64::try_from(KeyLayout::DEFAULT_FENCE_RETENTION.as_millis())?;
+    let (limit_key, fence) = ("leasehold:{jobs}:permits", "leasehold:{jobs}:fence");
+
+    let before = server_ms(&server)?;
+    let grant = permit(&backend, &jobs, who, ttl("1s"), 2).await?;
+    let after = server_ms(&server)?;
+    assert_expires(
+        &server,
+        fence,
+        (before, after),
+        retention,
+        "the counter after a grant",
+    )?;
+    assert_expires(
+        &server,
+        limit_key,
+        (before, after),
+        retention,
+        "the limit after a grant",
+    )?;
+
+    let before = server_ms(&server)?;
+    let again = permit(&backend, &jobs, who, ttl("20s"), 2).await?;
+    let after = server_ms(&server)?;
+    assert_eq!(again.key, grant.key, "the holder keeps its permit");
+    let permit_key = format!("leasehold:{}", grant.key);
+    assert_expires(
+        &server,
+        &permit_key,
+        (before, after),
+        20_000,
+        "a permit taken again",
+    )?;
+    assert_expires(
+        &server,
+        limit_key,
+        (before, after),
+        retention,
+        "the limit after a re-acquisition",
+    )?;
     Ok(())
 }
 
