@@ -7,7 +7,10 @@ mod common;
 
 use std::time::Duration;
 
-use common::{TestResult, acquire, connect, holder, key, storage_key, ttl};
+use common::{
+    TestResult, acquire, assert_expires, connect, expires_at, holder, key, server_ms, storage_key,
+    ttl,
+};
 use futures_util::StreamExt;
 use leasehold_core::{
     AcquireRequest, BackendError, FairBackend, FairOutcome, FairPlace, Grant, HolderId,
@@ -185,17 +188,68 @@ async fn a_dead_waiters_place_expires_and_is_skipped() -> TestResult {
     assert_eq!(grant.holder, alive);
     assert!(queue(&server, &lease)?.is_empty());
     // A queue whose waiter vanished leaves nothing behind once its place expires.
-    let other = key("fair:vanished");
+    let (other, vanished) = (key("fair:vanished"), holder());
     acquire(&backend, &other, holder(), ttl("30s")).await?;
-    waiting(fair(&backend, &other, holder(), place_ttl(300)).await?);
+    waiting(fair(&backend, &other, vanished, place_ttl(300)).await?);
     let fair_key = format!("{}:fair", storage_key(&other));
     let pttl: i64 = server.cli(&["PTTL", &fair_key])?.parse()?;
     assert!((1..=300).contains(&pttl), "{pttl}");
+    // Not before it either: each queue key is freed no earlier than the
+    // place's expiry, the score the server keeps for it (both by the
+    // server's clock), so a live waiter's place is never lost with them.
+    let places = format!("{fair_key}-places");
+    let place_ends = server
+        .cli(&["ZSCORE", &places, &vanished.to_hex()])?
+        .parse::<f64>()? as i64;
+    for queue_key in [&fair_key, &places] {
+        let end = expires_at(&server, queue_key)?;
+        assert!(
+            end >= place_ends,
+            "{queue_key} is freed at {end}, before the place in it expires at {place_ends}"
+        );
+    }
     tokio::time::sleep(Duration::from_millis(400)).await;
     assert_eq!(
         server.cli(&["EXISTS", &fair_key, &format!("{fair_key}-places")])?,
         "0"
     );
+    Ok(())
+}
+
+/// A holder granted in fair mode that asks again (as after a grant whose
+/// reply was lost) keeps its token, and the lease for the new ttl, by the
+/// server's clock (`PEXPIRETIME` against `TIME` read around the call).
+#[tokio::test]
+async fn a_fair_holder_asking_again_keeps_its_lease_for_the_new_ttl() -> TestResult {
+    let server = RedisServer::start()?;
+    let backend = connect(&server).await;
+    let (lease, who) = (key("fair:again"), holder());
+    let ask = |t| AcquireRequest::new(lease.clone(), who, ttl(t));
+    let place = place_ttl(5_000);
+    let first = granted(
+        timeout(
+            Duration::from_secs(5),
+            backend.try_acquire_fair(&ask("1s"), place, None),
+        )
+        .await??,
+    );
+    let before = server_ms(&server)?;
+    let again = granted(
+        timeout(
+            Duration::from_secs(5),
+            backend.try_acquire_fair(&ask("20s"), place, None),
+        )
+        .await??,
+    );
+    let after = server_ms(&server)?;
+    assert_eq!(again.fencing_token, first.fencing_token);
+    assert_expires(
+        &server,
+        &storage_key(&lease),
+        (before, after),
+        20_000,
+        "a fair holder asking again",
+    )?;
     Ok(())
 }
 
