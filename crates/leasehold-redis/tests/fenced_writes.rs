@@ -598,8 +598,15 @@ async fn expiry_is_the_users_choice() -> TestResult {
     );
     let left = pttl(&mut side, "r").await?;
     assert!(left > 3_590_000 && left <= 3_600_000, "{left}");
+    // A read shows no more than the expiry, and no less than the server
+    // has left just after it.
     let read = expiring.read("r").await?.ok_or("r is stored")?;
-    assert!(read.ttl_left.is_some_and(|t| t <= hour));
+    let shown = read.ttl_left.ok_or("no ttl shown")?;
+    let left = u64::try_from(pttl(&mut side, "r").await?)?;
+    assert!(
+        Duration::from_millis(left) <= shown && shown <= hour,
+        "a read shows {shown:?} left; the server had {left} ms left just after it"
+    );
     assert_eq!(
         backend
             .fence(&lease)

@@ -144,6 +144,28 @@ async fn until_gone(side: &mut Side, job: &JobName) -> TestResult {
     }
 }
 
+/// Asserts that the server frees `key` `ms` after a write it made while
+/// its clock read between `before` and `after` (`TIME` read just before
+/// and just after the call): its `PEXPIRETIME` (Redis 7.0) lies in
+/// [before + ms, after + ms + 1], the server keeping an expiry in whole
+/// milliseconds. As wide as the call's round trip, with no allowance of
+/// its own: an expiry cut by any part of `ms` shows.
+async fn assert_kept(
+    side: &mut Side,
+    key: &str,
+    (before, after): (u64, u64),
+    ms: u64,
+    what: &str,
+) -> TestResult {
+    let end: i64 = redis::cmd("PEXPIRETIME").arg(key).query_async(side).await?;
+    let (low, high) = (before + ms, after + ms + 1);
+    assert!(
+        u64::try_from(end).is_ok_and(|end| (low..=high).contains(&end)),
+        "{what}: the server frees {key} at {end}, not {ms} ms after the call ([{low}, {high}])"
+    );
+    Ok(())
+}
+
 /// A tick on time is granted once; the same tick asked by another node is
 /// that decision. The record says so, the run lease is the grant's, and
 /// the record expires within its ttl.
@@ -162,6 +184,7 @@ async fn a_tick_on_time_is_granted_once_and_then_decided_for_every_node() -> Tes
         &ask(&nightly, "* * * * *", tick, tick + MINUTE, a, "30s"),
     )
     .await?;
+    let after = server_ms(&mut side).await?;
     assert!(answer.server_time >= now, "{answer:?}");
     let TickReply::Granted { grant, reason } = answer.reply else {
         return Err(format!("not granted: {answer:?}").into());
@@ -192,9 +215,15 @@ async fn a_tick_on_time_is_granted_once_and_then_decided_for_every_node() -> Tes
         .await?
         .ok_or("no run lease")?;
     assert_eq!(lease, format!("{}:{token}:node-a", a.to_hex()));
-    let pttl: i64 = side.pttl(keys(&nightly).0).await?;
-    let most = i64::try_from(RECORD_TTL.as_millis())?;
-    assert!(pttl > 0 && pttl <= most, "record PTTL {pttl}");
+    let keep = u64::try_from(RECORD_TTL.as_millis())?;
+    assert_kept(
+        &mut side,
+        &keys(&nightly).0,
+        (now, after),
+        keep,
+        "the record after a grant",
+    )
+    .await?;
 
     // Another node, same tick: the decision, and nothing changes.
     let answer = decide(
@@ -219,7 +248,14 @@ async fn a_tick_on_time_is_granted_once_and_then_decided_for_every_node() -> Tes
     let run = read.run.ok_or("no run")?;
     assert_eq!(run.state, RunState::Running);
     assert_eq!(run.info.fencing_token, grant.fencing_token);
-    assert!(run.ttl_left.is_some_and(|t| t <= Duration::from_secs(30)));
+    // Its time left: no more than the run's ttl, no less than the server
+    // has left just after the read.
+    let shown = run.ttl_left.ok_or("no ttl shown for the run")?;
+    let left: u64 = side.pttl(keys(&nightly).1).await?;
+    assert!(
+        Duration::from_millis(left) <= shown && shown <= Duration::from_secs(30),
+        "the run shown with {shown:?} left; the server had {left} ms left just after"
+    );
     assert_eq!(read.counts.started, 1);
     let renewed = first
         .renew(&leasehold_core::RenewRequest::new(
@@ -287,6 +323,13 @@ async fn a_late_tick_is_missed_with_or_without_a_record() -> TestResult {
     let mut side = side(&server.url()).await?;
     let daily = job("daily");
     let now = server_ms(&mut side).await?;
+
+    // Late by three quarters of its 10 s deadline: still on time.
+    let hourly = job("hourly");
+    let tick = now - 7_500;
+    let request = ask(&hourly, "h", tick, tick + MINUTE, holder(), "30s");
+    let (_, reason) = granted(&backend, &request).await?;
+    assert_eq!(reason, TickReason::OnTime, "a tick within its deadline");
 
     // No record; past its 10 s deadline, before the next tick.
     let tick = now - 20_000;
@@ -485,11 +528,13 @@ async fn a_completion_is_fenced_by_the_runs_token() -> TestResult {
         .await?;
 
     let (grant, _) = granted(&backend, &ask(&export, "e", first, second, a, "30s")).await?;
+    let before = server_ms(&mut side).await?;
     let done = timeout(
         PATIENCE,
         backend.complete_tick(&export, &a, grant.fencing_token),
     )
     .await??;
+    let after = server_ms(&mut side).await?;
     let Completion::Completed { server_time } = done else {
         return Err(format!("not completed: {done:?}").into());
     };
@@ -511,11 +556,15 @@ async fn a_completion_is_fenced_by_the_runs_token() -> TestResult {
         assert_eq!(field(&kept, name), value, "{name} in {kept:?}");
     }
     assert!(kept.contains_key("run_ended"), "{kept:?}");
-    let pttl: i64 = side.pttl(keys(&export).0).await?;
-    assert!(
-        pttl > 0 && pttl <= i64::try_from(RECORD_TTL.as_millis())?,
-        "{pttl}"
-    );
+    let keep = u64::try_from(RECORD_TTL.as_millis())?;
+    assert_kept(
+        &mut side,
+        &keys(&export).0,
+        (before, after),
+        keep,
+        "the record after a completion",
+    )
+    .await?;
     // Completed twice: refused, counted once.
     let again = backend
         .complete_tick(&export, &a, grant.fencing_token)
@@ -609,9 +658,20 @@ async fn an_abandoned_run_is_rerun_for_the_newest_decided_tick() -> TestResult {
     until_gone(&mut side, &invoice).await?;
     let c = holder();
     let claim = rerun(&invoice, dead.fencing_token, OnAbandon::Rerun, c);
+    let before = server_ms(&mut side).await?;
     let RerunReply::Granted { tick, grant } = backend.claim_rerun(&claim).await? else {
         return Err("the re-run was not granted".into());
     };
+    let after = server_ms(&mut side).await?;
+    let keep = u64::try_from(RECORD_TTL.as_millis())?;
+    assert_kept(
+        &mut side,
+        &keys(&invoice).0,
+        (before, after),
+        keep,
+        "the record after a re-run",
+    )
+    .await?;
     assert_eq!(tick, second, "the newest decided tick");
     assert!(grant.fencing_token > dead.fencing_token);
     let kept = record(&mut side, &invoice).await?;
@@ -662,10 +722,21 @@ async fn an_abandoned_run_skipped_is_recorded_once() -> TestResult {
     .await?;
     until_gone(&mut side, &cleanup).await?;
     let claim = rerun(&cleanup, dead.fencing_token, OnAbandon::Skip, holder());
+    let before = server_ms(&mut side).await?;
     assert_eq!(
         backend.claim_rerun(&claim).await?,
         RerunReply::Abandoned { tick }
     );
+    let after = server_ms(&mut side).await?;
+    let keep = u64::try_from(RECORD_TTL.as_millis())?;
+    assert_kept(
+        &mut side,
+        &keys(&cleanup).0,
+        (before, after),
+        keep,
+        "the record after an abandon",
+    )
+    .await?;
     // A second watcher's claim finds it settled: counted by one watcher.
     assert_eq!(backend.claim_rerun(&claim).await?, RerunReply::Settled);
     // And a re-run claimed after it does not run it again.
