@@ -44,7 +44,7 @@ mutants=(
   "release-fair-queue|release_fair.lua|s/^if redis\.call\('EXISTS', queue\) == 0 then/if true then/m|a fair release ignores its queue (no handover to the head)|-p leasehold-redis --test fair_queue"
   # Durations and expiries, each cut by half.
   "grant-px-half|grant.lua|s!label, 'PX', ttl\)!label, 'PX', $(half ttl))!|a grant keeps the lease for half its ttl (and lock-delay, which the ttl sent includes)|-p leasehold-redis --test operations;--test lock_delay"
-  "grant-retention-half|grant.lua|s!fence, token, 'PX', retention\)!fence, token, 'PX', $(half retention))!|a fencing counter is kept for half its retention|--test footprint"
+  "grant-retention-half|grant.lua|s!fence, token, 'PX', retention\)!fence, token, 'PX', $(half retention))!|a fencing counter is kept for half its retention|--test footprint;-p leasehold-redis --test operations"
   "acquire-refresh-px-half|acquire.lua|s!label, 'PX', ttl\)!label, 'PX', $(half ttl))!|a holder's re-acquisition keeps the lease for half its ttl|-p leasehold-redis --test operations"
   "acquire-mark-half|acquire.lua|s!\+ tonumber\(ARGV\[5\]\)!+ math.floor(tonumber(ARGV[5]) / 2)!;s!'PX', ARGV\[5\]\)!'PX', $(half 'ARGV[5]'))!|a grant's minimum-hold mark (held-until) ends at half the minimum|--test hold_at_least"
   "renew-pexpire-half|renew.lua|s!'PEXPIRE', KEYS\[i\], ttl\)!'PEXPIRE', KEYS[i], $(half ttl))!|a renewal extends the lease by half its ttl|-p leasehold-redis --test operations"
@@ -54,7 +54,7 @@ mutants=(
   "acquire-many-refresh-px-half|acquire_many.lua|s!label, 'PX', ttl\)!label, 'PX', $(half ttl))!|a batched re-acquisition keeps the lease for half its ttl|-p leasehold-redis --test batches"
   "acquire-many-retention-half|acquire_many.lua|s!granted\[i \+ 1\], 'PX', retention\)!granted[i + 1], 'PX', $(half retention))!|a batch on a tracking connection keeps its counters for half the retention|-p leasehold-redis --test batches"
   "handover-ttl-half|handover.lua|s!ARGV\[6\], ARGV\[7\], ARGV\[8\]\)!ARGV[6], $(half 'ARGV[7]'), ARGV[8])!|a lease handed to the process's own waiter is kept for half its ttl|--test waiting;-p leasehold-redis --test operations"
-  "handover-mark-half|handover.lua|s!\+ tonumber\(ARGV\[9\]\)!+ math.floor(tonumber(ARGV[9]) / 2)!;s!'PX', ARGV\[9\]\)!'PX', $(half 'ARGV[9]'))!|a handed-over grant's minimum-hold mark ends at half the minimum|--test hold_at_least;--test waiting"
+  "handover-mark-half|handover.lua|s!\+ tonumber\(ARGV\[9\]\)!+ math.floor(tonumber(ARGV[9]) / 2)!;s!'PX', ARGV\[9\]\)!'PX', $(half 'ARGV[9]'))!|a handed-over grant's minimum-hold mark ends at half the minimum|--test hold_at_least;-p leasehold-redis --test operations"
   "handover-hold-half|handover.lua|s!string\.format\('%\.0f', left\)!string.format('%.0f', math.floor(left / 2))!|a handover under the minimum hold keeps the lease for half the time left|--test hold_at_least"
   "fair-place-half|fair.lua|s!now_ms \+ place_ttl\)!now_ms + math.floor(place_ttl / 2))!|a fair waiter's place expires at half its place ttl|-p leasehold-redis --test fair_queue;--test fair_queue"
   "fair-queue-keys-half|fair.lua|s!math\.max\(1, tonumber\(last\[2\]\) - now_ms\)!math.max(1, math.floor((tonumber(last[2]) - now_ms) / 2))!|the fair queue's keys expire at half the life of the longest-lived place|-p leasehold-redis --test fair_queue;--test fair_queue"
