@@ -67,7 +67,7 @@ mutants=(
   "write-intent-half|write.lua|s!mine \.\. label, 'PX', ttl\)!mine .. label, 'PX', $(half ttl))!|a refused writer's intent lives for half its ttl|-p leasehold-redis --test rw_leases;--test rw_leases"
   "write-refresh-px-half|write.lua|s!token \.\. ':' \.\. label, 'PX', ttl\)!token .. ':' .. label, 'PX', $(half ttl))!|a writer's re-acquisition keeps its hold for half its ttl|-p leasehold-redis --test rw_leases"
   "fenced-write-expiry-half|fenced_write.lua|s!'PEXPIRE', resource, expiry\)!'PEXPIRE', resource, $(half expiry))!g|a fenced resource lives for half the expiry asked for|-p leasehold-redis --test fenced_writes"
-  "tick-deadline-half|tick.lua|s!tick \+ deadline\)!tick + math.floor(deadline / 2))!|a tick may start only within half its start deadline|-p leasehold-redis --test ticks"
+  "tick-deadline-half|tick.lua|s!math\.min\(nxt, tick \+ deadline\)!math.min(nxt, tick + math.floor(deadline / 2))!|a tick may start only within half its start deadline|-p leasehold-redis --test ticks"
   "tick-keep-half|tick.lua|s!'PEXPIRE', record, keep\)!'PEXPIRE', record, $(half keep))!|a job's record lives for half its keep after a decision|-p leasehold-redis --test ticks"
   "tick-complete-keep-half|tick_complete.lua|s!'PEXPIRE', record, r\[7\]\)!'PEXPIRE', record, $(half 'r[7]'))!|a job's record lives for half its keep after a completion|-p leasehold-redis --test ticks"
   "tick-rerun-keep-half|tick_rerun.lua|s!'PEXPIRE', record, keep\)!'PEXPIRE', record, $(half keep))!|a job's record lives for half its keep after a rerun or an abandon|-p leasehold-redis --test ticks"
@@ -134,6 +134,12 @@ for entry in "${mutants[@]}"; do
   perl -0pi -e "$subst" "$scripts/$file"
   if [ "$(sha1sum "$scripts/$file")" = "$before" ]; then
     echo "mutant $name did not apply to $file: the script changed, update its pattern" >&2
+    exit 2
+  fi
+  # A pattern that also matches a comment edits the first match only:
+  # the code must be what changed.
+  if git diff -U0 -- "$scripts/$file" | grep -v '^--- a/' | grep -qE '^-[[:space:]]*--'; then
+    echo "mutant $name edited a comment of $file: make its pattern match the code" >&2
     exit 2
   fi
   echo "== $name ($file): $what; running cargo test $targets"
