@@ -35,13 +35,18 @@
 
 mod common;
 
-use std::sync::Arc;
-use std::sync::LazyLock;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, LazyLock};
 
 use common::env_number;
-use leasehold::backend::{AcquireOutcome, AcquireRequest, HolderId, LeaseBackend};
+use leasehold::backend::{
+    AcquireOutcome, AcquireRequest, BackendError, ChangeBackend, ChangeWatch, HolderId,
+    LeaseBackend, ReleaseReport, RenewOutcome, RenewRequest,
+};
 use leasehold::redis::RedisBackend;
-use leasehold::{Fair, Lease, LeaseKey, LeaseManager, LeaseOptions, ReleaseOutcome, Ttl};
+use leasehold::{
+    Fair, Lease, LeaseInfo, LeaseKey, LeaseManager, LeaseOptions, ReleaseOutcome, Ttl,
+};
 use leasehold_testkit::RedisServer;
 use redis::aio::ConnectionManager;
 
@@ -55,11 +60,8 @@ static RAW_RELEASE: LazyLock<redis::Script> = LazyLock::new(|| {
 });
 
 /// Compare-and-pexpire, as `hold_many`'s hand-written holder renews.
-static RAW_RENEW: LazyLock<redis::Script> = LazyLock::new(|| {
-    redis::Script::new(
-        "if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('PEXPIRE', KEYS[1], ARGV[2]) else return 0 end",
-    )
-});
+const RAW_RENEW_SOURCE: &str = "if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('PEXPIRE', KEYS[1], ARGV[2]) else return 0 end";
+static RAW_RENEW: LazyLock<redis::Script> = LazyLock::new(|| redis::Script::new(RAW_RENEW_SOURCE));
 
 /// leasehold's acquire and release scripts, run by hand.
 static LEASEHOLD_ACQUIRE: LazyLock<redis::Script> = LazyLock::new(|| {
@@ -286,15 +288,15 @@ fn measured_cycles(
 }
 
 /// `callgrind_control` on the server's valgrind, if one was named.
-fn callgrind_control(flag: &str) -> ProfileResult {
+fn callgrind_control(flag: &[&str]) -> ProfileResult {
     if let Ok(pid) = std::env::var("LEASEHOLD_PROFILE_SERVER_PID") {
         let status = std::process::Command::new("callgrind_control")
-            .arg(flag)
+            .args(flag)
             .arg(pid.trim())
             .stdout(std::process::Stdio::null())
             .status()?;
         if !status.success() {
-            return Err(format!("callgrind_control {flag} failed").into());
+            return Err(format!("callgrind_control {flag:?} failed").into());
         }
     }
     Ok(())
@@ -374,9 +376,9 @@ fn cycles() -> ProfileResult {
         Ok::<_, redis::RedisError>(())
     });
     stats?;
-    callgrind_control("-z")?;
+    callgrind_control(&["-z"])?;
     measured_cycles(&runtime, &clients, client, cycles)?;
-    callgrind_control("-d")?;
+    callgrind_control(&["-d"])?;
     let info: String = runtime.block_on(async {
         let info = redis::cmd("INFO")
             .arg("commandstats")
@@ -570,4 +572,410 @@ async fn raw_task(
         return Err(format!("{key} was gone at its release"));
     }
     Ok(())
+}
+
+/// Leases acquired at once by `renewals` and `held` (as `hold_many`).
+const HOLD_IN_FLIGHT: usize = 256;
+/// Renewals per pipeline of the hand-written holder (as `hold_many`).
+const RAW_PIPELINE: usize = 1000;
+
+/// Who holds the leases of `renewals` and `held`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Holder {
+    /// `LeaseManager`, client tracking on (the default) or off.
+    Manager { tracked: bool },
+    /// By hand, as `hold_many`'s `raw_*_fenced`: leasehold's keys, values and
+    /// fencing counters, renewed by a pipelined compare-and-pexpire
+    /// `EVALSHA` per lease every ttl/3.
+    RawRenew,
+    /// The same data renewed by a pipelined plain `PEXPIRE` per lease, with
+    /// no owner check: what the renewal's write alone costs the server.
+    RawPexpire,
+}
+
+impl Holder {
+    fn from_env() -> ProfileResult<Self> {
+        let name = std::env::var("LEASEHOLD_PROFILE_CLIENT")
+            .unwrap_or_else(|_| "leasehold_manager".into());
+        Ok(match name.as_str() {
+            "leasehold_manager" => Self::Manager { tracked: true },
+            "leasehold_manager_untracked" => Self::Manager { tracked: false },
+            "raw_renew" => Self::RawRenew,
+            "raw_pexpire" => Self::RawPexpire,
+            other => return Err(format!("unknown holder {other}").into()),
+        })
+    }
+}
+
+/// The backend, counting the watchdog's finished renewals and its calls in
+/// flight, so that a measured window can start and end while the server
+/// is idle between two rounds.
+#[derive(Clone)]
+struct Counting {
+    inner: RedisBackend,
+    renewed: Arc<AtomicU64>,
+    calls: Arc<AtomicU64>,
+    in_flight: Arc<AtomicU64>,
+}
+
+impl LeaseBackend for Counting {
+    async fn try_acquire(&self, request: &AcquireRequest) -> Result<AcquireOutcome, BackendError> {
+        self.inner.try_acquire(request).await
+    }
+
+    async fn renew_many(
+        &self,
+        requests: &[RenewRequest],
+    ) -> Vec<Result<RenewOutcome, BackendError>> {
+        self.in_flight.fetch_add(1, Ordering::SeqCst);
+        let outcomes = self.inner.renew_many(requests).await;
+        self.calls.fetch_add(1, Ordering::SeqCst);
+        self.renewed
+            .fetch_add(requests.len() as u64, Ordering::SeqCst);
+        self.in_flight.fetch_sub(1, Ordering::SeqCst);
+        outcomes
+    }
+
+    async fn release(
+        &self,
+        key: &LeaseKey,
+        holder: &HolderId,
+    ) -> Result<ReleaseReport, BackendError> {
+        self.inner.release(key, holder).await
+    }
+
+    async fn inspect(&self, key: &LeaseKey) -> Result<Option<LeaseInfo>, BackendError> {
+        self.inner.inspect(key).await
+    }
+
+    fn changes(&self) -> Option<&impl ChangeBackend> {
+        Some(self)
+    }
+}
+
+impl ChangeBackend for Counting {
+    async fn watch_changes(&self) -> Result<ChangeWatch, BackendError> {
+        self.inner.watch_changes().await
+    }
+}
+
+/// Leases held by a manager, and the counts of its renewals.
+struct ManagerHold {
+    manager: LeaseManager<Counting>,
+    backend: Counting,
+    leases: Vec<Lease>,
+}
+
+/// Acquires `count` leases `hold:<i>` with a manager, `HOLD_IN_FLIGHT` at
+/// once.
+async fn hold_with_manager(
+    url: &str,
+    tracked: bool,
+    count: usize,
+    ttl: Ttl,
+) -> ProfileResult<ManagerHold> {
+    let backend = Counting {
+        inner: RedisBackend::builder(url)
+            .track_lease_changes(tracked)
+            .connect()
+            .await?,
+        renewed: Arc::default(),
+        calls: Arc::default(),
+        in_flight: Arc::default(),
+    };
+    let manager = LeaseManager::new(backend.clone())?;
+    let options = LeaseOptions::builder()
+        .ttl(ttl)
+        .wait(std::time::Duration::from_secs(60))
+        .build()?;
+    let next = Arc::new(AtomicUsize::new(0));
+    let workers: Vec<_> = (0..HOLD_IN_FLIGHT)
+        .map(|_| {
+            let (manager, options, next) = (manager.clone(), options.clone(), Arc::clone(&next));
+            tokio::spawn(async move {
+                let mut leases = Vec::new();
+                loop {
+                    let i = next.fetch_add(1, Ordering::Relaxed);
+                    if i >= count {
+                        return Ok::<_, String>(leases);
+                    }
+                    let lease = manager
+                        .acquire(format!("hold:{i}"), &options)
+                        .await
+                        .map_err(|e| e.to_string())?;
+                    leases.push(lease);
+                }
+            })
+        })
+        .collect();
+    let mut leases = Vec::with_capacity(count);
+    for worker in workers {
+        leases.extend(worker.await??);
+    }
+    Ok(ManagerHold {
+        manager,
+        backend,
+        leases,
+    })
+}
+
+impl ManagerHold {
+    /// Waits until `renewals` renewals have come back and no call is out:
+    /// the server is idle until the next round.
+    async fn quiet_after(&self, renewals: u64) -> ProfileResult {
+        loop {
+            if self.backend.renewed.load(Ordering::SeqCst) >= renewals
+                && self.backend.in_flight.load(Ordering::SeqCst) == 0
+            {
+                return Ok(());
+            }
+            if let Some(lost) = self.leases.iter().find_map(Lease::loss_reason) {
+                return Err(format!("a lease was lost: {lost}").into());
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        }
+    }
+}
+
+/// Leases held by hand, over leasehold's data: `(key, value)` each.
+struct RawHold {
+    conn: ConnectionManager,
+    leases: Vec<(String, String)>,
+    ttl_ms: u64,
+    plain: bool,
+}
+
+/// Writes `count` leases as `hold_many`'s `raw_*_fenced` does: a fencing
+/// counter, then `SET NX PX` of the lease with leasehold's value (holder,
+/// token, no label), in pipelines.
+async fn hold_by_hand(url: &str, count: usize, ttl: Ttl, plain: bool) -> ProfileResult<RawHold> {
+    let client = redis::Client::open(url)?;
+    let config = redis::aio::ConnectionManagerConfig::new().set_response_timeout(None);
+    let mut conn = ConnectionManager::new_with_config(client, config).await?;
+    redis::cmd("SCRIPT")
+        .arg("LOAD")
+        .arg(RAW_RENEW_SOURCE)
+        .query_async::<String>(&mut conn)
+        .await?;
+    let ttl_ms = u64::try_from(ttl.get().as_millis())?;
+    let token = 1_700_000_000_000_000u64;
+    let leases: Vec<(String, String)> = (0..count)
+        .map(|i| {
+            let holder = format!("{:032x}", fastrand::u128(..));
+            (
+                format!("leasehold:{{hold:{i}}}"),
+                format!("{holder}:{token}:"),
+            )
+        })
+        .collect();
+    for chunk in leases.chunks(RAW_PIPELINE) {
+        let mut pipe = redis::pipe();
+        for (key, value) in chunk {
+            pipe.cmd("SET")
+                .arg(format!("{key}:fence"))
+                .arg(token)
+                .ignore();
+            pipe.cmd("SET")
+                .arg(key)
+                .arg(value)
+                .arg("NX")
+                .arg("PX")
+                .arg(ttl_ms)
+                .ignore();
+        }
+        pipe.query_async::<()>(&mut conn).await?;
+    }
+    Ok(RawHold {
+        conn,
+        leases,
+        ttl_ms,
+        plain,
+    })
+}
+
+impl RawHold {
+    /// One round: every lease renewed once, in pipelines of `RAW_PIPELINE`,
+    /// 16 at once (as `hold_many`). The compare-and-pexpire compares the
+    /// whole value, as `hold_many`'s does.
+    async fn round(&self) -> ProfileResult {
+        let sha = RAW_RENEW.get_hash();
+        for group in self.leases.chunks(RAW_PIPELINE * 16) {
+            let sends = group.chunks(RAW_PIPELINE).map(|chunk| {
+                let mut pipe = redis::pipe();
+                for (key, value) in chunk {
+                    if self.plain {
+                        pipe.cmd("PEXPIRE").arg(key).arg(self.ttl_ms);
+                    } else {
+                        pipe.cmd("EVALSHA")
+                            .arg(sha)
+                            .arg(1)
+                            .arg(key)
+                            .arg(value)
+                            .arg(self.ttl_ms);
+                    }
+                }
+                let mut conn = self.conn.clone();
+                async move { pipe.query_async::<Vec<i64>>(&mut conn).await }
+            });
+            for renewed in futures_util::future::join_all(sends).await {
+                if renewed?.iter().any(|&r| r != 1) {
+                    return Err(broken("a lease held by hand was lost"));
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+/// A profile setting's ttl (default 30 s: under callgrind the server takes
+/// seconds per round of 10,000 renewals, well within a 10 s interval).
+fn profile_ttl() -> ProfileResult<Ttl> {
+    let ttl = std::env::var("LEASEHOLD_PROFILE_TTL").unwrap_or_else(|_| "30s".into());
+    Ok(Ttl::parse(&ttl)?)
+}
+
+/// The server's commands since `CONFIG RESETSTAT`, per renewal.
+async fn commands_per(side: &mut ConnectionManager, renewals: u64) -> ProfileResult<String> {
+    let info: String = redis::cmd("INFO")
+        .arg("commandstats")
+        .query_async(side)
+        .await?;
+    let mut out = String::new();
+    for line in info.lines() {
+        let Some((name, rest)) = line
+            .strip_prefix("cmdstat_")
+            .and_then(|l| l.split_once(':'))
+        else {
+            continue;
+        };
+        if name == "info" || name == "config|resetstat" {
+            continue;
+        }
+        let calls: f64 = rest
+            .split(',')
+            .find_map(|f| f.strip_prefix("calls="))
+            .and_then(|c| c.parse().ok())
+            .unwrap_or(f64::NAN);
+        out.push_str(&format!("  {name:<20} {:.4}\n", calls / renewals as f64));
+    }
+    Ok(out)
+}
+
+/// Server instructions per renewal: `LEASEHOLD_PROFILE_LEASES` leases
+/// (default 10,000) held by `LEASEHOLD_PROFILE_CLIENT` (`leasehold_manager`,
+/// `leasehold_manager_untracked`, `raw_renew`, `raw_pexpire`), ttl
+/// `LEASEHOLD_PROFILE_TTL` (default 30 s). After the first round of
+/// renewals, while the server is idle, the server's callgrind (started
+/// with `--instr-atstart=no`, so that the acquisitions run at valgrind's
+/// uninstrumented speed) is switched on and zeroed; it is dumped once
+/// `LEASEHOLD_PROFILE_ROUNDS` more rounds (default 3) have come back. The
+/// hand-written holder renews every ttl/3 as the watchdog does, so that
+/// both windows span as much of the server's idle time.
+#[test]
+#[ignore = "a profiling run: see the module documentation"]
+fn renewals() -> ProfileResult {
+    let holder = Holder::from_env()?;
+    let count = usize::try_from(env_number("LEASEHOLD_PROFILE_LEASES", 10_000))?;
+    let rounds = env_number("LEASEHOLD_PROFILE_ROUNDS", 3);
+    let ttl = profile_ttl()?;
+    let (_server, url) = server()?;
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()?;
+    runtime.block_on(async {
+        let mut side = ConnectionManager::new(redis::Client::open(url.as_str())?).await?;
+        let begin = async |side: &mut ConnectionManager| -> ProfileResult {
+            redis::cmd("CONFIG")
+                .arg("RESETSTAT")
+                .query_async::<()>(side)
+                .await?;
+            callgrind_control(&["-i", "on"])?;
+            callgrind_control(&["-z"])
+        };
+        let n = count as u64;
+        let (renewals, calls, commands) = match holder {
+            Holder::Manager { tracked } => {
+                let hold = hold_with_manager(&url, tracked, count, ttl).await?;
+                hold.quiet_after(n).await?;
+                begin(&mut side).await?;
+                let renewed = hold.backend.renewed.load(Ordering::SeqCst);
+                let calls = hold.backend.calls.load(Ordering::SeqCst);
+                hold.quiet_after(renewed + rounds * n).await?;
+                callgrind_control(&["-d"])?;
+                let renewals = hold.backend.renewed.load(Ordering::SeqCst) - renewed;
+                let calls = hold.backend.calls.load(Ordering::SeqCst) - calls;
+                let commands = commands_per(&mut side, renewals).await?;
+                hold.manager.shutdown().await;
+                (renewals, calls, commands)
+            }
+            Holder::RawRenew | Holder::RawPexpire => {
+                let hold = hold_by_hand(&url, count, ttl, holder == Holder::RawPexpire).await?;
+                let interval = ttl.get() / 3;
+                let mut tick = tokio::time::Instant::now() + interval;
+                tokio::time::sleep_until(tick).await;
+                hold.round().await?;
+                begin(&mut side).await?;
+                for _ in 0..rounds {
+                    tick += interval;
+                    tokio::time::sleep_until(tick).await;
+                    hold.round().await?;
+                }
+                callgrind_control(&["-d"])?;
+                let renewals = rounds * n;
+                let commands = commands_per(&mut side, renewals).await?;
+                (renewals, rounds * n.div_ceil(RAW_PIPELINE as u64), commands)
+            }
+        };
+        println!(
+            "holder {holder:?}, {count} leases, ttl {ttl}: renewals {renewals}, calls {calls} \
+             ({:.1} renewals per call); server commands per renewal:",
+            renewals as f64 / calls.max(1) as f64
+        );
+        print!("{commands}");
+        Ok(())
+    })
+}
+
+/// Heap per held lease: `LEASEHOLD_PROFILE_LEASES` leases (default 10,000)
+/// held by `LEASEHOLD_PROFILE_CLIENT` (as for `renewals`) through
+/// `LEASEHOLD_PROFILE_ROUNDS` rounds of renewals (default 2), after which
+/// the process ends at once, every lease still held. Run under `valgrind
+/// --tool=dhat` twice with different counts: the difference of the heaps
+/// at the end (or at the peak, the acquisitions in flight included) over
+/// the difference of the counts is the heap per lease, by allocation site.
+#[test]
+#[ignore = "a profiling run: see the module documentation"]
+fn held() -> ProfileResult {
+    let holder = Holder::from_env()?;
+    let count = usize::try_from(env_number("LEASEHOLD_PROFILE_LEASES", 10_000))?;
+    let rounds = env_number("LEASEHOLD_PROFILE_ROUNDS", 2);
+    let ttl = profile_ttl()?;
+    let (_server, url) = server()?;
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()?;
+    let n = count as u64;
+    let kept = runtime.block_on(async {
+        match holder {
+            Holder::Manager { tracked } => {
+                let hold = hold_with_manager(&url, tracked, count, ttl).await?;
+                hold.quiet_after(rounds * n).await?;
+                Ok::<_, Box<dyn std::error::Error>>((Some(hold), None))
+            }
+            Holder::RawRenew | Holder::RawPexpire => {
+                let hold = hold_by_hand(&url, count, ttl, holder == Holder::RawPexpire).await?;
+                for _ in 0..rounds {
+                    tokio::time::sleep(ttl.get() / 3).await;
+                    hold.round().await?;
+                }
+                Ok((None, Some(hold)))
+            }
+        }
+    })?;
+    println!("{count} leases held through {rounds} rounds ({holder:?})");
+    // Ended here, every lease still held and nothing dropped: DHAT's heap
+    // at the end is the hold's, and a release of every lease cannot make
+    // the peak.
+    std::mem::forget(kept);
+    std::process::exit(0)
 }

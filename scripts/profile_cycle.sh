@@ -2,21 +2,33 @@
 # Load-independent profile of one acquire + release cycle, per client
 # (benches/cycle_profile.rs): server commands per cycle, one cycle under
 # MONITOR, server and client instructions per cycle under callgrind, and
-# heap per held lease under DHAT.
+# heap per held lease under DHAT; and, for many leases held, the server's
+# instructions per renewal and the client's heap per lease by allocation
+# site.
 #
 #   scripts/profile_cycle.sh commands|monitor|server|client|hold [CLIENT...]
+#   scripts/profile_cycle.sh renewals|held [HOLDER...]
 #
 # CLIENT: leasehold_manager leasehold_backend raw_redis
-# raw_redis_leasehold_scripts (default: all four). CYCLES (default 10000)
+# raw_redis_leasehold_scripts (default: all four). HOLDER: leasehold_manager
+# leasehold_manager_untracked raw_renew raw_pexpire (default: all four);
+# LEASES (default 10000; for held, two counts, default "10000 20000"),
+# ROUNDS and TTL as the tests `renewals` and `held` in
+# benches/cycle_profile.rs say. CYCLES (default 10000)
 # measured cycles; OUT (default target/profile) where outputs go; BIN a
 # cycle_profile binary built earlier (to compare with an older build), in
 # place of building one.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-what=${1:?commands|monitor|server|client|hold}
+what=${1:?commands|monitor|server|client|hold|renewals|held}
 shift
 clients=("$@")
-[ ${#clients[@]} -gt 0 ] || clients=(leasehold_manager leasehold_backend raw_redis raw_redis_leasehold_scripts)
+if [ ${#clients[@]} -eq 0 ]; then
+    case $what in
+    renewals | held) clients=(leasehold_manager leasehold_manager_untracked raw_renew raw_pexpire) ;;
+    *) clients=(leasehold_manager leasehold_backend raw_redis raw_redis_leasehold_scripts) ;;
+    esac
+fi
 cycles=${CYCLES:-10000}
 out=${OUT:-target/profile}
 mkdir -p "$out"
@@ -101,6 +113,79 @@ hold)
             grep -h 'size_of_val' "$out/hold.$c.$n.txt" | sort -u
             echo "$c $n leases: $(grep -o 'At t-gmax: *[0-9,]* bytes' "$out/hold.$c.$n.txt")"
         done
+    done
+    ;;
+renewals)
+    # The server's valgrind runs uninstrumented until the test switches
+    # callgrind on, after the acquisitions and a first round of renewals.
+    for c in "${clients[@]}"; do
+        rm -f "$out"/callgrind.renewals."$c".*
+        start_server valgrind --tool=callgrind --dump-instr=no --instr-atstart=no \
+            --callgrind-out-file="$out/callgrind.renewals.$c.%p"
+        LEASEHOLD_PROFILE_URL=redis://127.0.0.1:$port LEASEHOLD_PROFILE_CLIENT=$c \
+            LEASEHOLD_PROFILE_LEASES=${LEASES:-10000} LEASEHOLD_PROFILE_ROUNDS=${ROUNDS:-3} \
+            LEASEHOLD_PROFILE_TTL=${TTL:-30s} LEASEHOLD_PROFILE_SERVER_PID=$server_pid \
+            run renewals >"$out/renewals.$c.txt"
+        stop_server
+        dump=$(ls "$out"/callgrind.renewals."$c".*.1)
+        total=$(grep '^summary:\|^totals:' "$dump" | head -1 | awk '{print $2}')
+        renewals=$(grep -o 'renewals [0-9]*,' "$out/renewals.$c.txt" | tr -dc 0-9)
+        echo "$c: server instructions per renewal $((total / renewals)) ($dump)"
+        grep -v '^$\|^running\|^test result\|^ok' "$out/renewals.$c.txt"
+    done
+    ;;
+held)
+    # The heap at two counts, at the peak (DHAT's t-gmax) and held (at the
+    # end, every lease still held); per lease, by allocation site, the
+    # difference over the difference of the counts.
+    counts=(${LEASES:-10000 20000})
+    for c in "${clients[@]}"; do
+        for n in "${counts[@]}"; do
+            LEASEHOLD_PROFILE_CLIENT=$c LEASEHOLD_PROFILE_LEASES=$n \
+                LEASEHOLD_PROFILE_ROUNDS=${ROUNDS:-2} LEASEHOLD_PROFILE_TTL=${TTL:-30s} \
+                valgrind --tool=dhat --dhat-out-file="$out/dhat.held.$c.$n.json" "$bin" \
+                --ignored --exact held --nocapture --test-threads=1 >"$out/held.$c.$n.txt" 2>&1
+        done
+        python3 - "$c" "${counts[0]}" "${counts[1]}" "$out/dhat.held.$c.${counts[0]}.json" \
+            "$out/dhat.held.$c.${counts[1]}.json" <<'PY'
+import json, sys
+from collections import defaultdict
+
+client, small, large, a, b = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4], sys.argv[5]
+SKIP = ("alloc::", "core::", "std::", "hashbrown::", "__rust", "<alloc::", "<core::", "<std::",
+        "<hashbrown::", "malloc", "realloc", "calloc", "posix_memalign", "0x")
+
+
+def site(frames, names):
+    # The first frame that is neither the allocator nor a standard
+    # collection: where the allocation is asked for.
+    for f in frames:
+        name = names[f].split(": ", 1)[-1].split(" (in /", 1)[0]
+        if not name.startswith(SKIP):
+            return name[:160]
+    return names[frames[0]][:160]
+
+
+def heap(path, field):
+    d = json.load(open(path))
+    names, by = d["ftbl"], defaultdict(int)
+    for pp in d["pps"]:
+        by[site(pp["fs"], names)] += pp[field]
+    return sum(by.values()), by
+
+
+per = large - small
+for field, when in (("gb", "at the peak"), ("eb", "held (at the end)")):
+    ta, sa = heap(a, field)
+    tb, sb = heap(b, field)
+    print(f"{client}: heap {when}: {ta} B ({small} leases), {tb} B ({large}): {(tb - ta) / per:.1f} B per lease")
+    if field == "gb":
+        continue
+    rows = sorted(((sb[k] - sa.get(k, 0)) / per, k) for k in set(sa) | set(sb))
+    for d, k in sorted(rows, reverse=True):
+        if abs(d) >= 1:
+            print(f"  {d:8.1f}  {k}")
+PY
     done
     ;;
 *)
