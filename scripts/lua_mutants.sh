@@ -31,7 +31,7 @@ half() { printf "string.format('%%.0f', math.floor(tonumber(%s) / 2))" "$1"; }
 # leasehold-redis have test targets of the same names). The substitutions
 # use '!' as their delimiter (Lua has no '!') and no '|' or '$'.
 mutants=(
-  "renew-holder|renew.lua|s/and string\.find\(v, holder, 1, true\) == 1 then/then/|a renewal extends a lease whoever holds it|-p leasehold-redis --test operations"
+  "renew-holder|renew.lua|s/ and find\(v, holder, 1, true\) == 1 then/ then/|a renewal extends a lease whoever holds it|-p leasehold-redis --test operations"
   "release-owner|release.lua|s/if not v or string\.sub\(v, 1, 33\) ~= ARGV\[1\] \.\. ':' then/if not v then/|a release deletes a lease whoever holds it|-p leasehold-redis --test operations"
   "acquire-held|acquire.lua|s/  return \{0, current, redis\.call\('PTTL', KEYS\[1\]\)\}\n/  -- mutant: no refusal\n/|an acquisition takes a lease another holds|-p leasehold-redis --test operations"
   "grant-floor|grant.lua|s/floor = t\[1\] \.\. string\.sub\('00000' \.\. t\[2\], -6\)/floor = '1'/|tokens without the clock floor (a lost counter restarts them)|--test footprint"

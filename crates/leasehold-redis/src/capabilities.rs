@@ -6,8 +6,8 @@
 //! A server that lacks one is refused with [`ConnectError::UnsupportedServer`], naming
 //! the server, its version and what is missing, instead of failing with a
 //! script error at the first renewal. What the library does without (GETEX,
-//! which `renew.lua` replaces by GET; client tracking, which is then off)
-//! is not required.
+//! which the scripts replace by GET; MGET, which `renew.lua` replaces by a
+//! read per lease; client tracking, which is then off) is not required.
 //!
 //! The minimum versions, from what the code uses:
 //! - Redis 6.0 (any topology): the release notices and client tracking
@@ -57,8 +57,8 @@ impl fmt::Display for ServerInfo {
 }
 
 /// The commands every topology calls: the scripts' own (`redis.call`),
-/// and the commands that send them. `GETEX` is left out: `renew.lua`
-/// falls back to `GET` without it.
+/// and the commands that send them. `GETEX` and `MGET` are left out:
+/// the scripts fall back to `GET` without them.
 const COMMANDS: &[&str] = &[
     "EVALSHA", "SCRIPT", "GET", "SET", "DEL", "PEXPIRE", "PTTL", "TIME", "EXISTS", "PUBLISH",
     "PUBSUB",

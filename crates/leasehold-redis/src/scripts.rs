@@ -447,7 +447,10 @@ pub(crate) fn fair_leave(layout: &KeyLayout, key: &LeaseKey, holder: &HolderId) 
 /// A batch whose leases share one ttl (nearly every batch: a manager's
 /// leases mostly share their options) sends it once; a mixed batch sends an
 /// empty shared ttl and then one per lease. The ttl sent is the key's
-/// expiry, ttl + lock-delay: leases that differ in either differ here.
+/// expiry, ttl + lock-delay: leases that differ in either differ here. Each
+/// holder id goes with the `:` that follows it in the lease's value, so that
+/// the script recognises its lease with one comparison; the batch says
+/// whether a key of it may be a reader's, so that no other batch looks.
 pub(crate) fn renew(layout: &KeyLayout, requests: &[RenewRequest], tracked: bool) -> Call {
     let expiry = |r: &RenewRequest| r.lock_delay.expiry_millis(r.ttl);
     let shared = requests
@@ -455,36 +458,50 @@ pub(crate) fn renew(layout: &KeyLayout, requests: &[RenewRequest], tracked: bool
         .map(expiry)
         .filter(|ms| requests.iter().all(|r| expiry(r) == *ms));
     let per_lease = if shared.is_some() { 0 } else { requests.len() };
-    // Per lease: a key (namespace, braces, the key), a holder id (32 hex
-    // digits), and in a mixed batch a ttl (at most 8 digits).
+    // Per lease: a key (namespace, braces, the key), a holder id and its
+    // `:` (33 bytes), and in a mixed batch a ttl (at most 8 digits).
     let bytes: usize = requests
         .iter()
-        .map(|r| layout.namespace().len() + r.key.as_str().len() + 3 + 32)
+        .map(|r| layout.namespace().len() + r.key.as_str().len() + 3 + 33)
         .sum::<usize>()
-        + 8 * (per_lease + 1);
-    let args = 2 * requests.len() + 2 + per_lease;
+        + 8 * (per_lease + 1)
+        + 2;
+    let args = 2 * requests.len() + 3 + per_lease;
     let mut call = Call::with_capacity(&RENEW, requests.len(), args, bytes);
     // One scratch buffer for every key of the batch.
     let mut key = Vec::with_capacity(64);
+    let mut readers = false;
     for request in requests {
         key.clear();
         layout.write_lease(&request.key, &mut key);
+        readers |= may_be_reader(&key);
         call.cmd.arg(&key[..]);
     }
     match shared {
         Some(ms) => call.cmd.arg(ms),
         None => call.cmd.arg(""),
     };
+    let mut holder = [b':'; 33];
     for request in requests {
-        call.cmd.arg(&request.holder.to_hex_bytes()[..]);
+        holder[..32].copy_from_slice(&request.holder.to_hex_bytes());
+        call.cmd.arg(&holder[..]);
     }
     if shared.is_none() {
         for request in requests {
             call.cmd.arg(expiry(request));
         }
     }
-    call.cmd.arg(if tracked { "1" } else { "0" });
+    call.cmd
+        .arg(if readers { "1" } else { "0" })
+        .arg(if tracked { "1" } else { "0" });
     call
+}
+
+/// Whether `renew.lua` takes the Redis key `key` for a reader's of a
+/// read-write lease (`P:read:` and 32 more bytes), whose renewal lengthens
+/// the lease's reader index too: the script's own test, byte for byte.
+fn may_be_reader(key: &[u8]) -> bool {
+    key.len() >= 38 && key[key.len() - 38..key.len() - 32] == *b":read:"
 }
 
 /// One release of a [`release_many`] batch: the lease, its holder, and
@@ -963,11 +980,16 @@ mod tests {
         let ttl = leasehold_core::Ttl::parse("3s")?;
         // One ttl shared: sent once, before the holders. Different ttls: an
         // empty shared ttl, then one per lease after the holders.
-        let (hex1, hex2) = (h1.to_hex(), h2.to_hex());
+        // Each holder with its ':'; then whether a key may be a reader's,
+        // and whether the connection tracks.
+        let (holder1, holder2) = (format!("{}:", h1.to_hex()), format!("{}:", h2.to_hex()));
         let minute = leasehold_core::Ttl::parse("1m")?;
         for (second, tail) in [
-            (ttl, vec!["3000", &hex1, &hex2, "1"]),
-            (minute, vec!["", &hex1, &hex2, "3000", "60000", "1"]),
+            (ttl, vec!["3000", &holder1, &holder2, "0", "1"]),
+            (
+                minute,
+                vec!["", &holder1, &holder2, "3000", "60000", "0", "1"],
+            ),
         ] {
             let call = renew(
                 &layout,
@@ -988,6 +1010,19 @@ mod tests {
             assert_eq!(args(call.evalsha()), expected);
             assert_eq!(call.first_key(), b"leasehold:{a}");
         }
+        // A reader's key in the batch (`P:read:<holder>`): the script looks
+        // for readers; untracked, it does not read the batch again.
+        let reader = LeaseKey::new("doc")?.reader_key(&h1)?;
+        let call = renew(
+            &layout,
+            &[
+                RenewRequest::new(a.clone(), h1, ttl),
+                RenewRequest::new(reader, h2, ttl),
+            ],
+            false,
+        );
+        let sent = args(call.evalsha());
+        assert_eq!(sent[sent.len() - 2..], ["1", "0"]);
 
         let request = AcquireRequest::new(a.clone(), h1, ttl).with_label("pod-1")?;
         let call = acquire(&layout, &request, true);
@@ -1177,7 +1212,8 @@ mod tests {
         let layout = KeyLayout::default();
         let (a, b) = (LeaseKey::new("a")?, LeaseKey::new("b")?);
         let (h1, h2) = (HolderId::generate()?, HolderId::generate()?);
-        let (hex1, hex2) = (h1.to_hex(), h2.to_hex());
+        // renew.lua takes each holder with the ':' after it.
+        let (holder1, holder2) = (format!("{}:", h1.to_hex()), format!("{}:", h2.to_hex()));
         let ttl = leasehold_core::Ttl::parse("1s")?;
         let delay = leasehold_core::LockDelay::parse("2s")?;
         let request = AcquireRequest::new(a.clone(), h1, ttl).with_lock_delay(delay);
@@ -1192,11 +1228,14 @@ mod tests {
         let call = renew(&layout, &[delayed.clone(), plain], true);
         assert_eq!(
             args(call.evalsha())[5..],
-            ["", &hex1, &hex2, "3000", "1000", "1"]
+            ["", &holder1, &holder2, "3000", "1000", "0", "1"]
         );
         let three = RenewRequest::new(b, h2, leasehold_core::Ttl::parse("3s")?);
         let call = renew(&layout, &[delayed, three], false);
-        assert_eq!(args(call.evalsha())[5..], ["3000", &hex1, &hex2, "0"]);
+        assert_eq!(
+            args(call.evalsha())[5..],
+            ["3000", &holder1, &holder2, "0", "0"]
+        );
         Ok(())
     }
 

@@ -20,12 +20,13 @@
 //!   counter (which outlives the lease) does not. A holder's re-acquisition reads
 //!   its lease again after its `SET`. No round trip is added: the read is in
 //!   the script.
-//! - `renew.lua` reads each lease with `GETEX` (a write command, which
-//!   tracking ignores) and ends with one `EXISTS` naming every lease of the
-//!   batch, so one read tracks the batch under either rule, where a `GET`
-//!   per lease tracked the whole batch once per lease on Redis 7.0
-//!   (quadratic in the batch size) and a single-key read tracked one lease
-//!   of the batch on Valkey.
+//! - `renew.lua` reads the whole batch with one `MGET` and ends with one
+//!   `EXISTS` naming every lease of the batch, so each read tracks the
+//!   batch once under either rule, where a `GET` per lease tracked the
+//!   whole batch once per lease on Redis 7.0 (quadratic in the batch size)
+//!   and a single-key read tracked one lease of the batch on Valkey. An
+//!   ACL without `MGET` gets a `GETEX` per lease (a write command, which
+//!   tracking ignores).
 //!
 //! - `inspect` goes over the tracked connection too (while tracking is
 //!   on): its `GET` tracks the key, so that an observer of a lease it does
