@@ -11,8 +11,9 @@
 //!
 //! - **F1, SIGSTOP**: the server is paused with SIGSTOP until every lease
 //!   could have expired. The server's `MONITOR` record gives the last
-//!   `PEXPIRE` (or `SET … PX`) it ran for each lease; that instant plus the
-//!   ttl is the earliest the server can expire the lease. Measured: how
+//!   `PEXPIREAT` (or `SET … PX`) it ran for each lease: the instant it
+//!   names (the `SET`'s moment plus the ttl) is the earliest the server can
+//!   expire the lease. Measured: how
 //!   long before that the holder's token fired. Asserted: at least the
 //!   safety margin and drift allowance before (less a 40 ms slack for
 //!   timers and scheduling), for every lease.
@@ -69,7 +70,7 @@ use leasehold::redis::RedisBackend;
 use leasehold::{Lease, LeaseManager, LeaseOptions, LossReason, Ttl};
 use leasehold_testkit::{Proxy, ProxyMode, RedisServer};
 use redis::AsyncCommands;
-use server_clock::{Monitor, earliest_expiry, ms_after};
+use server_clock::{Monitor, ms_after};
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
@@ -299,7 +300,7 @@ async fn f1_a_paused_server_fires_every_token_before_the_server_can_expire_its_l
             let applied = monitor
                 .last_ttl_set(&key, resumed)
                 .ok_or_else(|| format!("the server never gave {key} a ttl"))?;
-            let margin = ms_after(earliest_expiry(applied.started, ttl), *fired);
+            let margin = ms_after(applied.earliest_expiry(ttl), *fired);
             assert!(
                 margin >= promised_margin(&options),
                 "{key}: the token fired {margin:.1} ms before the server could expire the lease, less than the safety margin and drift allowance promise ({:.1} ms, slack included)",

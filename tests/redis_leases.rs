@@ -16,7 +16,7 @@ use leasehold::{
     LeaseError, LeaseKey, LeaseManager, LeaseOptions, LossReason, ReleaseOutcome, Ttl,
 };
 use leasehold_testkit::RedisServer;
-use server_clock::{Monitor, earliest_expiry, ms_after};
+use server_clock::{Monitor, ms_after};
 use tokio::time::{Instant, timeout};
 
 type TestResult = Result<(), Box<dyn std::error::Error + Send + Sync>>;
@@ -193,7 +193,7 @@ async fn a_paused_server_fires_the_deadline_before_the_lease_can_expire() -> Tes
     let applied = monitor
         .last_ttl_set("leasehold:{paused}", resumed)
         .ok_or("the server never gave the lease a ttl")?;
-    let earliest_expiry = earliest_expiry(applied.started, ttl);
+    let earliest_expiry = applied.earliest_expiry(ttl);
     let margin = ms_after(earliest_expiry, fired);
     // The promise is the safety margin plus the drift allowance. Slack:
     // the deadline timer's lateness and this task's wake-up on a loaded

@@ -9,7 +9,7 @@
 //! The witness is the server's own clock: a side connection in MONITOR
 //! mode sees every command the lease scripts run on the key, with the
 //! server's timestamp (`[0 lua] "DEL" "leasehold:{rolling}"` for a release,
-//! `"SET" ... "PX"` for a grant, `"PEXPIRE"` for a renewal). For each
+//! `"SET" ... "PX"` for a grant, `"PEXPIREAT"` for a renewal). For each
 //! restart it takes the release of the old leader and the next grant, and
 //! checks:
 //!
@@ -324,7 +324,7 @@ fn key_ops(lines: &[String]) -> Vec<(i64, Op)> {
                 let label = value.next().unwrap_or_default().to_owned();
                 Op::Set { label, token }
             }
-            "PEXPIRE" => Op::Renew,
+            "PEXPIRE" | "PEXPIREAT" => Op::Renew,
             "DEL" => Op::Delete,
             _ => continue,
         };

@@ -504,6 +504,16 @@ fn record_monitor_line(line: &str, script_at: &mut u64, history: &History) -> Op
                 history.extended(key, ServerTime::between(*script_at, at_us), ttl);
             }
         }
+        // A renewal names the instant itself: recorded as the ttl that the
+        // history counts from the write's earliest moment, in whole
+        // milliseconds, to reach it.
+        [cmd, lease, expiry] if cmd.eq_ignore_ascii_case("PEXPIREAT") => {
+            if let (Some(key), Ok(expiry_ms)) = (key(lease), expiry.parse::<u64>()) {
+                let counted_from_ms = *script_at / 1_000;
+                let ttl = Duration::from_millis(expiry_ms.saturating_sub(counted_from_ms));
+                history.extended(key, ServerTime::between(*script_at, at_us), ttl);
+            }
+        }
         _ => {}
     }
     None

@@ -4,7 +4,7 @@
 //! [`Monitor`] keeps a `MONITOR` connection open on a side connection and
 //! records every command the server executes with the server's wall-clock
 //! timestamp, including the commands a Lua script runs (`[0 lua]` lines:
-//! the `SET … PX` of an acquisition, the `PEXPIRE` of a renewal). The
+//! the `SET … PX` of an acquisition, the `PEXPIREAT` of a renewal). The
 //! server stamps with `gettimeofday`: the same clock as [`SystemTime`] in a
 //! test on the same machine. Checked on Redis 7.0: a script's call
 //! (`EVALSHA`) is stamped before the script runs, each command inside it
@@ -15,7 +15,9 @@
 //! until at least [`earliest_expiry`]`(started, ttl)`, where `started` is
 //! the stamp of the script's call ([`Executed::started`]): Redis stores the
 //! expiry in whole milliseconds (its clock when the command ran, truncated,
-//! plus the ttl) and expires a key only once its clock is past that.
+//! plus the ttl) and expires a key only once its clock is past that. A
+//! renewal's `PEXPIREAT` names that instant itself (the batch's `TIME`, in
+//! whole milliseconds, plus the ttl): [`Executed::earliest_expiry`] reads it.
 //!
 //! Included with `#[path]` by the tests that need it, apart from `mod.rs`,
 //! whose campaign client they do not use.
@@ -53,24 +55,43 @@ pub(crate) struct Executed {
 
 impl Executed {
     /// Whether this command gave `key` a time to live: the acquisition's
-    /// `SET key value PX ttl` or a renewal's `PEXPIRE key ttl`.
+    /// `SET key value PX ttl` or a renewal's `PEXPIREAT key at` (`PEXPIRE
+    /// key ttl` where an ACL refuses `PEXPIREAT`).
     pub(crate) fn sets_ttl_of(&self, key: &str) -> bool {
         let name = self.args.first().map(|a| a.to_ascii_uppercase());
         let on_key = self.args.get(1).is_some_and(|k| k == key);
         match name.as_deref() {
-            Some("PEXPIRE") => on_key,
+            Some("PEXPIRE" | "PEXPIREAT") => on_key,
             Some("SET") => on_key && self.args.iter().any(|a| a.eq_ignore_ascii_case("PX")),
             _ => false,
         }
     }
 
-    /// Whether this is a renewal's `PEXPIRE key …`.
+    /// Whether this is a renewal's `PEXPIREAT key …` or `PEXPIRE key …`.
     pub(crate) fn renews(&self, key: &str) -> bool {
         self.sets_ttl_of(key)
-            && self
-                .args
-                .first()
-                .is_some_and(|name| name.eq_ignore_ascii_case("PEXPIRE"))
+            && self.args.first().is_some_and(|name| {
+                name.eq_ignore_ascii_case("PEXPIRE") || name.eq_ignore_ascii_case("PEXPIREAT")
+            })
+    }
+
+    /// The instant a `PEXPIREAT` gave its key (Unix milliseconds, on the
+    /// server's clock); `None` for any other command.
+    pub(crate) fn absolute_expiry(&self) -> Option<SystemTime> {
+        match self.args.as_slice() {
+            [name, _, at] if name.eq_ignore_ascii_case("PEXPIREAT") => {
+                Some(UNIX_EPOCH + Duration::from_millis(at.parse().ok()?))
+            }
+            _ => None,
+        }
+    }
+
+    /// The earliest wall-clock instant the server can expire the key this
+    /// command gave a ttl of `ttl`: the instant a `PEXPIREAT` names, else
+    /// [`earliest_expiry`]`(started, ttl)` (see the module comment).
+    pub(crate) fn earliest_expiry(&self, ttl: Duration) -> SystemTime {
+        self.absolute_expiry()
+            .unwrap_or_else(|| earliest_expiry(self.started, ttl))
     }
 
     /// Whether this is `SET key …` (any options).
@@ -298,7 +319,15 @@ fn monitor_lines_parse_with_their_escapes() {
     assert!(!sent.by_script);
     assert_eq!(sent.client, "127.0.0.1:5555");
     assert_eq!(
-        earliest_expiry(executed.at, Duration::from_secs(2)),
+        executed.earliest_expiry(Duration::from_secs(2)),
         UNIX_EPOCH + Duration::from_millis(1_795_600_372_850)
+    );
+    // A PEXPIREAT names its instant, whatever the ttl.
+    let line = r#"+1795600370.850204 [0 lua] "PEXPIREAT" "leasehold:{a}" "1795600372849""#;
+    let executed = parse(line).expect("a monitor line");
+    assert!(executed.renews("leasehold:{a}"));
+    assert_eq!(
+        executed.earliest_expiry(Duration::from_secs(2)),
+        UNIX_EPOCH + Duration::from_millis(1_795_600_372_849)
     );
 }

@@ -22,11 +22,14 @@
 -- the reply written and parsed back into Lua), and each call of a Lua
 -- library function pushes and interns what it returns (type() its answer's
 -- name). So the batch is read with one MGET, the holder is recognised by
--- one string.find, and the library functions are read once into locals.
+-- one string.find, the library functions are read once into locals, and
+-- every lease gets a PEXPIREAT to an instant worked out once from the
+-- server's clock: the server rewrites each PEXPIRE into a PEXPIREAT (what
+-- replicas and the AOF are sent), at a cost per lease.
 --
 -- Client tracking: a read-only command in a script makes Redis 7.0 track
 -- every key the call names, for the calling connection; Redis 7.2 and
--- Valkey track only the keys that command names. Each renewal's PEXPIRE
+-- Valkey track only the keys that command names. Each renewal's PEXPIREAT
 -- drops the lease's tracking, so the batch must be read again once written.
 -- The MGET names every key of the batch, so it tracks the batch once under
 -- either rule (before the writes drop it); one EXISTS naming every key then
@@ -55,6 +58,18 @@ local values = try('MGET', unpack(KEYS))
 local each = values.err ~= nil
 local read = 'GETEX'
 
+-- The new expiry, in milliseconds since the epoch on the server's clock: one
+-- TIME for the batch. That is what each PEXPIRE would set where the server
+-- freezes a script's clock at its start (Redis 7.2 on), and earlier by the
+-- milliseconds the script has run so far where it does not (Redis 7.0); the
+-- holder's own validity counts from before the call was sent, so it still
+-- ends first. Built as text (a large Lua number may be written in exponent
+-- form). An ACL without PEXPIREAT gets PEXPIRE (see 2.).
+local t = call('TIME')
+local now = t[1] * 1000 + math.floor(t[2] / 1000)
+local at = shared ~= '' and string.format('%.0f', now + shared)
+local absolute = true
+
 local lost = {}
 for i = 1, n do
   local key = KEYS[i]
@@ -80,7 +95,14 @@ for i = 1, n do
     if ttl == '' then
       ttl = ARGV[1 + n + i]
     end
-    call('PEXPIRE', key, ttl)
+    if not absolute then
+      call('PEXPIRE', key, ttl)
+    elseif try('PEXPIREAT', key, at or string.format('%.0f', now + ttl)) ~= 1 then
+      -- Refused (an ACL without PEXPIREAT; the key was just read, so it is
+      -- there): PEXPIRE, for this lease and the rest of the batch.
+      absolute = false
+      call('PEXPIRE', key, ttl)
+    end
     -- 2a. A reader of a read-write lease (its key P:read:<32 hex digits>)
     --     keeps the lease's reader index P:readers at least as long as
     --     itself, so that a writer finds it: the index lives as long as its
