@@ -295,14 +295,15 @@ struct Place {
     generation: u32,
 }
 
-/// The watchdog's own state per lease: what a renewal request needs, so
-/// that sending one reads nothing else. Kept small, since a manager may
-/// hold a million.
+/// The watchdog's own state per lease: what deciding on a renewal reads,
+/// and the key and holder a renewal request names. Kept small, since a
+/// manager may hold a million: the ttl, which a request and its reply also
+/// need, is read from `shared`, which both read anyway (the lock-delay, the
+/// new validity).
 struct Entry {
     shared: Arc<Shared>,
     key: LeaseKey,
     holder: HolderId,
-    ttl: Ttl,
     /// When the token fires unless a renewal succeeds first.
     deadline: Instant,
     /// Whether the hold time was recorded (the lease ended or was released).
@@ -321,6 +322,10 @@ struct Entry {
 }
 
 impl Entry {
+    fn ttl(&self) -> Ttl {
+        self.shared.ttl()
+    }
+
     /// Records the hold time and leaves the held gauge, once per lease.
     fn finish(&mut self, how: &'static str) {
         if !self.ended {
@@ -350,6 +355,75 @@ struct Bounded {
     /// Renewals stopped at the maximum hold: the cap the entry reached is
     /// that one, not `max_renewals`.
     at_max: bool,
+}
+
+/// The entry table, in chunks of [`SLOTS_PER_CHUNK`] slots: it grows by a
+/// chunk at a time (the first one as a vector does), so a table of n slots
+/// keeps at most one chunk's room unused, where one vector doubling as it
+/// grows keeps up to n (a 10,000-lease table, 16,384 slots), and is never
+/// copied, where a vector's growth holds the old and the new table at once.
+#[derive(Default)]
+struct Slots {
+    chunks: Vec<Vec<Slot>>,
+    len: usize,
+}
+
+/// Slots per chunk of [`Slots`]: 72 KiB of them.
+const SLOTS_PER_CHUNK: usize = 1024;
+
+impl Slots {
+    fn len(&self) -> usize {
+        self.len
+    }
+
+    fn push(&mut self, slot: Slot) {
+        match self.chunks.last_mut() {
+            Some(chunk) if chunk.len() < SLOTS_PER_CHUNK => chunk.push(slot),
+            _ => {
+                // Every chunk but the first is allocated whole.
+                let mut chunk = if self.chunks.is_empty() {
+                    Vec::new()
+                } else {
+                    Vec::with_capacity(SLOTS_PER_CHUNK)
+                };
+                chunk.push(slot);
+                self.chunks.push(chunk);
+            }
+        }
+        self.len += 1;
+    }
+
+    fn get(&self, slot: usize) -> Option<&Slot> {
+        self.chunks
+            .get(slot / SLOTS_PER_CHUNK)?
+            .get(slot % SLOTS_PER_CHUNK)
+    }
+
+    fn get_mut(&mut self, slot: usize) -> Option<&mut Slot> {
+        self.chunks
+            .get_mut(slot / SLOTS_PER_CHUNK)?
+            .get_mut(slot % SLOTS_PER_CHUNK)
+    }
+
+    /// Every slot, in order, taken out of the table.
+    fn drain(&mut self) -> std::iter::Flatten<std::vec::IntoIter<Vec<Slot>>> {
+        self.len = 0;
+        std::mem::take(&mut self.chunks).into_iter().flatten()
+    }
+}
+
+impl std::ops::Index<usize> for Slots {
+    type Output = Slot;
+
+    fn index(&self, slot: usize) -> &Slot {
+        &self.chunks[slot / SLOTS_PER_CHUNK][slot % SLOTS_PER_CHUNK]
+    }
+}
+
+impl std::ops::IndexMut<usize> for Slots {
+    fn index_mut(&mut self, slot: usize) -> &mut Slot {
+        &mut self.chunks[slot / SLOTS_PER_CHUNK][slot % SLOTS_PER_CHUNK]
+    }
 }
 
 /// A slot of the entry table. The generation survives the entry, so a
@@ -415,7 +489,7 @@ pub(crate) struct Watchdog<B> {
     backend: B,
     /// For releases to hand a lease to a local waiter (see `handoff.rs`).
     queues: Arc<Queues>,
-    slots: Vec<Slot>,
+    slots: Slots,
     /// Slots without an entry, for reuse.
     free: Vec<u32>,
     /// The slot of each lease id.
@@ -481,7 +555,7 @@ impl<B: LeaseBackend> Watchdog<B> {
         Self {
             backend,
             queues,
-            slots: Vec::new(),
+            slots: Slots::default(),
             free: Vec::new(),
             ids: HashMap::default(),
             buckets: BTreeMap::new(),
@@ -713,7 +787,6 @@ impl<B: LeaseBackend> Watchdog<B> {
         let deadline = shared.valid_until() - timing.safety_margin();
         let renew_at = first_renewal(&shared, sent_at);
         let entry = Entry {
-            ttl: shared.ttl(),
             shared,
             key,
             holder,
@@ -1047,7 +1120,7 @@ impl<B: LeaseBackend> Watchdog<B> {
         let deadline = entry.deadline;
         entry.in_flight = true;
         out.requests.push(
-            RenewRequest::new(entry.key.clone(), entry.holder, entry.ttl)
+            RenewRequest::new(entry.key.clone(), entry.holder, entry.ttl())
                 // Read from the shared state rather than kept in the entry,
                 // which has no room left within its size bound.
                 .with_lock_delay(entry.shared.timing.lock_delay),
@@ -1154,7 +1227,7 @@ impl<B: LeaseBackend> Watchdog<B> {
                 Ok(RenewOutcome::Renewed) => {
                     // Never valid past the maximum hold, whenever the
                     // renewal was sent.
-                    let mut valid = valid_until(sent_at, entry.ttl);
+                    let mut valid = valid_until(sent_at, entry.ttl());
                     if let Some(until) = hold_until {
                         valid = valid.min(until);
                     }
@@ -1279,7 +1352,7 @@ impl<B: LeaseBackend> Watchdog<B> {
         // Stopping here, rather than renewing for what is left, keeps every
         // renewal a full ttl (no request below `Ttl::MIN` near the end):
         // the lease ends within one renew interval before its maximum.
-        if valid_until(now, entry.ttl) <= hold_until {
+        if valid_until(now, entry.ttl()) <= hold_until {
             return false;
         }
         bounded.at_max = true;
@@ -1329,7 +1402,7 @@ impl<B: LeaseBackend> Watchdog<B> {
         self.batches.clear();
         self.ids.clear();
         self.free.clear();
-        for cell in std::mem::take(&mut self.slots) {
+        for cell in self.slots.drain() {
             let Some(mut entry) = cell.entry else {
                 continue;
             };
@@ -1387,7 +1460,7 @@ mod tests {
         let slot = std::mem::size_of::<Slot>();
         let shared = std::mem::size_of::<Shared>();
         let lease = std::mem::size_of::<crate::Lease>();
-        assert!(slot <= 88, "Slot is {slot} bytes");
+        assert!(slot <= 72, "Slot is {slot} bytes");
         assert!(shared <= 128, "Shared is {shared} bytes");
         assert!(lease <= 40, "Lease is {lease} bytes");
         // A lease's place in a bucket or a batch.
