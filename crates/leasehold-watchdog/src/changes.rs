@@ -8,6 +8,7 @@
 //! so that a burst of them (a flush, a lost connection) shares batches.
 
 use std::collections::HashMap;
+use std::collections::hash_map::Entry;
 
 use leasehold_core::{ChangeWatch, LeaseChange, LeaseKey};
 use tracing::debug;
@@ -15,9 +16,13 @@ use tracing::debug;
 /// The backend's change watch and the index it needs.
 pub(crate) struct Changes {
     watch: ChangeWatch,
-    /// The leases of each key. A key usually has one; an ended lease whose
+    /// The lease of each key: a key usually has one, kept here without a
+    /// vector of its own (24 bytes a key, where a vector would add its 24
+    /// and an allocation).
+    by_key: HashMap<LeaseKey, u64>,
+    /// The key's other leases, when it has several: an ended lease whose
     /// handle still lives may share its key with a newer one.
-    by_key: HashMap<LeaseKey, Vec<u64>>,
+    more: HashMap<LeaseKey, Vec<u64>>,
 }
 
 impl Changes {
@@ -30,6 +35,7 @@ impl Changes {
         Self {
             watch,
             by_key: HashMap::new(),
+            more: HashMap::new(),
         }
     }
 
@@ -48,6 +54,7 @@ impl Changes {
         if change.is_none() {
             // Nothing will use the index again.
             self.by_key = HashMap::new();
+            self.more = HashMap::new();
         }
         change
     }
@@ -55,18 +62,44 @@ impl Changes {
     /// Starts watching lease `id` of `key`.
     pub(crate) fn insert(&mut self, key: &LeaseKey, id: u64) {
         if self.is_open() {
-            self.by_key.entry(key.clone()).or_default().push(id);
+            match self.by_key.entry(key.clone()) {
+                Entry::Vacant(first) => {
+                    first.insert(id);
+                }
+                Entry::Occupied(_) => self.more.entry(key.clone()).or_default().push(id),
+            }
         }
     }
 
     /// Stops watching lease `id` of `key`.
     pub(crate) fn remove(&mut self, key: &LeaseKey, id: u64) {
-        if let Some(ids) = self.by_key.get_mut(key) {
-            ids.retain(|&i| i != id);
-            if ids.is_empty() {
-                self.by_key.remove(key);
+        let Some(first) = self.by_key.get_mut(key) else {
+            return;
+        };
+        if *first == id {
+            // Another lease of the key, if any, takes its place.
+            match self.more.get_mut(key).and_then(Vec::pop) {
+                Some(next) => *first = next,
+                None => {
+                    self.by_key.remove(key);
+                }
             }
+        } else if let Some(ids) = self.more.get_mut(key) {
+            ids.retain(|&i| i != id);
         }
+        if self.more.get(key).is_some_and(Vec::is_empty) {
+            self.more.remove(key);
+        }
+    }
+
+    /// The leases of `key`.
+    fn of(&self, key: &LeaseKey) -> impl Iterator<Item = u64> {
+        let more = self.more.get(key).map_or(&[][..], Vec::as_slice);
+        self.by_key
+            .get(key)
+            .copied()
+            .into_iter()
+            .chain(more.iter().copied())
     }
 
     /// The leases named by `first` and by every change already reported
@@ -86,19 +119,19 @@ impl Changes {
                         leases = self.by_key.len(),
                         "every lease may have changed; renewing all"
                     );
-                    let mut ids: Vec<u64> = self.by_key.values().flatten().copied().collect();
+                    let mut ids: Vec<u64> = self
+                        .by_key
+                        .values()
+                        .chain(self.more.values().flatten())
+                        .copied()
+                        .collect();
                     ids.sort_unstable();
                     return ids;
                 }
             }
             change = self.watch.try_next();
         }
-        let mut ids: Vec<u64> = keys
-            .iter()
-            .filter_map(|key| self.by_key.get(key))
-            .flatten()
-            .copied()
-            .collect();
+        let mut ids: Vec<u64> = keys.iter().flat_map(|key| self.of(key)).collect();
         ids.sort_unstable();
         ids.dedup();
         ids
@@ -154,11 +187,21 @@ mod tests {
         changes.remove(&key("b"), 9);
         assert!(!changes.by_key.contains_key(&key("b")));
         assert_eq!(changes.by_key.len(), 2);
+        // A key's second lease takes the first one's place, and a key's
+        // last lease gone leaves nothing of it.
+        changes.insert(&key("a"), 11);
+        changes.remove(&key("a"), 7);
+        send("a");
+        let first = changes.next().await.expect("a change");
+        assert_eq!(changes.affected(first), vec![11]);
+        changes.remove(&key("a"), 11);
+        assert!(!changes.by_key.contains_key(&key("a")));
+        assert!(changes.more.is_empty());
 
         drop(report);
         assert_eq!(changes.next().await, None);
         assert!(!changes.is_open());
-        assert!(changes.by_key.is_empty());
+        assert!(changes.by_key.is_empty() && changes.more.is_empty());
     }
 
     /// Without changes, the index stays empty however many leases come.
