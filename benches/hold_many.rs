@@ -268,8 +268,13 @@ struct Held {
     round_trips: u64,
     client_cpu: f64,
     server_cpu: f64,
+    /// The server's user CPU alone (what its instruction count measures).
+    server_user_cpu: f64,
     /// Peak RSS above the RSS before acquiring, in bytes.
     peak_rss_delta: f64,
+    /// The RSS before acquiring (the process's fixed cost: runtime,
+    /// connections, allocator), in bytes.
+    rss_before: f64,
     hold_secs: f64,
     /// The slowest renewal round trip during the hold, in milliseconds.
     slowest_renewal_ms: f64,
@@ -356,7 +361,16 @@ fn main() -> BenchResult {
             "server_cpu_us_per_renewal",
             held.server_cpu * 1e6 / held.renewals.max(1) as f64,
         )
+        .num(
+            "server_user_cpu_us_per_renewal",
+            held.server_user_cpu * 1e6 / held.renewals.max(1) as f64,
+        )
         .num("client_peak_rss_bytes_per_lease", held.peak_rss_delta / n)
+        .num("client_rss_before_bytes", held.rss_before)
+        .num(
+            "client_peak_rss_bytes",
+            held.rss_before + held.peak_rss_delta,
+        )
         .num("slowest_renewal_ms", held.slowest_renewal_ms)
         .str("cpus", &common::cpus_allowed())
         .str("redis", &version)
@@ -397,9 +411,10 @@ async fn missing_on_server(server: &RedisServer, keys: &[String]) -> BenchResult
     Ok(missing)
 }
 
-fn cpu_now(server: &RedisServer) -> BenchResult<(f64, f64)> {
+/// The client's CPU seconds, and the server's user and system CPU seconds.
+fn cpu_now(server: &RedisServer) -> BenchResult<(f64, (f64, f64))> {
     let client = common::process_cpu_seconds().ok_or("no /proc/self/stat")?;
-    let server = common::server_cpu_seconds(server).ok_or("no INFO cpu")?;
+    let server = common::server_cpu_split(server).ok_or("no INFO cpu")?;
     Ok((client, server))
 }
 
@@ -517,8 +532,10 @@ async fn hold_with_leasehold(
         renewals: backend.renewals.load(Ordering::Relaxed) - renewals0,
         round_trips: backend.round_trips.load(Ordering::Relaxed) - trips0,
         client_cpu: client1 - client0,
-        server_cpu: server1 - server0,
+        server_cpu: (server1.0 + server1.1) - (server0.0 + server0.1),
+        server_user_cpu: server1.0 - server0.0,
         peak_rss_delta: peak_delta(baseline),
+        rss_before: baseline as f64,
         hold_secs,
         slowest_renewal_ms: backend.slowest_us.load(Ordering::Relaxed) as f64 / 1000.0,
         missing: 0,
@@ -661,8 +678,10 @@ async fn hold_by_hand(
         renewals,
         round_trips,
         client_cpu: client1 - client0,
-        server_cpu: server1 - server0,
+        server_cpu: (server1.0 + server1.1) - (server0.0 + server0.1),
+        server_user_cpu: server1.0 - server0.0,
         peak_rss_delta: peak_delta(baseline),
+        rss_before: baseline as f64,
         hold_secs,
         slowest_renewal_ms: slowest.as_secs_f64() * 1000.0,
     })

@@ -13,7 +13,8 @@
 # raw_redis_leasehold_scripts (default: all four). HOLDER: leasehold_manager
 # leasehold_manager_untracked raw_renew raw_pexpire (default: all four);
 # LEASES (default 10000; for held, two counts, default "10000 20000"),
-# ROUNDS and TTL as the tests `renewals` and `held` in
+# ROUNDS and TTL (renewals: 3 rounds, 30s; held: 3 rounds, 3s, as
+# hold_many's 10k scenarios) as the tests `renewals` and `held` in
 # benches/cycle_profile.rs say. CYCLES (default 10000)
 # measured cycles; OUT (default target/profile) where outputs go; BIN a
 # cycle_profile binary built earlier (to compare with an older build), in
@@ -35,6 +36,9 @@ mkdir -p "$out"
 if [ -n "${BIN:-}" ]; then
     bin=$BIN
 else
+    # held names allocation sites by file and line: line tables, which
+    # change no code.
+    [ "$what" != held ] || export CARGO_PROFILE_BENCH_DEBUG=line-tables-only
     cargo bench --bench cycle_profile --no-run 2>/dev/null
     bin=$(ls -t target/release/deps/cycle_profile-* | grep -v '\.d$' | head -1)
 fi
@@ -142,28 +146,35 @@ held)
     for c in "${clients[@]}"; do
         for n in "${counts[@]}"; do
             LEASEHOLD_PROFILE_CLIENT=$c LEASEHOLD_PROFILE_LEASES=$n \
-                LEASEHOLD_PROFILE_ROUNDS=${ROUNDS:-2} LEASEHOLD_PROFILE_TTL=${TTL:-30s} \
+                LEASEHOLD_PROFILE_ROUNDS=${ROUNDS:-3} LEASEHOLD_PROFILE_TTL=${TTL:-3s} \
                 valgrind --tool=dhat --dhat-out-file="$out/dhat.held.$c.$n.json" "$bin" \
                 --ignored --exact held --nocapture --test-threads=1 >"$out/held.$c.$n.txt" 2>&1
         done
         python3 - "$c" "${counts[0]}" "${counts[1]}" "$out/dhat.held.$c.${counts[0]}.json" \
             "$out/dhat.held.$c.${counts[1]}.json" <<'PY'
-import json, sys
+import json, os, subprocess, sys
 from collections import defaultdict
 
 client, small, large, a, b = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4], sys.argv[5]
-SKIP = ("alloc::", "core::", "std::", "hashbrown::", "__rust", "<alloc::", "<core::", "<std::",
-        "<hashbrown::", "malloc", "realloc", "calloc", "posix_memalign", "0x")
+# Frames name their file without its directory: this repository's own
+# files, told apart from the standard library's and the dependencies'.
+ours = {os.path.basename(p) for p in subprocess.run(
+    ["git", "ls-files", "*.rs"], capture_output=True, text=True).stdout.split()} - {"mod.rs", "lib.rs"}
 
 
 def site(frames, names):
-    # The first frame that is neither the allocator nor a standard
-    # collection: where the allocation is asked for.
+    # The first frame of this repository's code that asked for the
+    # allocation, and the library function it called (which names the type).
+    below = ""
     for f in frames:
-        name = names[f].split(": ", 1)[-1].split(" (in /", 1)[0]
-        if not name.startswith(SKIP):
-            return name[:160]
-    return names[frames[0]][:160]
+        func, _, where = names[f].split(": ", 1)[-1].rpartition(" (")
+        where = where.rstrip(")")
+        file = where.split(":")[0]
+        if "/" not in file and file in ours:
+            return f"{func.split('<')[0]} ({where}) <- {below}"
+        if not func.startswith("UnknownInlinedFun"):
+            below = func
+    return "elsewhere <- " + below
 
 
 def heap(path, field):
@@ -184,7 +195,7 @@ for field, when in (("gb", "at the peak"), ("eb", "held (at the end)")):
     rows = sorted(((sb[k] - sa.get(k, 0)) / per, k) for k in set(sa) | set(sb))
     for d, k in sorted(rows, reverse=True):
         if abs(d) >= 1:
-            print(f"  {d:8.1f}  {k}")
+            print(f"  {d:8.1f}  {k[:200]}")
 PY
     done
     ;;

@@ -147,13 +147,20 @@ pub(crate) fn cpus_allowed() -> String {
 
 /// The server's CPU seconds (user + system of the main process), from `INFO cpu`.
 pub(crate) fn server_cpu_seconds(server: &RedisServer) -> Option<f64> {
+    server_cpu_split(server).map(|(user, sys)| user + sys)
+}
+
+/// The server's user and system CPU seconds (main process), from `INFO cpu`:
+/// the user time is what an instruction count of the server measures, the
+/// system time its socket reads and writes.
+pub(crate) fn server_cpu_split(server: &RedisServer) -> Option<(f64, f64)> {
     let info = server.cli(&["INFO", "cpu"]).ok()?;
     let field = |name: &str| -> Option<f64> {
         info.lines()
             .find_map(|l| l.strip_prefix(name)?.strip_prefix(':'))
             .and_then(|v| v.trim().parse().ok())
     };
-    Some(field("used_cpu_sys")? + field("used_cpu_user")?)
+    Some((field("used_cpu_user")?, field("used_cpu_sys")?))
 }
 
 /// The server's version, from `INFO server`.
