@@ -89,6 +89,30 @@ async fn sample(side: &mut Side) -> redis::RedisResult<(usize, usize)> {
     Ok((writers.len(), readers.len()))
 }
 
+/// A reader's renewal lengthens the reader index to the reader's own new
+/// life (renew.lua, 2a.), in a batch beside an exclusive lease too: a
+/// writer finds the reader for as long as its key lives.
+#[tokio::test]
+async fn a_readers_renewal_lengthens_the_reader_index() -> TestResult {
+    let server = RedisServer::start()?;
+    let backend = connect(&server).await;
+    let mut side = side(&server.url()).await?;
+    let r = holder();
+    let share = granted(read(&backend, r, ttl("2s")).await?)?;
+    let exclusive = AcquireRequest::new(key("plain"), r, ttl("2s"));
+    let exclusive = granted(backend.try_acquire(&exclusive).await?)?;
+    let batch = [
+        RenewRequest::new(exclusive.key, r, ttl("60s")),
+        RenewRequest::new(share.key, r, ttl("60s")),
+    ];
+    for outcome in backend.renew_many(&batch).await {
+        assert_eq!(outcome?, RenewOutcome::Renewed);
+    }
+    let left: i64 = side.pttl(READERS).await?;
+    assert!(left > 50_000, "the reader index has {left} ms left");
+    Ok(())
+}
+
 /// Several readers hold at once: each has its own key on the server and
 /// is listed in the reader index.
 #[tokio::test]
