@@ -10,9 +10,10 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use leasehold::backend::{
-    AcquireRequest, HandoverBackend, HandoverOutcome, HolderId, LeaseBackend, WatchPolicy,
+    AcquireRequest, HandoverBackend, HandoverOutcome, HolderId, LeaseBackend, RenewOutcome,
+    RenewRequest, WatchPolicy,
 };
-use leasehold::redis::{ConnectError, RedisBackend, redis};
+use leasehold::redis::{ConnectError, KeyLayout, RedisBackend, redis};
 use leasehold::{
     LeaseError, LeaseKey, LeaseManager, LeaseOptions, LossReason, ReleaseOutcome, Ttl,
 };
@@ -155,6 +156,63 @@ async fn an_acl_user_with_only_the_needed_commands_runs_every_operation() -> Tes
     tokio::time::timeout(std::time::Duration::from_secs(10), manager.shutdown())
         .await
         .map_err(|_| "a manager's shutdown did not end within 10 s")?;
+    Ok(())
+}
+
+/// The server's clock (`TIME`), in milliseconds since 1970.
+fn server_ms(server: &RedisServer) -> Result<i64, Box<dyn std::error::Error>> {
+    let time = server.cli(&["TIME"])?;
+    let mut parts = time.split_whitespace();
+    let (Some(secs), Some(micros)) = (parts.next(), parts.next()) else {
+        return Err(format!("TIME answered {time:?}").into());
+    };
+    Ok(secs.parse::<i64>()? * 1_000 + micros.parse::<i64>()? / 1_000)
+}
+
+#[tokio::test]
+async fn without_pexpireat_rights_a_renewal_still_writes_the_ttl_asked_for() -> TestResult {
+    // The user may not send PEXPIREAT (not in the ACL above): the renewal
+    // script falls back to PEXPIRE for the rest of its batch. Each lease's
+    // expiry, read by the server's own PEXPIRETIME, must be the renewal's
+    // ttl after the call, not some part of it, in a batch that shares one
+    // ttl and in one with a ttl per lease.
+    let server = acl_server()?;
+    let (_, backend) = connect_as_leaser(&server).await?;
+    let holder = HolderId::generate()?;
+    let keys = ["acl-renew-a", "acl-renew-b", "acl-renew-c"]
+        .into_iter()
+        .map(LeaseKey::new)
+        .collect::<Result<Vec<_>, _>>()?;
+    for key in &keys {
+        backend
+            .try_acquire(&AcquireRequest::new(key.clone(), holder, Ttl::parse("5s")?))
+            .await?;
+    }
+    for ttls in [["40s", "40s", "40s"], ["30s", "50s", "20s"]] {
+        let requests = keys
+            .iter()
+            .zip(ttls)
+            .map(|(key, ttl)| Ok(RenewRequest::new(key.clone(), holder, Ttl::parse(ttl)?)))
+            .collect::<Result<Vec<_>, Box<dyn std::error::Error>>>()?;
+        let before = server_ms(&server)?;
+        let outcomes = backend.renew_many(&requests).await;
+        let after = server_ms(&server)?;
+        for ((request, outcome), ttl) in requests.iter().zip(outcomes).zip(ttls) {
+            assert!(
+                matches!(outcome?, RenewOutcome::Renewed),
+                "{} not renewed",
+                request.key
+            );
+            let stored = KeyLayout::default().lease(&request.key);
+            let end: i64 = server.cli(&["PEXPIRETIME", &stored])?.parse()?;
+            let ms = i64::try_from(request.ttl.get().as_millis())?;
+            assert!(
+                (before + ms..=after + ms + 1).contains(&end),
+                "renewed for {ttl} by a user without PEXPIREAT, {stored} ends {} ms after the call began by the server's clock",
+                end - before
+            );
+        }
+    }
     Ok(())
 }
 
