@@ -509,6 +509,14 @@ async fn a_batch_split_across_slots_is_granted_on_each_master() -> TestResult {
     )
     .await?;
     // Interleaved: each slot's first is sent alone, its others together.
+    // Each master holds back writes (scripts included) for a while, so
+    // that its lone call is still out when the others queue behind it,
+    // however late a loaded machine schedules them: without it a lone
+    // call's reply could come back before the next request was queued,
+    // and that request would go alone too.
+    for node in [na, nb] {
+        assert_eq!(node.cli(&["CLIENT", "PAUSE", "500", "WRITE"])?, "OK");
+    }
     let me = holder();
     let mut requests = Vec::new();
     for (x, y) in ka.iter().zip(&kb) {
