@@ -637,8 +637,9 @@ fn restart_round(round: u64) -> Result {
         &["CONFIG", "SET", "port", &server.port.to_string()],
     )?;
     let listening = SystemTime::now();
-    let fired = holder.join().map_err(|_| "the holder panicked")??;
-    contender.join().map_err(|_| "the contender panicked")??;
+    // Bounded: a holder that never learns must fail the run, not hang it.
+    let fired = leasehold_testkit::join_within(holder, Duration::from_secs(30))??;
+    leasehold_testkit::join_within(contender, Duration::from_secs(30))??;
     let seen = monitor.sync()?;
     let granted = seen
         .iter()

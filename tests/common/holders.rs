@@ -75,7 +75,7 @@ where
         drop(runtime);
         Ok(key)
     });
-    crashed
-        .join()
-        .map_err(|_| "the crashing holder's thread panicked")?
+    // Bounded: a holder that never dies must fail the test, not hang it.
+    leasehold_testkit::join_within(crashed, Duration::from_secs(60))
+        .map_err(|e| format!("the crashing holder's thread: {e}"))?
 }

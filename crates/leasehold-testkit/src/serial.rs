@@ -45,6 +45,10 @@ mod tests {
     use super::*;
     use std::sync::atomic::{AtomicUsize, Ordering};
 
+    /// How long a test thread may take before the test fails instead of
+    /// hanging (each finishes in milliseconds).
+    const LIMIT: std::time::Duration = std::time::Duration::from_secs(30);
+
     /// Each thread is a test with a runtime of its own, as under `cargo test`.
     fn on_runtime_of_its_own(
         test: impl Future<Output = ()> + Send + 'static,
@@ -74,7 +78,10 @@ mod tests {
             })
             .collect();
         for t in tests {
-            assert!(t.join().is_ok(), "a guarded section saw another");
+            assert!(
+                crate::join_within(t, LIMIT).is_ok(),
+                "a guarded section saw another"
+            );
         }
     }
 
@@ -84,12 +91,12 @@ mod tests {
             let _serial = serial().await;
             panic!("a failing test");
         });
-        assert!(failing.join().is_err());
+        assert!(crate::join_within(failing, LIMIT).is_err());
         let next = on_runtime_of_its_own(async {
             let _serial = tokio::time::timeout(std::time::Duration::from_secs(5), serial())
                 .await
                 .expect("the guard was released by the unwinding");
         });
-        assert!(next.join().is_ok());
+        assert!(crate::join_within(next, LIMIT).is_ok());
     }
 }
