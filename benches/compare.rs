@@ -158,58 +158,115 @@ fn median(values: &mut [f64]) -> f64 {
 fn cycle(mode: &str, runtime: Runtime, tasks: usize, length: Duration, quick: bool) -> Result {
     let server = RedisServer::start()?;
     let url = server.url();
-    let (cycles_per_sec, acquire_p50_us) = runtime.build()?.block_on(async move {
-        let manager = LeaseManager::new(RedisBackend::builder(url).connect().await?)?;
-        let options = LeaseOptions::with_ttl(Ttl::parse("30s")?);
-        let run = |length: Duration, quick: bool| {
-            let (manager, options) = (manager.clone(), options.clone());
-            async move {
-                let end = Instant::now() + length;
-                let handles: Vec<_> = (0..tasks)
-                    .map(|task| {
-                        let (manager, options) = (manager.clone(), options.clone());
-                        tokio::spawn(async move {
-                            let key = format!("compare:cycle:{task}");
-                            let mut acquire = Vec::new();
-                            while if quick {
-                                acquire.len() < 20
-                            } else {
-                                Instant::now() < end
-                            } {
-                                let asked = Instant::now();
-                                let lease = manager.acquire(&key, &options).await?;
-                                acquire.push(asked.elapsed().as_secs_f64() * 1e6);
-                                if lease.loss_reason().is_some() {
-                                    return Err::<_, BoxError>(
-                                        format!("{key}: lost while held").into(),
-                                    );
+    let stats = &server;
+    let (cycles_per_sec, acquire_p50_us, cycles, before) =
+        runtime.build()?.block_on(async move {
+            let manager = LeaseManager::new(RedisBackend::builder(url).connect().await?)?;
+            let options = LeaseOptions::with_ttl(Ttl::parse("30s")?);
+            let run = |length: Duration, quick: bool| {
+                let (manager, options) = (manager.clone(), options.clone());
+                async move {
+                    let end = Instant::now() + length;
+                    let handles: Vec<_> = (0..tasks)
+                        .map(|task| {
+                            let (manager, options) = (manager.clone(), options.clone());
+                            tokio::spawn(async move {
+                                let key = format!("compare:cycle:{task}");
+                                let mut acquire = Vec::new();
+                                while if quick {
+                                    acquire.len() < 20
+                                } else {
+                                    Instant::now() < end
+                                } {
+                                    let asked = Instant::now();
+                                    let lease = manager.acquire(&key, &options).await?;
+                                    acquire.push(asked.elapsed().as_secs_f64() * 1e6);
+                                    if lease.loss_reason().is_some() {
+                                        return Err::<_, BoxError>(
+                                            format!("{key}: lost while held").into(),
+                                        );
+                                    }
+                                    if lease.release().await? != ReleaseOutcome::Released {
+                                        return Err(
+                                            format!("{key}: the release found it gone").into()
+                                        );
+                                    }
                                 }
-                                if lease.release().await? != ReleaseOutcome::Released {
-                                    return Err(format!("{key}: the release found it gone").into());
-                                }
-                            }
-                            Ok(acquire)
+                                Ok(acquire)
+                            })
                         })
-                    })
-                    .collect();
-                let started = Instant::now();
-                let mut all = Vec::new();
-                for handle in handles {
-                    all.extend(handle.await??);
+                        .collect();
+                    let started = Instant::now();
+                    let mut all = Vec::new();
+                    for handle in handles {
+                        all.extend(handle.await??);
+                    }
+                    let elapsed = started.elapsed().as_secs_f64();
+                    let cycles = all.len();
+                    Ok::<_, BoxError>((cycles as f64 / elapsed, median(&mut all), cycles))
                 }
-                let elapsed = started.elapsed().as_secs_f64();
-                Ok::<_, BoxError>((all.len() as f64 / elapsed, median(&mut all)))
-            }
-        };
-        run(length / 10, quick).await?;
-        let figures = run(length, quick).await?;
-        manager.shutdown().await;
-        Ok::<_, BoxError>(figures)
-    })?;
+            };
+            run(length / 10, quick).await?;
+            // The server's own counts from here: how many script calls and how
+            // much of its CPU the measured cycles took (a batch is one call).
+            let before = ServerStats::read(stats)?;
+            let (per_sec, p50, cycles) = run(length, quick).await?;
+            manager.shutdown().await;
+            Ok::<_, BoxError>((per_sec, p50, cycles, before))
+        })?;
+    let spent = ServerStats::read(&server)?.since(&before);
+    let per_cycle = |x: f64| x / cycles.max(1) as f64;
     println!(
-        "{{\"mode\":\"{mode}\",\"cycles_per_sec\":{cycles_per_sec:.0},\"acquire_p50_us\":{acquire_p50_us:.1}}}"
+        "{{\"mode\":\"{mode}\",\"cycles_per_sec\":{cycles_per_sec:.0},\"acquire_p50_us\":{acquire_p50_us:.1},\"server_cpu_us_per_cycle\":{:.2},\"script_calls_per_cycle\":{:.3}}}",
+        per_cycle(spent.cpu_us),
+        per_cycle(spent.script_calls),
     );
     Ok(())
+}
+
+/// What the server reports of its own work: CPU (user + system) and
+/// script calls (`EVALSHA`, `EVAL`) since it started.
+struct ServerStats {
+    cpu_us: f64,
+    script_calls: f64,
+}
+
+impl ServerStats {
+    fn read(server: &RedisServer) -> Result<Self> {
+        let info = server.cli(&["INFO", "all"])?;
+        let field = |line: &str, name: &str| -> Option<f64> {
+            line.strip_prefix(name)?
+                .strip_prefix(':')?
+                .trim()
+                .parse()
+                .ok()
+        };
+        let mut stats = Self {
+            cpu_us: 0.0,
+            script_calls: 0.0,
+        };
+        for line in info.lines() {
+            if let Some(s) = field(line, "used_cpu_user").or_else(|| field(line, "used_cpu_sys")) {
+                stats.cpu_us += s * 1e6;
+            }
+            // cmdstat_evalsha:calls=N,usec=...
+            if let Some(rest) = line
+                .strip_prefix("cmdstat_evalsha:calls=")
+                .or_else(|| line.strip_prefix("cmdstat_eval:calls="))
+            {
+                let calls = rest.split(',').next().unwrap_or("0");
+                stats.script_calls += calls.trim().parse::<f64>().unwrap_or(0.0);
+            }
+        }
+        Ok(stats)
+    }
+
+    fn since(&self, earlier: &Self) -> Self {
+        Self {
+            cpu_us: self.cpu_us - earlier.cpu_us,
+            script_calls: self.script_calls - earlier.script_calls,
+        }
+    }
 }
 
 fn epoch_ms() -> Result<u64> {
