@@ -695,8 +695,8 @@ fn restart_round(round: u64) -> Result {
     )?;
     let listening = SystemTime::now();
     // Bounded: a holder that never learns must fail the run, not hang it.
-    let fired = leasehold_testkit::join_within(holder, Duration::from_secs(30))??;
-    leasehold_testkit::join_within(contender, Duration::from_secs(30))??;
+    let fired = join_within(holder, Duration::from_secs(30))??;
+    join_within(contender, Duration::from_secs(30))??;
     let seen = monitor.sync()?;
     let granted = seen
         .iter()
@@ -743,4 +743,18 @@ fn restart_round(round: u64) -> Result {
         steps.join(" | "),
     );
     Ok(())
+}
+
+/// `handle`'s result, or an error once `limit` has passed: a thread that
+/// never ends fails the run instead of hanging it. (Written here, not
+/// taken from the testkit, as the earlier builds' testkits lack it.)
+fn join_within<T>(handle: std::thread::JoinHandle<T>, limit: Duration) -> Result<T> {
+    let deadline = Instant::now() + limit;
+    while !handle.is_finished() {
+        if Instant::now() >= deadline {
+            return Err(format!("a thread did not finish within {limit:?}").into());
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    handle.join().map_err(|_| "the thread panicked".into())
 }
