@@ -23,6 +23,7 @@
 use std::collections::BTreeMap;
 use std::io::{BufRead as _, BufReader, Read as _, Write as _};
 use std::net::{Shutdown, SocketAddr, TcpStream};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, mpsc};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -332,15 +333,43 @@ pub(crate) fn wall_us() -> u64 {
 /// connection no fault touches (no proxy), records every grant and
 /// renewal the server applied, with the server's own timestamps, into the
 /// history. A restart ends the feed; [`Witness::attach`] again before any
-/// client can reach the new server.
+/// client can reach the new server. A witness started with
+/// [`Witness::start_reconnecting`] opens its feed again by itself the
+/// moment the server cuts it (a sentinel reconfiguring the node ends its
+/// normal clients, MONITOR feeds among them), and records each cut.
 pub(crate) struct Witness {
     history: History,
     addr: SocketAddr,
-    session: Option<(TcpStream, mpsc::Receiver<()>)>,
+    /// The end marker's receiver, while a feed runs.
+    session: Option<mpsc::Receiver<()>>,
+    /// The feed's current connection (its thread replaces it when it
+    /// reconnects by itself).
+    current: Arc<Mutex<Option<TcpStream>>>,
     /// Every grant this server's feed showed, in its order.
     grants: Arc<Mutex<Vec<Granted>>>,
     /// The server's moment (µs) of the latest grant its feed showed.
     latest: Arc<tokio::sync::watch::Sender<u64>>,
+    reconnect: bool,
+    /// Whether the feed is open now.
+    live: Arc<AtomicBool>,
+    /// Which feed thread is current: an older one neither records nor
+    /// reconnects once it ends.
+    generation: Arc<AtomicU64>,
+    /// The cuts the feed reopened by itself, in order.
+    cuts: Arc<Mutex<Vec<Cut>>>,
+}
+
+/// A cut in a reconnecting witness's feed: when it ended and when it was
+/// open again (host clock, µs since the Unix epoch), and the clients that
+/// may have sent a lease command meanwhile, unseen.
+#[derive(Debug, Clone)]
+pub(crate) struct Cut {
+    pub(crate) at_us: u64,
+    /// `None` when the server did not answer again within 5 s.
+    pub(crate) back_us: Option<u64>,
+    /// `CLIENT LIST` lines of clients that connected before the feed was
+    /// open again and whose last command writes leases.
+    pub(crate) unseen: Vec<String>,
 }
 
 /// A grant a witness saw its server make.
@@ -357,57 +386,206 @@ pub(crate) struct Granted {
 /// What marks the end of a MONITOR session, sent by [`Witness::finish`].
 const WITNESS_END: &str = "leasehold-witness-end";
 
+/// The commands by which clients grant, renew or free leases: a client
+/// whose last command is one of them may have written one.
+const LEASE_WRITES: &[&str] = &["evalsha", "eval", "set", "pexpire", "pexpireat", "del"];
+
+/// Opens a MONITOR feed on `addr`; returns once the server has confirmed
+/// it (every later command is seen), with the feed connection's client id.
+fn open_feed(addr: SocketAddr) -> Result<(TcpStream, BufReader<TcpStream>, u64), BoxError> {
+    let stream = TcpStream::connect_timeout(&addr, Duration::from_secs(5))?;
+    stream.set_read_timeout(Some(Duration::from_secs(5)))?;
+    (&stream).write_all(b"CLIENT ID\r\nMONITOR\r\n")?;
+    let mut reader = BufReader::new(stream.try_clone()?);
+    let mut id = String::new();
+    reader.read_line(&mut id)?;
+    let id: u64 = id
+        .trim_end()
+        .strip_prefix(':')
+        .and_then(|n| n.parse().ok())
+        .ok_or_else(|| format!("CLIENT ID answered {id:?}"))?;
+    let mut ok = String::new();
+    reader.read_line(&mut ok)?;
+    if ok.trim_end() != "+OK" {
+        return Err(format!("MONITOR answered {ok:?}").into());
+    }
+    stream.set_read_timeout(None)?;
+    Ok((stream, reader, id))
+}
+
+/// The normal clients of `addr` with an id below `feed_id` (connected
+/// before that feed was open) whose last command writes leases.
+fn lease_writers_before(addr: SocketAddr, feed_id: u64) -> Result<Vec<String>, BoxError> {
+    let mut side = TcpStream::connect_timeout(&addr, Duration::from_secs(5))?;
+    side.set_read_timeout(Some(Duration::from_secs(5)))?;
+    side.write_all(b"CLIENT LIST TYPE normal\r\n")?;
+    let mut reader = BufReader::new(side);
+    let mut header = String::new();
+    reader.read_line(&mut header)?;
+    let len: usize = header
+        .trim_end()
+        .strip_prefix('$')
+        .and_then(|n| n.parse().ok())
+        .ok_or_else(|| format!("CLIENT LIST answered {header:?}"))?;
+    let mut body = vec![0; len + 2];
+    reader.read_exact(&mut body)?;
+    let list = String::from_utf8_lossy(&body);
+    let field = |line: &str, name: &str| -> Option<String> {
+        line.split(' ')
+            .find_map(|f| f.strip_prefix(name)?.strip_prefix('='))
+            .map(str::to_owned)
+    };
+    Ok(list
+        .lines()
+        .filter(|line| {
+            let id = field(line, "id").and_then(|i| i.parse::<u64>().ok());
+            let cmd = field(line, "cmd").unwrap_or_default();
+            id.is_some_and(|id| id < feed_id) && LEASE_WRITES.contains(&cmd.as_str())
+        })
+        .map(str::to_owned)
+        .collect())
+}
+
 impl Witness {
     /// Starts watching the server at `addr`.
     pub(crate) fn start(addr: SocketAddr, history: &History) -> Result<Self, BoxError> {
+        Self::started(addr, history, false)
+    }
+
+    /// Starts watching the server at `addr`, opening the feed again at
+    /// once whenever the server cuts it.
+    pub(crate) fn start_reconnecting(
+        addr: SocketAddr,
+        history: &History,
+    ) -> Result<Self, BoxError> {
+        Self::started(addr, history, true)
+    }
+
+    fn started(addr: SocketAddr, history: &History, reconnect: bool) -> Result<Self, BoxError> {
         let mut witness = Self {
             history: history.clone(),
             addr,
             session: None,
+            current: Arc::default(),
             grants: Arc::default(),
             latest: Arc::new(tokio::sync::watch::Sender::new(0)),
+            reconnect,
+            live: Arc::default(),
+            generation: Arc::default(),
+            cuts: Arc::default(),
         };
         witness.attach()?;
         Ok(witness)
     }
 
     /// (Re)opens the MONITOR feed, once the server answers; returns when the
-    /// server has confirmed it, so that every later command is seen.
+    /// server has confirmed it, so that every later command is seen. A
+    /// reconnecting witness whose feed is open (it reopened it by itself)
+    /// keeps it.
     pub(crate) fn attach(&mut self) -> TestResult {
-        if let Some((old, _)) = self.session.take() {
+        if self.reconnect && self.live.load(Ordering::SeqCst) {
+            return Ok(());
+        }
+        let generation = self.generation.fetch_add(1, Ordering::SeqCst) + 1;
+        if let Ok(mut current) = self.current.lock()
+            && let Some(old) = current.take()
+        {
             let _ = old.shutdown(Shutdown::Both);
         }
-        let stream = TcpStream::connect_timeout(&self.addr, Duration::from_secs(5))?;
-        stream.set_read_timeout(Some(Duration::from_secs(5)))?;
-        (&stream).write_all(b"MONITOR\r\n")?;
-        let mut reader = BufReader::new(stream.try_clone()?);
-        let mut ok = String::new();
-        reader.read_line(&mut ok)?;
-        if ok.trim_end() != "+OK" {
-            return Err(format!("MONITOR answered {ok:?}").into());
+        let (stream, mut reader, _) = open_feed(self.addr)?;
+        if let Ok(mut current) = self.current.lock() {
+            *current = Some(stream.try_clone()?);
         }
-        stream.set_read_timeout(None)?;
+        self.live.store(true, Ordering::SeqCst);
         let history = self.history.clone();
         let (grants, latest) = (Arc::clone(&self.grants), Arc::clone(&self.latest));
+        let (live, current, cuts) = (
+            Arc::clone(&self.live),
+            Arc::clone(&self.current),
+            Arc::clone(&self.cuts),
+        );
+        let generations = Arc::clone(&self.generation);
+        let (reconnect, addr) = (self.reconnect, self.addr);
         let (ended, on_end) = mpsc::channel();
         std::thread::spawn(move || {
             let mut script_at = 0;
-            for line in reader.lines() {
-                let Ok(line) = line else { break };
-                if line.contains(WITNESS_END) {
-                    let _ = ended.send(());
-                    break;
-                }
-                if let Some(granted) = record_monitor_line(&line, &mut script_at, &history) {
-                    latest.send_replace(granted.at_us);
-                    if let Ok(mut grants) = grants.lock() {
-                        grants.push(granted);
+            loop {
+                for line in (&mut reader).lines() {
+                    let Ok(line) = line else { break };
+                    if line.contains(WITNESS_END) {
+                        let _ = ended.send(());
+                        return;
+                    }
+                    if let Some(granted) = record_monitor_line(&line, &mut script_at, &history) {
+                        latest.send_replace(granted.at_us);
+                        if let Ok(mut grants) = grants.lock() {
+                            grants.push(granted);
+                        }
                     }
                 }
+                // The feed ended without its marker: the server cut it.
+                if generations.load(Ordering::SeqCst) != generation {
+                    return; // replaced by a later attach
+                }
+                live.store(false, Ordering::SeqCst);
+                if !reconnect {
+                    return;
+                }
+                let at_us = wall_us();
+                let deadline = std::time::Instant::now() + Duration::from_secs(5);
+                let reopened = loop {
+                    match open_feed(addr) {
+                        Ok(feed) => break Some(feed),
+                        Err(_) if std::time::Instant::now() < deadline => {
+                            std::thread::sleep(Duration::from_millis(1));
+                        }
+                        Err(_) => break None,
+                    }
+                };
+                let Some((stream, next, id)) = reopened else {
+                    if let Ok(mut cuts) = cuts.lock() {
+                        cuts.push(Cut {
+                            at_us,
+                            back_us: None,
+                            unseen: Vec::new(),
+                        });
+                    }
+                    return;
+                };
+                let back_us = wall_us();
+                live.store(true, Ordering::SeqCst);
+                let unseen = lease_writers_before(addr, id)
+                    .unwrap_or_else(|e| vec![format!("CLIENT LIST failed: {e}")]);
+                if let Ok(mut cuts) = cuts.lock() {
+                    cuts.push(Cut {
+                        at_us,
+                        back_us: Some(back_us),
+                        unseen,
+                    });
+                }
+                if let (Ok(mut current), Ok(clone)) = (current.lock(), stream.try_clone()) {
+                    *current = Some(clone);
+                }
+                reader = next;
+                script_at = 0;
             }
         });
-        self.session = Some((stream, on_end));
+        self.session = Some(on_end);
         Ok(())
+    }
+
+    /// The cuts this witness's feed reopened by itself since `from_us`
+    /// (host clock, µs since the Unix epoch).
+    pub(crate) fn cuts_since(&self, from_us: u64) -> Vec<Cut> {
+        self.cuts.lock().map_or_else(
+            |_| Vec::new(),
+            |cuts| {
+                cuts.iter()
+                    .filter(|c| c.at_us >= from_us)
+                    .cloned()
+                    .collect()
+            },
+        )
     }
 
     /// The grants this server's feed showed from `from_us` to `to_us` (its
@@ -447,16 +625,22 @@ impl Witness {
     /// Sends the end marker on a connection of its own and waits until the
     /// feed has shown it: every command before it has been recorded.
     pub(crate) fn finish(mut self) -> TestResult {
-        let Some((stream, on_end)) = self.session.take() else {
+        let Some(on_end) = self.session.take() else {
             return Ok(());
         };
+        // Ended on purpose: no reconnection.
+        self.generation.fetch_add(1, Ordering::SeqCst);
         let mut side = TcpStream::connect_timeout(&self.addr, Duration::from_secs(5))?;
         side.set_read_timeout(Some(Duration::from_secs(5)))?;
         side.write_all(format!("ECHO {WITNESS_END}\r\n").as_bytes())?;
         let mut reply = [0u8; 64];
         let _ = side.read(&mut reply)?;
         let seen = on_end.recv_timeout(Duration::from_secs(10));
-        let _ = stream.shutdown(Shutdown::Both);
+        if let Ok(mut current) = self.current.lock()
+            && let Some(stream) = current.take()
+        {
+            let _ = stream.shutdown(Shutdown::Both);
+        }
         seen.map_err(|_| "the MONITOR feed never showed its end marker".into())
     }
 }
