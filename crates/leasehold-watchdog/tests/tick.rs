@@ -492,3 +492,108 @@ async fn a_weekday_record_outlives_the_weekend() -> TestResult {
     );
     Ok(())
 }
+
+fn s(secs: u64) -> Duration {
+    Duration::from_secs(secs)
+}
+
+/// Which tick a node asks for: its own before any answer; once it knows
+/// the server's clock, the server's tick, unless its own is ahead of the
+/// server's clock by less than a period (the server then says when it is
+/// due). Exactly one period ahead is a clock too far off: the server's.
+#[tokio::test(start_paused = true)]
+async fn the_tick_asked_for_is_the_servers_unless_this_node_is_ahead_by_less_than_a_period()
+-> TestResult {
+    let server = MemoryBackend::new();
+    let manager = LeaseManager::new(server.clone())?;
+    let asking = job("ask", "n", Every::new(PERIOD)?)?;
+    assert_eq!(asking.server_now(), None);
+    assert_eq!(
+        asking.tick_to_ask(t0() + s(3)),
+        Some(t0()),
+        "before any answer"
+    );
+
+    // One answer, with the server's clock at t0 + 25 s, teaches it.
+    server.set_wall_clock(t0() + s(25));
+    let outcome = timeout(
+        LIMIT,
+        manager.run_tick(&asking, t0() + s(20), |_run| async {}),
+    )
+    .await??;
+    assert!(outcome.ran(), "{outcome:?}");
+    assert_eq!(asking.server_now(), Some(t0() + s(25)), "no time passed");
+    let again = timeout(
+        LIMIT,
+        manager.run_tick(&asking, t0() + s(20), |_run| async {}),
+    )
+    .await??;
+    assert!(!again.ran(), "decided already: {again:?}");
+    // This node is behind: its tick (t0 + 10 s) is the server's past.
+    assert_eq!(asking.tick_to_ask(t0() + s(18)), Some(t0() + s(20)));
+    // Ahead by less than a period: its own tick, 5 s ahead.
+    assert_eq!(asking.tick_to_ask(t0() + s(31)), Some(t0() + s(30)));
+    // Ahead by 15 s, more than a period: the server's.
+    assert_eq!(asking.tick_to_ask(t0() + s(41)), Some(t0() + s(20)));
+
+    // Exactly a period ahead: the server's clock on its tick, t0 + 20 s.
+    let exact = job("ask-exact", "n", Every::new(PERIOD)?)?;
+    server.set_wall_clock(t0() + s(20));
+    let outcome = timeout(
+        LIMIT,
+        manager.run_tick(&exact, t0() + s(20), |_run| async {}),
+    )
+    .await??;
+    assert!(outcome.ran(), "{outcome:?}");
+    assert_eq!(exact.server_now(), Some(t0() + s(20)));
+    assert_eq!(exact.tick_to_ask(t0() + s(30)), Some(t0() + s(20)));
+    assert_eq!(
+        exact.tick_to_ask(t0() + s(30) - Duration::from_millis(1)),
+        Some(t0() + s(20)),
+        "its own tick is the server's"
+    );
+    Ok(())
+}
+
+/// A job's settings read back as they were built, and its `Debug` names
+/// them; the builder refuses each thing a run cannot use, on its own.
+#[test]
+fn a_jobs_settings_read_back_and_each_refusal_stands_alone() -> TestResult {
+    let built = TickJob::builder("settings", Every::new(PERIOD)?)
+        .start_deadline(s(7))
+        .catch_up(CatchUp::Latest)
+        .on_abandon(OnAbandon::Rerun)
+        .lease(LeaseOptions::builder().ttl(s(9)))
+        .build()?;
+    assert_eq!(built.start_deadline(), s(7));
+    assert_eq!(built.catch_up(), CatchUp::Latest);
+    assert_eq!(built.on_abandon(), OnAbandon::Rerun);
+    assert_eq!(built.lease_options().ttl().get(), s(9));
+    let shown = format!("{built:?}");
+    for part in ["TickJob", "settings", "7s", "Latest"] {
+        assert!(shown.contains(part), "{part} not in {shown}");
+    }
+    let builder = TickJob::builder("shown", Every::new(PERIOD)?);
+    assert!(format!("{builder:?}").contains("shown"));
+
+    let refused = |b: leasehold_watchdog::TickJobBuilder| match b.build() {
+        Err(e) => Ok(e.to_string()),
+        Ok(job) => Err(format!("built {job:?}")),
+    };
+    let grid = || Every::new(PERIOD);
+    assert!(
+        refused(TickJob::builder("zero", grid()?).start_deadline(Duration::ZERO))?
+            .contains("start deadline")
+    );
+    assert!(
+        refused(TickJob::builder("micros", grid()?).start_deadline(Duration::from_micros(1_500)))?
+            .contains("start deadline")
+    );
+    let minimum = LeaseOptions::builder().ttl(s(9)).hold_at_least(s(1));
+    assert!(refused(TickJob::builder("hold", grid()?).lease(minimum))?.contains("minimum hold"));
+    let fair = LeaseOptions::builder()
+        .ttl(s(9))
+        .fair(leasehold_watchdog::Fair::default());
+    assert!(refused(TickJob::builder("fair", grid()?).lease(fair))?.contains("fair mode"));
+    Ok(())
+}
