@@ -325,3 +325,96 @@ async fn a_dropped_permit_and_a_shut_down_manager_free_their_permits() -> TestRe
     assert_eq!(held(&backend, &key("freed"), 2).await, 0);
     Ok(())
 }
+
+/// A `MemoryBackend` whose permit acquisitions, while `lose` is set, are
+/// granted and then never answered: the reply lost on the way back.
+#[derive(Clone)]
+struct LostPermitReplies {
+    inner: MemoryBackend,
+    lose: Arc<std::sync::atomic::AtomicBool>,
+}
+
+impl LeaseBackend for LostPermitReplies {
+    async fn try_acquire(
+        &self,
+        request: &leasehold_core::AcquireRequest,
+    ) -> Result<leasehold_core::AcquireOutcome, BackendError> {
+        self.inner.try_acquire(request).await
+    }
+
+    async fn renew_many(
+        &self,
+        requests: &[leasehold_core::RenewRequest],
+    ) -> Vec<Result<leasehold_core::RenewOutcome, BackendError>> {
+        self.inner.renew_many(requests).await
+    }
+
+    async fn release(
+        &self,
+        key: &LeaseKey,
+        holder: &leasehold_core::HolderId,
+    ) -> Result<leasehold_core::ReleaseReport, BackendError> {
+        self.inner.release(key, holder).await
+    }
+
+    async fn inspect(
+        &self,
+        key: &LeaseKey,
+    ) -> Result<Option<leasehold_core::LeaseInfo>, BackendError> {
+        self.inner.inspect(key).await
+    }
+
+    fn permits(&self) -> Option<&impl leasehold_core::PermitBackend> {
+        Some(self)
+    }
+}
+
+impl leasehold_core::PermitBackend for LostPermitReplies {
+    async fn try_acquire_permit(
+        &self,
+        request: &leasehold_core::AcquireRequest,
+        limit: PermitLimit,
+    ) -> Result<leasehold_core::AcquireOutcome, BackendError> {
+        let outcome = self.inner.try_acquire_permit(request, limit).await;
+        if self.lose.load(Ordering::SeqCst) {
+            std::future::pending::<()>().await;
+        }
+        outcome
+    }
+}
+
+/// A permit acquisition abandoned after the server granted it a permit
+/// (the reply lost on the way back) leaves no permit behind: which permit
+/// it took is unknown, so the watchdog releases each of the semaphore's
+/// (only the holder's own is deleted), and the permit is free again
+/// long before its ttl.
+#[tokio::test(start_paused = true)]
+async fn an_abandoned_permit_acquisition_that_took_a_permit_leaves_none_behind() -> TestResult {
+    let memory = MemoryBackend::new();
+    let backend = LostPermitReplies {
+        inner: memory.clone(),
+        lose: Arc::new(std::sync::atomic::AtomicBool::new(true)),
+    };
+    let manager = LeaseManager::new(backend.clone())?;
+    let semaphore = key("orphans");
+    let options = LeaseOptions::with_ttl(Ttl::parse("30s")?);
+    let attempt = tokio::time::timeout(
+        Duration::from_secs(1),
+        manager.acquire_permit(semaphore.as_str(), limit(3), &options),
+    )
+    .await;
+    assert!(attempt.is_err(), "the reply was lost: {attempt:?}");
+    backend.lose.store(false, Ordering::SeqCst);
+    assert_eq!(held(&memory, &semaphore, 3).await, 1, "taken on the server");
+    within(
+        Duration::from_secs(5),
+        "the orphan permit's release",
+        async {
+            while held(&memory, &semaphore, 3).await > 0 {
+                sleep(Duration::from_millis(10)).await;
+            }
+        },
+    )
+    .await;
+    Ok(())
+}
