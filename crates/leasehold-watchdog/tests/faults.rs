@@ -119,3 +119,44 @@ async fn acquire_retries_transient_failures_within_its_wait() -> TestResult {
     }
     Ok(())
 }
+
+/// A grant whose reply arrives when its deadline has come (the request
+/// took ttl − drift − margin to be answered) is not handed out: no time is
+/// left to use it, so the caller is refused and the lease given back at
+/// once. A millisecond earlier, it is handed out.
+#[tokio::test(start_paused = true)]
+async fn a_grant_answered_at_its_deadline_is_given_back() -> TestResult {
+    let backend = MemoryBackend::new();
+    let manager = LeaseManager::new(backend.clone())?;
+    let options = options("3s");
+    let key = LeaseKey::new("late")?;
+    backend.set_latency(options.deadline_after());
+    let late = within(
+        Duration::from_secs(10),
+        "the late grant",
+        manager.acquire("late", &options),
+    )
+    .await;
+    assert!(
+        matches!(late, Err(LeaseError::NotAcquired { .. })),
+        "a grant answered at its deadline was handed out: {late:?}"
+    );
+    backend.set_latency(Duration::ZERO);
+    within(Duration::from_secs(1), "the late grant's release", async {
+        while backend.inspect(&key).await?.is_some() {
+            sleep(Duration::from_millis(1)).await;
+        }
+        Ok::<_, BackendError>(())
+    })
+    .await?;
+
+    backend.set_latency(options.deadline_after() - Duration::from_millis(1));
+    let lease = within(
+        Duration::from_secs(10),
+        "the grant",
+        manager.acquire("late", &options),
+    )
+    .await?;
+    assert_eq!(lease.loss_reason(), None);
+    Ok(())
+}
