@@ -418,3 +418,84 @@ async fn an_abandoned_permit_acquisition_that_took_a_permit_leaves_none_behind()
     .await;
     Ok(())
 }
+
+/// A backend that keeps each semaphore's permits under keys of its own
+/// choosing (`<semaphore>-own`, one permit), not the permit keys the
+/// manager would derive.
+#[derive(Clone)]
+struct OwnPermitKeys(MemoryBackend);
+
+impl LeaseBackend for OwnPermitKeys {
+    async fn try_acquire(
+        &self,
+        request: &leasehold_core::AcquireRequest,
+    ) -> Result<leasehold_core::AcquireOutcome, BackendError> {
+        self.0.try_acquire(request).await
+    }
+
+    async fn renew_many(
+        &self,
+        requests: &[leasehold_core::RenewRequest],
+    ) -> Vec<Result<leasehold_core::RenewOutcome, BackendError>> {
+        self.0.renew_many(requests).await
+    }
+
+    async fn release(
+        &self,
+        key: &LeaseKey,
+        holder: &leasehold_core::HolderId,
+    ) -> Result<leasehold_core::ReleaseReport, BackendError> {
+        self.0.release(key, holder).await
+    }
+
+    async fn inspect(
+        &self,
+        key: &LeaseKey,
+    ) -> Result<Option<leasehold_core::LeaseInfo>, BackendError> {
+        self.0.inspect(key).await
+    }
+
+    fn permits(&self) -> Option<&impl leasehold_core::PermitBackend> {
+        Some(self)
+    }
+}
+
+impl leasehold_core::PermitBackend for OwnPermitKeys {
+    async fn try_acquire_permit(
+        &self,
+        request: &leasehold_core::AcquireRequest,
+        _limit: PermitLimit,
+    ) -> Result<leasehold_core::AcquireOutcome, BackendError> {
+        let own = LeaseKey::new(format!("{}-own", request.key)).map_err(|e| {
+            BackendError::UnexpectedReply {
+                op: "acquire_permit",
+                key: request.key.as_str().to_owned(),
+                detail: e.to_string(),
+            }
+        })?;
+        let mut mine = request.clone();
+        mine.key = own;
+        self.0.try_acquire(&mine).await
+    }
+}
+
+/// A permit granted under a key the backend chose is kept, renewed and
+/// released under that key: the release frees it on the server.
+#[tokio::test(start_paused = true)]
+async fn a_permit_under_a_key_the_backend_chose_is_released_there() -> TestResult {
+    let memory = MemoryBackend::new();
+    let manager = LeaseManager::new(OwnPermitKeys(memory.clone()))?;
+    let options = LeaseOptions::with_ttl(Ttl::parse("3s")?);
+    let permit = manager.acquire_permit("pool", limit(2), &options).await?;
+    let own = key("pool-own");
+    assert!(memory.inspect(&own).await?.is_some(), "granted there");
+    // Renewed there: alive past its first ttl.
+    sleep(Duration::from_secs(4)).await;
+    assert_eq!(permit.loss_reason(), None);
+    assert_eq!(
+        permit.release().await?,
+        leasehold_core::ReleaseOutcome::Released
+    );
+    assert_eq!(memory.inspect(&own).await?, None, "released there");
+    Ok(())
+}
