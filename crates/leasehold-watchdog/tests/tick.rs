@@ -597,3 +597,29 @@ fn a_jobs_settings_read_back_and_each_refusal_stands_alone() -> TestResult {
     assert!(refused(TickJob::builder("fair", grid()?).lease(fair))?.contains("fair mode"));
     Ok(())
 }
+
+/// A run whose work panics passes the panic on to the caller, even when
+/// the completion that follows fails too: the failure to record is
+/// logged, not put in the panic's place.
+#[tokio::test(start_paused = true)]
+async fn a_panicking_run_panics_even_when_its_completion_fails() -> TestResult {
+    let server = MemoryBackend::new();
+    server.set_wall_clock(t0() + s(1));
+    let manager = LeaseManager::new(server.clone())?;
+    let job = job("boom", "n", Every::new(PERIOD)?)?;
+    let backend = server.clone();
+    let run = tokio::spawn(async move {
+        manager
+            .run_tick(&job, t0(), |_run| async move {
+                // The next operation, the completion, fails.
+                backend.fail_next(1);
+                panic!("the work failed");
+            })
+            .await
+    });
+    let joined = timeout(LIMIT, run).await?;
+    match joined {
+        Err(e) if e.is_panic() => Ok(()),
+        other => Err(format!("the panic was replaced: {other:?}").into()),
+    }
+}
