@@ -573,6 +573,16 @@ fn a_jobs_settings_read_back_and_each_refusal_stands_alone() -> TestResult {
     for part in ["TickJob", "settings", "7s", "Latest"] {
         assert!(shown.contains(part), "{part} not in {shown}");
     }
+    // A record outlives the longest gap between ticks plus the start
+    // deadline, and at least a minute.
+    let weekly = TickJob::builder("weekly", Every::new(s(7 * 86_400))?).build()?;
+    assert_eq!(weekly.record_ttl(), s(7 * 86_400 + 60));
+    let yearly = TickJob::builder("yearly", Every::new(s(365 * 86_400))?).build()?;
+    assert_eq!(yearly.record_ttl(), s(365 * 86_400 + 60));
+    let often = TickJob::builder("often", Every::new(s(1))?)
+        .start_deadline(s(1))
+        .build()?;
+    assert_eq!(often.record_ttl(), s(60));
     let builder = TickJob::builder("shown", Every::new(PERIOD)?);
     assert!(format!("{builder:?}").contains("shown"));
 
