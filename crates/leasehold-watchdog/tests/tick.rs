@@ -633,3 +633,26 @@ async fn a_panicking_run_panics_even_when_its_completion_fails() -> TestResult {
         other => Err(format!("the panic was replaced: {other:?}").into()),
     }
 }
+
+/// A manager and a run say what they are when shown with `Debug`.
+#[tokio::test(start_paused = true)]
+async fn a_manager_and_a_run_show_what_they_are() -> TestResult {
+    let server = MemoryBackend::new();
+    server.set_wall_clock(t0() + s(1));
+    let manager = LeaseManager::new(server.clone())?;
+    assert!(format!("{manager:?}").contains("LeaseManager"));
+    let job = job("shown", "n", Every::new(PERIOD)?)?;
+    let outcome = timeout(
+        LIMIT,
+        manager.run_tick(&job, t0(), |run| async move { format!("{run:?}") }),
+    )
+    .await??;
+    let TickOutcome::Ran { output, .. } = outcome else {
+        return Err(format!("not run: {outcome:?}").into());
+    };
+    assert!(
+        output.contains("TickRun") && output.contains("tick"),
+        "{output}"
+    );
+    Ok(())
+}
