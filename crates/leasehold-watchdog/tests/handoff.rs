@@ -566,3 +566,51 @@ async fn a_burst_of_newcomers_sends_one_first_attempt() -> TestResult {
     }
     Ok(())
 }
+
+/// A waiter that polls (release notices off) takes no part in the local
+/// handover, even when it comes to the head of the queue behind a waiter
+/// that was handed the lease (and left a baton for the next head): each
+/// release here frees the lease, and the polling waiter gets it by its
+/// own next attempt, at its poll interval.
+#[tokio::test(start_paused = true)]
+async fn a_polling_waiter_is_not_handed_the_lease() -> TestResult {
+    let backend = Counting::new();
+    let manager = LeaseManager::new(backend.clone())?;
+    let holder = manager.acquire("job", &patient()).await?;
+    let first = waiter(&manager);
+    until_waiting(&backend, 3).await;
+    let polling = LeaseOptions::builder()
+        .ttl(Ttl::parse("60s")?)
+        .wait(Duration::from_secs(60))
+        .backoff(Backoff::fixed(Duration::from_secs(30)))
+        .release_notices(false)
+        .build()?;
+    let second = {
+        let manager = manager.clone();
+        tokio::spawn(async move {
+            let lease = manager.acquire("job", &polling).await?;
+            Ok::<_, leasehold_watchdog::LeaseError>((Instant::now(), lease))
+        })
+    };
+    sleep(10 * OP).await;
+    // The first waiter, which listens, is handed the lease.
+    assert_eq!(holder.release().await?, ReleaseOutcome::Released);
+    let (_, lease) = within(WAITER_LIMIT, "the first waiter", first).await??;
+    assert_eq!(backend.counts.handed_over.load(Ordering::SeqCst), 1);
+    sleep(10 * OP).await;
+    let released_at = Instant::now();
+    assert_eq!(lease.release().await?, ReleaseOutcome::Released);
+    let (got_at, lease) = within(WAITER_LIMIT, "the polling waiter", second).await??;
+    assert_eq!(
+        backend.counts.handed_over.load(Ordering::SeqCst),
+        1,
+        "the polling waiter was handed the lease"
+    );
+    assert!(
+        got_at - released_at > 10 * OP,
+        "got it {:?} after the release, before its next poll",
+        got_at - released_at
+    );
+    lease.release().await?;
+    Ok(())
+}
