@@ -79,5 +79,9 @@ mod sentinel {
         ) -> RedisResult<MultiplexedConnection> {
             match *self {}
         }
+
+        pub(crate) async fn async_get_client(&mut self) -> RedisResult<redis::Client> {
+            match *self {}
+        }
     }
 }

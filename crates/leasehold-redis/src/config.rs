@@ -23,6 +23,7 @@ use crate::connection::{Conn, SentinelConn, Wait};
 use crate::layout::KeyLayout;
 use crate::notices::Notices;
 use crate::scripts;
+use crate::switches;
 use crate::tracking::Tracking;
 use crate::url::{Endpoint, Kind, client_for_url};
 use crate::{ConnectError, RedisBackend, redact};
@@ -309,6 +310,18 @@ impl RedisBackendBuilder {
                         Some(conn) => conn,
                         None => self.connect_sentinel(&target, None, &shown).await?,
                     };
+                    if let Conn::Sentinel(sentinel) = &conn {
+                        // Promotions announced by the sentinels themselves.
+                        switches::spawn(
+                            sentinel,
+                            switches::Watch {
+                                sentinels: target.sentinels.clone(),
+                                master: target.master.clone(),
+                                connect_timeout: self.connect_timeout,
+                                op_timeout: self.op_timeout,
+                            },
+                        );
+                    }
                     // The master the sentinels named.
                     let server_info = Box::pin(self.check_servers(&conn, &shown)).await?;
                     Box::pin(self.load_scripts(&conn, &shown)).await;

@@ -370,15 +370,28 @@ fn needs_new_master(err: &redis::RedisError) -> bool {
         || matches!(err.code(), Some("READONLY" | "LOADING" | "MASTERDOWN"))
 }
 
+/// A master's address as the sentinels name it: host and port.
+pub(crate) type MasterAddr = (String, u16);
+
+/// How long a promotion the sentinels announced binds the lookups that
+/// follow: within it, a lookup that names another master (a sentinel that
+/// has not switched yet) is refused rather than used. Sentinels spread a
+/// switch among themselves within a few seconds; past this, a lookup is
+/// trusted as without an announcement, so that an announcement followed
+/// by a later failover whose message was missed cannot keep the backend
+/// from every master.
+const ANNOUNCED_FOR: Duration = Duration::from_secs(10);
+
 /// The master of a Sentinel-monitored set, re-resolved through the
-/// sentinels whenever its connection fails.
+/// sentinels whenever its connection fails or they announce a promotion
+/// (`switches.rs`).
 pub(crate) struct SentinelConn {
     /// Asks the sentinels for the master; one resolution at a time.
     client: tokio::sync::Mutex<SentinelClient>,
     config: AsyncConnectionConfig,
-    /// The connection to the master as last resolved, with a generation
-    /// number so that a failure on an old connection does not drop a newer one.
-    current: Mutex<Option<(u64, MultiplexedConnection)>>,
+    /// The connection to the master as last resolved, and what the
+    /// sentinels announced.
+    state: Mutex<State>,
     /// The generation of the next connection; never reused.
     next_generation: AtomicU64,
     /// Client tracking, told of every new connection to a master.
@@ -387,6 +400,30 @@ pub(crate) struct SentinelConn {
     /// master the sentinels promote later is checked as the first one was
     /// at connect (`capabilities.rs`).
     check: Option<(Needs, String)>,
+    /// Dropped with the connection, which ends the subscriptions' tasks.
+    stop: tokio::sync::watch::Sender<()>,
+}
+
+#[derive(Default)]
+struct State {
+    /// The connection to the master as last resolved, with a generation
+    /// number so that a failure on an old connection does not drop a newer one.
+    current: Option<Current>,
+    /// The master the latest `+switch-master` named.
+    announced: Option<MasterAddr>,
+    /// While set, with when it came: the announced master has not been
+    /// reached yet, and a lookup naming another is refused.
+    pending: Option<tokio::time::Instant>,
+    /// The announcement already reported every lease changed: the
+    /// connection that follows it need not report them again.
+    reported: bool,
+}
+
+#[derive(Clone)]
+struct Current {
+    generation: u64,
+    conn: MultiplexedConnection,
+    addr: Option<MasterAddr>,
 }
 
 impl SentinelConn {
@@ -398,10 +435,11 @@ impl SentinelConn {
         Self {
             client: tokio::sync::Mutex::new(client),
             config,
-            current: Mutex::new(None),
+            state: Mutex::new(State::default()),
             next_generation: AtomicU64::new(0),
             tracking,
             check: None,
+            stop: tokio::sync::watch::Sender::new(()),
         }
     }
 
@@ -412,11 +450,53 @@ impl SentinelConn {
         self
     }
 
+    fn state(&self) -> std::sync::MutexGuard<'_, State> {
+        // Every update leaves the state whole; a panic elsewhere cannot tear it.
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
     fn cached(&self) -> Option<(u64, MultiplexedConnection)> {
-        self.current
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .clone()
+        self.state()
+            .current
+            .as_ref()
+            .map(|current| (current.generation, current.conn.clone()))
+    }
+
+    /// A receiver whose `changed()` fails once this connection is dropped.
+    pub(crate) fn stopped(&self) -> tokio::sync::watch::Receiver<()> {
+        self.stop.subscribe()
+    }
+
+    /// A sentinel announced that `master` is the set's master now
+    /// (`+switch-master`). Unless the connection already goes there, it is
+    /// forgotten, so that the next call asks the sentinels, and every
+    /// lease is reported changed, as after a reconnection, so that the
+    /// watchdog renews them all on the new master at once. Every sentinel
+    /// announces the same switch: only the first announcement of a master
+    /// counts.
+    pub(crate) fn switched(&self, master: MasterAddr) {
+        let mut state = self.state();
+        if state.announced.as_ref() == Some(&master) {
+            return;
+        }
+        if state
+            .current
+            .as_ref()
+            .is_some_and(|current| current.addr.as_ref() == Some(&master))
+        {
+            // A failed call already led here; its connection reported.
+            state.announced = Some(master);
+            state.pending = None;
+            return;
+        }
+        state.announced = Some(master);
+        state.pending = Some(tokio::time::Instant::now());
+        state.current = None;
+        state.reported = true;
+        drop(state);
+        if let Some(tracking) = &self.tracking {
+            tracking.new_connection(true);
+        }
     }
 
     /// Runs `op` on the current master. An error that may mean the master
@@ -441,7 +521,11 @@ impl SentinelConn {
     }
 
     /// The connection to the current master, asking the sentinels for it
-    /// (and checking that it says it is a master) if there is none.
+    /// (and checking that it says it is a master) if there is none. After
+    /// an announced promotion, a master other than the one announced is
+    /// refused (a transient error) for up to [`ANNOUNCED_FOR`]: a sentinel
+    /// that has not switched yet, whose old master may still answer, must
+    /// not bring the renewals back to it.
     pub(crate) async fn current(&self) -> RedisResult<(u64, MultiplexedConnection)> {
         if let Some(current) = self.cached() {
             return Ok(current);
@@ -451,8 +535,11 @@ impl SentinelConn {
         if let Some(current) = self.cached() {
             return Ok(current);
         }
-        let mut conn = client
-            .get_async_connection_with_config(&self.config)
+        let master = client.async_get_client().await?;
+        let addr = master_addr(master.get_connection_info());
+        self.check_announced(addr.as_ref())?;
+        let mut conn = master
+            .get_multiplexed_async_connection_with_config(&self.config)
             .await?;
         if self.next_generation.load(Ordering::Relaxed) > 0
             && let Some((needs, shown)) = &self.check
@@ -463,24 +550,76 @@ impl SentinelConn {
             // script error later.
             refuse_unsupported(&mut conn, *needs, shown).await?;
         }
+        let mut state = self.state();
+        // An announcement may have come while this lookup ran.
+        check_pending(&state, addr.as_ref())?;
+        if state.announced.is_some() && state.announced == addr {
+            state.pending = None;
+        }
+        let report = !std::mem::take(&mut state.reported);
         let generation = self.next_generation.fetch_add(1, Ordering::Relaxed);
+        state.current = Some(Current {
+            generation,
+            conn: conn.clone(),
+            addr,
+        });
         if let Some(tracking) = &self.tracking {
             // A new connection (perhaps to a newly promoted master, which
             // may lack writes the old one acknowledged): tracking must be
-            // turned on again, and every lease checked.
-            tracking.new_connection(generation > 0);
+            // turned on again, and every lease checked, unless the
+            // announcement that led here already reported them all (every
+            // lease renewed since goes through this lookup). Under the
+            // state's lock, so that an announcement cannot come between
+            // the connection and its report.
+            tracking.new_connection(generation > 0 && report);
         }
-        let mut slot = self.current.lock().unwrap_or_else(PoisonError::into_inner);
-        *slot = Some((generation, conn.clone()));
+        drop(state);
         Ok((generation, conn))
+    }
+
+    fn check_announced(&self, addr: Option<&MasterAddr>) -> RedisResult<()> {
+        check_pending(&self.state(), addr)
     }
 
     /// Forgets the connection of `generation`, so the next call asks the sentinels.
     fn forget(&self, generation: u64) {
-        let mut slot = self.current.lock().unwrap_or_else(PoisonError::into_inner);
-        if slot.as_ref().is_some_and(|(g, _)| *g == generation) {
-            *slot = None;
+        let mut state = self.state();
+        if state
+            .current
+            .as_ref()
+            .is_some_and(|current| current.generation == generation)
+        {
+            state.current = None;
         }
+    }
+}
+
+/// Refuses a lookup that named `addr` while another master's promotion,
+/// announced less than [`ANNOUNCED_FOR`] ago, has not been reached.
+fn check_pending(state: &State, addr: Option<&MasterAddr>) -> RedisResult<()> {
+    let (Some(announced), Some(since)) = (&state.announced, state.pending) else {
+        return Ok(());
+    };
+    if addr == Some(announced) || since.elapsed() >= ANNOUNCED_FOR {
+        return Ok(());
+    }
+    Err(redis::RedisError::from(std::io::Error::other(format!(
+        "the sentinels announced {}:{} as the new master, but the lookup named {}; asking again",
+        announced.0,
+        announced.1,
+        addr.map_or_else(
+            || "another".to_owned(),
+            |(host, port)| format!("{host}:{port}")
+        )
+    ))))
+}
+
+/// The host and port of a master's address (none for a Unix socket).
+fn master_addr(info: &redis::ConnectionInfo) -> Option<MasterAddr> {
+    match info.addr() {
+        redis::ConnectionAddr::Tcp(host, port)
+        | redis::ConnectionAddr::TcpTls { host, port, .. } => Some((host.clone(), *port)),
+        _ => None,
     }
 }
 

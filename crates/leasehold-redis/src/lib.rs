@@ -143,6 +143,7 @@ mod notices;
 mod redlock;
 mod reply;
 mod scripts;
+mod switches;
 mod tracking;
 mod url;
 

@@ -1,0 +1,245 @@
+//! Behind Sentinel: hearing of a promotion from the sentinels themselves.
+//!
+//! Each sentinel publishes `+switch-master <name> <old-ip> <old-port>
+//! <new-ip> <new-port>` when it moves a master set to a promoted replica.
+//! The backend keeps one RESP2 subscription to that channel on every
+//! sentinel of its URL, in one task per sentinel (the only tasks this
+//! crate spawns). A message naming the backend's master set makes the
+//! backend forget its master connection and report every lease changed
+//! ([`SentinelConn::switched`]), as a reconnection does, so that the
+//! watchdog renews every held lease on the new master at once rather than
+//! at its next renewal retry. Without it, a promotion is learned only when
+//! a call to the old master fails and the sentinels are asked again; that
+//! remains the fallback whenever no subscription stands.
+//!
+//! A sentinel that is down, refuses the subscription (an ACL without
+//! `+subscribe`) or stops answering pings is tried again with a jittered
+//! backoff from 100 ms, doubling up to 5 s; the first failure of each
+//! sentinel is logged as a warning, later ones at debug level. Nothing
+//! here fails a call of the backend. The tasks end when the backend (its
+//! last clone) is dropped.
+
+use std::sync::{Arc, Weak};
+use std::time::Duration;
+
+use futures_util::StreamExt;
+use redis::aio::PubSub;
+use redis::{Client, ConnectionInfo, Msg, RedisError, RedisResult, Value};
+use tracing::{debug, warn};
+
+use crate::connection::{MasterAddr, SentinelConn};
+
+/// The channel a sentinel announces a promotion on.
+pub(crate) const CHANNEL: &str = "+switch-master";
+/// The first wait before subscribing again.
+const BACKOFF_FIRST: Duration = Duration::from_millis(100);
+/// The longest wait before subscribing again.
+const BACKOFF_MAX: Duration = Duration::from_secs(5);
+/// How often a standing subscription is checked with a `PING`: a sentinel
+/// that vanished without closing the connection (a blackhole) is noticed
+/// within this plus the op timeout.
+const PING_EVERY: Duration = Duration::from_secs(5);
+
+/// What the subscriptions need besides the backend's master connection.
+pub(crate) struct Watch {
+    /// The sentinels of the URL, reached as they were for the master's address.
+    pub(crate) sentinels: Vec<ConnectionInfo>,
+    /// The master set's name.
+    pub(crate) master: String,
+    pub(crate) connect_timeout: Duration,
+    pub(crate) op_timeout: Duration,
+}
+
+/// Starts one subscription task per sentinel for `conn`. Without a tokio
+/// runtime (none is running: `connect` was not awaited on one) nothing is
+/// started, with a warning, and promotions are learned as before.
+pub(crate) fn spawn(conn: &Arc<SentinelConn>, watch: Watch) {
+    let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+        warn!(
+            "no tokio runtime: not subscribing to the sentinels' {CHANNEL}; a promotion is learned when a call to the old master fails"
+        );
+        return;
+    };
+    let watch = Arc::new(watch);
+    for index in 0..watch.sentinels.len() {
+        let weak = Arc::downgrade(conn);
+        let mut stop = conn.stopped();
+        let watch = Arc::clone(&watch);
+        runtime.spawn(async move {
+            tokio::select! {
+                // Ends (with an error) when the backend's sender is dropped.
+                _ = stop.changed() => {}
+                () = listen(weak, &watch, index) => {}
+            }
+        });
+    }
+}
+
+/// Subscribes to sentinel `index` and hands its announcements to the
+/// backend, subscribing again after every failure, until the backend is gone.
+async fn listen(conn: Weak<SentinelConn>, watch: &Watch, index: usize) {
+    let Some(info) = watch.sentinels.get(index) else {
+        return;
+    };
+    let sentinel = info.addr().to_string();
+    let mut warned = false;
+    let mut delay = BACKOFF_FIRST;
+    loop {
+        let failure = match subscribe(info, watch).await {
+            Ok(pubsub) => {
+                delay = BACKOFF_FIRST;
+                debug!(sentinel, "subscribed to {CHANNEL}");
+                let ended = read(pubsub, &conn, watch).await;
+                if conn.strong_count() == 0 {
+                    return;
+                }
+                ended
+            }
+            Err(err) => err,
+        };
+        if warned {
+            debug!(sentinel, error = %failure, "no subscription to {CHANNEL}; trying again");
+        } else {
+            warned = true;
+            warn!(
+                sentinel,
+                error = %failure,
+                "no subscription to the sentinel's {CHANNEL}; trying again with backoff. Until one stands, a promotion is learned when a call to the old master fails"
+            );
+        }
+        tokio::time::sleep(jittered(delay)).await;
+        delay = (delay * 2).min(BACKOFF_MAX);
+        if conn.strong_count() == 0 {
+            return;
+        }
+    }
+}
+
+/// A subscription to [`CHANNEL`] on one sentinel, each step bounded.
+async fn subscribe(info: &ConnectionInfo, watch: &Watch) -> RedisResult<PubSub> {
+    let client = Client::open(info.clone())?;
+    let mut pubsub = bounded(watch.connect_timeout, client.get_async_pubsub()).await?;
+    bounded(watch.op_timeout, pubsub.subscribe(CHANNEL)).await?;
+    Ok(pubsub)
+}
+
+/// Reads announcements until the subscription breaks, and says why.
+async fn read(pubsub: PubSub, conn: &Weak<SentinelConn>, watch: &Watch) -> RedisError {
+    let (mut sink, mut stream) = pubsub.split();
+    let mut ping = tokio::time::interval(PING_EVERY);
+    ping.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    ping.reset();
+    loop {
+        tokio::select! {
+            biased;
+            message = stream.next() => {
+                let Some(message) = message else {
+                    return closed("the sentinel closed the subscription");
+                };
+                let Some(conn) = conn.upgrade() else {
+                    return closed("the backend was dropped");
+                };
+                if let Some(master) = switched_to(&message, &watch.master) {
+                    conn.switched(master);
+                }
+            }
+            _ = ping.tick() => {
+                if let Err(err) = bounded(watch.op_timeout, sink.ping::<Value>()).await {
+                    return err;
+                }
+            }
+        }
+    }
+}
+
+/// The new master an announcement names, if it names the set `master`.
+fn switched_to(message: &Msg, master: &str) -> Option<MasterAddr> {
+    if message.get_channel_name() != CHANNEL {
+        return None;
+    }
+    let payload = std::str::from_utf8(message.get_payload_bytes()).ok()?;
+    parse(payload, master)
+}
+
+/// `<name> <old-ip> <old-port> <new-ip> <new-port>`, for the set `master`.
+fn parse(payload: &str, master: &str) -> Option<MasterAddr> {
+    let mut words = payload.split_ascii_whitespace();
+    let (Some(name), Some(_), Some(_), Some(host), Some(port), None) = (
+        words.next(),
+        words.next(),
+        words.next(),
+        words.next(),
+        words.next(),
+        words.next(),
+    ) else {
+        return None;
+    };
+    if name != master {
+        return None;
+    }
+    Some((host.to_owned(), port.parse().ok()?))
+}
+
+/// `future`, failing with a timeout error after `limit`.
+async fn bounded<T>(
+    limit: Duration,
+    future: impl Future<Output = RedisResult<T>>,
+) -> RedisResult<T> {
+    tokio::time::timeout(limit, future)
+        .await
+        .unwrap_or_else(|_| {
+            Err(RedisError::from(std::io::Error::new(
+                std::io::ErrorKind::TimedOut,
+                "the sentinel did not answer in time",
+            )))
+        })
+}
+
+fn closed(why: &'static str) -> RedisError {
+    RedisError::from(std::io::Error::new(
+        std::io::ErrorKind::ConnectionAborted,
+        why,
+    ))
+}
+
+/// `delay` less up to a quarter, so that many processes do not come back
+/// to a sentinel in step.
+fn jittered(delay: Duration) -> Duration {
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.subsec_nanos());
+    delay - delay / 4 * (nanos % 1000) / 1000
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn announcements_name_the_new_master_of_their_set() {
+        assert_eq!(
+            parse("mymaster 127.0.0.1 6380 127.0.0.1 6381", "mymaster"),
+            Some(("127.0.0.1".to_owned(), 6381))
+        );
+        assert_eq!(
+            parse("other 127.0.0.1 6380 127.0.0.1 6381", "mymaster"),
+            None
+        );
+        assert_eq!(parse("mymaster 127.0.0.1 6380 127.0.0.1", "mymaster"), None);
+        assert_eq!(
+            parse("mymaster 127.0.0.1 6380 127.0.0.1 x", "mymaster"),
+            None
+        );
+        assert_eq!(
+            parse("mymaster 127.0.0.1 6380 127.0.0.1 6381 extra", "mymaster"),
+            None
+        );
+    }
+
+    #[test]
+    fn jitter_takes_off_at_most_a_quarter() {
+        let delay = Duration::from_millis(400);
+        let got = jittered(delay);
+        assert!(got <= delay && got >= delay - delay / 4, "{got:?}");
+    }
+}
