@@ -432,3 +432,115 @@ async fn an_overwritten_lease_is_reported_by_the_master() -> TestResult {
     }
     Ok(())
 }
+
+/// What the backend logs at warning level, kept for the test to read.
+#[derive(Clone, Default)]
+struct Captured(std::sync::Arc<std::sync::Mutex<Vec<u8>>>);
+
+impl std::io::Write for Captured {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .extend_from_slice(buf);
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+/// Sentinels that refuse `SUBSCRIBE` (an ACL without it) and one that is
+/// down take nothing from the backend: it connects, holds leases, and
+/// learns of the promotion as it did before it subscribed, by the renewal
+/// retries that ask the sentinels again; each sentinel's failure is
+/// logged once, however often the subscription is tried again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sentinels_that_refuse_the_subscription_leave_the_promotion_to_the_retries() -> TestResult {
+    let _serial = leasehold_testkit::serial().await;
+    let captured = Captured::default();
+    let writer = captured.clone();
+    // The only test of this binary that installs a subscriber.
+    tracing::subscriber::set_global_default(
+        tracing_subscriber::fmt()
+            .with_max_level(tracing::Level::WARN)
+            .with_ansi(false)
+            .with_writer(move || writer.clone())
+            .finish(),
+    )?;
+    let mut set = SentinelSet::start()?;
+    for sentinel in set.sentinels() {
+        assert_eq!(
+            sentinel.cli(&["ACL", "SETUSER", "default", "-subscribe"])?,
+            "OK"
+        );
+    }
+    // A sentinel listed first that nothing listens on.
+    let down = format!("127.0.0.1:{}", leasehold_testkit::free_port()?);
+    let url = set
+        .url()
+        .replacen("redis+sentinel://", &format!("redis+sentinel://{down},"), 1);
+    let backend = RedisBackend::builder(&url)
+        .op_timeout(Duration::from_millis(250))
+        .connect_timeout(Duration::from_millis(500))
+        .connect()
+        .await?;
+    let manager = LeaseManager::new(backend)?;
+    let options = LeaseOptions::builder()
+        .ttl(Ttl::parse("10s")?)
+        .renew_interval(Duration::from_millis(300))
+        .build()?;
+    let kept = manager.acquire("kept", &options).await?;
+    let stored = KeyLayout::default().lease(kept.key());
+    let until = tokio::time::Instant::now() + Duration::from_secs(10);
+    while set.replica().cli(&["EXISTS", &stored])? != "1" {
+        assert!(
+            tokio::time::Instant::now() < until,
+            "the replica did not receive the lease within 10 s"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    set.replica_mut().pause()?;
+    set.master().cli(&["CLIENT", "KILL", "TYPE", "replica"])?;
+    let unreplicated = manager.acquire("unreplicated", &options).await?;
+    set.kill_master()?;
+    set.replica_mut().resume()?;
+    let took = tokio::task::block_in_place(|| set.wait_for_failover())?;
+    println!("sentinels promoted the replica {took:?} after the master was killed");
+    let reason = tokio::time::timeout(Duration::from_secs(5), unreplicated.lost())
+        .await
+        .map_err(|_| "the unreplicated lease was not reported lost within 5 s of the failover")?;
+    assert_eq!(reason, LossReason::Lost);
+    assert_eq!(kept.loss_reason(), None, "the replicated lease ended");
+
+    let logged = String::from_utf8_lossy(
+        &captured
+            .0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner),
+    )
+    .into_owned();
+    let warnings: Vec<&str> = logged
+        .lines()
+        .filter(|line| line.contains("no subscription to the sentinel's +switch-master"))
+        .collect();
+    let mut sentinels: Vec<String> = set
+        .sentinels()
+        .iter()
+        .map(|s| format!("127.0.0.1:{}", s.port()))
+        .collect();
+    sentinels.push(down);
+    for sentinel in &sentinels {
+        let count = warnings
+            .iter()
+            .filter(|w| w.contains(sentinel.as_str()))
+            .count();
+        assert_eq!(
+            count, 1,
+            "{sentinel}: {count} warnings, not one; logged:\n{logged}"
+        );
+    }
+    assert_eq!(warnings.len(), sentinels.len(), "logged:\n{logged}");
+    Ok(())
+}
