@@ -349,13 +349,17 @@ fn promotion_of(url: String) -> tokio::task::JoinHandle<Result<Instant, Error>> 
 }
 
 /// How soon after the sentinels name the new master the old holder learns
-/// its lease is gone: losing the tracking connection reported every lease
-/// as possibly changed, so the watchdog renews them at once and retries
-/// every 320 ms at most (`timing.rs`) until the new master answers that
-/// the lease is not there; plus a reconnection through the sentinels and
-/// slack for a loaded two-core machine. Measured 90–175 ms; with
-/// tracking off (the red check) the holder learns at its next scheduled
-/// renewal, about 1 s after.
+/// its lease is gone: the backend hears the sentinels' `+switch-master`
+/// and reports every lease as possibly changed, so the watchdog renews
+/// them at once on the new master, which answers that the lease is not
+/// there. Without that subscription, losing the tracking connection
+/// reported them all and the renewals were retried every 320 ms at most
+/// (`timing.rs`) until a lookup through the sentinels named the new
+/// master: the bound allows that path, plus slack for a loaded two-core
+/// machine. Measured 0–20 ms after the test's poll saw two sentinels name
+/// the new master (often before it: the poll lags the announcement); 90–175
+/// ms before the subscription. With tracking off (the red check) the
+/// holder learns at its next scheduled renewal, about 1 s after.
 const RECONNECT_BOUND: Duration = Duration::from_millis(500);
 
 /// How late past its deadline a token may fire: the watchdog's timer
@@ -435,7 +439,7 @@ async fn sentinel_a_promoted_replica_whose_clock_is_ahead_drops_leases_and_fenci
         "the holder learned {after_failover:?} after the sentinels named the new master (bound {RECONNECT_BOUND:?})"
     );
     println!(
-        "sentinel, promoted replica 60 s ahead: failover {failover:?}; the replica became master, dropping the lease, {:?} after the kill; a second holder was granted {:?} after the kill; the first holder's token fired {:?} after the kill ({:?} after the drop; its reason: {:?})",
+        "sentinel, promoted replica 60 s ahead: failover {failover:?}; the replica became master, dropping the lease, {:?} after the kill; a second holder was granted {:?} after the kill; the first holder's token fired {:?} after the kill ({:?} after the drop, {after_failover:?} after the test saw the sentinels name the new master; its reason: {:?})",
         expired_at - killed_at,
         granted_at - killed_at,
         fired_at - killed_at,

@@ -11,8 +11,8 @@ impl ChangeBackend for RedisBackend {
     /// a lost renewal connection is reported as [`LeaseChange::All`](leasehold_core::LeaseChange::All).
     /// The watch ends (`next` returns `None`) when tracking is turned off
     /// for good: the server refused it, or its tracking table overflowed.
-    /// Behind Sentinel, a new resolution of the master is reported as
-    /// `All` too. Cluster deployments report nothing (the redis crate's
+    /// Behind Sentinel, a promotion a sentinel announces (`+switch-master`)
+    /// and a new resolution of the master are reported as `All` too. Cluster deployments report nothing (the redis crate's
     /// cluster client turns no tracking on for its node connections):
     /// holders there learn of a change at their next renewal.
     async fn watch_changes(&self) -> Result<ChangeWatch, BackendError> {
