@@ -544,3 +544,60 @@ async fn sentinels_that_refuse_the_subscription_leave_the_promotion_to_the_retri
     assert_eq!(warnings.len(), sentinels.len(), "logged:\n{logged}");
     Ok(())
 }
+
+/// The `+switch-master` subscriptions on a sentinel: its clients
+/// subscribed to a channel.
+fn subscribers(sentinel: &RedisServer) -> Result<usize, leasehold_testkit::TestkitError> {
+    let clients = sentinel.cli(&["CLIENT", "LIST"])?;
+    Ok(clients
+        .lines()
+        .filter(|client| client.split(' ').any(|field| field == "sub=1"))
+        .count())
+}
+
+/// The backend subscribes once on every sentinel of its URL, and its
+/// subscriptions end when the backend (its last clone) is dropped.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_backend_subscribes_on_every_sentinel_until_it_is_dropped() -> TestResult {
+    let _serial = leasehold_testkit::serial().await;
+    let set = SentinelSet::start()?;
+    let backend = RedisBackend::connect(set.url()).await?;
+    let clone = backend.clone();
+    let wait_for = async |want: usize| -> TestResult {
+        let until = tokio::time::Instant::now() + Duration::from_secs(5);
+        loop {
+            let counts = set
+                .sentinels()
+                .iter()
+                .map(subscribers)
+                .collect::<Result<Vec<_>, _>>()?;
+            if counts.iter().all(|&n| n == want) {
+                return Ok(());
+            }
+            if tokio::time::Instant::now() >= until {
+                return Err(format!(
+                    "subscribers on the sentinels: {counts:?}, not {want} each, after 5 s"
+                )
+                .into());
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    };
+    wait_for(1).await?;
+    drop(backend);
+    // The clone still works, on the same connection and subscriptions.
+    let held = clone
+        .try_acquire(&leasehold::backend::AcquireRequest::new(
+            LeaseKey::new("after-a-clone-dropped")?,
+            leasehold::backend::HolderId::generate()?,
+            Ttl::parse("10s")?,
+        ))
+        .await?;
+    assert!(matches!(
+        held,
+        leasehold::backend::AcquireOutcome::Acquired(_)
+    ));
+    drop(clone);
+    wait_for(0).await?;
+    Ok(())
+}
