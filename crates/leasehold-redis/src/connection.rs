@@ -663,3 +663,39 @@ impl Drop for DropGuard<'_> {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn addr(port: u16) -> MasterAddr {
+        ("127.0.0.1".to_owned(), port)
+    }
+
+    /// After an announcement, only the announced master is taken, until it
+    /// is reached or [`ANNOUNCED_FOR`] has passed.
+    #[tokio::test(start_paused = true)]
+    async fn an_announced_master_binds_the_lookups_for_a_while() {
+        let mut state = State::default();
+        assert!(
+            check_pending(&state, Some(&addr(1))).is_ok(),
+            "nothing announced"
+        );
+        state.announced = Some(addr(2));
+        state.pending = Some(tokio::time::Instant::now());
+        let refused = check_pending(&state, Some(&addr(1)));
+        assert!(
+            refused.as_ref().is_err_and(redis::RedisError::is_io_error),
+            "the old master is refused as a transient failure: {refused:?}"
+        );
+        assert!(check_pending(&state, None).is_err(), "an unknown address");
+        assert!(check_pending(&state, Some(&addr(2))).is_ok());
+        tokio::time::advance(ANNOUNCED_FOR).await;
+        assert!(
+            check_pending(&state, Some(&addr(1))).is_ok(),
+            "past the announcement's hold, the sentinels are trusted again"
+        );
+        state.pending = None;
+        assert!(check_pending(&state, Some(&addr(1))).is_ok(), "reached");
+    }
+}
