@@ -458,3 +458,45 @@ async fn a_fair_lease_is_released_through_the_fair_queue() -> TestResult {
     within(Duration::from_secs(10), "the shutdown", manager.shutdown()).await;
     Ok(())
 }
+
+/// A fair grant whose reply arrives when its deadline has come is not
+/// handed out (no time is left to use it) and is given back; a
+/// millisecond earlier, it is handed out.
+#[tokio::test(start_paused = true)]
+async fn a_fair_grant_answered_at_its_deadline_is_given_back() -> TestResult {
+    let backend = MemoryBackend::new();
+    let manager = LeaseManager::new(backend.clone())?;
+    let options = LeaseOptions::builder()
+        .ttl(Ttl::parse("3s")?)
+        .fair(Fair::default())
+        .build()?;
+    backend.set_latency(options.deadline_after());
+    let late = within(
+        Duration::from_secs(30),
+        "the late grant",
+        manager.acquire("fair-late", &options),
+    )
+    .await;
+    assert!(
+        matches!(late, Err(LeaseError::NotAcquired { .. })),
+        "a fair grant answered at its deadline was handed out: {late:?}"
+    );
+    backend.set_latency(Duration::ZERO);
+    within(Duration::from_secs(5), "the late grant's release", async {
+        while backend.inspect(&key("fair-late")).await?.is_some() {
+            sleep(Duration::from_millis(1)).await;
+        }
+        Ok::<_, BackendError>(())
+    })
+    .await?;
+
+    backend.set_latency(options.deadline_after() - Duration::from_millis(1));
+    let lease = within(
+        Duration::from_secs(30),
+        "the grant",
+        manager.acquire("fair-late", &options),
+    )
+    .await?;
+    assert_eq!(lease.loss_reason(), None);
+    Ok(())
+}
