@@ -505,4 +505,84 @@ mod tests {
         assert!(client_for_url("redis://:hunter2@localhost:6379/1").is_ok());
         assert!(client_for_url("redis+unix:///tmp/redis.sock?pass=hunter2").is_ok());
     }
+
+    /// `Display` and `Debug` each show the URL with its password masked.
+    #[cfg(feature = "cluster")]
+    #[test]
+    fn display_and_debug_each_show_the_masked_url() -> Result<(), ConnectError> {
+        let e = Endpoint::parse("redis+cluster://app:hunter2@a:1,b:2")?;
+        let shown = e.to_string();
+        assert!(shown.contains("app:***@a:1,b:2"), "{shown}");
+        let debug = format!("{e:?}");
+        assert!(
+            debug.contains("Cluster") && debug.contains("app:***@a:1,b:2"),
+            "{debug}"
+        );
+        assert!(!format!("{shown}{debug}").contains("hunter2"));
+        Ok(())
+    }
+
+    /// A TLS scheme reaches every node of its list over TLS, `rediss+`
+    /// and `valkeys+` alike, and a plain one none.
+    #[cfg(all(feature = "cluster", feature = "sentinel", feature = "tls"))]
+    #[test]
+    fn a_tls_list_scheme_reaches_every_node_over_tls() -> Result<(), ConnectError> {
+        for (url, tls) in [
+            ("rediss+cluster://a:1,b:2", true),
+            ("valkeys+cluster://a:1,b:2", true),
+            ("redis+cluster://a:1,b:2", false),
+            ("valkey+cluster://a:1", false),
+            ("rediss+sentinel://a:1,b:2/m", true),
+            ("valkeys+sentinel://a:1/m", true),
+            ("redis+sentinel://a:1/m", false),
+        ] {
+            let e = Endpoint::parse(url)?;
+            let nodes: Vec<&ConnectionInfo> = match &e.kind {
+                Kind::Cluster(nodes) => nodes.iter().collect(),
+                Kind::Sentinel {
+                    sentinels, tls: t, ..
+                } => {
+                    assert_eq!(*t, tls, "{url}");
+                    sentinels.iter().collect()
+                }
+                Kind::Standalone(_) => Vec::new(),
+            };
+            assert!(!nodes.is_empty(), "{url}");
+            for node in nodes {
+                let over_tls = matches!(node.addr(), redis::ConnectionAddr::TcpTls { .. });
+                assert_eq!(over_tls, tls, "{url}");
+            }
+        }
+        Ok(())
+    }
+
+    /// Each bad entry of a host list is refused for what is wrong with it.
+    #[cfg(feature = "cluster")]
+    #[test]
+    fn each_bad_host_entry_is_named_for_what_is_wrong() {
+        for (url, says) in [
+            ("redis+cluster://a:1,:2", "has no port"),
+            ("redis+cluster://a:1,[:2", "has no port"),
+            ("redis+cluster://a:1,b:", "does not end with a port number"),
+        ] {
+            let err = Endpoint::parse(url).err().map(|e| e.to_string());
+            assert!(
+                err.as_deref().is_some_and(|e| e.contains(says)),
+                "{url}: {err:?}, not {says:?}"
+            );
+        }
+    }
+
+    /// A TLS URL is taken in a build with the `tls` feature, with or
+    /// without `#insecure` as that feature allows.
+    #[cfg(feature = "tls")]
+    #[test]
+    fn tls_urls_are_taken_with_the_tls_feature() {
+        assert!(client_for_url("rediss://localhost:6380").is_ok());
+        assert!(client_for_url("valkeys://localhost:6380/1").is_ok());
+        assert_eq!(
+            client_for_url("rediss://localhost:6380/#insecure").is_ok(),
+            cfg!(feature = "tls-insecure")
+        );
+    }
 }

@@ -692,6 +692,25 @@ async fn bad_requests_get_typed_errors() -> TestResult {
     // Nothing was sent for the refused ones: only the longest name is stored.
     let size: u64 = redis::cmd("DBSIZE").query_async(&mut side).await?;
     assert_eq!(size, 1);
+    // The longest expiry itself is taken: 100 years, kept by the server.
+    assert_eq!(
+        fence
+            .clone()
+            .expire_after(Fence::MAX_EXPIRY)
+            .write("century", token, "v")
+            .await?,
+        FencedWrite::Written
+    );
+    let left: i64 = redis::cmd("PTTL")
+        .arg(fence.key("century")?)
+        .query_async(&mut side)
+        .await?;
+    // The documented longest: 100 years of 365 days.
+    let century: i64 = 100 * 365 * 86_400 * 1_000;
+    assert!(
+        (century - 60_000..=century).contains(&left),
+        "a 100-year expiry left {left} ms"
+    );
 
     // A key of another type at the resource: WRONGTYPE, naming that key.
     let taken = fence.key("taken")?;
