@@ -585,4 +585,22 @@ mod tests {
             cfg!(feature = "tls-insecure")
         );
     }
+
+    /// A URL the parser refuses gets a reason that says what to fix.
+    #[test]
+    fn a_refused_url_says_what_to_fix() {
+        for (url, says) in [
+            ("nothing", "does not start with a scheme such as redis://"),
+            (
+                "redis://localhost:99999",
+                "the port is not a number from 1 to 65535",
+            ),
+        ] {
+            let err = client_for_url(url).err().map(|e| e.to_string());
+            assert!(
+                err.as_deref().is_some_and(|e| e.contains(says)),
+                "{url}: {err:?}, not {says:?}"
+            );
+        }
+    }
 }
