@@ -456,6 +456,29 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn a_call_that_ends_with_another_still_out_keeps_the_lane_at_its_cap() {
+        let (coalescer, calls) = (Coalescer::new(8).calls_in_flight(2), Calls::new());
+        let mut first = Box::pin(coalescer.run(None, 0, PATIENCE, call(&calls)));
+        let mut second = Box::pin(coalescer.run(None, 1, PATIENCE, call(&calls)));
+        assert!((&mut first).now_or_never().is_none());
+        assert!((&mut second).now_or_never().is_none());
+        assert_eq!(calls.sent(), [vec![0], vec![1]]);
+        // The first call ends, nothing waiting: one call is still out.
+        calls.gate.add_permits(1);
+        assert_eq!(first.await, Ok(0));
+        let mut third = Box::pin(coalescer.run(None, 2, PATIENCE, call(&calls)));
+        let mut fourth = Box::pin(coalescer.run(None, 3, PATIENCE, call(&calls)));
+        assert!((&mut third).now_or_never().is_none());
+        assert!((&mut fourth).now_or_never().is_none());
+        // The third makes two calls out again; the fourth waits.
+        assert_eq!(calls.sent(), [vec![0], vec![1], vec![2]]);
+        calls.gate.add_permits(10);
+        assert_eq!(second.await, Ok(10));
+        assert_eq!(third.await, Ok(20));
+        assert_eq!(fourth.await, Ok(30));
+    }
+
+    #[tokio::test]
     async fn lanes_do_not_wait_for_each_other() {
         let (coalescer, calls) = (Coalescer::new(8), Calls::new());
         let (a, b) = (Some(Slot::for_key("a")), Some(Slot::for_key("b")));
