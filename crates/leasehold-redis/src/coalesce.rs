@@ -478,6 +478,36 @@ mod tests {
         assert_eq!(fourth.await, Ok(30));
     }
 
+    /// A waiter whose patience runs out after it was picked into a batch
+    /// waits for that batch's call: its request is out, so it is not
+    /// reported as never sent.
+    #[tokio::test(start_paused = true)]
+    async fn a_waiter_picked_into_a_batch_is_not_reported_unsent_when_its_patience_ends() {
+        let (coalescer, calls) = (Coalescer::new(8), Calls::new());
+        let short = Duration::from_millis(50);
+        let mut first = Box::pin(coalescer.run(None, 0, PATIENCE, call(&calls)));
+        assert!((&mut first).now_or_never().is_none());
+        let mut second = Box::pin(coalescer.run(None, 1, short, call(&calls)));
+        let mut third = Box::pin(coalescer.run(None, 2, short, call(&calls)));
+        assert!((&mut second).now_or_never().is_none());
+        assert!((&mut third).now_or_never().is_none());
+        // The first call ends; the second drives the batch [1, 2], held
+        // at the gate.
+        calls.gate.add_permits(1);
+        assert_eq!(first.await, Ok(0));
+        assert!((&mut second).now_or_never().is_none());
+        assert_eq!(calls.sent(), [vec![0], vec![1, 2]]);
+        // The third's patience ends while its batch is out.
+        tokio::time::advance(short + Duration::from_millis(10)).await;
+        assert!(
+            (&mut third).now_or_never().is_none(),
+            "a request in a call out was reported as never sent"
+        );
+        calls.gate.add_permits(10);
+        assert_eq!(second.await, Ok(10));
+        assert_eq!(third.await, Ok(20));
+    }
+
     #[tokio::test]
     async fn lanes_do_not_wait_for_each_other() {
         let (coalescer, calls) = (Coalescer::new(8), Calls::new());
