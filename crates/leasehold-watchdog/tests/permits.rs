@@ -326,15 +326,30 @@ async fn a_dropped_permit_and_a_shut_down_manager_free_their_permits() -> TestRe
     Ok(())
 }
 
-/// A `MemoryBackend` whose permit acquisitions, while `lose` is set, are
-/// granted and then never answered: the reply lost on the way back.
+/// A `MemoryBackend` with two twists on its permits, as a backend of
+/// another kind might have them: with `own_keys`, each semaphore's one
+/// permit is kept under a key of the backend's choosing
+/// (`<semaphore>-own`), not the permit keys the manager would derive;
+/// while `lose` is set, a permit acquisition is granted and then never
+/// answered (the reply lost on the way back).
 #[derive(Clone)]
-struct LostPermitReplies {
+struct PermitTwists {
     inner: MemoryBackend,
+    own_keys: bool,
     lose: Arc<std::sync::atomic::AtomicBool>,
 }
 
-impl LeaseBackend for LostPermitReplies {
+impl PermitTwists {
+    fn new(inner: MemoryBackend, own_keys: bool, lose: bool) -> Self {
+        Self {
+            inner,
+            own_keys,
+            lose: Arc::new(std::sync::atomic::AtomicBool::new(lose)),
+        }
+    }
+}
+
+impl LeaseBackend for PermitTwists {
     async fn try_acquire(
         &self,
         request: &leasehold_core::AcquireRequest,
@@ -369,13 +384,26 @@ impl LeaseBackend for LostPermitReplies {
     }
 }
 
-impl leasehold_core::PermitBackend for LostPermitReplies {
+impl leasehold_core::PermitBackend for PermitTwists {
     async fn try_acquire_permit(
         &self,
         request: &leasehold_core::AcquireRequest,
         limit: PermitLimit,
     ) -> Result<leasehold_core::AcquireOutcome, BackendError> {
-        let outcome = self.inner.try_acquire_permit(request, limit).await;
+        let outcome = if self.own_keys {
+            let own = LeaseKey::new(format!("{}-own", request.key)).map_err(|e| {
+                BackendError::UnexpectedReply {
+                    op: "acquire_permit",
+                    key: request.key.as_str().to_owned(),
+                    detail: e.to_string(),
+                }
+            })?;
+            let mut mine = request.clone();
+            mine.key = own;
+            self.inner.try_acquire(&mine).await
+        } else {
+            self.inner.try_acquire_permit(request, limit).await
+        };
         if self.lose.load(Ordering::SeqCst) {
             std::future::pending::<()>().await;
         }
@@ -391,10 +419,7 @@ impl leasehold_core::PermitBackend for LostPermitReplies {
 #[tokio::test(start_paused = true)]
 async fn an_abandoned_permit_acquisition_that_took_a_permit_leaves_none_behind() -> TestResult {
     let memory = MemoryBackend::new();
-    let backend = LostPermitReplies {
-        inner: memory.clone(),
-        lose: Arc::new(std::sync::atomic::AtomicBool::new(true)),
-    };
+    let backend = PermitTwists::new(memory.clone(), false, true);
     let manager = LeaseManager::new(backend.clone())?;
     let semaphore = key("orphans");
     let options = LeaseOptions::with_ttl(Ttl::parse("30s")?);
@@ -419,72 +444,12 @@ async fn an_abandoned_permit_acquisition_that_took_a_permit_leaves_none_behind()
     Ok(())
 }
 
-/// A backend that keeps each semaphore's permits under keys of its own
-/// choosing (`<semaphore>-own`, one permit), not the permit keys the
-/// manager would derive.
-#[derive(Clone)]
-struct OwnPermitKeys(MemoryBackend);
-
-impl LeaseBackend for OwnPermitKeys {
-    async fn try_acquire(
-        &self,
-        request: &leasehold_core::AcquireRequest,
-    ) -> Result<leasehold_core::AcquireOutcome, BackendError> {
-        self.0.try_acquire(request).await
-    }
-
-    async fn renew_many(
-        &self,
-        requests: &[leasehold_core::RenewRequest],
-    ) -> Vec<Result<leasehold_core::RenewOutcome, BackendError>> {
-        self.0.renew_many(requests).await
-    }
-
-    async fn release(
-        &self,
-        key: &LeaseKey,
-        holder: &leasehold_core::HolderId,
-    ) -> Result<leasehold_core::ReleaseReport, BackendError> {
-        self.0.release(key, holder).await
-    }
-
-    async fn inspect(
-        &self,
-        key: &LeaseKey,
-    ) -> Result<Option<leasehold_core::LeaseInfo>, BackendError> {
-        self.0.inspect(key).await
-    }
-
-    fn permits(&self) -> Option<&impl leasehold_core::PermitBackend> {
-        Some(self)
-    }
-}
-
-impl leasehold_core::PermitBackend for OwnPermitKeys {
-    async fn try_acquire_permit(
-        &self,
-        request: &leasehold_core::AcquireRequest,
-        _limit: PermitLimit,
-    ) -> Result<leasehold_core::AcquireOutcome, BackendError> {
-        let own = LeaseKey::new(format!("{}-own", request.key)).map_err(|e| {
-            BackendError::UnexpectedReply {
-                op: "acquire_permit",
-                key: request.key.as_str().to_owned(),
-                detail: e.to_string(),
-            }
-        })?;
-        let mut mine = request.clone();
-        mine.key = own;
-        self.0.try_acquire(&mine).await
-    }
-}
-
 /// A permit granted under a key the backend chose is kept, renewed and
 /// released under that key: the release frees it on the server.
 #[tokio::test(start_paused = true)]
 async fn a_permit_under_a_key_the_backend_chose_is_released_there() -> TestResult {
     let memory = MemoryBackend::new();
-    let manager = LeaseManager::new(OwnPermitKeys(memory.clone()))?;
+    let manager = LeaseManager::new(PermitTwists::new(memory.clone(), true, false))?;
     let options = LeaseOptions::with_ttl(Ttl::parse("3s")?);
     let permit = manager.acquire_permit("pool", limit(2), &options).await?;
     let own = key("pool-own");
