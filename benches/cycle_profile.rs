@@ -35,18 +35,14 @@
 
 mod common;
 
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, LazyLock};
 
+use common::counting::Counting;
 use common::env_number;
-use leasehold::backend::{
-    AcquireOutcome, AcquireRequest, BackendError, ChangeBackend, ChangeWatch, HolderId,
-    LeaseBackend, ReleaseReport, RenewOutcome, RenewRequest,
-};
+use leasehold::backend::{AcquireOutcome, AcquireRequest, HolderId, LeaseBackend};
 use leasehold::redis::RedisBackend;
-use leasehold::{
-    Fair, Lease, LeaseInfo, LeaseKey, LeaseManager, LeaseOptions, ReleaseOutcome, Ttl,
-};
+use leasehold::{Fair, Lease, LeaseKey, LeaseManager, LeaseOptions, ReleaseOutcome, Ttl};
 use leasehold_testkit::RedisServer;
 use redis::aio::ConnectionManager;
 
@@ -608,58 +604,6 @@ impl Holder {
     }
 }
 
-/// The backend, counting the watchdog's finished renewals and its calls in
-/// flight, so that a measured window can start and end while the server
-/// is idle between two rounds.
-#[derive(Clone)]
-struct Counting {
-    inner: RedisBackend,
-    renewed: Arc<AtomicU64>,
-    calls: Arc<AtomicU64>,
-    in_flight: Arc<AtomicU64>,
-}
-
-impl LeaseBackend for Counting {
-    async fn try_acquire(&self, request: &AcquireRequest) -> Result<AcquireOutcome, BackendError> {
-        self.inner.try_acquire(request).await
-    }
-
-    async fn renew_many(
-        &self,
-        requests: &[RenewRequest],
-    ) -> Vec<Result<RenewOutcome, BackendError>> {
-        self.in_flight.fetch_add(1, Ordering::SeqCst);
-        let outcomes = self.inner.renew_many(requests).await;
-        self.calls.fetch_add(1, Ordering::SeqCst);
-        self.renewed
-            .fetch_add(requests.len() as u64, Ordering::SeqCst);
-        self.in_flight.fetch_sub(1, Ordering::SeqCst);
-        outcomes
-    }
-
-    async fn release(
-        &self,
-        key: &LeaseKey,
-        holder: &HolderId,
-    ) -> Result<ReleaseReport, BackendError> {
-        self.inner.release(key, holder).await
-    }
-
-    async fn inspect(&self, key: &LeaseKey) -> Result<Option<LeaseInfo>, BackendError> {
-        self.inner.inspect(key).await
-    }
-
-    fn changes(&self) -> Option<&impl ChangeBackend> {
-        Some(self)
-    }
-}
-
-impl ChangeBackend for Counting {
-    async fn watch_changes(&self) -> Result<ChangeWatch, BackendError> {
-        self.inner.watch_changes().await
-    }
-}
-
 /// Leases held by a manager, and the counts of its renewals.
 struct ManagerHold {
     manager: LeaseManager<Counting>,
@@ -675,15 +619,12 @@ async fn hold_with_manager(
     count: usize,
     ttl: Ttl,
 ) -> ProfileResult<ManagerHold> {
-    let backend = Counting {
-        inner: RedisBackend::builder(url)
+    let backend = Counting::new(
+        RedisBackend::builder(url)
             .track_lease_changes(tracked)
             .connect()
             .await?,
-        renewed: Arc::default(),
-        calls: Arc::default(),
-        in_flight: Arc::default(),
-    };
+    );
     let manager = LeaseManager::new(backend.clone())?;
     let options = LeaseOptions::builder()
         .ttl(ttl)
@@ -725,7 +666,7 @@ impl ManagerHold {
     /// the server is idle until the next round.
     async fn quiet_after(&self, renewals: u64) -> ProfileResult {
         loop {
-            if self.backend.renewed.load(Ordering::SeqCst) >= renewals
+            if self.backend.renewals.load(Ordering::SeqCst) >= renewals
                 && self.backend.in_flight.load(Ordering::SeqCst) == 0
             {
                 return Ok(());
@@ -899,11 +840,11 @@ fn renewals() -> ProfileResult {
                 let hold = hold_with_manager(&url, tracked, count, ttl).await?;
                 hold.quiet_after(n).await?;
                 begin(&mut side).await?;
-                let renewed = hold.backend.renewed.load(Ordering::SeqCst);
+                let renewed = hold.backend.renewals.load(Ordering::SeqCst);
                 let calls = hold.backend.calls.load(Ordering::SeqCst);
                 hold.quiet_after(renewed + rounds * n).await?;
                 callgrind_control(&["-d"])?;
-                let renewals = hold.backend.renewed.load(Ordering::SeqCst) - renewed;
+                let renewals = hold.backend.renewals.load(Ordering::SeqCst) - renewed;
                 let calls = hold.backend.calls.load(Ordering::SeqCst) - calls;
                 let commands = commands(&mut side).await?;
                 hold.manager.shutdown().await;

@@ -39,14 +39,12 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, LazyLock, Mutex};
 use std::time::{Duration, Instant};
 
+use common::counting::Counting;
 use common::{Json, env_number, quick};
 use futures_util::future::join_all;
-use leasehold::backend::{
-    AcquireOutcome, AcquireRequest, BackendError, ChangeBackend, ChangeWatch, HolderId,
-    LeaseBackend, ReleaseReport, RenewOutcome, RenewRequest,
-};
+use leasehold::backend::LeaseBackend;
 use leasehold::redis::{KeyLayout, RedisBackend};
-use leasehold::{Lease, LeaseInfo, LeaseKey, LeaseManager, LeaseOptions, Ttl};
+use leasehold::{Lease, LeaseKey, LeaseManager, LeaseOptions, Ttl};
 use leasehold_testkit::RedisServer;
 use redis::aio::ConnectionManager;
 
@@ -199,66 +197,6 @@ const QUICK_SCENARIOS: &[Scenario] = &[
 /// every client; past it the server evicts tracked keys (and reports each
 /// as changed). A million tracked leases need room for all of them.
 const TRACKING_TABLE_KEYS: &str = "2000000";
-
-/// Counts what the watchdog sends: renew_many calls, the round trips they
-/// take (one script call per 1000 leases) and the renewals in them.
-#[derive(Clone)]
-struct Counting {
-    inner: RedisBackend,
-    round_trips: Arc<AtomicU64>,
-    renewals: Arc<AtomicU64>,
-    /// The slowest renew_many call, in microseconds.
-    slowest_us: Arc<AtomicU64>,
-}
-
-impl LeaseBackend for Counting {
-    async fn try_acquire(&self, request: &AcquireRequest) -> Result<AcquireOutcome, BackendError> {
-        self.inner.try_acquire(request).await
-    }
-
-    async fn renew(&self, request: &RenewRequest) -> Result<RenewOutcome, BackendError> {
-        self.round_trips.fetch_add(1, Ordering::Relaxed);
-        self.renewals.fetch_add(1, Ordering::Relaxed);
-        self.inner.renew(request).await
-    }
-
-    async fn renew_many(
-        &self,
-        requests: &[RenewRequest],
-    ) -> Vec<Result<RenewOutcome, BackendError>> {
-        let calls = requests.len().div_ceil(RAW_PIPELINE) as u64;
-        self.round_trips.fetch_add(calls, Ordering::Relaxed);
-        self.renewals
-            .fetch_add(requests.len() as u64, Ordering::Relaxed);
-        let started = Instant::now();
-        let outcomes = self.inner.renew_many(requests).await;
-        let took = u64::try_from(started.elapsed().as_micros()).unwrap_or(u64::MAX);
-        self.slowest_us.fetch_max(took, Ordering::Relaxed);
-        outcomes
-    }
-
-    async fn release(
-        &self,
-        key: &LeaseKey,
-        holder: &HolderId,
-    ) -> Result<ReleaseReport, BackendError> {
-        self.inner.release(key, holder).await
-    }
-
-    async fn inspect(&self, key: &LeaseKey) -> Result<Option<LeaseInfo>, BackendError> {
-        self.inner.inspect(key).await
-    }
-
-    fn changes(&self) -> Option<&impl ChangeBackend> {
-        Some(self)
-    }
-}
-
-impl ChangeBackend for Counting {
-    async fn watch_changes(&self) -> Result<ChangeWatch, BackendError> {
-        self.inner.watch_changes().await
-    }
-}
 
 /// What a hold measured.
 struct Held {
@@ -443,15 +381,12 @@ async fn hold_with_leasehold(
     hold: Duration,
 ) -> BenchResult<(Held, Vec<Lease>)> {
     let count = scenario.leases;
-    let backend = Counting {
-        inner: RedisBackend::builder(server.url())
+    let backend = Counting::new(
+        RedisBackend::builder(server.url())
             .track_lease_changes(scenario.tracking)
             .connect()
             .await?,
-        round_trips: Arc::default(),
-        renewals: Arc::default(),
-        slowest_us: Arc::default(),
-    };
+    );
     let manager = LeaseManager::new(backend.clone())?;
     // Keys are distinct, so nobody waits: the wait only lets an acquisition
     // that timed out on a busy machine be retried.

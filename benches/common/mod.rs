@@ -7,6 +7,8 @@ use std::time::Duration;
 
 use leasehold_testkit::RedisServer;
 
+pub(crate) mod counting;
+
 /// Quick mode: a tiny configuration that only shows the bench runs. On when
 /// `LEASEHOLD_BENCH_QUICK=1`, and whenever the binary is run by `cargo test`
 /// rather than `cargo bench` (which passes `--bench`), so that the test
