@@ -105,7 +105,9 @@ for commit in "$@"; do
     # The copy and the bench entry are the only changes made there.
     git -C "$tree" checkout --quiet -- Cargo.toml
     cp benches/compare.rs "$tree/benches/compare.rs"
-    printf '\n[[bench]]\nname = "compare"\nharness = false\n' >>"$tree/Cargo.toml"
+    # A commit from before the bench needs its entry; one after has it.
+    grep -q '^name = "compare"$' "$tree/Cargo.toml" ||
+        printf '\n[[bench]]\nname = "compare"\nharness = false\n' >>"$tree/Cargo.toml"
     labels+=("$short")
     bins+=("$(build "$root/$tree" "$root/$tree/target")")
 done
