@@ -5,6 +5,7 @@
 
 mod common;
 
+use std::collections::VecDeque;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -350,21 +351,67 @@ async fn fair_mode_is_refused_for_permits_and_shares() -> TestResult {
     Ok(())
 }
 
-/// `MemoryBackend` with its fair queue, counting the releases of each kind.
+/// `MemoryBackend` with its fair queue, watched and steered from outside
+/// the library: it counts the releases of each kind, stamps every fair
+/// call, fails the fair calls it is told to (and no other), and passes the
+/// release notices on only when built to.
 #[derive(Clone, Default)]
-struct CountingReleases {
+struct FairProbe {
     inner: MemoryBackend,
-    /// Plain releases, fair releases.
-    counts: Arc<Mutex<(u32, u32)>>,
+    notices: bool,
+    seen: Arc<Mutex<Seen>>,
 }
 
-impl CountingReleases {
+#[derive(Default)]
+struct Seen {
+    /// Plain releases, fair releases.
+    releases: (u32, u32),
+    /// When each fair call was made.
+    fair_calls: Vec<Instant>,
+    /// What the next fair calls fail with, first to last.
+    failures: VecDeque<BackendError>,
+}
+
+/// More fair calls than any test here makes: a waiter that asks again
+/// without waiting (which the paused clock would never move past) spends
+/// it in a moment and is refused for good instead of hanging the test.
+const CALL_BUDGET: usize = 10_000;
+
+impl FairProbe {
+    /// A probe over `inner` (shared with other managers), with release
+    /// notices or without.
+    fn over(inner: &MemoryBackend, notices: bool) -> Self {
+        Self {
+            inner: inner.clone(),
+            notices,
+            seen: Arc::default(),
+        }
+    }
+
+    fn seen(&self) -> std::sync::MutexGuard<'_, Seen> {
+        self.seen.lock().expect("not poisoned")
+    }
+
     fn counts(&self) -> (u32, u32) {
-        *self.counts.lock().expect("not poisoned")
+        self.seen().releases
+    }
+
+    /// The next fair calls fail with `errors`, in order.
+    fn fail_next(&self, errors: impl IntoIterator<Item = BackendError>) {
+        self.seen().failures.extend(errors);
+    }
+
+    /// When each fair call was made, after `start`.
+    fn calls_since(&self, start: Instant) -> Vec<Duration> {
+        self.seen()
+            .fair_calls
+            .iter()
+            .map(|at| at.duration_since(start))
+            .collect()
     }
 }
 
-impl LeaseBackend for CountingReleases {
+impl LeaseBackend for FairProbe {
     async fn try_acquire(
         &self,
         request: &leasehold_core::AcquireRequest,
@@ -384,7 +431,7 @@ impl LeaseBackend for CountingReleases {
         key: &leasehold_core::LeaseKey,
         holder: &leasehold_core::HolderId,
     ) -> Result<leasehold_core::ReleaseReport, BackendError> {
-        self.counts.lock().expect("not poisoned").0 += 1;
+        self.seen().releases.0 += 1;
         self.inner.release(key, holder).await
     }
 
@@ -395,18 +442,46 @@ impl LeaseBackend for CountingReleases {
         self.inner.inspect(key).await
     }
 
+    async fn watch_releases(
+        &self,
+        key: &leasehold_core::LeaseKey,
+        policy: leasehold_core::WatchPolicy,
+    ) -> Result<leasehold_core::ReleaseWatch, BackendError> {
+        if self.notices {
+            self.inner.watch_releases(key, policy).await
+        } else {
+            Ok(leasehold_core::ReleaseWatch::unsupported())
+        }
+    }
+
     fn fair(&self) -> Option<&impl leasehold_core::FairBackend> {
         Some(self)
     }
 }
 
-impl leasehold_core::FairBackend for CountingReleases {
+impl leasehold_core::FairBackend for FairProbe {
     async fn try_acquire_fair(
         &self,
         request: &leasehold_core::AcquireRequest,
         place_ttl: leasehold_core::PlaceTtl,
         handover: Option<Duration>,
     ) -> Result<leasehold_core::FairOutcome, BackendError> {
+        let failure = {
+            let mut seen = self.seen();
+            seen.fair_calls.push(Instant::now());
+            if seen.fair_calls.len() > CALL_BUDGET {
+                Some(BackendError::InvalidRequest {
+                    op: "acquire_fair",
+                    key: request.key.to_string(),
+                    reason: "the probe's call budget is spent: a waiter asks again without waiting",
+                })
+            } else {
+                seen.failures.pop_front()
+            }
+        };
+        if let Some(error) = failure {
+            return Err(error);
+        }
         self.inner
             .try_acquire_fair(request, place_ttl, handover)
             .await
@@ -417,7 +492,7 @@ impl leasehold_core::FairBackend for CountingReleases {
         key: &leasehold_core::LeaseKey,
         holder: &leasehold_core::HolderId,
     ) -> Result<leasehold_core::ReleaseOutcome, BackendError> {
-        self.counts.lock().expect("not poisoned").1 += 1;
+        self.seen().releases.1 += 1;
         self.inner.release(key, holder).await.map(|r| r.outcome())
     }
 
@@ -443,7 +518,7 @@ impl leasehold_core::FairBackend for CountingReleases {
 /// step); any other lease by a plain release.
 #[tokio::test(start_paused = true)]
 async fn a_fair_lease_is_released_through_the_fair_queue() -> TestResult {
-    let backend = CountingReleases::default();
+    let backend = FairProbe::default();
     let manager = LeaseManager::new(backend.clone())?;
     let fair = fair(Duration::from_millis(10), Duration::from_secs(2));
     manager.acquire("fair-one", &fair).await?.release().await?;
@@ -498,5 +573,242 @@ async fn a_fair_grant_answered_at_its_deadline_is_given_back() -> TestResult {
     )
     .await?;
     assert_eq!(lease.loss_reason(), None);
+    Ok(())
+}
+
+fn ms(millis: u64) -> Duration {
+    Duration::from_millis(millis)
+}
+
+/// The gaps between consecutive calls.
+fn gaps(calls: &[Duration]) -> Vec<Duration> {
+    calls.windows(2).map(|w| w[1] - w[0]).collect()
+}
+
+/// A fair call that fails for now (a timeout) is made again after the
+/// backoff, each time, until one is answered; the wait then ends with the
+/// lease. The failures are injected on the fair calls alone.
+#[tokio::test(start_paused = true)]
+async fn a_fair_call_that_fails_for_now_is_made_again_after_the_backoff() -> TestResult {
+    let probe = FairProbe::default();
+    let timeout = || BackendError::Timeout {
+        op: "acquire_fair",
+        key: "fair-retry".into(),
+        after: ms(1),
+    };
+    probe.fail_next([timeout(), timeout()]);
+    let manager = LeaseManager::new(probe.clone())?;
+    let options = LeaseOptions::builder()
+        .ttl(Ttl::parse("2s")?)
+        .wait(Duration::from_secs(60))
+        .backoff(Backoff::fixed(ms(40)))
+        .release_notices(false)
+        .fair(Fair::default().with_place_ttl(Duration::from_secs(30)))
+        .build()?;
+    let start = Instant::now();
+    let lease = within(
+        Duration::from_secs(10),
+        "the acquisition",
+        manager.acquire("fair-retry", &options),
+    )
+    .await?;
+    assert_eq!(probe.calls_since(start), [ms(0), ms(40), ms(80)]);
+    lease.release().await?;
+    Ok(())
+}
+
+/// A fair call that fails for good (the key holds another type) ends the
+/// wait at once with that error, after that one call, and leaves nothing
+/// taken.
+#[tokio::test(start_paused = true)]
+async fn a_fair_call_that_fails_for_good_ends_the_wait() -> TestResult {
+    let probe = FairProbe::default();
+    probe.fail_next([BackendError::WrongType {
+        key: "fair-wrong".into(),
+    }]);
+    let manager = LeaseManager::new(probe.clone())?;
+    let options = fair(ms(40), Duration::from_secs(30));
+    let start = Instant::now();
+    let outcome = within(
+        Duration::from_secs(10),
+        "the refusal",
+        manager.acquire("fair-wrong", &options),
+    )
+    .await;
+    assert!(
+        matches!(
+            outcome,
+            Err(LeaseError::Backend(BackendError::WrongType { .. }))
+        ),
+        "{outcome:?}"
+    );
+    assert_eq!(probe.calls_since(start), [ms(0)]);
+    assert_eq!(probe.inspect(&key("fair-wrong")).await?, None);
+    Ok(())
+}
+
+/// With release notices, the head of the queue still polls on the
+/// backoff (a notice may be missed, or the holder may die), while the
+/// waiter behind it asks only to keep its place, every third of the place
+/// ttl, and whatever the holder's lease has left.
+#[tokio::test(start_paused = true)]
+async fn the_head_polls_on_the_backoff_and_the_waiter_behind_on_the_place_refresh() -> TestResult {
+    let inner = MemoryBackend::new();
+    let options = fair(ms(50), Duration::from_secs(30));
+    let holder = LeaseManager::new(inner.clone())?;
+    let held = holder.acquire("fair-plan", &options).await?;
+    let (head, behind) = (FairProbe::over(&inner, true), FairProbe::over(&inner, true));
+    let start = Instant::now();
+    let mut tasks = Vec::new();
+    for probe in [&head, &behind] {
+        let manager = LeaseManager::new(probe.clone())?;
+        let options = options.clone();
+        tasks.push(tokio::spawn(async move {
+            manager.acquire("fair-plan", &options).await
+        }));
+        sleep(ms(1)).await;
+    }
+    sleep(ms(24_990)).await;
+    // The head asked every 50 ms; the waiter behind every 10 s (the
+    // holder's lease, renewed, had 1.3 to 2 s left at each call).
+    let head_calls = head.calls_since(start);
+    assert_eq!(head_calls.len(), 500, "{head_calls:?}");
+    assert!(
+        gaps(&head_calls).iter().all(|gap| *gap == ms(50)),
+        "{head_calls:?}"
+    );
+    let s = Duration::from_secs;
+    assert_eq!(
+        behind.calls_since(start),
+        [ms(1), s(10) + ms(1), s(20) + ms(1)],
+        "the waiter behind the head"
+    );
+    held.release().await?;
+    for task in tasks {
+        within(Duration::from_secs(30), "a waiter", task)
+            .await??
+            .release()
+            .await?;
+    }
+    Ok(())
+}
+
+/// The head asks again a millisecond after the holder's lease runs out,
+/// however long its backoff and its place refresh: a holder that died
+/// (or never renews) costs the queue nothing beyond its ttl.
+#[tokio::test(start_paused = true)]
+async fn the_head_asks_again_a_millisecond_after_the_holders_lease_runs_out() -> TestResult {
+    let inner = MemoryBackend::new();
+    let lease = key("fair-expiry");
+    let start = Instant::now();
+    let taken = inner
+        .try_acquire(&leasehold_core::AcquireRequest::new(
+            lease.clone(),
+            leasehold_core::HolderId::generate()?,
+            Ttl::parse("300ms")?,
+        ))
+        .await?;
+    assert!(matches!(taken, leasehold_core::AcquireOutcome::Acquired(_)));
+    let head = FairProbe::over(&inner, true);
+    let manager = LeaseManager::new(head.clone())?;
+    let options = fair(Duration::from_secs(10), Duration::from_secs(30));
+    let won = within(
+        Duration::from_secs(30),
+        "the head",
+        manager.acquire(lease.as_str(), &options),
+    )
+    .await?;
+    assert_eq!(head.calls_since(start), [ms(0), ms(301)]);
+    assert_eq!(
+        inner
+            .inspect(&lease)
+            .await?
+            .and_then(|info| info.fencing_token),
+        Some(won.fencing_token())
+    );
+    won.release().await?;
+    Ok(())
+}
+
+/// A waiter four releases from its turn (three places ahead of it and a
+/// holder) asks again after every second release notice, then after every
+/// one once its turn is one or two releases away: four calls in all, the
+/// last one granted. Each waiter ahead holds for 100 ms, so the releases
+/// come one at a time (the holder's at 1 ms, then at 101, 201, 301 ms).
+#[tokio::test(start_paused = true)]
+async fn a_waiter_four_releases_away_asks_again_after_every_second_notice() -> TestResult {
+    let inner = MemoryBackend::new();
+    let options = fair(Duration::from_secs(10), Duration::from_secs(30));
+    let holder = LeaseManager::new(inner.clone())?;
+    let held = holder.acquire("fair-count", &options).await?;
+    let mut tasks = Vec::new();
+    for _ in 0..3 {
+        let manager = LeaseManager::new(inner.clone())?;
+        let options = options.clone();
+        tasks.push(tokio::spawn(async move {
+            let lease = manager.acquire("fair-count", &options).await?;
+            sleep(ms(100)).await;
+            lease.release().await?;
+            Ok::<_, LeaseError>(())
+        }));
+        sleep(ms(1)).await;
+    }
+    let last = FairProbe::over(&inner, true);
+    let manager = LeaseManager::new(last.clone())?;
+    let start = Instant::now();
+    let waiting = tokio::spawn(async move { manager.acquire("fair-count", &options).await });
+    sleep(ms(1)).await;
+    held.release().await?;
+    let won = within(Duration::from_secs(30), "the last waiter", waiting).await??;
+    for task in tasks {
+        within(Duration::from_secs(30), "a waiter ahead", task).await??;
+    }
+    assert_eq!(last.calls_since(start), [ms(0), ms(101), ms(201), ms(301)]);
+    won.release().await?;
+    Ok(())
+}
+
+/// Without release notices (a backend that has none) every waiter polls
+/// on the backoff, the head and the waiters behind it alike, and none asks
+/// again sooner.
+#[tokio::test(start_paused = true)]
+async fn without_notices_every_waiter_polls_on_the_backoff() -> TestResult {
+    let inner = MemoryBackend::new();
+    let options = fair(ms(50), Duration::from_secs(30));
+    let holder = LeaseManager::new(inner.clone())?;
+    let held = holder.acquire("fair-deaf", &options).await?;
+    let (head, behind) = (
+        FairProbe::over(&inner, false),
+        FairProbe::over(&inner, false),
+    );
+    let start = Instant::now();
+    let mut tasks = Vec::new();
+    for probe in [&head, &behind] {
+        let manager = LeaseManager::new(probe.clone())?;
+        let options = options.clone();
+        tasks.push(tokio::spawn(async move {
+            manager.acquire("fair-deaf", &options).await
+        }));
+        sleep(ms(1)).await;
+    }
+    sleep(Duration::from_secs(1) - ms(1)).await;
+    for (name, probe, first) in [("head", &head, ms(0)), ("behind", &behind, ms(1))] {
+        let calls = probe.calls_since(start);
+        // Asked, subscribed (nothing to hear) and asked again at once,
+        // then every 50 ms.
+        assert_eq!(calls[..2], [first, first], "{name}");
+        assert!(
+            gaps(&calls[1..]).iter().all(|gap| *gap == ms(50)),
+            "{name}: {calls:?}"
+        );
+        assert!(calls.len() >= 2 + 19, "{name}: {calls:?}");
+    }
+    held.release().await?;
+    for task in tasks {
+        within(Duration::from_secs(30), "a waiter", task)
+            .await??
+            .release()
+            .await?;
+    }
     Ok(())
 }
