@@ -137,6 +137,7 @@ mod connection;
 mod error;
 mod fair;
 mod fence;
+mod holds;
 mod layout;
 mod loads;
 mod notices;

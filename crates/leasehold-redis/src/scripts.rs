@@ -511,6 +511,11 @@ pub(crate) struct Release {
     pub(crate) key: LeaseKey,
     pub(crate) holder: HolderId,
     pub(crate) own: u8,
+    /// The lease may carry a minimum hold's mark (it was acquired with a
+    /// minimum): its release goes alone, by `release.lua`, told to read the
+    /// mark. `release_many.lua` reads none, so a release with `hold` is
+    /// never put in a batch (the backend sends it on its own).
+    pub(crate) hold: bool,
 }
 
 /// `release.lua` for `key` and `holder`: the one-lease form of
@@ -527,11 +532,13 @@ pub(crate) fn release(
     notify: bool,
     sharded: bool,
     own: u8,
+    hold: bool,
 ) -> Call {
     let one = Release {
         key: key.clone(),
         holder: *holder,
         own,
+        hold,
     };
     release_many(layout, std::slice::from_ref(&one), notify, sharded, false)
 }
@@ -582,8 +589,17 @@ pub(crate) fn release_many(
             .arg(if sharded { "SPUBLISH" } else { "PUBLISH" })
             .arg(release.own);
     }
-    if releases.len() > 1 {
-        call.cmd.arg(if tracked { "1" } else { "0" });
+    match releases {
+        // release.lua reads the minimum hold's mark when told to; told
+        // nothing, it reads none, and its arguments stay four (a fifth
+        // would cost the server a larger table for each call's ARGV).
+        [one] if one.hold => {
+            call.cmd.arg("1");
+        }
+        [_] => {}
+        _ => {
+            call.cmd.arg(if tracked { "1" } else { "0" });
+        }
     }
     call
 }
@@ -1043,7 +1059,7 @@ mod tests {
             ]
         );
         assert_eq!(args(acquire(&layout, &request, false).evalsha())[8], "0");
-        let call = release(&layout, &a, &h1, true, false, 1);
+        let call = release(&layout, &a, &h1, true, false, 1, false);
         assert_eq!(
             args(call.evalsha())[3..],
             [
@@ -1054,12 +1070,12 @@ mod tests {
                 "1"
             ]
         );
-        let call = release(&layout, &a, &h1, false, false, 0);
+        let call = release(&layout, &a, &h1, false, false, 0, true);
         assert_eq!(
             args(call.evalsha())[3..],
-            ["leasehold:{a}", &h1.to_hex(), "", "PUBLISH", "0"]
+            ["leasehold:{a}", &h1.to_hex(), "", "PUBLISH", "0", "1"]
         );
-        let call = release(&layout, &a, &h1, true, true, 0);
+        let call = release(&layout, &a, &h1, true, true, 0, false);
         assert_eq!(args(call.evalsha())[6], "SPUBLISH");
         let call = handover(&layout, &a, &h1, 1, true, &request);
         assert_eq!(
@@ -1111,7 +1127,7 @@ mod tests {
             args(call.evalsha())[3..5],
             ["leasehold:{a}:permit:1", "leasehold:{a}:fence"]
         );
-        let call = release(&layout, &slot, &h1, true, false, 0);
+        let call = release(&layout, &slot, &h1, true, false, 0, false);
         assert_eq!(args(call.evalsha())[5], "leasehold:{a}:released");
         let call = handover(&layout, &slot, &h1, 0, false, &request);
         assert_eq!(
@@ -1172,7 +1188,7 @@ mod tests {
                 Some("90000")
             );
         }
-        let plain = release(&layout, &a, &h, true, false, 0);
+        let plain = release(&layout, &a, &h, true, false, 0, false);
         assert!(!args(plain.evalsha()).contains(&"90000".to_owned()));
         Ok(())
     }

@@ -608,6 +608,88 @@ async fn a_batch_whose_reply_is_lost_times_out_for_every_caller() -> TestResult 
     Ok(())
 }
 
+/// Waits until the server has run `count` script calls since its counts
+/// were cleared (a call delayed by the proxy, whose reply the backend gave
+/// up on).
+async fn until_run(server: &RedisServer, count: u64) -> TestResult {
+    let deadline = tokio::time::Instant::now() + BOUND;
+    while calls(server, "evalsha")? < count {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "a call never arrived"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    Ok(())
+}
+
+/// Only the release of a lease acquired with a minimum hold reads the
+/// hold's mark, and it does even when a reply was lost: a lease acquired
+/// without one is released with no `GETEX` run on the server; one whose
+/// acquisition's reply was lost (the server granted and marked it), and
+/// one whose first release's reply was lost (sent again), are each kept
+/// by the server to their 60 s minimum, beyond their 3 s ttl.
+#[tokio::test]
+async fn only_a_lease_with_a_minimum_hold_has_its_mark_read_whatever_replies_were_lost()
+-> TestResult {
+    let server = RedisServer::start()?;
+    let proxy = Proxy::start(server.addr()).await?;
+    let backend = RedisBackend::builder(proxy.url())
+        .calls_in_flight(1)
+        .op_timeout(Duration::from_millis(300))
+        .connect()
+        .await?;
+    warm_up(&backend, &[&server], &[key("warm")]).await?;
+    let minimum = Duration::from_secs(60);
+    let held = |name: &str| {
+        AcquireRequest::new(key(name), holder(), ttl("3s")).with_hold_at_least(minimum)
+    };
+
+    let me = holder();
+    acquire(&backend, &key("plain"), me, ttl("3s")).await?;
+    let released = tokio::time::timeout(BOUND, backend.release(&key("plain"), &me)).await??;
+    assert_eq!(released, ReleaseReport::Released { heard: false });
+    assert_eq!(server.cli(&["EXISTS", &storage_key(&key("plain"))])?, "0");
+    assert_eq!(calls(&server, "getex")?, 0, "a plain release read a mark");
+
+    // The acquisition's reply is lost: requests reach the server 400 ms
+    // late, replies 800 ms after they were sent, past the 300 ms bound.
+    let orphan = held("orphan")?;
+    assert_eq!(server.cli(&["CONFIG", "RESETSTAT"])?, "OK");
+    proxy.set_mode(ProxyMode::Delay(Duration::from_millis(400)));
+    let lost = tokio::time::timeout(BOUND, backend.try_acquire(&orphan)).await?;
+    assert!(matches!(lost, Err(BackendError::Timeout { .. })), "{lost:?}");
+    until_run(&server, 1).await?;
+    proxy.set_mode(ProxyMode::Pass);
+    assert_eq!(stored(&server, &orphan.key)?.0, orphan.holder.to_hex());
+    tokio::time::timeout(BOUND, backend.release(&orphan.key, &orphan.holder)).await??;
+    let left = pttl(&server, &orphan.key)?;
+    assert!(
+        (3_001..=60_000).contains(&left),
+        "PTTL {left}: an acquisition whose reply was lost was freed under its minimum"
+    );
+
+    // The first release's reply is lost; the release is sent again.
+    let again = held("again")?;
+    let granted = tokio::time::timeout(BOUND, backend.try_acquire(&again)).await??;
+    assert!(matches!(granted, AcquireOutcome::Acquired(_)));
+    assert_eq!(server.cli(&["CONFIG", "RESETSTAT"])?, "OK");
+    proxy.set_mode(ProxyMode::Delay(Duration::from_millis(400)));
+    let lost = tokio::time::timeout(BOUND, backend.release(&again.key, &again.holder)).await?;
+    assert!(matches!(lost, Err(BackendError::Timeout { .. })), "{lost:?}");
+    until_run(&server, 1).await?;
+    proxy.set_mode(ProxyMode::Pass);
+    let released =
+        tokio::time::timeout(BOUND, backend.release(&again.key, &again.holder)).await??;
+    assert_eq!(released, ReleaseReport::Released { heard: false });
+    let left = pttl(&server, &again.key)?;
+    assert!(
+        (3_001..=60_000).contains(&left),
+        "PTTL {left}: a release sent again freed the key under its minimum"
+    );
+    Ok(())
+}
+
 /// The number of keys in the server's tracking table: the server's own
 /// count, which the backend does not shape.
 fn tracked_keys(server: &RedisServer) -> Result<u64, Box<dyn std::error::Error>> {

@@ -26,6 +26,7 @@ use tokio::time::Instant;
 use crate::capabilities::ServerInfo;
 use crate::coalesce::{Coalescer, Lane};
 use crate::connection::{Conn, Reply, Wait};
+use crate::holds::Holds;
 use crate::layout::KeyLayout;
 use crate::loads::ScriptLoads;
 use crate::notices::Notices;
@@ -111,6 +112,9 @@ struct Shared {
     /// Loads of the scripts on a server that answered `NOSCRIPT`, one at
     /// a time per server, shared by both connections (`loads.rs`).
     loads: ScriptLoads,
+    /// The leases acquired with a minimum hold, whose releases alone read
+    /// the hold's mark (`holds.rs`).
+    holds: Holds,
 }
 
 impl RedisBackend {
@@ -140,6 +144,7 @@ impl RedisBackend {
                 releases: Coalescer::new(scripts::WRITE_BATCH).calls_in_flight(CALLS_IN_FLIGHT),
                 by_slot,
                 loads: ScriptLoads::new(op_timeout),
+                holds: Holds::default(),
             }),
         }
     }
@@ -849,7 +854,18 @@ impl LeaseBackend for RedisBackend {
             // minimum hold, which only acquire.lua marks (the batch script
             // stays as it is for the usual lease). Boxed, so that every
             // acquisition future does not carry this path's.
-            return Box::pin(self.acquire_acked(request)).await;
+            let Some(minimum) = request.hold_at_least else {
+                return Box::pin(self.acquire_acked(request)).await;
+            };
+            // Noted before it is sent: if the reply is lost, the server may
+            // still have marked it, and its release must read the mark.
+            let holds = &self.shared.holds;
+            holds.asked(&request.key, &request.holder, minimum, self.shared.op_timeout);
+            let outcome = Box::pin(self.acquire_acked(request)).await;
+            if let Ok(AcquireOutcome::Held(_)) = outcome {
+                holds.forget(&request.key, &request.holder);
+            }
+            return outcome;
         }
         let limit = self.shared.op_timeout;
         self.shared
@@ -926,11 +942,32 @@ impl LeaseBackend for RedisBackend {
         let own = self.shared.notices.as_ref().map_or(0, |n| {
             n.own_subscription(|| self.shared.layout.released(key))
         });
+        let hold = self.shared.holds.may_hold(key, holder);
         let release = scripts::Release {
             key: key.clone(),
             holder: *holder,
             own,
+            hold,
         };
+        if hold {
+            // Alone, by release.lua, which reads the hold's mark; the note
+            // is kept until a release is answered (holds.rs). Boxed, as the
+            // acquisition's path of a minimum hold.
+            let outcome = Box::pin(self.release_batch(std::slice::from_ref(&release)))
+                .await
+                .pop()
+                .unwrap_or_else(|| {
+                    Err(BackendError::UnexpectedReply {
+                        op: OP,
+                        key: key.as_str().to_owned(),
+                        detail: "no outcome for this release".to_owned(),
+                    })
+                });
+            if outcome.is_ok() {
+                self.shared.holds.forget(key, holder);
+            }
+            return outcome;
+        }
         let limit = self.shared.op_timeout;
         self.shared
             .releases

@@ -10,6 +10,9 @@
 --                   form expect
 -- ARGV[4]  own      how many of the channel's subscribers are the releasing
 --                   process's own connection (0 or 1; 0 when left out)
+-- ARGV[5]  hold     '1' when the lease was acquired with a minimum hold: its
+--                   mark is read (step 3); left out (the usual release), no
+--                   mark is read
 --
 -- Returns 0 when the lease was not ours, 1 when it was ours and is now
 -- deleted (or kept for its minimum hold, step 3), and 2 when, besides, the notice reached a subscriber other
@@ -36,19 +39,24 @@ end
 --    version tracks, so that the usual release, of a lease without a mark,
 --    leaves no tracking entry for it. (Before 6.2 there is no GETEX, nor the
 --    tracking rule: GET.) A mark of another holder, of another type, or whose
---    end has passed, is no hold: the lease is freed as without one.
-local mark = KEYS[1] .. ':held-until'
-local m = redis.pcall('GETEX', mark)
-if type(m) == 'table' and m.err and not string.find(m.err, 'WRONGTYPE', 1, true) then
-  m = redis.pcall('GET', mark)
-end
-if type(m) == 'string' and string.sub(m, 1, 33) == ARGV[1] .. ':' then
-  local t = redis.call('TIME')
-  local left = (tonumber(string.sub(m, 34)) or 0)
-    - (tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000))
-  if left > 0 then
-    redis.call('PEXPIRE', KEYS[1], string.format('%.0f', left))
-    return 1
+--    end has passed, is no hold: the lease is freed as without one. The
+--    backend knows which leases it acquired with a minimum (holds.rs) and
+--    tells the others' releases to skip the read, a command in every
+--    release that only the rare lease with a minimum needs.
+if ARGV[5] == '1' then
+  local mark = KEYS[1] .. ':held-until'
+  local m = redis.pcall('GETEX', mark)
+  if type(m) == 'table' and m.err and not string.find(m.err, 'WRONGTYPE', 1, true) then
+    m = redis.pcall('GET', mark)
+  end
+  if type(m) == 'string' and string.sub(m, 1, 33) == ARGV[1] .. ':' then
+    local t = redis.call('TIME')
+    local left = (tonumber(string.sub(m, 34)) or 0)
+      - (tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000))
+    if left > 0 then
+      redis.call('PEXPIRE', KEYS[1], string.format('%.0f', left))
+      return 1
+    end
   end
 end
 

@@ -1,6 +1,7 @@
 -- release_many.lua: release.lua for a batch of leases in flight together, all in
 -- one slot, in one call: each is released (and its notice published) as
--- release.lua does it, in order, minimum hold included. (A lone release goes by
+-- release.lua does it, in order, for leases acquired without a minimum hold. (A
+-- lone release, and every release of a lease with a minimum hold, goes by
 -- release.lua itself.)
 --
 -- A batch of n leases (releases in flight together, all in one slot):
@@ -36,22 +37,8 @@ local function release(lease, holder, channel, publish, own)
     return 0
   end
 
-  -- 3. Ours. Under its minimum hold, keep it until the hold's end, with no
-  --    notice: it is not free yet (see release.lua, 3).
-  local mark = lease .. ':held-until'
-  local m = redis.pcall('GETEX', mark)
-  if type(m) == 'table' and m.err and not string.find(m.err, 'WRONGTYPE', 1, true) then
-    m = redis.pcall('GET', mark)
-  end
-  if type(m) == 'string' and string.sub(m, 1, 33) == holder .. ':' then
-    local t = redis.call('TIME')
-    local left = (tonumber(string.sub(m, 34)) or 0)
-      - (tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000))
-    if left > 0 then
-      redis.call('PEXPIRE', lease, string.format('%.0f', left))
-      return 1
-    end
-  end
+  -- 3. Ours. No minimum hold's mark is read here: a lease acquired with a
+  --    minimum is released alone, by release.lua (see holds.rs).
 
   -- 4. Delete it. The fencing counter (P:fence) stays, so tokens keep rising.
   redis.call('DEL', lease)
