@@ -37,7 +37,9 @@ pub struct AcquireRequest {
     /// exclusive lease has one: the permit, read-write and fair-queue
     /// acquisitions refuse a request that carries it. Set it with
     /// [`with_hold_at_least`](Self::with_hold_at_least), which validates it.
-    /// Default: none.
+    /// Release such a lease through the backend that acquired it (or a
+    /// clone of it): the Redis backend remembers which of its leases have
+    /// a minimum, and only their releases look for it. Default: none.
     pub hold_at_least: Option<Duration>,
 }
 

@@ -121,9 +121,17 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn a_lease_is_held_from_its_request_until_forgotten() {
         let holds = Holds::default();
-        let (a, b) = (HolderId::generate().expect("id"), HolderId::generate().expect("id"));
+        let (a, b) = (
+            HolderId::generate().expect("id"),
+            HolderId::generate().expect("id"),
+        );
         assert!(!holds.may_hold(&key("k"), &a));
-        holds.asked(&key("k"), &a, Duration::from_secs(5), Duration::from_secs(1));
+        holds.asked(
+            &key("k"),
+            &a,
+            Duration::from_secs(5),
+            Duration::from_secs(1),
+        );
         assert!(holds.may_hold(&key("k"), &a));
         assert!(!holds.may_hold(&key("k"), &b), "another holder");
         assert!(!holds.may_hold(&key("other"), &a), "another key");
@@ -140,7 +148,10 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn a_note_is_dropped_only_once_its_minimum_has_surely_ended() {
         let holds = Holds::default();
-        let (a, b) = (HolderId::generate().expect("id"), HolderId::generate().expect("id"));
+        let (a, b) = (
+            HolderId::generate().expect("id"),
+            HolderId::generate().expect("id"),
+        );
         let (minimum, op) = (Duration::from_secs(5), Duration::from_secs(1));
         holds.asked(&key("k"), &a, minimum, op);
         tokio::time::advance(minimum + op + STALE_AFTER - Duration::from_millis(1)).await;

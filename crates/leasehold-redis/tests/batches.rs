@@ -658,7 +658,10 @@ async fn only_a_lease_with_a_minimum_hold_has_its_mark_read_whatever_replies_wer
     assert_eq!(server.cli(&["CONFIG", "RESETSTAT"])?, "OK");
     proxy.set_mode(ProxyMode::Delay(Duration::from_millis(400)));
     let lost = tokio::time::timeout(BOUND, backend.try_acquire(&orphan)).await?;
-    assert!(matches!(lost, Err(BackendError::Timeout { .. })), "{lost:?}");
+    assert!(
+        matches!(lost, Err(BackendError::Timeout { .. })),
+        "{lost:?}"
+    );
     until_run(&server, 1).await?;
     proxy.set_mode(ProxyMode::Pass);
     assert_eq!(stored(&server, &orphan.key)?.0, orphan.holder.to_hex());
@@ -676,7 +679,10 @@ async fn only_a_lease_with_a_minimum_hold_has_its_mark_read_whatever_replies_wer
     assert_eq!(server.cli(&["CONFIG", "RESETSTAT"])?, "OK");
     proxy.set_mode(ProxyMode::Delay(Duration::from_millis(400)));
     let lost = tokio::time::timeout(BOUND, backend.release(&again.key, &again.holder)).await?;
-    assert!(matches!(lost, Err(BackendError::Timeout { .. })), "{lost:?}");
+    assert!(
+        matches!(lost, Err(BackendError::Timeout { .. })),
+        "{lost:?}"
+    );
     until_run(&server, 1).await?;
     proxy.set_mode(ProxyMode::Pass);
     let released =

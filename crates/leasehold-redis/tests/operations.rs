@@ -11,7 +11,7 @@ use common::{
 };
 use leasehold_core::{
     AcquireOutcome, AcquireRequest, FencingToken, HandoverBackend, HandoverOutcome, LeaseBackend,
-    ReleaseOutcome, RenewOutcome, RenewRequest,
+    ReleaseOutcome, ReleaseReport, RenewOutcome, RenewRequest,
 };
 use leasehold_redis::{KeyLayout, RedisBackend};
 use leasehold_testkit::RedisServer;
@@ -157,6 +157,18 @@ async fn every_expiry_written_is_the_one_asked_for() -> TestResult {
         (before + 5_000..=after + 5_000).contains(&end),
         "the mark ends at {end}, not the minimum after the handover ({before}..{after} + 5000)"
     );
+    // Released under the minimum, the handed-over lease is kept, still
+    // the waiter's, to the mark's end: the release read the mark.
+    assert_eq!(
+        backend.release(&k, &b).await?,
+        ReleaseReport::Released { heard: false }
+    );
+    let left: i64 = server.cli(&["PTTL", &p])?.parse()?;
+    assert!(
+        (1..=5_000).contains(&left),
+        "PTTL {left} after an early release of a handed-over lease with a 5 s minimum"
+    );
+    assert!(server.cli(&["GET", &p])?.starts_with(&b.to_hex()));
     Ok(())
 }
 

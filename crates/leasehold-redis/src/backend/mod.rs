@@ -860,7 +860,12 @@ impl LeaseBackend for RedisBackend {
             // Noted before it is sent: if the reply is lost, the server may
             // still have marked it, and its release must read the mark.
             let holds = &self.shared.holds;
-            holds.asked(&request.key, &request.holder, minimum, self.shared.op_timeout);
+            holds.asked(
+                &request.key,
+                &request.holder,
+                minimum,
+                self.shared.op_timeout,
+            );
             let outcome = Box::pin(self.acquire_acked(request)).await;
             if let Ok(AcquireOutcome::Held(_)) = outcome {
                 holds.forget(&request.key, &request.holder);
