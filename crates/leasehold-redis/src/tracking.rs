@@ -472,6 +472,74 @@ mod tests {
         Ok(())
     }
 
+    /// `n` leases held by one holder, and their Redis keys.
+    fn held(
+        layout: &KeyLayout,
+        n: u64,
+    ) -> Result<(Vec<RenewRequest>, Vec<String>), leasehold_core::InputError> {
+        let ttl = leasehold_core::Ttl::parse("30s")?;
+        let holder = leasehold_core::HolderId::generate()?;
+        let held: Vec<RenewRequest> = (0..n)
+            .map(|i| LeaseKey::new(format!("held:{i}")).map(|k| RenewRequest::new(k, holder, ttl)))
+            .collect::<Result<_, _>>()?;
+        let keys = held.iter().map(|r| layout.lease(&r.key)).collect();
+        Ok((held, keys))
+    }
+
+    /// The guard counts within one window of [`STORM_WINDOW`]: a storm's
+    /// worth of reports split across two windows, half in each, is no
+    /// storm, while the same reports within one window are.
+    #[tokio::test(start_paused = true)]
+    async fn reports_count_towards_a_storm_within_one_window_only()
+    -> Result<(), leasehold_core::InputError> {
+        let layout = KeyLayout::new("ns").expect("valid namespace");
+        let (held, keys) = held(&layout, STORM_MIN_REPORTS)?;
+        let (first, second) = keys.split_at(keys.len() / 2);
+        let split = Tracking::new(layout.clone());
+        split.renewing(&held);
+        tokio::time::advance(STORM_WINDOW / 2).await;
+        split.on_invalidate(&invalidated(first));
+        tokio::time::advance(STORM_WINDOW / 2).await;
+        split.renewing(&held);
+        split.on_invalidate(&invalidated(second));
+        assert!(split.is_on(), "half a storm in each of two windows");
+
+        let whole = Tracking::new(layout);
+        whole.renewing(&held);
+        tokio::time::advance(STORM_WINDOW / 2).await;
+        whole.on_invalidate(&invalidated(first));
+        tokio::time::advance(STORM_WINDOW / 2 - Duration::from_millis(1)).await;
+        whole.on_invalidate(&invalidated(second));
+        assert!(!whole.is_on(), "a storm within one window");
+        Ok(())
+    }
+
+    /// Leases renewed in the window just before still count (the reports
+    /// of a storm lag its renewals); leases renewed two windows back or
+    /// earlier do not.
+    #[tokio::test(start_paused = true)]
+    async fn renewals_count_for_the_window_after_theirs_and_no_longer()
+    -> Result<(), leasehold_core::InputError> {
+        let layout = KeyLayout::new("ns").expect("valid namespace");
+        let (held, keys) = held(&layout, STORM_MIN_REPORTS)?;
+        for (after, storm) in [
+            (STORM_WINDOW, true),
+            (STORM_WINDOW * 2 - Duration::from_millis(1), true),
+            (STORM_WINDOW * 2, false),
+        ] {
+            let tracking = Tracking::new(layout.clone());
+            tracking.renewing(&held);
+            tokio::time::advance(after).await;
+            tracking.on_invalidate(&invalidated(&keys));
+            assert_eq!(
+                !tracking.is_on(),
+                storm,
+                "reports {after:?} after the renewals"
+            );
+        }
+        Ok(())
+    }
+
     /// Tracking that cannot be had ends the watches opened before.
     #[tokio::test(start_paused = true)]
     async fn tracking_given_up_ends_the_open_watches() {
