@@ -13,14 +13,17 @@
 //! other release is told not to, and may go in a batch
 //! (`release_many.lua` reads no mark).
 //!
-//! A note is kept until a release of the lease is answered, so that a
-//! release sent again after a failure, or the release of an acquisition
-//! whose reply was lost (the server may have granted and marked it), still
-//! reads the mark. A note whose release never comes (a lease lost, a
-//! release that failed for good) is dropped once its minimum has surely
-//! ended: its mark's end, by the server's clock, is then behind, and a
-//! release reading the mark would free the key anyway. So the table holds
-//! at most the minimum-hold leases acquired within their minimum plus
+//! A note is kept until the minimum has surely ended, whatever replies
+//! came: a release sent again after a failure, the release of an
+//! acquisition whose reply was lost (the server may have granted and
+//! marked it), and a second release of a lease the first one kept under
+//! its minimum (still its holder's) all read the mark; and a note is
+//! never dropped for a reply, which could drop the note of another call
+//! of the same holder and key (an acquisition refused, or a handover to
+//! a holder that already had the lease). Once the minimum has surely
+//! ended, the mark's end, by the server's clock, is behind, and a release
+//! reading it would free the key anyway. So the table holds at most the
+//! minimum-hold leases asked for within their minimum, the op timeout and
 //! [`STALE_AFTER`].
 
 use std::collections::HashMap;
@@ -92,17 +95,6 @@ impl Holds {
         notes.stale_at.contains_key(&(key.clone(), *holder))
     }
 
-    /// Forgets `holder`'s lease of `key`: a release of it was answered, or
-    /// its acquisition was refused (nothing was marked).
-    pub(crate) fn forget(&self, key: &LeaseKey, holder: &HolderId) {
-        if self.count.load(Ordering::Acquire) == 0 {
-            return;
-        }
-        let mut notes = self.notes.lock().unwrap_or_else(PoisonError::into_inner);
-        notes.stale_at.remove(&(key.clone(), *holder));
-        self.count.store(notes.stale_at.len(), Ordering::Release);
-    }
-
     /// How many notes are kept.
     #[cfg(test)]
     fn len(&self) -> usize {
@@ -119,7 +111,7 @@ mod tests {
     }
 
     #[tokio::test(start_paused = true)]
-    async fn a_lease_is_held_from_its_request_until_forgotten() {
+    async fn a_lease_is_noted_by_key_and_holder() {
         let holds = Holds::default();
         let (a, b) = (
             HolderId::generate().expect("id"),
@@ -135,11 +127,7 @@ mod tests {
         assert!(holds.may_hold(&key("k"), &a));
         assert!(!holds.may_hold(&key("k"), &b), "another holder");
         assert!(!holds.may_hold(&key("other"), &a), "another key");
-        holds.forget(&key("k"), &b);
-        assert!(holds.may_hold(&key("k"), &a), "forgetting another holder");
-        holds.forget(&key("k"), &a);
-        assert!(!holds.may_hold(&key("k"), &a));
-        assert_eq!(holds.len(), 0);
+        assert_eq!(holds.len(), 1);
     }
 
     /// A note is kept through its minimum, its op timeout and

@@ -38,9 +38,10 @@ impl HandoverBackend for RedisBackend {
         };
         // handover.lua marks a grant with a minimum hold for `next`: its
         // release must read the mark, as an acquisition's (holds.rs).
-        let holds = &self.shared.holds;
         if let Some(minimum) = next.hold_at_least {
-            holds.asked(&next.key, &next.holder, minimum, self.shared.op_timeout);
+            self.shared
+                .holds
+                .asked(&next.key, &next.holder, minimum, self.shared.op_timeout);
         }
         let own = notices.own_listeners(&self.shared.layout.released(key));
         let call = scripts::handover(
@@ -61,13 +62,9 @@ impl HandoverBackend for RedisBackend {
             .await
             .map(|reply| reply.value)
             .map_err(|f| f.for_key(OP, key))?;
-        let outcome = reply::handed_over(next, sent_at, &reply).map_err(|f| f.for_key(OP, key))?;
-        // Answered: the releasing holder's mark was read; `next` has one
-        // only if the lease was handed to it.
-        holds.forget(key, holder);
-        if !matches!(outcome, HandoverOutcome::HandedOver(_)) {
-            holds.forget(&next.key, &next.holder);
-        }
-        Ok(outcome)
+        // A note of `next` made here that the handover did not use is
+        // dropped with the stale ones (holds.rs): forgetting it could drop
+        // the note of the same holder's own acquisition.
+        reply::handed_over(next, sent_at, &reply).map_err(|f| f.for_key(OP, key))
     }
 }

@@ -859,18 +859,14 @@ impl LeaseBackend for RedisBackend {
             };
             // Noted before it is sent: if the reply is lost, the server may
             // still have marked it, and its release must read the mark.
-            let holds = &self.shared.holds;
-            holds.asked(
+            // Kept whatever the outcome (holds.rs).
+            self.shared.holds.asked(
                 &request.key,
                 &request.holder,
                 minimum,
                 self.shared.op_timeout,
             );
-            let outcome = Box::pin(self.acquire_acked(request)).await;
-            if let Ok(AcquireOutcome::Held(_)) = outcome {
-                holds.forget(&request.key, &request.holder);
-            }
-            return outcome;
+            return Box::pin(self.acquire_acked(request)).await;
         }
         let limit = self.shared.op_timeout;
         self.shared
@@ -955,10 +951,11 @@ impl LeaseBackend for RedisBackend {
             hold,
         };
         if hold {
-            // Alone, by release.lua, which reads the hold's mark; the note
-            // is kept until a release is answered (holds.rs). Boxed, as the
-            // acquisition's path of a minimum hold.
-            let outcome = Box::pin(self.release_batch(std::slice::from_ref(&release)))
+            // Alone, by release.lua, which reads the hold's mark. The note
+            // stays (holds.rs): a lease kept under its minimum is still
+            // its holder's, and a release of it again must keep it too.
+            // Boxed, as the acquisition's path of a minimum hold.
+            return Box::pin(self.release_batch(std::slice::from_ref(&release)))
                 .await
                 .pop()
                 .unwrap_or_else(|| {
@@ -968,10 +965,6 @@ impl LeaseBackend for RedisBackend {
                         detail: "no outcome for this release".to_owned(),
                     })
                 });
-            if outcome.is_ok() {
-                self.shared.holds.forget(key, holder);
-            }
-            return outcome;
         }
         let limit = self.shared.op_timeout;
         self.shared
