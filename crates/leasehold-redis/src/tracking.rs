@@ -540,6 +540,74 @@ mod tests {
         Ok(())
     }
 
+    /// A storm is more reports than a quarter of the renewals of the
+    /// window (and its one before): at a quarter exactly, or with the
+    /// renewals counted once too few, none.
+    #[tokio::test(start_paused = true)]
+    async fn a_storm_is_more_reports_than_a_quarter_of_the_renewals()
+    -> Result<(), leasehold_core::InputError> {
+        let layout = KeyLayout::new("ns").expect("valid namespace");
+        let (held, keys) = held(&layout, STORM_MIN_REPORTS * STORM_SHARE)?;
+        let n = usize::try_from(STORM_MIN_REPORTS).unwrap_or(usize::MAX);
+        for (renewed, storm) in [(held.len(), false), (held.len() - 1, true), (2 * n, true)] {
+            let tracking = Tracking::new(layout.clone());
+            // Two batches, as the watchdog sends them.
+            let (first, second) = held[..renewed].split_at(renewed / 2);
+            tracking.renewing(first);
+            tracking.renewing(second);
+            tracking.on_invalidate(&invalidated(&keys[..n]));
+            assert_eq!(
+                !tracking.is_on(),
+                storm,
+                "{n} reports after {renewed} renewals"
+            );
+        }
+        Ok(())
+    }
+
+    /// A lease this backend wrote itself over its other connection is no
+    /// sign of overflow when it is reported: a storm's worth of them is
+    /// none.
+    #[tokio::test(start_paused = true)]
+    async fn reports_of_the_backends_own_writes_are_no_storm()
+    -> Result<(), leasehold_core::InputError> {
+        let layout = KeyLayout::new("ns").expect("valid namespace");
+        let (held, keys) = held(&layout, STORM_MIN_REPORTS)?;
+        let tracking = Tracking::new(layout);
+        tracking.renewing(&held);
+        for key in &keys {
+            tracking.own_write(key.clone());
+        }
+        tracking.on_invalidate(&invalidated(&keys));
+        assert!(tracking.is_on());
+        Ok(())
+    }
+
+    /// Nothing is reported for a new connection that asks for no report,
+    /// nor for a push once tracking is off.
+    #[tokio::test(start_paused = true)]
+    async fn no_report_unless_asked_for_and_tracking_is_on() {
+        let layout = KeyLayout::new("ns").expect("valid namespace");
+        let tracking = Tracking::new(layout.clone());
+        let mut watch = tracking.watch();
+        tracking.new_connection(false);
+        let next = tokio::time::timeout(Duration::from_secs(1), watch.next()).await;
+        assert!(next.is_err(), "reported {next:?} for a new connection");
+        tracking.new_connection(true);
+        let next = tokio::time::timeout(Duration::from_secs(1), watch.next()).await;
+        assert_eq!(next, Ok(Some(LeaseChange::All)));
+
+        tracking.unavailable("a test");
+        let mut after = tracking.watch();
+        let lease = layout.lease(&LeaseKey::new("held").expect("valid key"));
+        tracking.on_push(PushInfo {
+            kind: PushKind::Invalidate,
+            data: invalidated(&[lease]),
+        });
+        let next = tokio::time::timeout(Duration::from_secs(1), after.next()).await;
+        assert!(next.is_err(), "reported {next:?} with tracking off");
+    }
+
     /// Tracking that cannot be had ends the watches opened before.
     #[tokio::test(start_paused = true)]
     async fn tracking_given_up_ends_the_open_watches() {
