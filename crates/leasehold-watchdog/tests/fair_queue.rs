@@ -647,27 +647,71 @@ async fn a_fair_call_that_fails_for_good_ends_the_wait() -> TestResult {
     Ok(())
 }
 
-/// With release notices, the head of the queue still polls on the
-/// backoff (a notice may be missed, or the holder may die), while the
-/// waiter behind it asks only to keep its place, every third of the place
-/// ttl, and whatever the holder's lease has left.
-#[tokio::test(start_paused = true)]
-async fn the_head_polls_on_the_backoff_and_the_waiter_behind_on_the_place_refresh() -> TestResult {
+/// A lease held in fair mode, with two waiters queued behind it 1 ms
+/// apart, each in its own manager over a probe: polls every 50 ms, places
+/// kept 30 s (refreshed every 10 s).
+struct Queued {
+    held: leasehold_watchdog::Lease,
+    head: FairProbe,
+    behind: FairProbe,
+    /// When the head started waiting.
+    start: Instant,
+    tasks: Vec<tokio::task::JoinHandle<Result<leasehold_watchdog::Lease, LeaseError>>>,
+}
+
+/// [`Queued`] on `lease`, the waiters' probes passing release notices on
+/// when `notices`.
+async fn queued(lease: &'static str, notices: bool) -> Result<Queued, Box<dyn std::error::Error>> {
     let inner = MemoryBackend::new();
     let options = fair(ms(50), Duration::from_secs(30));
-    let holder = LeaseManager::new(inner.clone())?;
-    let held = holder.acquire("fair-plan", &options).await?;
-    let (head, behind) = (FairProbe::over(&inner, true), FairProbe::over(&inner, true));
+    let held = LeaseManager::new(inner.clone())?
+        .acquire(lease, &options)
+        .await?;
+    let (head, behind) = (
+        FairProbe::over(&inner, notices),
+        FairProbe::over(&inner, notices),
+    );
     let start = Instant::now();
     let mut tasks = Vec::new();
     for probe in [&head, &behind] {
         let manager = LeaseManager::new(probe.clone())?;
         let options = options.clone();
         tasks.push(tokio::spawn(async move {
-            manager.acquire("fair-plan", &options).await
+            manager.acquire(lease, &options).await
         }));
         sleep(ms(1)).await;
     }
+    Ok(Queued {
+        held,
+        head,
+        behind,
+        start,
+        tasks,
+    })
+}
+
+impl Queued {
+    /// Releases the held lease, then each waiter's once it has it.
+    async fn drain(self) -> TestResult {
+        self.held.release().await?;
+        for task in self.tasks {
+            within(Duration::from_secs(30), "a waiter", task)
+                .await??
+                .release()
+                .await?;
+        }
+        Ok(())
+    }
+}
+
+/// With release notices, the head of the queue still polls on the
+/// backoff (a notice may be missed, or the holder may die), while the
+/// waiter behind it asks only to keep its place, every third of the place
+/// ttl, and whatever the holder's lease has left.
+#[tokio::test(start_paused = true)]
+async fn the_head_polls_on_the_backoff_and_the_waiter_behind_on_the_place_refresh() -> TestResult {
+    let queue = queued("fair-plan", true).await?;
+    let (head, behind, start) = (&queue.head, &queue.behind, queue.start);
     sleep(ms(24_990)).await;
     // The head asked every 50 ms; the waiter behind every 10 s (the
     // holder's lease, renewed, had 1.3 to 2 s left at each call).
@@ -683,14 +727,7 @@ async fn the_head_polls_on_the_backoff_and_the_waiter_behind_on_the_place_refres
         [ms(1), s(10) + ms(1), s(20) + ms(1)],
         "the waiter behind the head"
     );
-    held.release().await?;
-    for task in tasks {
-        within(Duration::from_secs(30), "a waiter", task)
-            .await??
-            .release()
-            .await?;
-    }
-    Ok(())
+    queue.drain().await
 }
 
 /// The head asks again a millisecond after the holder's lease runs out,
@@ -773,24 +810,8 @@ async fn a_waiter_four_releases_away_asks_again_after_every_second_notice() -> T
 /// again sooner.
 #[tokio::test(start_paused = true)]
 async fn without_notices_every_waiter_polls_on_the_backoff() -> TestResult {
-    let inner = MemoryBackend::new();
-    let options = fair(ms(50), Duration::from_secs(30));
-    let holder = LeaseManager::new(inner.clone())?;
-    let held = holder.acquire("fair-deaf", &options).await?;
-    let (head, behind) = (
-        FairProbe::over(&inner, false),
-        FairProbe::over(&inner, false),
-    );
-    let start = Instant::now();
-    let mut tasks = Vec::new();
-    for probe in [&head, &behind] {
-        let manager = LeaseManager::new(probe.clone())?;
-        let options = options.clone();
-        tasks.push(tokio::spawn(async move {
-            manager.acquire("fair-deaf", &options).await
-        }));
-        sleep(ms(1)).await;
-    }
+    let queue = queued("fair-deaf", false).await?;
+    let (head, behind, start) = (&queue.head, &queue.behind, queue.start);
     sleep(Duration::from_secs(1) - ms(1)).await;
     for (name, probe, first) in [("head", &head, ms(0)), ("behind", &behind, ms(1))] {
         let calls = probe.calls_since(start);
@@ -803,12 +824,5 @@ async fn without_notices_every_waiter_polls_on_the_backoff() -> TestResult {
         );
         assert!(calls.len() >= 2 + 19, "{name}: {calls:?}");
     }
-    held.release().await?;
-    for task in tasks {
-        within(Duration::from_secs(30), "a waiter", task)
-            .await??
-            .release()
-            .await?;
-    }
-    Ok(())
+    queue.drain().await
 }
