@@ -514,6 +514,28 @@ mod tests {
         Ok(())
     }
 
+    /// A window begins when the one before it ended, not at the next call
+    /// after that: half a storm reported as a window ends and half a
+    /// second later, once the next window has ended too, are counted
+    /// apart.
+    #[tokio::test(start_paused = true)]
+    async fn a_window_begins_where_the_one_before_ended() -> Result<(), leasehold_core::InputError>
+    {
+        let layout = KeyLayout::new("ns").expect("valid namespace");
+        let (held, keys) = held(&layout, STORM_MIN_REPORTS)?;
+        let (first, second) = keys.split_at(keys.len() / 2);
+        let tracking = Tracking::new(layout);
+        tracking.renewing(&held);
+        tokio::time::advance(STORM_WINDOW).await;
+        tracking.on_invalidate(&invalidated(first));
+        tokio::time::advance(STORM_WINDOW / 2).await;
+        tracking.renewing(&held);
+        tokio::time::advance(STORM_WINDOW / 2).await;
+        tracking.on_invalidate(&invalidated(second));
+        assert!(tracking.is_on(), "half a storm in each of two windows");
+        Ok(())
+    }
+
     /// Leases renewed in the window just before still count (the reports
     /// of a storm lag its renewals); leases renewed two windows back or
     /// earlier do not.
