@@ -1080,6 +1080,52 @@ mod tests {
         assert!(!detail.contains(HOLDER), "{detail}");
     }
 
+    /// Each reply shape is named for what it is (error messages say what
+    /// came instead of what was expected), never by its contents.
+    #[test]
+    fn each_reply_shape_is_described() {
+        let shapes = [
+            (Value::Nil, "nil"),
+            (Value::Int(7), "integer 7"),
+            (Value::BulkString(vec![b'x'; 5]), "a string of 5 bytes"),
+            (Value::SimpleString("x".into()), "a status string"),
+            (
+                Value::VerbatimString {
+                    format: redis::VerbatimFormat::Text,
+                    text: "x".into(),
+                },
+                "a status string",
+            ),
+            (Value::Okay, "OK"),
+            (Value::Array(vec![Value::Nil; 3]), "an array of 3 items"),
+            (
+                Value::Map(vec![(Value::Nil, Value::Nil)]),
+                "a map of 1 entries",
+            ),
+            (Value::Set(vec![Value::Nil; 2]), "a set of 2 items"),
+            (Value::Double(1.5), "a double"),
+            (Value::Boolean(true), "boolean true"),
+        ];
+        for (value, shown) in shapes {
+            assert_eq!(describe(&value), shown, "{value:?}");
+        }
+        // A status reply reads as its text where a string is expected.
+        assert_eq!(bytes(&Value::SimpleString("ab".into())), Some(&b"ab"[..]));
+    }
+
+    /// A stored token is plain digits: one with a sign is no token.
+    #[test]
+    fn a_stored_token_with_a_sign_is_none() {
+        assert_eq!(
+            lease_info(format!("{HOLDER}:+5:").as_bytes(), None).fencing_token,
+            None
+        );
+        assert_eq!(
+            lease_info(format!("{HOLDER}:5:").as_bytes(), None).fencing_token,
+            Some(FencingToken(5))
+        );
+    }
+
     #[test]
     fn errors_are_classified_by_kind_and_code() -> TestResult {
         let key = LeaseKey::new("k")?;
@@ -1118,6 +1164,13 @@ mod tests {
         assert!(
             matches!(server("NOPE"), BackendError::Server { transient: false, ref detail, .. } if detail == "NOPE detail")
         );
+        // A reply the client could not parse is an unexpected reply, not
+        // a server out of reach.
+        let parse = RedisError::from((ErrorKind::Parse, "bad reply"));
+        assert!(matches!(
+            Failure::from_redis(parse, after).for_key("renew", &key),
+            BackendError::UnexpectedReply { .. }
+        ));
         Ok(())
     }
 }
