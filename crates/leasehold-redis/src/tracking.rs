@@ -437,11 +437,7 @@ mod tests {
         let tracking = Tracking::new(layout.clone());
         let mut watch = tracking.watch();
         let n = usize::try_from(STORM_MIN_REPORTS).unwrap_or(usize::MAX);
-        let ttl = leasehold_core::Ttl::parse("30s")?;
-        let holder = leasehold_core::HolderId::generate()?;
-        let held: Vec<RenewRequest> = (0..n)
-            .map(|i| LeaseKey::new(format!("held:{i}")).map(|k| RenewRequest::new(k, holder, ttl)))
-            .collect::<Result<_, _>>()?;
+        let (held, ours) = held(&layout, STORM_MIN_REPORTS)?;
         tracking.renewing(&held[..1]);
         // Others' leases (a semaphore's other permits), reported once each:
         // as many as a storm, and not one.
@@ -455,7 +451,6 @@ mod tests {
         // The leases renewed here, all reported in the next window: a storm.
         tokio::time::advance(STORM_WINDOW).await;
         tracking.renewing(&held);
-        let ours: Vec<String> = held.iter().map(|r| layout.lease(&r.key)).collect();
         tracking.on_invalidate(&invalidated(&ours));
         assert!(!tracking.is_on(), "a storm of leases renewed here");
         // The watch reports what came before, then ends: no more reports
