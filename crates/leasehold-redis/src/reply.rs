@@ -1126,6 +1126,124 @@ mod tests {
         );
     }
 
+    /// A waiting writer's label is shown when it has one, and `None` when
+    /// it is empty (the script sends "" for no label).
+    #[test]
+    fn a_waiting_writers_label_is_read_from_the_shared_reply() -> TestResult {
+        let request = AcquireRequest::new(
+            LeaseKey::new("k")?,
+            HolderId::generate()?,
+            Ttl::parse("1s")?,
+        );
+        let now = Instant::now();
+        let label_of = |label: &str| match shared(
+            &request,
+            now,
+            &Value::Array(vec![Value::Int(2), bulk(label), Value::Int(300)]),
+        ) {
+            Ok(AcquireOutcome::Held(info)) => Ok(info.label),
+            other => Err(format!("{other:?}")),
+        };
+        assert_eq!(label_of("migration")?, Some("migration".to_owned()));
+        assert_eq!(label_of("")?, None);
+        Ok(())
+    }
+
+    /// A permit's index is one of the keys sent, 0 to `sent - 1`.
+    #[test]
+    fn a_permit_index_past_the_keys_sent_is_refused() -> TestResult {
+        let request = AcquireRequest::new(
+            LeaseKey::new("k")?,
+            HolderId::generate()?,
+            Ttl::parse("1s")?,
+        );
+        let now = Instant::now();
+        let granted = |index: i64| {
+            permitted(
+                &request,
+                3,
+                now,
+                &Value::Array(vec![Value::Int(1), bulk("17"), Value::Int(index)]),
+            )
+        };
+        assert!(
+            matches!(granted(2), Ok(Permitted::Outcome(AcquireOutcome::Acquired(ref g)))
+                if g.fencing_token == FencingToken(17)),
+            "{:?}",
+            granted(2)
+        );
+        for past in [3, 4, -1] {
+            assert!(
+                matches!(granted(past), Err(Failure::Unexpected(_))),
+                "{past}"
+            );
+        }
+        Ok(())
+    }
+
+    #[test]
+    fn handover_replies() -> TestResult {
+        let next = AcquireRequest::new(
+            LeaseKey::new("k")?,
+            HolderId::generate()?,
+            Ttl::parse("1s")?,
+        );
+        let now = Instant::now();
+        let outcome = |reply: Value| handed_over(&next, now, &reply);
+        assert!(matches!(
+            outcome(Value::Int(1)),
+            Ok(HandoverOutcome::Released)
+        ));
+        assert!(matches!(
+            outcome(Value::Int(0)),
+            Ok(HandoverOutcome::NotHeld)
+        ));
+        assert!(matches!(
+            outcome(Value::Array(vec![Value::Int(2), bulk("9")])),
+            Ok(HandoverOutcome::HandedOver(ref g)) if g.fencing_token == FencingToken(9)
+        ));
+        for bad in [
+            Value::Int(2),
+            Value::Int(-1),
+            Value::Array(vec![Value::Int(1), bulk("9")]),
+            Value::Array(vec![Value::Int(2)]),
+        ] {
+            assert!(
+                matches!(outcome(bad.clone()), Err(Failure::Unexpected(_))),
+                "{bad:?}"
+            );
+        }
+        Ok(())
+    }
+
+    /// `inspect_rw.lua` sends the writer's pair, the intent's pair and a
+    /// pair per reader: fewer than four items, or an odd count, is not its
+    /// reply (and is refused, not indexed past its end).
+    #[test]
+    fn a_short_or_odd_read_write_reply_is_refused() {
+        let pairs = [Value::Nil, Value::Int(-2)];
+        for len in [0, 1, 2, 3, 5, 7] {
+            let reply = Value::Array(pairs.iter().cycle().take(len).cloned().collect());
+            assert!(
+                matches!(inspected_rw(&reply), Err(Failure::Unexpected(_))),
+                "{len} items"
+            );
+        }
+        let four = Value::Array(pairs.iter().cycle().take(4).cloned().collect());
+        assert!(inspected_rw(&four).is_ok());
+    }
+
+    /// A number kept in a record is digits alone: no sign, not empty.
+    #[test]
+    fn a_kept_number_is_digits_alone() {
+        assert_eq!(number(&bulk("42")), Some(42));
+        assert_eq!(number(&Value::Int(42)), Some(42));
+        for bad in ["+5", "", "-5", " 5", "5x"] {
+            assert_eq!(number(&bulk(bad)), None, "{bad:?}");
+        }
+        assert_eq!(number(&Value::Int(-1)), None);
+    }
+
     #[test]
     fn errors_are_classified_by_kind_and_code() -> TestResult {
         let key = LeaseKey::new("k")?;
