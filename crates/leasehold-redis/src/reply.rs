@@ -1244,6 +1244,49 @@ mod tests {
         assert_eq!(number(&Value::Int(-1)), None);
     }
 
+    /// `tick_complete.lua` refuses with the record's current run, or
+    /// with none when the record has no run (it ran out, or was removed).
+    #[test]
+    fn a_refused_completion_names_the_current_run_if_any() {
+        assert!(matches!(
+            completion(&Value::Array(vec![bulk("1700"), Value::Int(1)])),
+            Ok(Completion::Completed { server_time: 1700 })
+        ));
+        assert!(matches!(
+            completion(&Value::Array(vec![bulk("1700"), Value::Int(0)])),
+            Ok(Completion::Refused { current: None })
+        ));
+        let refused = completion(&Value::Array(vec![
+            bulk("1700"),
+            Value::Int(0),
+            bulk("12"),
+            bulk("34"),
+            bulk(""),
+        ]));
+        assert!(
+            matches!(refused, Ok(Completion::Refused { current: Some(ref run) })
+                if run.tick == 12 && run.fencing_token == FencingToken(34)),
+            "{refused:?}"
+        );
+        for bad in [
+            Value::Array(vec![bulk("1700"), Value::Int(2)]),
+            Value::Array(vec![bulk("1700"), Value::Int(0), bulk("12")]),
+            Value::Array(vec![bulk("1700")]),
+        ] {
+            assert!(completion(&bad).is_err(), "{bad:?}");
+        }
+    }
+
+    /// `DEL` answers a count of keys: a negative one is no answer of its.
+    #[test]
+    fn a_negative_delete_count_is_refused() {
+        assert!(matches!(deleted(&Value::Int(2)), Ok(true)));
+        assert!(matches!(
+            deleted(&Value::Int(-1)),
+            Err(Failure::Unexpected(_))
+        ));
+    }
+
     #[test]
     fn errors_are_classified_by_kind_and_code() -> TestResult {
         let key = LeaseKey::new("k")?;
