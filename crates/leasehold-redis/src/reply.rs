@@ -1083,7 +1083,7 @@ mod tests {
     /// Each reply shape is named for what it is (error messages say what
     /// came instead of what was expected), never by its contents.
     #[test]
-    fn each_reply_shape_is_described() {
+    fn each_reply_shape_is_described() -> TestResult {
         let shapes = [
             (Value::Nil, "nil"),
             (Value::Int(7), "integer 7"),
@@ -1109,8 +1109,14 @@ mod tests {
         for (value, shown) in shapes {
             assert_eq!(describe(&value), shown, "{value:?}");
         }
+        // An error reply inside a reply (a script's pcall, a pipeline's
+        // item) is named by its code, never by its message.
+        let error = redis::parse_redis_value(b"-WRONGTYPE secret message\r\n")
+            .map_err(|e| format!("{e}"))?;
+        assert_eq!(describe(&error), "an error reply (WRONGTYPE)");
         // A status reply reads as its text where a string is expected.
         assert_eq!(bytes(&Value::SimpleString("ab".into())), Some(&b"ab"[..]));
+        Ok(())
     }
 
     /// A stored token is plain digits: one with a sign is no token.
