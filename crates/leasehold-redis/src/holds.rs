@@ -153,4 +153,21 @@ mod tests {
         assert!(!holds.may_hold(&key("k"), &a), "kept after its end");
         assert_eq!(holds.len(), 2);
     }
+
+    /// At the instant its minimum has surely ended, a note is stale: a
+    /// sweep then drops it.
+    #[tokio::test(start_paused = true)]
+    async fn a_note_is_stale_at_exactly_its_end() {
+        let holds = Holds::default();
+        let (a, b) = (
+            HolderId::generate().expect("id"),
+            HolderId::generate().expect("id"),
+        );
+        let (minimum, op) = (Duration::from_secs(5), Duration::from_secs(1));
+        holds.asked(&key("k"), &a, minimum, op);
+        tokio::time::advance(minimum + op + STALE_AFTER).await;
+        holds.asked(&key("l"), &b, minimum, op);
+        assert!(!holds.may_hold(&key("k"), &a), "kept at its end");
+        assert_eq!(holds.len(), 1);
+    }
 }
