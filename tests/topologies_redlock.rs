@@ -277,6 +277,34 @@ async fn connecting_needs_a_majority_and_tolerates_a_minority_down() -> TestResu
     Ok(())
 }
 
+/// Five masters need three: connecting with two down succeeds, and with
+/// three down it fails, counting the two it reached.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn five_masters_need_three_to_connect() -> TestResult {
+    let mut masters = independent_masters(5)?;
+    masters[0].kill()?;
+    masters[1].kill()?;
+    let backend = redlock(&masters).await?;
+    assert_eq!(backend.quorum(), 3);
+    assert_eq!(backend.nodes().len(), 5);
+    assert_eq!(backend.node_timeout(), Duration::from_millis(100));
+    masters[2].kill()?;
+    let none = redlock(&masters).await;
+    assert!(
+        matches!(
+            none,
+            Err(ConnectError::TooFewMasters {
+                reached: 2,
+                needed: 3,
+                total: 5,
+                ..
+            })
+        ),
+        "{none:?}"
+    );
+    Ok(())
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_renewal_is_lost_only_when_a_majority_says_so() -> TestResult {
     let mut masters = independent_masters(3)?;
