@@ -241,6 +241,20 @@ async fn bad_redlock_settings_are_refused_before_connecting() -> TestResult {
         "{shown}"
     );
     assert!(!shown.contains("hunter2"), "{shown}");
+    // The builder shows its settings, each master's URL without its
+    // password.
+    let builder = RedlockBackend::builder([
+        "redis://:hunter2@127.0.0.1:1",
+        "redis://127.0.0.1:2",
+        "redis://127.0.0.1:3",
+    ])
+    .node_timeout(Duration::from_millis(40));
+    let shown = format!("{builder:?}");
+    assert!(
+        shown.contains("127.0.0.1:1") && shown.contains("127.0.0.1:3") && shown.contains("40ms"),
+        "{shown}"
+    );
+    assert!(!shown.contains("hunter2"), "{shown}");
     Ok(())
 }
 
@@ -288,6 +302,11 @@ async fn five_masters_need_three_to_connect() -> TestResult {
     assert_eq!(backend.quorum(), 3);
     assert_eq!(backend.nodes().len(), 5);
     assert_eq!(backend.node_timeout(), Duration::from_millis(100));
+    let shown = format!("{backend:?}");
+    assert!(
+        shown.contains("quorum: 3") && shown.contains("100ms") && shown.contains(&masters[4].url()),
+        "{shown}"
+    );
     masters[2].kill()?;
     let none = redlock(&masters).await;
     assert!(
