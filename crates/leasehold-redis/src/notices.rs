@@ -195,6 +195,19 @@ struct Channel {
     own_release: Option<Instant>,
 }
 
+impl Channels {
+    /// No channel yet, for a backend whose calls take at most the larger
+    /// of `connect_timeout` and `op_timeout`: as long as a notice of this
+    /// process's own release is waited for. One place for every source,
+    /// so that the standalone suites judge the cluster's and Sentinel's.
+    fn shared(connect_timeout: Duration, op_timeout: Duration) -> Arc<Mutex<Self>> {
+        Arc::new(Mutex::new(Channels {
+            own_bound: op_timeout.max(connect_timeout),
+            ..Channels::default()
+        }))
+    }
+}
+
 fn lock(channels: &Mutex<Channels>) -> MutexGuard<'_, Channels> {
     // Every update is a single insert, remove or counter change.
     channels.lock().unwrap_or_else(PoisonError::into_inner)
@@ -254,10 +267,7 @@ impl Notices {
             conn: OnceCell::new(),
             sentinel_conn: Mutex::new(None),
             process: std::sync::OnceLock::new(),
-            channels: Arc::new(Mutex::new(Channels {
-                own_bound: op_timeout.max(connect_timeout),
-                ..Channels::default()
-            })),
+            channels: Channels::shared(connect_timeout, op_timeout),
         }
     }
 
@@ -274,10 +284,7 @@ impl Notices {
             conn: OnceCell::new(),
             sentinel_conn: Mutex::new(None),
             process: std::sync::OnceLock::new(),
-            channels: Arc::new(Mutex::new(Channels {
-                own_bound: op_timeout.max(connect_timeout),
-                ..Channels::default()
-            })),
+            channels: Channels::shared(connect_timeout, op_timeout),
         }
     }
 
@@ -295,10 +302,7 @@ impl Notices {
             conn: OnceCell::new(),
             sentinel_conn: Mutex::new(None),
             process: std::sync::OnceLock::new(),
-            channels: Arc::new(Mutex::new(Channels {
-                own_bound: op_timeout.max(connect_timeout),
-                ..Channels::default()
-            })),
+            channels: Channels::shared(connect_timeout, op_timeout),
         }
     }
 
@@ -735,5 +739,29 @@ mod tests {
             assert!(handover(&bulk(plain)).is_none(), "{plain:?}");
         }
         assert!(handover(&Value::Int(1)).is_none());
+    }
+
+    /// A fair waiter's interest in a handover ends with its watch, and
+    /// with its attempt to watch: a subscription that fails leaves no
+    /// sender behind for a holder that no longer waits.
+    #[tokio::test]
+    async fn a_failed_handover_watch_leaves_no_interest_behind() {
+        // A port nothing listens on: taken, then let go.
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .expect("a free port")
+            .port();
+        let client = Client::open(format!("redis://127.0.0.1:{port}")).expect("a client");
+        let notices = Notices::new(
+            &client,
+            Duration::from_millis(200),
+            Duration::from_millis(200),
+        );
+        let holder = HolderId::generate().expect("an id");
+        let watch = notices
+            .watch_handover("lease:released".to_owned(), &holder)
+            .await;
+        assert!(watch.is_err(), "subscribed with no server");
+        assert!(lock(&notices.channels).handovers.is_empty());
     }
 }
