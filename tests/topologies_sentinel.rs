@@ -396,6 +396,59 @@ async fn notices_reach_waiters_before_and_after_a_failover() -> TestResult {
     Ok(())
 }
 
+/// A waiter that listens through a failover listens on the new master
+/// after it: the restore subscribes its channel there again (the new
+/// master's `PUBSUB NUMSUB` says so), and the holder's release after the
+/// failover wakes it well within its fallback poll. The holder's lease
+/// survives the failover: the replica had it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiter_listening_through_a_failover_hears_the_release_after_it() -> TestResult {
+    let _serial = leasehold_testkit::serial().await;
+    let mut set = SentinelSet::start()?;
+    let url = set.url();
+    let connect = || {
+        RedisBackend::builder(&url)
+            .op_timeout(Duration::from_millis(250))
+            .connect_timeout(Duration::from_millis(500))
+            .connect()
+    };
+    let holder = LeaseManager::new(connect().await?)?;
+    let waiter = LeaseManager::new(connect().await?)?;
+    let key = "through-failover";
+    let options = notice::options();
+    let lease = holder.acquire(key, &options).await?;
+    let waiting = notice::spawn_waiter(&waiter, key, &options);
+    let channel = KeyLayout::default().released(&LeaseKey::new(key)?);
+    let stored = KeyLayout::default().lease(&LeaseKey::new(key)?);
+    // The replica has the lease and the waiter listens on the first
+    // master: the servers' state, with no signal to wait on.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while set.replica().cli(&["EXISTS", &stored])? != "1"
+        || set
+            .master()
+            .cli(&["PUBSUB", "NUMSUB", &channel])?
+            .lines()
+            .nth(1)
+            != Some("1")
+    {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the lease never reached the replica, or the waiter never subscribed"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+
+    set.kill_master()?;
+    let took = tokio::task::block_in_place(|| set.wait_for_failover())?;
+    println!("sentinels promoted the replica {took:?} after the master was killed");
+    notice::release_wakes(key, lease, waiting, || {
+        let reply = set.master().cli(&["PUBSUB", "NUMSUB", &channel])?;
+        Ok::<_, leasehold_testkit::TestkitError>(reply.lines().nth(1) == Some("1"))
+    })
+    .await?;
+    Ok(())
+}
+
 /// Client tracking behind Sentinel: the master reports a change to a
 /// renewed lease, and the holder hears of it without waiting to renew.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
