@@ -592,6 +592,54 @@ async fn a_process_that_waits_again_keeps_its_subscription() -> TestResult {
     Ok(())
 }
 
+/// Watching one lingering channel again, with a round trip or without,
+/// leaves the others lingering, to be sent away by the next subscription:
+/// none stays subscribed for good.
+#[tokio::test]
+async fn watching_a_lingering_channel_again_leaves_the_others_to_be_sent_away() -> TestResult {
+    let server = RedisServer::start()?;
+    let backend = RedisBackend::connect(server.url()).await?;
+    let channel = |key: &str| format!("leasehold:{{{key}}}:released");
+    for (policy, [a, b, c]) in [
+        (
+            WatchPolicy::Counted,
+            ["counted-a", "counted-b", "counted-c"],
+        ),
+        (
+            WatchPolicy::AlreadyListening,
+            ["listening-a", "listening-b", "listening-c"],
+        ),
+    ] {
+        let both = (
+            backend
+                .watch_releases(&LeaseKey::new(a)?, WatchPolicy::Counted)
+                .await?,
+            backend
+                .watch_releases(&LeaseKey::new(b)?, WatchPolicy::Counted)
+                .await?,
+        );
+        drop(both);
+        // Both linger, subscribed with no watch.
+        assert_eq!(subscribers(&server, &channel(a))?, "1");
+        assert_eq!(subscribers(&server, &channel(b))?, "1");
+        let again = backend.watch_releases(&LeaseKey::new(a)?, policy).await?;
+        assert!(
+            again.is_supported(),
+            "{policy:?}: {a} is not listened to any more"
+        );
+        let _other = backend
+            .watch_releases(&LeaseKey::new(c)?, WatchPolicy::Counted)
+            .await?;
+        assert_eq!(
+            subscribers(&server, &channel(b))?,
+            "0",
+            "{policy:?}: {b} stayed subscribed with no watch"
+        );
+        assert_eq!(subscribers(&server, &channel(a))?, "1", "{policy:?}");
+    }
+    Ok(())
+}
+
 #[tokio::test]
 async fn a_process_does_not_hear_its_own_release_while_no_waiter_listens() -> TestResult {
     let server = RedisServer::start()?;
