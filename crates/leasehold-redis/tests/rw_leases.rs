@@ -631,6 +631,8 @@ async fn redlock_refuses_read_write_leases() -> TestResult {
             "{refused:?}"
         );
     }
+    // No writer ever left an intent there: none is withdrawn.
+    assert!(!backend.withdraw_write_intent(&doc(), &holder()).await?);
     for master in &masters {
         assert_eq!(master.cli(&["DBSIZE"])?, "0");
     }
