@@ -311,6 +311,73 @@ mod tests {
         assert!(matches!(judged, Ok(None)), "{judged:?}");
     }
 
+    /// A server's own error reply, as the client reads it off the wire.
+    fn server_error(wire: &[u8]) -> RedisError {
+        match redis::parse_redis_value(wire) {
+            Ok(Value::ServerError(e)) => RedisError::from(e),
+            other => panic!("not an error reply: {other:?}"),
+        }
+    }
+
+    #[test]
+    fn a_server_without_hello_is_refused_as_one_before_6() {
+        let unknown = server_error(b"-ERR unknown command 'HELLO', with args beginning with: \r\n");
+        let err = STANDALONE
+            .judge(Err(unknown), Ok(known(STANDALONE)), "redis://db")
+            .expect_err("no HELLO: before Redis 6.0");
+        assert!(
+            matches!(
+                &err,
+                ConnectError::UnsupportedServer {
+                    missing: Missing::Version {
+                        needed: "Redis 6.0",
+                        ..
+                    },
+                    ..
+                }
+            ),
+            "{err:?}"
+        );
+        // Any other refusal of HELLO, an error reply of the same kind
+        // included, leaves the server unjudged rather than refused.
+        let other = server_error(b"-ERR Protocol error: something else\r\n");
+        let judged = STANDALONE.judge(Err(other), Ok(known(STANDALONE)), "redis://db");
+        assert!(matches!(judged, Ok(None)), "{judged:?}");
+        let io = RedisError::from(std::io::Error::other("unknown command on the wire"));
+        let judged = STANDALONE.judge(Err(io), Ok(known(STANDALONE)), "redis://db");
+        assert!(matches!(judged, Ok(None)), "{judged:?}");
+    }
+
+    #[test]
+    fn the_minimum_versions_themselves_are_accepted() {
+        let judge = |needs: Needs, version: &str| {
+            needs.judge(Ok(hello("redis", version)), Ok(known(needs)), "redis://db")
+        };
+        assert!(judge(STANDALONE, "6.0.0").is_ok());
+        assert!(judge(CLUSTER, "7.0.0").is_ok());
+        assert!(judge(STANDALONE, "5.9.9").is_err());
+        assert!(judge(CLUSTER, "6.9.9").is_err());
+    }
+
+    #[test]
+    fn hello_fields_as_status_or_verbatim_strings_are_read() {
+        let reply = Value::Map(vec![
+            (
+                Value::SimpleString("server".into()),
+                Value::SimpleString("redis".into()),
+            ),
+            (
+                bulk("version"),
+                Value::VerbatimString {
+                    format: redis::VerbatimFormat::Text,
+                    text: "7.2.4".into(),
+                },
+            ),
+        ]);
+        let info = server_info(&reply).expect("a server and a version");
+        assert_eq!((info.name(), info.version()), ("redis", "7.2.4"));
+    }
+
     #[test]
     fn resp2_hello_replies_are_read_too() {
         let reply = Value::Array(vec![
