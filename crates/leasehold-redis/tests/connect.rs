@@ -160,6 +160,72 @@ async fn a_server_without_a_command_the_scripts_call_is_refused_at_connect() -> 
     Ok(())
 }
 
+/// A server without `HELLO` (renamed away: so is every Redis before 6.0)
+/// refuses the renewal connection's RESP3, which leaves tracking off; the
+/// server is then refused by name as one before Redis 6.0, not reported
+/// as a connection that failed.
+#[tokio::test]
+async fn a_server_without_hello_is_refused_as_one_before_redis_6() -> TestResult {
+    let server = server_without("HELLO")?;
+    // The witness: the server itself refuses HELLO.
+    assert!(server.cli(&["HELLO"]).is_err());
+    let err = RedisBackend::connect(server.url())
+        .await
+        .expect_err("no HELLO");
+    assert!(
+        matches!(
+            &err,
+            ConnectError::UnsupportedServer {
+                missing: Missing::Version {
+                    needed: "Redis 6.0",
+                    ..
+                },
+                ..
+            }
+        ),
+        "{err:?}"
+    );
+    assert!(err.to_string().contains("without HELLO"), "{err}");
+    Ok(())
+}
+
+/// Behind Sentinel the renewal connection is opened first: a master
+/// without `HELLO` refuses its RESP3, tracking is left off, and the
+/// master is then refused by name as one before Redis 6.0 rather than
+/// reported as a connection that failed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn behind_sentinel_a_master_without_hello_is_refused_as_one_before_redis_6() -> TestResult {
+    let set = tokio::task::block_in_place(|| {
+        SentinelSet::start_with_builders(
+            Duration::from_millis(1000),
+            RedisServer::builder()
+                .arg("--rename-command")
+                .arg("HELLO")
+                .arg(""),
+            RedisServer::builder(),
+            RedisServer::builder,
+        )
+    })?;
+    assert!(set.master().cli(&["HELLO"]).is_err());
+    let err = RedisBackend::connect(set.url())
+        .await
+        .expect_err("the master has no HELLO");
+    assert!(
+        matches!(
+            &err,
+            ConnectError::UnsupportedServer {
+                missing: Missing::Version {
+                    needed: "Redis 6.0",
+                    ..
+                },
+                ..
+            }
+        ),
+        "{err:?}"
+    );
+    Ok(())
+}
+
 /// Every topology reads the name and version of the server it connects to
 /// and accepts the servers this suite runs on (Redis 7.0, Valkey 8.0); the
 /// reading matches `INFO server` on a side connection.
