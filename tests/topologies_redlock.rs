@@ -5,7 +5,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use leasehold::backend::{AcquireOutcome, AcquireRequest, BackendError, HolderId, LeaseBackend};
-use leasehold::redis::{ConnectError, KeyLayout, RedlockBackend};
+use leasehold::redis::{ConnectError, KeyLayout, RedisBackend, RedlockBackend};
 use leasehold::{LeaseError, LeaseKey, LeaseManager, LeaseOptions, ReleaseOutcome, Ttl};
 use leasehold_testkit::{RedisServer, independent_masters};
 
@@ -263,6 +263,14 @@ async fn connecting_needs_a_majority_and_tolerates_a_minority_down() -> TestResu
     let mut masters = independent_masters(3)?;
     masters[0].kill()?;
     let backend = redlock(&masters).await?;
+    // The master down at connect gets a connection made on first use, on
+    // which no server was asked to track: tracking is off there alone.
+    let tracked: Vec<bool> = backend
+        .nodes()
+        .iter()
+        .map(RedisBackend::tracks_lease_changes)
+        .collect();
+    assert_eq!(tracked, [false, true, true]);
     assert!(matches!(
         try_acquire(&backend, "late-start").await?,
         AcquireOutcome::Acquired(_)
