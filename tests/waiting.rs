@@ -686,6 +686,31 @@ async fn a_process_does_not_hear_its_own_release_while_no_waiter_listens() -> Te
     Ok(())
 }
 
+/// The other side of the rule above: while a watch here listens, this
+/// process's own release is announced to it like anyone's (a waiter here
+/// for a lease a task here holds), though no one elsewhere heard it.
+#[tokio::test]
+async fn a_watch_here_hears_a_release_here() -> TestResult {
+    let server = RedisServer::start()?;
+    let backend = RedisBackend::connect(server.url()).await?;
+    let key = LeaseKey::new("heard-here")?;
+    let ttl = Ttl::parse("10s")?;
+    let mut watch = backend.watch_releases(&key, WatchPolicy::Counted).await?;
+    let holder = HolderId::generate()?;
+    assert!(matches!(
+        backend
+            .try_acquire(&AcquireRequest::new(key.clone(), holder, ttl))
+            .await?,
+        AcquireOutcome::Acquired(_)
+    ));
+    assert_eq!(
+        backend.release(&key, &holder).await?,
+        ReleaseReport::Released { heard: false }
+    );
+    within(Duration::from_secs(5), "the notice here", watch.released()).await;
+    Ok(())
+}
+
 /// Waiters that race on each notice (permits, shares) must not be told
 /// last forever: Redis 7.0 tells a channel's subscribers in the order they
 /// subscribed, so a process whose channel lingers from an earlier wait
