@@ -653,6 +653,15 @@ mod tests {
                 other => panic!("{retention:?} accepted: {other:?}"),
             }
         }
+        // The bounds themselves are accepted, and a millisecond past the
+        // longest is not: 30 days, as documented.
+        let thirty_days = Duration::from_secs(30 * 24 * 3600);
+        for edge in [Duration::from_secs(1), thirty_days] {
+            let kept = layout.clone().with_fence_retention(edge);
+            assert_eq!(kept.map(|l| l.fence_retention()).ok(), Some(edge));
+        }
+        let past = thirty_days + Duration::from_millis(1);
+        assert!(layout.clone().with_fence_retention(past).is_err());
         let day = Duration::from_secs(24 * 3600);
         assert_eq!(
             layout
