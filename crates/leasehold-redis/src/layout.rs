@@ -436,6 +436,12 @@ mod tests {
         assert_eq!(layout.lease(&k("order:{42}")), "leasehold:order:{42}");
         assert_eq!(layout.fence(&k("order:{42}")), "leasehold:order:{42}:fence");
         assert_eq!(hashed_part(&layout.lease(&k("order:{42}"))), "42");
+        // Redis Cluster's rule: an empty tag (`{}` first) is no tag, and
+        // the whole key is hashed. No key of this layout has one (a lease
+        // key may not start with `}`), but the rule is the server's.
+        assert_eq!(hashed_part("a{}b{c}"), "a{}b{c}");
+        assert_eq!(hashed_part("a{b}{c}"), "b");
+        assert_eq!(hashed_part("a{b"), "a{b");
     }
 
     #[test]
