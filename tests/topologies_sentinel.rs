@@ -18,6 +18,16 @@ use held::{held_and_renewed, held_on, stored_token};
 
 type TestResult = Result<(), Box<dyn std::error::Error>>;
 
+/// A backend that gives up on a call after 250 ms and on a connection
+/// after 500 ms: a dead master is left for the sentinels' new one fast.
+async fn quick_backend(url: &str) -> Result<RedisBackend, leasehold::redis::ConnectError> {
+    RedisBackend::builder(url)
+        .op_timeout(Duration::from_millis(250))
+        .connect_timeout(Duration::from_millis(500))
+        .connect()
+        .await
+}
+
 async fn side_connection(
     node: &RedisServer,
 ) -> Result<MultiplexedConnection, Box<dyn std::error::Error>> {
@@ -68,11 +78,7 @@ async fn killing_the_master_keeps_replicated_leases_and_reports_the_rest_lost() 
         "sentinel set (master, replica, 3 sentinels) set up in {:?}",
         set.setup_time()
     );
-    let backend = RedisBackend::builder(set.url())
-        .op_timeout(Duration::from_millis(250))
-        .connect_timeout(Duration::from_millis(500))
-        .connect()
-        .await?;
+    let backend = quick_backend(&set.url()).await?;
     assert_eq!(backend.topology(), Topology::Sentinel);
     let manager = LeaseManager::new(backend)?;
     // A ttl that outlasts the failover (2–3 s). The renew interval is long
@@ -362,12 +368,7 @@ async fn notices_reach_waiters_before_and_after_a_failover() -> TestResult {
     let _serial = leasehold_testkit::serial().await;
     let mut set = SentinelSet::start()?;
     let url = set.url();
-    let connect = || {
-        RedisBackend::builder(&url)
-            .op_timeout(Duration::from_millis(250))
-            .connect_timeout(Duration::from_millis(500))
-            .connect()
-    };
+    let connect = || quick_backend(&url);
     let holder = LeaseManager::new(connect().await?)?;
     let waiter = LeaseManager::new(connect().await?)?;
     release_wakes_waiter(&set, &holder, &waiter, "before-failover").await?;
@@ -406,12 +407,7 @@ async fn a_waiter_listening_through_a_failover_hears_the_release_after_it() -> T
     let _serial = leasehold_testkit::serial().await;
     let mut set = SentinelSet::start()?;
     let url = set.url();
-    let connect = || {
-        RedisBackend::builder(&url)
-            .op_timeout(Duration::from_millis(250))
-            .connect_timeout(Duration::from_millis(500))
-            .connect()
-    };
+    let connect = || quick_backend(&url);
     let holder = LeaseManager::new(connect().await?)?;
     let waiter = LeaseManager::new(connect().await?)?;
     let key = "through-failover";
@@ -534,11 +530,7 @@ async fn sentinels_that_refuse_the_subscription_leave_the_promotion_to_the_retri
     let url = set
         .url()
         .replacen("redis+sentinel://", &format!("redis+sentinel://{down},"), 1);
-    let backend = RedisBackend::builder(&url)
-        .op_timeout(Duration::from_millis(250))
-        .connect_timeout(Duration::from_millis(500))
-        .connect()
-        .await?;
+    let backend = quick_backend(&url).await?;
     let manager = LeaseManager::new(backend)?;
     let options = LeaseOptions::builder()
         .ttl(Ttl::parse("10s")?)

@@ -130,16 +130,18 @@ mod tests {
         assert_eq!(holds.len(), 1);
     }
 
+    /// An empty table and two holders to note.
+    fn two_holders() -> (Holds, HolderId, HolderId) {
+        let id = || HolderId::generate().expect("id");
+        (Holds::default(), id(), id())
+    }
+
     /// A note is kept through its minimum, its op timeout and
     /// [`STALE_AFTER`], and dropped by the next note asked for after that
     /// (once the sweep, at most once a second, is due).
     #[tokio::test(start_paused = true)]
     async fn a_note_is_dropped_only_once_its_minimum_has_surely_ended() {
-        let holds = Holds::default();
-        let (a, b) = (
-            HolderId::generate().expect("id"),
-            HolderId::generate().expect("id"),
-        );
+        let (holds, a, b) = two_holders();
         let (minimum, op) = (Duration::from_secs(5), Duration::from_secs(1));
         holds.asked(&key("k"), &a, minimum, op);
         tokio::time::advance(minimum + op + STALE_AFTER - Duration::from_millis(1)).await;
@@ -158,11 +160,7 @@ mod tests {
     /// sweep then drops it.
     #[tokio::test(start_paused = true)]
     async fn a_note_is_stale_at_exactly_its_end() {
-        let holds = Holds::default();
-        let (a, b) = (
-            HolderId::generate().expect("id"),
-            HolderId::generate().expect("id"),
-        );
+        let (holds, a, b) = two_holders();
         let (minimum, op) = (Duration::from_secs(5), Duration::from_secs(1));
         holds.asked(&key("k"), &a, minimum, op);
         tokio::time::advance(minimum + op + STALE_AFTER).await;

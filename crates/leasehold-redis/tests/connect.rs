@@ -160,6 +160,23 @@ async fn a_server_without_a_command_the_scripts_call_is_refused_at_connect() -> 
     Ok(())
 }
 
+/// `err` refuses a server as one before Redis 6.0.
+fn assert_refused_as_before_6(err: &ConnectError) {
+    assert!(
+        matches!(
+            err,
+            ConnectError::UnsupportedServer {
+                missing: Missing::Version {
+                    needed: "Redis 6.0",
+                    ..
+                },
+                ..
+            }
+        ),
+        "{err:?}"
+    );
+}
+
 /// A server without `HELLO` (renamed away: so is every Redis before 6.0)
 /// refuses the renewal connection's RESP3, which leaves tracking off; the
 /// server is then refused by name as one before Redis 6.0, not reported
@@ -172,19 +189,7 @@ async fn a_server_without_hello_is_refused_as_one_before_redis_6() -> TestResult
     let err = RedisBackend::connect(server.url())
         .await
         .expect_err("no HELLO");
-    assert!(
-        matches!(
-            &err,
-            ConnectError::UnsupportedServer {
-                missing: Missing::Version {
-                    needed: "Redis 6.0",
-                    ..
-                },
-                ..
-            }
-        ),
-        "{err:?}"
-    );
+    assert_refused_as_before_6(&err);
     assert!(err.to_string().contains("without HELLO"), "{err}");
     Ok(())
 }
@@ -210,19 +215,7 @@ async fn behind_sentinel_a_master_without_hello_is_refused_as_one_before_redis_6
     let err = RedisBackend::connect(set.url())
         .await
         .expect_err("the master has no HELLO");
-    assert!(
-        matches!(
-            &err,
-            ConnectError::UnsupportedServer {
-                missing: Missing::Version {
-                    needed: "Redis 6.0",
-                    ..
-                },
-                ..
-            }
-        ),
-        "{err:?}"
-    );
+    assert_refused_as_before_6(&err);
     Ok(())
 }
 
