@@ -22,6 +22,7 @@ use leasehold_core::{
     AcquireOutcome, AcquireRequest, BackendError, ChangeBackend, HolderId, LeaseBackend, LeaseKey,
     ReleaseOutcome, ReleaseReport,
 };
+use leasehold_redis::redis::cluster_routing::Slot;
 use leasehold_redis::{KeyLayout, RedisBackend};
 use leasehold_testkit::{Proxy, ProxyMode, RedisCluster, RedisServer, redis_cli_binary};
 
@@ -456,6 +457,40 @@ async fn a_lone_acquisition_is_sent_at_once_alone() -> TestResult {
     assert_eq!(monitor.evalsha_key_counts(1)?, ["2"]);
 
     let keys: Vec<LeaseKey> = (0..3).map(|i| key(&format!("together-{i}"))).collect();
+    let requests: Vec<AcquireRequest> = keys.iter().map(|k| request(k, holder())).collect();
+    let outcomes = tokio::time::timeout(
+        BOUND,
+        join_all(requests.iter().map(|r| backend.try_acquire(r))),
+    )
+    .await?;
+    for outcome in outcomes {
+        assert!(matches!(outcome?, AcquireOutcome::Acquired(_)));
+    }
+    // The first alone, then the two others (four keys) in one call.
+    assert_eq!(monitor.evalsha_key_counts(2)?, ["2", "4"]);
+    Ok(())
+}
+
+/// Only a `CROSSSLOT` refusal turns batching by slot on: after another
+/// error reply (a key of another type), acquisitions of keys in different
+/// slots still go out as one call on a server that is one node.
+#[tokio::test]
+async fn an_error_reply_other_than_crossslot_keeps_batches_across_slots() -> TestResult {
+    let server = RedisServer::start()?;
+    let backend = batching(&server).await;
+    warm_up(&backend, &[&server], &[key("warm")]).await?;
+    let wrong = key("a-hash");
+    server.cli(&["HSET", &storage_key(&wrong), "field", "value"])?;
+    let refused = backend.inspect(&wrong).await;
+    assert!(
+        matches!(refused, Err(BackendError::WrongType { .. })),
+        "{refused:?}"
+    );
+    let monitor = Monitor::start(&server)?;
+    let keys: Vec<LeaseKey> = (0..3).map(|i| key(&format!("after-{i}"))).collect();
+    let slots: std::collections::HashSet<Slot> =
+        keys.iter().map(|k| Slot::for_key(storage_key(k))).collect();
+    assert_eq!(slots.len(), 3, "three keys, three slots");
     let requests: Vec<AcquireRequest> = keys.iter().map(|k| request(k, holder())).collect();
     let outcomes = tokio::time::timeout(
         BOUND,

@@ -21,6 +21,7 @@ async fn a_paused_server_times_out_and_later_answers_go_to_the_right_requests() 
         .op_timeout(Duration::from_millis(200))
         .connect()
         .await?;
+    assert_eq!(backend.op_timeout(), Duration::from_millis(200));
     let (before, a) = (key("before-pause"), holder());
     acquire(&backend, &before, a, ttl("1h")).await?;
     // Load every script now: a call that times out never gets to reload a

@@ -561,6 +561,9 @@ async fn key_layout_on_the_server() -> TestResult {
         .await?;
     assert_eq!(backend.namespace(), "billing");
     let (tagged, plain, a) = (key("order:{42}"), key("nightly"), holder());
+    // The layout the backend shows is the one it writes by.
+    assert_eq!(backend.layout().lease(&tagged), "billing:order:{42}");
+    assert_eq!(backend.layout().fence(&plain), "billing:{nightly}:fence");
     let grant = acquire(&backend, &tagged, a, ttl("30s")).await?;
     acquire(&backend, &plain, a, ttl("30s")).await?;
     let mut keys: Vec<String> = server
