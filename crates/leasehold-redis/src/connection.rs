@@ -123,8 +123,8 @@ impl Conn {
         let mut myid = redis::cmd("CLUSTER");
         myid.arg("MYID");
         match routed(&mut conn.clone(), myid, route_for(call.first_key())).await {
+            // Redis and Valkey answer with a bulk string, in RESP2 and RESP3.
             Ok(Value::BulkString(id)) => Node::Cluster(String::from_utf8_lossy(&id).into_owned()),
-            Ok(Value::SimpleString(id)) => Node::Cluster(id),
             _ => Node::Slot(Slot::for_key(call.first_key())),
         }
     }

@@ -11,6 +11,7 @@ mod common;
 use std::time::Duration;
 
 use common::{TestResult, holder, key, retry_transient, ttl};
+use futures_util::StreamExt;
 use futures_util::future::try_join_all;
 use leasehold_core::{
     AcquireOutcome, AcquireRequest, BackendError, LeaseBackend, RenewOutcome, RenewRequest,
@@ -324,5 +325,103 @@ async fn calls_dropped_while_the_scripts_load_leave_no_load_stuck() -> TestResul
     renew_together(&backend, &held).await?;
     acquire_together(&backend, "after", 200).await?;
     loaded_once(&server, "the loss after the abandoned load")?;
+    Ok(())
+}
+
+/// `EVALSHA`s the server has run since its counters were reset.
+fn evalshas(server: &RedisServer) -> Result<u64, Box<dyn std::error::Error>> {
+    stat(server, "commandstats", "cmdstat_evalsha", "calls")
+}
+
+/// An error reply other than `NOSCRIPT` (a key of another type) is the
+/// call's answer: no script is loaded for it and it is not sent again.
+#[tokio::test]
+async fn an_error_reply_other_than_noscript_is_not_sent_again() -> TestResult {
+    let server = RedisServer::start()?;
+    let backend = RedisBackend::connect(server.url()).await?;
+    let wrong = key("a-hash");
+    let stored = backend.layout().lease(&wrong);
+    server.cli(&["HSET", &stored, "field", "value"])?;
+    assert_eq!(server.cli(&["CONFIG", "RESETSTAT"])?, "OK");
+    let refused = tokio::time::timeout(Duration::from_secs(10), backend.inspect(&wrong)).await?;
+    assert!(
+        matches!(refused, Err(BackendError::WrongType { .. })),
+        "{refused:?}"
+    );
+    assert_eq!(evalshas(&server)?, 1, "sent once");
+    assert_eq!(loads(&server)?, 0, "no script loaded for it");
+    Ok(())
+}
+
+/// A server that loses the scripts faster than they can be loaded (here
+/// two connections sending `SCRIPT FLUSH` without pause) does not keep a
+/// call sending and loading until its op timeout: the call is sent three
+/// times at most, with two loads between, and then fails with the server's
+/// `NOSCRIPT`, by name.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_call_that_meets_noscript_after_every_load_gives_up_after_three_sends() -> TestResult {
+    let server = RedisServer::start()?;
+    let backend = RedisBackend::builder(server.url())
+        .op_timeout(Duration::from_secs(5))
+        .connect()
+        .await?;
+    let k = key("flushed");
+    // Each flusher keeps four pipelines of 500 `SCRIPT FLUSH` in flight,
+    // so that the server always has flushes to read.
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let client = leasehold_redis::redis::Client::open(server.url())?;
+    let mut flushes = leasehold_redis::redis::pipe();
+    for _ in 0..500 {
+        flushes.cmd("SCRIPT").arg("FLUSH").ignore();
+    }
+    let mut flushers = Vec::new();
+    for _ in 0..2 {
+        let conn = client.get_multiplexed_async_connection().await?;
+        let (stop, flushes) = (std::sync::Arc::clone(&stop), flushes.clone());
+        flushers.push(tokio::spawn(async move {
+            let mut in_flight = futures_util::stream::FuturesUnordered::new();
+            loop {
+                while in_flight.len() < 4 && !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    let (mut conn, flushes) = (conn.clone(), flushes.clone());
+                    in_flight.push(async move { flushes.query_async::<()>(&mut conn).await });
+                }
+                match in_flight.next().await {
+                    Some(sent) => sent?,
+                    None => return Ok::<_, leasehold_redis::redis::RedisError>(()),
+                }
+            }
+        }));
+    }
+    // The storm is on before the call is sent.
+    tokio::time::timeout(Duration::from_secs(10), async {
+        while stat(&server, "commandstats", "cmdstat_script|flush", "calls")? < 1000 {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        Ok::<_, Box<dyn std::error::Error>>(())
+    })
+    .await??;
+    assert_eq!(server.cli(&["CONFIG", "RESETSTAT"])?, "OK");
+    let outcome = tokio::time::timeout(Duration::from_secs(10), backend.inspect(&k)).await?;
+    let (sent, loaded) = (evalshas(&server)?, loads(&server)?);
+    let flushed = stat(&server, "commandstats", "cmdstat_script|flush", "calls")?;
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    for flusher in flushers {
+        tokio::time::timeout(Duration::from_secs(10), flusher).await???;
+    }
+    eprintln!("{sent} EVALSHAs, {loaded} SCRIPT LOADs, {flushed} flushes: {outcome:?}");
+    assert!(flushed > 0, "the storm went on through the call");
+    assert!(
+        (1..=3).contains(&sent) && loaded < sent,
+        "{sent} sends and {loaded} loads: three sends at most, a load between two"
+    );
+    // Almost always the third send meets NOSCRIPT too; a load that came
+    // between two flushes lets the call through, which is no failure.
+    match outcome {
+        Ok(info) => assert_eq!(info, None, "nothing was stored"),
+        Err(err) => assert!(
+            !matches!(err, BackendError::Timeout { .. }) && err.to_string().contains("NOSCRIPT"),
+            "the server's NOSCRIPT, by name: {err}"
+        ),
+    }
     Ok(())
 }
