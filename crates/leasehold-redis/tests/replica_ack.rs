@@ -11,6 +11,10 @@ use leasehold_core::{
 use leasehold_redis::{ConnectError, RedisBackend};
 use leasehold_testkit::RedisServer;
 
+/// Each call is sent with its `WAIT`: an acquisition no replica
+/// acknowledged is given back and a renewal's outcome is unknown; an error
+/// reply is the call's answer, and `NOSCRIPT` alone has its script loaded
+/// and the call sent again.
 #[tokio::test]
 async fn an_unacknowledged_acquisition_is_given_back_and_an_unacknowledged_renewal_is_unknown()
 -> TestResult {
@@ -80,9 +84,39 @@ async fn an_unacknowledged_acquisition_is_given_back_and_an_unacknowledged_renew
     assert!(renewal.is_err(), "{renewal:?}");
     replica.resume()?;
     assert_eq!(
+        backend
+            .renew(&RenewRequest::new(k.clone(), h, ttl("10s")))
+            .await?,
+        RenewOutcome::Renewed
+    );
+
+    // An error reply of another kind is the call's answer: sent once.
+    let wrong = key("a-hash");
+    master.cli(&["HSET", "leasehold:{a-hash}", "field", "value"])?;
+    assert_eq!(master.cli(&["CONFIG", "RESETSTAT"])?, "OK");
+    let refused = backend
+        .try_acquire(&AcquireRequest::new(wrong, holder(), ttl("10s")))
+        .await;
+    assert!(
+        matches!(refused, Err(BackendError::WrongType { .. })),
+        "{refused:?}"
+    );
+    assert_eq!(master.command_calls("evalsha")?, 1, "sent once");
+    assert_eq!(master.command_calls("script|load")?, 0);
+
+    // Scripts lost on the master: a call with its WAIT meets NOSCRIPT,
+    // loads its script and is sent again.
+    assert_eq!(master.cli(&["SCRIPT", "FLUSH"])?, "OK");
+    assert_eq!(master.cli(&["CONFIG", "RESETSTAT"])?, "OK");
+    assert_eq!(
         backend.renew(&RenewRequest::new(k, h, ttl("10s"))).await?,
         RenewOutcome::Renewed
     );
+    assert_eq!(
+        master.info_counter("errorstats", "errorstat_NOSCRIPT", "count")?,
+        1
+    );
+    assert_eq!(master.command_calls("script|load")?, 1);
     Ok(())
 }
 
