@@ -220,6 +220,25 @@ async fn a_flush_and_a_lost_connection_report_every_lease() -> TestResult {
     Ok(())
 }
 
+/// A read that is the first call after a reconnection turns tracking on
+/// for the new connection before it reads: the key it read is tracked, and
+/// a SET behind it is reported.
+#[tokio::test]
+async fn a_read_after_a_reconnection_is_tracked() -> TestResult {
+    let mut server = RedisServer::start()?;
+    let backend = connect(&server).await;
+    let mut watch = backend.watch_changes().await?;
+    let k = key("read-after");
+    assert_eq!(backend.inspect(&k).await?, None);
+    server.restart()?;
+    assert_eq!(next_change(&mut watch).await?, LeaseChange::All);
+    while watch.try_next().is_some() {}
+    assert_eq!(retry_transient(|| backend.inspect(&k)).await?, None);
+    assert_eq!(server.cli(&["SET", &storage_key(&k), "x"])?, "OK");
+    only(&changes(&mut watch).await?, &k);
+    Ok(())
+}
+
 #[tokio::test]
 async fn a_refused_client_tracking_leaves_renewals_working() -> TestResult {
     let server = RedisServer::start()?;
