@@ -7,8 +7,8 @@ use std::time::Duration;
 
 use common::{TestResult, acquire, connect, holder, key, retry_transient, storage_key, ttl};
 use leasehold_core::{
-    AcquireRequest, ChangeBackend, ChangeWatch, HandoverBackend, HandoverOutcome, LeaseBackend,
-    LeaseChange, LeaseKey, RenewOutcome, RenewRequest, WatchPolicy,
+    AcquireRequest, BackendError, ChangeBackend, ChangeWatch, HandoverBackend, HandoverOutcome,
+    LeaseBackend, LeaseChange, LeaseKey, RenewOutcome, RenewRequest, WatchPolicy,
 };
 use leasehold_redis::RedisBackend;
 use leasehold_testkit::RedisServer;
@@ -220,22 +220,51 @@ async fn a_flush_and_a_lost_connection_report_every_lease() -> TestResult {
     Ok(())
 }
 
-/// A read that is the first call after a reconnection turns tracking on
-/// for the new connection before it reads: the key it read is tracked, and
-/// a SET behind it is reported.
+/// `op` until it succeeds, for at most 5 s, after a restart of a server
+/// that then answers at once: a call may meet the connection the restart
+/// broke (unavailable), but none may time out.
+async fn after_the_restart<T, F, Fut>(mut op: F) -> Result<T, Box<dyn std::error::Error>>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<T, BackendError>>,
+{
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+    loop {
+        match op().await {
+            Ok(value) => return Ok(value),
+            Err(BackendError::Unavailable { .. }) if tokio::time::Instant::now() < deadline => {
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            Err(err) => return Err(format!("after the restart: {err:?}").into()),
+        }
+    }
+}
+
+/// A read, or a grant, that is the first call after a reconnection turns
+/// tracking on for the new connection before it goes out, at once: the
+/// key it read or wrote is tracked, and a SET behind it is reported.
 #[tokio::test]
-async fn a_read_after_a_reconnection_is_tracked() -> TestResult {
+async fn a_read_or_a_grant_after_a_reconnection_is_tracked() -> TestResult {
     let mut server = RedisServer::start()?;
     let backend = connect(&server).await;
     let mut watch = backend.watch_changes().await?;
-    let k = key("read-after");
-    assert_eq!(backend.inspect(&k).await?, None);
+    let (read, granted) = (key("read-after"), key("granted-after"));
+    assert_eq!(backend.inspect(&read).await?, None);
+
     server.restart()?;
     assert_eq!(next_change(&mut watch).await?, LeaseChange::All);
     while watch.try_next().is_some() {}
-    assert_eq!(retry_transient(|| backend.inspect(&k)).await?, None);
-    assert_eq!(server.cli(&["SET", &storage_key(&k), "x"])?, "OK");
-    only(&changes(&mut watch).await?, &k);
+    assert_eq!(after_the_restart(|| backend.inspect(&read)).await?, None);
+    assert_eq!(server.cli(&["SET", &storage_key(&read), "x"])?, "OK");
+    only(&changes(&mut watch).await?, &read);
+
+    server.restart()?;
+    assert_eq!(next_change(&mut watch).await?, LeaseChange::All);
+    while watch.try_next().is_some() {}
+    let me = holder();
+    after_the_restart(|| acquire(&backend, &granted, me, ttl("30s"))).await?;
+    assert_eq!(server.cli(&["SET", &storage_key(&granted), "x"])?, "OK");
+    only(&changes(&mut watch).await?, &granted);
     Ok(())
 }
 
