@@ -1,5 +1,6 @@
 //! Faults against a real `redis-server`: a paused server, a restart that
-//! loses everything, a flushed script cache, and keys of the wrong type.
+//! loses everything, a flushed script cache, keys of the wrong type, and a
+//! Sentinel master that drops its connections.
 
 mod common;
 
@@ -11,7 +12,7 @@ use leasehold_core::{
     RenewRequest,
 };
 use leasehold_redis::RedisBackend;
-use leasehold_testkit::RedisServer;
+use leasehold_testkit::{RedisServer, SentinelSet};
 use tokio::time::Instant;
 
 #[tokio::test]
@@ -264,5 +265,49 @@ async fn a_lease_key_of_another_type_is_wrong_type_or_lost() -> TestResult {
         .expect_err("wrong type");
     assert!(matches!(&err, BackendError::WrongType { .. }), "{err:?}");
     assert_eq!(backend.inspect(&f).await?, None, "nothing was written");
+    Ok(())
+}
+
+/// How many times the master was looked up through the sentinels: each
+/// lookup asks the master it found for its `ROLE` before connecting (the
+/// sentinels themselves send `PING` and `INFO`). The master's own count.
+fn lookups(set: &SentinelSet) -> Result<u64, Box<dyn std::error::Error>> {
+    Ok(set.master().command_calls("role")?)
+}
+
+/// Behind Sentinel, an error reply leaves the connection to the master in
+/// use; a connection the master dropped makes the next call ask the
+/// sentinels again, and the call after it is answered. The master's count
+/// of lookups is the witness.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn behind_sentinel_only_a_failed_connection_asks_the_sentinels_again() -> TestResult {
+    let set = tokio::task::block_in_place(SentinelSet::start)?;
+    let backend = RedisBackend::connect(set.url()).await?;
+    let k = key("held");
+    acquire(&backend, &k, holder(), ttl("30s")).await?;
+    assert!(backend.inspect(&k).await?.is_some());
+    let wrong = key("a-hash");
+    set.master()
+        .cli(&["HSET", "leasehold:{a-hash}", "field", "value"])?;
+    let before = lookups(&set)?;
+    assert!(before > 0, "the connect looked the master up");
+    for _ in 0..3 {
+        let refused = backend.inspect(&wrong).await;
+        assert!(
+            matches!(refused, Err(BackendError::WrongType { .. })),
+            "{refused:?}"
+        );
+    }
+    assert_eq!(lookups(&set)?, before, "an error reply asks no sentinel");
+
+    // The master drops every connection of its clients (the sentinels'
+    // own come back by themselves).
+    set.master().cli(&["CLIENT", "KILL", "TYPE", "normal"])?;
+    let read = retry_transient(|| backend.inspect(&k)).await?;
+    assert!(read.is_some(), "the lease is read on the master again");
+    assert!(
+        lookups(&set)? > before,
+        "the dropped connection made the backend ask the sentinels again"
+    );
     Ok(())
 }
