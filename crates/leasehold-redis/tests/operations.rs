@@ -11,10 +11,10 @@ use common::{
 };
 use leasehold_core::{
     AcquireOutcome, AcquireRequest, FencingToken, HandoverBackend, HandoverOutcome, LeaseBackend,
-    ReleaseOutcome, ReleaseReport, RenewOutcome, RenewRequest,
+    LeaseKey, ReleaseOutcome, ReleaseReport, RenewOutcome, RenewRequest,
 };
 use leasehold_redis::{KeyLayout, RedisBackend};
-use leasehold_testkit::RedisServer;
+use leasehold_testkit::{RedisCluster, RedisServer};
 use tokio::time::Instant;
 
 #[tokio::test]
@@ -279,6 +279,50 @@ async fn renew_many_gives_one_outcome_per_request_in_one_call() -> TestResult {
     assert_eq!(outcomes, [Renewed, Renewed, Lost, Lost, Lost, Lost]);
 
     assert!(backend.renew_many(&[]).await.is_empty());
+    Ok(())
+}
+
+/// On a cluster, a batch of renewals across slots is sent per slot, and
+/// each request gets its own lease's outcome: renewed where the holder
+/// still holds it (its master shows the new expiry), lost where it was
+/// deleted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn renew_many_on_a_cluster_gives_each_request_its_own_outcome() -> TestResult {
+    let cluster = tokio::task::block_in_place(|| RedisCluster::start(3, 0))?;
+    let backend = RedisBackend::connect(cluster.url()).await?;
+    let a = holder();
+    // Two keys share a hash tag (one slot); the others spread over slots.
+    let keys: Vec<LeaseKey> = ["{job}:a", "solo-1", "{job}:b", "solo-2", "solo-3"]
+        .iter()
+        .map(|name| key(name))
+        .collect();
+    for k in &keys {
+        acquire(&backend, k, a, ttl("5s")).await?;
+    }
+    let node_of = |k: &LeaseKey| -> Result<&RedisServer, Box<dyn std::error::Error>> {
+        let slot = cluster.keyslot(&storage_key(k))?;
+        Ok(&cluster.nodes()[cluster.master_of_slot(slot)?])
+    };
+    node_of(&keys[3])?.cli(&["DEL", &storage_key(&keys[3])])?;
+    let requests: Vec<RenewRequest> = keys
+        .iter()
+        .map(|k| RenewRequest::new(k.clone(), a, ttl("60s")))
+        .collect();
+    let outcomes: Vec<RenewOutcome> =
+        tokio::time::timeout(Duration::from_secs(10), backend.renew_many(&requests))
+            .await?
+            .into_iter()
+            .collect::<Result<_, _>>()?;
+    use RenewOutcome::{Lost, Renewed};
+    assert_eq!(outcomes, [Renewed, Renewed, Renewed, Lost, Renewed]);
+    for (k, outcome) in keys.iter().zip(&outcomes) {
+        let pttl: i64 = node_of(k)?.cli(&["PTTL", &storage_key(k)])?.parse()?;
+        if *outcome == Renewed {
+            assert!(pttl > 5_000, "{k} renewed to 60 s on its master: {pttl} ms");
+        } else {
+            assert_eq!(pttl, -2, "{k} is gone");
+        }
+    }
     Ok(())
 }
 
