@@ -108,7 +108,7 @@ async fn listen(conn: Weak<SentinelConn>, watch: &Watch, index: usize) {
             );
         }
         tokio::time::sleep(jittered(delay)).await;
-        delay = (delay * 2).min(BACKOFF_MAX);
+        delay = backoff_after(delay);
         if conn.strong_count() == 0 {
             return;
         }
@@ -202,13 +202,24 @@ fn closed(why: &'static str) -> RedisError {
     ))
 }
 
+/// The wait before the next subscription after one of `delay` failed:
+/// doubled, up to [`BACKOFF_MAX`].
+fn backoff_after(delay: Duration) -> Duration {
+    (delay * 2).min(BACKOFF_MAX)
+}
+
 /// `delay` less up to a quarter, so that many processes do not come back
 /// to a sentinel in step.
 fn jittered(delay: Duration) -> Duration {
     let nanos = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.subsec_nanos());
-    delay - delay / 4 * (nanos % 1000) / 1000
+    jitter(delay, nanos)
+}
+
+/// `delay` less the share `noise % 1000` thousandths of a quarter of it.
+fn jitter(delay: Duration, noise: u32) -> Duration {
+    delay - delay / 4 * (noise % 1000) / 1000
 }
 
 #[cfg(test)]
@@ -241,5 +252,23 @@ mod tests {
         let delay = Duration::from_millis(400);
         let got = jittered(delay);
         assert!(got <= delay && got >= delay - delay / 4, "{got:?}");
+        // Exactly: the noise's last three digits are the thousandths of
+        // the quarter taken off.
+        assert_eq!(jitter(delay, 0), delay);
+        assert_eq!(jitter(delay, 500), Duration::from_millis(350));
+        assert_eq!(jitter(delay, 1999), Duration::from_micros(300_100));
+    }
+
+    #[test]
+    fn the_backoff_doubles_up_to_its_longest() {
+        assert_eq!(BACKOFF_FIRST, Duration::from_millis(100));
+        assert_eq!(backoff_after(BACKOFF_FIRST), Duration::from_millis(200));
+        assert_eq!(
+            backoff_after(Duration::from_secs(2)),
+            Duration::from_secs(4)
+        );
+        assert_eq!(backoff_after(Duration::from_secs(4)), BACKOFF_MAX);
+        assert_eq!(backoff_after(BACKOFF_MAX), BACKOFF_MAX);
+        assert_eq!(BACKOFF_MAX, Duration::from_secs(5));
     }
 }
