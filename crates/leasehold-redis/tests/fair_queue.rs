@@ -14,7 +14,7 @@ use common::{
 use futures_util::StreamExt;
 use leasehold_core::{
     AcquireRequest, BackendError, FairBackend, FairOutcome, FairPlace, Grant, HolderId,
-    LeaseBackend, LeaseKey, PlaceTtl, ReleaseOutcome, WatchPolicy,
+    LeaseBackend, LeaseKey, LockDelay, PlaceTtl, ReleaseOutcome, WatchPolicy,
 };
 use leasehold_redis::{RedisBackend, RedlockBackend};
 use leasehold_testkit::{RedisCluster, RedisServer};
@@ -482,6 +482,38 @@ async fn a_handed_over_lease_outlives_the_heads_validity_and_no_more() -> TestRe
         gone <= answered + hold + Duration::from_millis(60),
         "kept {:?} after the head's call answered",
         gone - answered
+    );
+    Ok(())
+}
+
+/// A lease handed over to a head whose request has a lock-delay is kept on
+/// the server for the handover time plus that delay, as any grant is kept
+/// for its validity plus its lock-delay (the server's PTTL right after).
+#[tokio::test]
+async fn a_handed_over_lease_is_kept_for_its_lock_delay_too() -> TestResult {
+    let server = RedisServer::start()?;
+    let backend = connect(&server).await;
+    let lease = key("fair:handover-delay");
+    let first = acquire(&backend, &lease, holder(), ttl("30s")).await?;
+    let head = holder();
+    let _channel = backend.watch_releases(&lease, WatchPolicy::Counted).await?;
+    let mut told = backend.watch_handover(&lease, &head).await?;
+    let request = AcquireRequest::new(lease.clone(), head, ttl("30s"))
+        .with_lock_delay(LockDelay::new(Duration::from_secs(1))?);
+    let asked = timeout(
+        Duration::from_secs(5),
+        backend.try_acquire_fair(&request, place_ttl(5_000), Some(Duration::from_secs(3))),
+    )
+    .await?;
+    waiting(asked?);
+    backend.release_fair(&lease, &first.holder).await?;
+    timeout(Duration::from_secs(5), told.handed_over())
+        .await
+        .map_err(|_| "the head was never told of a handover")?;
+    let pttl: i64 = server.cli(&["PTTL", &storage_key(&lease)])?.parse()?;
+    assert!(
+        (3_001..=4_000).contains(&pttl),
+        "kept {pttl} ms: the handover time (3 s) and the lock-delay (1 s)"
     );
     Ok(())
 }
