@@ -268,6 +268,32 @@ async fn a_read_or_a_grant_after_a_reconnection_is_tracked() -> TestResult {
     Ok(())
 }
 
+/// A `CLIENT TRACKING` that could not be sent (the server down) is not a
+/// refusal: tracking stays on, and once the server is back the next read
+/// turns it on for the new connection and is tracked.
+#[tokio::test]
+async fn a_prelude_that_could_not_be_sent_leaves_tracking_on() -> TestResult {
+    let mut server = RedisServer::start()?;
+    let backend = connect(&server).await;
+    let mut watch = backend.watch_changes().await?;
+    let k = key("down-then-up");
+    assert_eq!(backend.inspect(&k).await?, None);
+    server.kill()?;
+    assert_eq!(next_change(&mut watch).await?, LeaseChange::All);
+    let down = backend.inspect(&k).await;
+    assert!(
+        matches!(down, Err(BackendError::Unavailable { .. })),
+        "{down:?}"
+    );
+    server.restart()?;
+    assert_eq!(after_the_restart(|| backend.inspect(&k)).await?, None);
+    assert!(backend.tracks_lease_changes(), "tracking is still on");
+    while watch.try_next().is_some() {}
+    assert_eq!(server.cli(&["SET", &storage_key(&k), "x"])?, "OK");
+    only(&changes(&mut watch).await?, &k);
+    Ok(())
+}
+
 #[tokio::test]
 async fn a_refused_client_tracking_leaves_renewals_working() -> TestResult {
     let server = RedisServer::start()?;
