@@ -12,8 +12,8 @@ use std::time::Duration;
 use common::{TestResult, assert_expires, connect, holder, key, server_ms, ttl};
 use futures_util::StreamExt;
 use leasehold_core::{
-    AcquireOutcome, AcquireRequest, BackendError, ChangeBackend, FencingToken, Grant, HolderId,
-    LeaseBackend, LeaseChange, LeaseKey, PermitBackend, PermitLimit, ReleaseOutcome, Ttl,
+    AcquireOutcome, AcquireRequest, BackendError, ChangeBackend, FairBackend, FencingToken, Grant,
+    HolderId, LeaseBackend, LeaseChange, LeaseKey, PermitBackend, PermitLimit, ReleaseOutcome, Ttl,
     WatchPolicy,
 };
 use leasehold_redis::redis::{self, AsyncCommands};
@@ -343,6 +343,24 @@ async fn release_publishes_a_notice_on_the_semaphore_channel() -> TestResult {
     assert_eq!(
         backend.release(&grant.key, &me).await?.outcome(),
         ReleaseOutcome::Released
+    );
+    let message = timeout(Duration::from_secs(5), pubsub.on_message().next())
+        .await?
+        .expect("the subscription is open");
+    assert_eq!(message.get_channel_name(), "leasehold:{jobs}:released");
+    timeout(Duration::from_secs(5), watch.released()).await?;
+
+    // A fair release of a permit is a plain one (fair mode queues
+    // exclusive leases only): the permit is freed and its notice goes to
+    // the semaphore's channel too.
+    let again = permit(&backend, &jobs, me, ttl("30s"), 2).await?;
+    assert_eq!(
+        FairBackend::release_fair(&backend, &again.key, &me).await?,
+        ReleaseOutcome::Released
+    );
+    assert_eq!(
+        server.cli(&["EXISTS", &format!("leasehold:{}", again.key)])?,
+        "0"
     );
     let message = timeout(Duration::from_secs(5), pubsub.on_message().next())
         .await?

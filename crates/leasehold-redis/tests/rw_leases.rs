@@ -13,9 +13,9 @@ use std::time::Duration;
 use common::{TestResult, assert_expires, connect, expires_at, holder, key, server_ms, ttl};
 use futures_util::StreamExt;
 use leasehold_core::{
-    AcquireOutcome, AcquireRequest, BackendError, ChangeBackend, FencingToken, Grant, HolderId,
-    LeaseBackend, LeaseChange, LeaseInfo, LeaseKey, ReadWriteBackend, ReleaseOutcome, RenewOutcome,
-    RenewRequest, Ttl, WatchPolicy,
+    AcquireOutcome, AcquireRequest, BackendError, ChangeBackend, FairBackend, FencingToken, Grant,
+    HolderId, LeaseBackend, LeaseChange, LeaseInfo, LeaseKey, ReadWriteBackend, ReleaseOutcome,
+    RenewOutcome, RenewRequest, Ttl, WatchPolicy,
 };
 use leasehold_redis::redis::{self, AsyncCommands};
 use leasehold_redis::{RedisBackend, RedlockBackend};
@@ -110,6 +110,28 @@ async fn a_readers_renewal_lengthens_the_reader_index() -> TestResult {
     }
     let left: i64 = side.pttl(READERS).await?;
     assert!(left > 50_000, "the reader index has {left} ms left");
+    Ok(())
+}
+
+/// A fair release of a share is a plain one (fair mode queues exclusive
+/// leases only): the reader's key goes, and a writer is granted at once.
+#[tokio::test]
+async fn a_fair_release_of_a_share_is_a_plain_release() -> TestResult {
+    let server = RedisServer::start()?;
+    let backend = connect(&server).await;
+    let mut side = side(&server.url()).await?;
+    let r = holder();
+    let share = granted(read(&backend, r, ttl("30s")).await?)?;
+    assert!(exists(&mut side, READERS).await?);
+    assert_eq!(
+        FairBackend::release_fair(&backend, &share.key, &r).await?,
+        ReleaseOutcome::Released
+    );
+    assert!(
+        !exists(&mut side, &reader_key(&r)).await?,
+        "the reader's key"
+    );
+    granted(write(&backend, holder(), ttl("30s")).await?)?;
     Ok(())
 }
 
