@@ -11,7 +11,7 @@ use common::{
 };
 use leasehold_core::{
     AcquireOutcome, AcquireRequest, FencingToken, HandoverBackend, HandoverOutcome, LeaseBackend,
-    LeaseKey, ReleaseOutcome, ReleaseReport, RenewOutcome, RenewRequest,
+    LeaseKey, ReadWriteBackend, ReleaseOutcome, ReleaseReport, RenewOutcome, RenewRequest,
 };
 use leasehold_redis::{KeyLayout, RedisBackend};
 use leasehold_testkit::{RedisCluster, RedisServer};
@@ -549,6 +549,46 @@ async fn a_counter_ahead_of_the_clock_is_followed_and_a_bad_one_refused() -> Tes
         backend.release(&handed, &releasing).await?.outcome(),
         ReleaseOutcome::Released,
         "the releasing holder still held it"
+    );
+    Ok(())
+}
+
+/// A release offered to a request for another lease, or of a read share,
+/// hands nothing over: the lease is released, and no one is granted
+/// (a share's grant is decided against the lease's other shares).
+#[tokio::test]
+async fn only_the_same_exclusive_lease_is_handed_over() -> TestResult {
+    let server = RedisServer::start()?;
+    let backend = connect(&server).await;
+    let (k, other, a) = (key("handed"), key("another"), holder());
+    acquire(&backend, &k, a, ttl("30s")).await?;
+    let elsewhere = AcquireRequest::new(other.clone(), holder(), ttl("30s"));
+    assert_eq!(
+        backend.release_to(&k, &a, &elsewhere).await?,
+        HandoverOutcome::Released
+    );
+    assert_eq!(server.cli(&["EXISTS", &storage_key(&k)])?, "0");
+    assert_eq!(server.cli(&["EXISTS", &storage_key(&other)])?, "0");
+
+    let doc = key("doc");
+    let r = holder();
+    let AcquireOutcome::Acquired(share) = backend
+        .try_acquire_read(&AcquireRequest::new(doc, r, ttl("30s")))
+        .await?
+    else {
+        return Err("a free read share was refused".into());
+    };
+    let stored = format!("leasehold:{}", share.key);
+    assert_eq!(server.cli(&["EXISTS", &stored])?, "1");
+    let next = AcquireRequest::new(share.key.clone(), holder(), ttl("30s"));
+    assert_eq!(
+        backend.release_to(&share.key, &r, &next).await?,
+        HandoverOutcome::Released
+    );
+    assert_eq!(
+        server.cli(&["EXISTS", &stored])?,
+        "0",
+        "no share handed over"
     );
     Ok(())
 }

@@ -6,7 +6,8 @@ use std::time::Duration;
 
 use common::{TestResult, holder, key, ttl};
 use leasehold_core::{
-    AcquireOutcome, AcquireRequest, BackendError, LeaseBackend, RenewOutcome, RenewRequest,
+    AcquireOutcome, AcquireRequest, BackendError, FairBackend, HandoverBackend, HandoverOutcome,
+    LeaseBackend, RenewOutcome, RenewRequest,
 };
 use leasehold_redis::{ConnectError, RedisBackend};
 use leasehold_testkit::RedisServer;
@@ -14,7 +15,7 @@ use leasehold_testkit::RedisServer;
 /// Each call is sent with its `WAIT`: an acquisition no replica
 /// acknowledged is given back and a renewal's outcome is unknown; an error
 /// reply is the call's answer, and `NOSCRIPT` alone has its script loaded
-/// and the call sent again.
+/// and the call sent again. Nothing is handed over.
 #[tokio::test]
 async fn an_unacknowledged_acquisition_is_given_back_and_an_unacknowledged_renewal_is_unknown()
 -> TestResult {
@@ -109,7 +110,9 @@ async fn an_unacknowledged_acquisition_is_given_back_and_an_unacknowledged_renew
     assert_eq!(master.cli(&["SCRIPT", "FLUSH"])?, "OK");
     assert_eq!(master.cli(&["CONFIG", "RESETSTAT"])?, "OK");
     assert_eq!(
-        backend.renew(&RenewRequest::new(k, h, ttl("10s"))).await?,
+        backend
+            .renew(&RenewRequest::new(k.clone(), h, ttl("10s")))
+            .await?,
         RenewOutcome::Renewed
     );
     assert_eq!(
@@ -117,6 +120,22 @@ async fn an_unacknowledged_acquisition_is_given_back_and_an_unacknowledged_renew
         1
     );
     assert_eq!(master.command_calls("script|load")?, 1);
+
+    // Nothing is handed over under WAIT (the handover's grant would go
+    // unacknowledged): a handover watch is unsupported, and a release
+    // offered to a waiter releases.
+    let next = AcquireRequest::new(k.clone(), holder(), ttl("10s"));
+    assert!(
+        !backend
+            .watch_handover(&k, &next.holder)
+            .await?
+            .is_supported()
+    );
+    assert_eq!(
+        backend.release_to(&k, &h, &next).await?,
+        HandoverOutcome::Released
+    );
+    assert_eq!(master.cli(&["EXISTS", "leasehold:{acked}"])?, "0");
     Ok(())
 }
 
