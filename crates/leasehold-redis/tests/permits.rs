@@ -321,6 +321,32 @@ async fn a_limit_mismatch_is_refused() -> TestResult {
     Ok(())
 }
 
+/// A stored limit above the largest this library accepts (written by
+/// something else) is refused as a mismatch naming it, at once, rather
+/// than checked: no call is sent for its permit keys.
+#[tokio::test]
+async fn a_stored_limit_above_the_largest_is_a_mismatch() -> TestResult {
+    let server = RedisServer::start()?;
+    let backend = connect(&server).await;
+    let jobs = key("jobs");
+    let above = PermitLimit::MAX + 1;
+    server.cli(&["SET", "leasehold:{jobs}:permits", &above.to_string()])?;
+    let request = AcquireRequest::new(jobs, holder(), ttl("30s"));
+    // Loaded first, so that the count below has no NOSCRIPT retry.
+    let _ = backend.try_acquire_permit(&request, limit(2)).await;
+    assert_eq!(server.cli(&["CONFIG", "RESETSTAT"])?, "OK");
+    let refused = backend.try_acquire_permit(&request, limit(2)).await;
+    assert!(
+        matches!(
+            &refused,
+            Err(BackendError::PermitLimitMismatch { asked: 2, held, .. }) if *held == above
+        ),
+        "{refused:?}"
+    );
+    assert_eq!(server.command_calls("evalsha")?, 1, "one call");
+    Ok(())
+}
+
 /// Releasing a permit publishes on the semaphore's channel, where a waiter
 /// for any permit listens: a plain subscriber sees the message, and a
 /// watch on the semaphore through another backend wakes.
