@@ -376,7 +376,13 @@ async fn a_call_that_meets_noscript_after_every_load_gives_up_after_three_sends(
     }
     let mut flushers = Vec::new();
     for _ in 0..2 {
-        let conn = client.get_multiplexed_async_connection().await?;
+        // No response timeout: under load a pipeline of flushes may take
+        // longer than the client's default half second.
+        let config =
+            leasehold_redis::redis::AsyncConnectionConfig::new().set_response_timeout(None);
+        let conn = client
+            .get_multiplexed_async_connection_with_config(&config)
+            .await?;
         let (stop, flushes) = (std::sync::Arc::clone(&stop), flushes.clone());
         flushers.push(tokio::spawn(async move {
             let mut in_flight = futures_util::stream::FuturesUnordered::new();
