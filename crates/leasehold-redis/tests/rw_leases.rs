@@ -261,6 +261,27 @@ async fn a_writer_never_overlaps_anyone_under_32_contenders() -> TestResult {
     Ok(())
 }
 
+/// A refused writer that gives up withdraws its intent: only its own
+/// (another holder's withdrawal leaves it), once (then there is none), and
+/// a new reader is granted after it.
+#[tokio::test]
+async fn a_writer_withdraws_its_own_intent_only() -> TestResult {
+    let server = RedisServer::start()?;
+    let backend = connect(&server).await;
+    let mut side = side(&server.url()).await?;
+    let (r, w) = (holder(), holder());
+    granted(read(&backend, r, ttl("30s")).await?)?;
+    refused(write(&backend, w, ttl("30s")).await?)?;
+    assert!(exists(&mut side, INTENT).await?);
+    assert!(!backend.withdraw_write_intent(&doc(), &holder()).await?);
+    assert!(exists(&mut side, INTENT).await?, "another's withdrawal");
+    assert!(backend.withdraw_write_intent(&doc(), &w).await?);
+    assert!(!exists(&mut side, INTENT).await?, "withdrawn");
+    assert!(!backend.withdraw_write_intent(&doc(), &w).await?);
+    granted(read(&backend, holder(), ttl("30s")).await?)?;
+    Ok(())
+}
+
 /// After a writer is refused because a reader holds, its intent is on the
 /// server and a new reader is refused (no reader key appears); once the
 /// reader releases, the writer is granted and its intent is gone. Then the
