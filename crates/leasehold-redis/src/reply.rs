@@ -814,6 +814,68 @@ pub(crate) fn fence_read(reply: &Value) -> Result<Option<FenceRead>, Failure> {
     }))
 }
 
+/// The replies of a batch call: an array of `count` entries, each a
+/// reply of its own or `{-1, message}`, an error (say, WRONGTYPE) for
+/// its lease only.
+pub(crate) fn batch(
+    count: usize,
+    reply: Value,
+    op_timeout: Duration,
+) -> Result<Vec<Result<Value, Failure>>, Failure> {
+    let reply = match reply {
+        Value::Attribute { data, .. } => *data,
+        other => other,
+    };
+    match reply {
+        Value::Array(items) if items.len() == count => Ok(items
+            .into_iter()
+            .map(|item| batch_entry(item, op_timeout))
+            .collect()),
+        Value::Array(items) => Err(Failure::Unexpected(format!(
+            "expected an array of {count} replies, got an array of {} items",
+            items.len()
+        ))),
+        _ => Err(Failure::Unexpected(format!(
+            "expected an array of {count} replies, got another reply"
+        ))),
+    }
+}
+
+/// One entry of a batch reply: `{-1, message}` is the error reply the
+/// script would have answered for this lease alone, rebuilt as the
+/// server would have sent it, so that it is told apart by its code as
+/// any other.
+fn batch_entry(item: Value, op_timeout: Duration) -> Result<Value, Failure> {
+    let Value::Array(parts) = &item else {
+        return Ok(item);
+    };
+    let (Some(Value::Int(-1)), Some(Value::BulkString(message)), 2) =
+        (parts.first(), parts.get(1), parts.len())
+    else {
+        return Ok(item);
+    };
+    // Redis 7 sends the message with the leading '-', Redis 6 without;
+    // a line break would end the reply early.
+    let message = message.strip_prefix(b"-").unwrap_or(message);
+    let mut wire = Vec::with_capacity(message.len() + 3);
+    wire.push(b'-');
+    wire.extend(
+        message
+            .iter()
+            .map(|&b| if b == b'\r' || b == b'\n' { b' ' } else { b }),
+    );
+    wire.extend_from_slice(b"\r\n");
+    let err = match redis::parse_redis_value(&wire).and_then(Value::extract_error) {
+        Err(err) => err,
+        Ok(_) => {
+            return Err(Failure::Unexpected(
+                "a batch entry's error did not read as an error".to_owned(),
+            ));
+        }
+    };
+    Err(Failure::from_redis(err, op_timeout))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -1339,5 +1401,64 @@ mod tests {
             BackendError::UnexpectedReply { .. }
         ));
         Ok(())
+    }
+
+    /// A batch reply is an array of exactly one entry per request; an entry
+    /// `{-1, message}` is that request's own error reply, read by its code
+    /// with or without the leading `-` (Redis 7, Redis 6) and kept whole
+    /// when its message holds a line break.
+    #[test]
+    fn a_batch_reply_has_one_entry_per_request_each_its_own_error() {
+        let bulk = |text: &str| Value::BulkString(text.as_bytes().to_vec());
+        let error = |text: &str| Value::Array(vec![Value::Int(-1), bulk(text)]);
+        let limit = Duration::from_secs(1);
+        let code = |entry: &Result<Value, Failure>| match entry {
+            Err(Failure::Redis(err)) => (
+                err.code().map(str::to_owned),
+                err.detail().map(str::to_owned),
+            ),
+            other => panic!("not an error reply: {other:?}"),
+        };
+        let reply = Value::Array(vec![
+            Value::Int(1),
+            error("-WRONGTYPE Operation against a key"),
+            error("NOPERM no rights"),
+            error("ERR two\r\nlines"),
+            Value::Array(vec![Value::Int(-1), Value::Int(3)]),
+        ]);
+        let entries = batch(5, reply, limit).expect("five entries");
+        assert!(matches!(entries[0], Ok(Value::Int(1))));
+        assert_eq!(
+            code(&entries[1]),
+            (
+                Some("WRONGTYPE".to_owned()),
+                Some("Operation against a key".to_owned())
+            )
+        );
+        assert_eq!(code(&entries[2]).0.as_deref(), Some("NOPERM"));
+        assert_eq!(
+            code(&entries[3]),
+            (Some("ERR".to_owned()), Some("two  lines".to_owned()))
+        );
+        assert!(matches!(entries[4], Ok(Value::Array(_))), "not an error");
+
+        let short = batch(3, Value::Array(vec![Value::Int(1)]), limit);
+        assert!(
+            matches!(&short, Err(Failure::Unexpected(m)) if m.contains("an array of 1 items")),
+            "{short:?}"
+        );
+        let other = batch(1, Value::Int(1), limit);
+        assert!(
+            matches!(&other, Err(Failure::Unexpected(m)) if m.contains("another reply")),
+            "{other:?}"
+        );
+        let wrapped = Value::Attribute {
+            data: Box::new(Value::Array(vec![Value::Int(0)])),
+            attributes: Vec::new(),
+        };
+        assert!(matches!(
+            batch(1, wrapped, limit).as_deref(),
+            Ok([Ok(Value::Int(0))])
+        ));
     }
 }

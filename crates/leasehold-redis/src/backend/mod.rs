@@ -585,63 +585,6 @@ impl RedisBackend {
             .then(|| Slot::for_key(self.shared.layout.lease(key)))
     }
 
-    /// The replies of a batch call: an array of `count` entries, each a
-    /// reply of its own or `{-1, message}`, an error (say, WRONGTYPE) for
-    /// its lease only.
-    fn each(&self, count: usize, reply: Value) -> Result<Vec<Result<Value, Failure>>, Failure> {
-        let reply = match reply {
-            Value::Attribute { data, .. } => *data,
-            other => other,
-        };
-        match reply {
-            Value::Array(items) if items.len() == count => {
-                Ok(items.into_iter().map(|item| self.entry(item)).collect())
-            }
-            Value::Array(items) => Err(Failure::Unexpected(format!(
-                "expected an array of {count} replies, got an array of {} items",
-                items.len()
-            ))),
-            _ => Err(Failure::Unexpected(format!(
-                "expected an array of {count} replies, got another reply"
-            ))),
-        }
-    }
-
-    /// One entry of a batch reply: `{-1, message}` is the error reply the
-    /// script would have answered for this lease alone, rebuilt as the
-    /// server would have sent it, so that it is told apart by its code as
-    /// any other.
-    fn entry(&self, item: Value) -> Result<Value, Failure> {
-        let Value::Array(parts) = &item else {
-            return Ok(item);
-        };
-        let (Some(Value::Int(-1)), Some(Value::BulkString(message)), 2) =
-            (parts.first(), parts.get(1), parts.len())
-        else {
-            return Ok(item);
-        };
-        // Redis 7 sends the message with the leading '-', Redis 6 without;
-        // a line break would end the reply early.
-        let message = message.strip_prefix(b"-").unwrap_or(message);
-        let mut wire = Vec::with_capacity(message.len() + 3);
-        wire.push(b'-');
-        wire.extend(
-            message
-                .iter()
-                .map(|&b| if b == b'\r' || b == b'\n' { b' ' } else { b }),
-        );
-        wire.extend_from_slice(b"\r\n");
-        let err = match redis::parse_redis_value(&wire).and_then(Value::extract_error) {
-            Err(err) => err,
-            Ok(_) => {
-                return Err(Failure::Unexpected(
-                    "a batch entry's error did not read as an error".to_owned(),
-                ));
-            }
-        };
-        Err(Failure::from_redis(err, self.shared.op_timeout))
-    }
-
     /// One script call for a batch of requests, all in one slot
     /// (`acquire.lua` for one, `acquire_many.lua` for more):
     /// each request's outcome, in order. A call that fails gives its error
@@ -684,7 +627,7 @@ impl RedisBackend {
                 reply::acquired(request, sent_at, &reply).map_err(|f| f.for_key(OP, &request.key)),
             ];
         }
-        match self.each(batch.len(), reply) {
+        match reply::batch(batch.len(), reply, self.shared.op_timeout) {
             Ok(items) => batch
                 .iter()
                 .zip(items)
@@ -786,7 +729,7 @@ impl RedisBackend {
         if let [release] = batch {
             return vec![reply::release_report(&reply).map_err(|f| f.for_key(OP, &release.key))];
         }
-        match self.each(batch.len(), reply) {
+        match reply::batch(batch.len(), reply, self.shared.op_timeout) {
             Ok(items) => batch
                 .iter()
                 .zip(items)
