@@ -10,8 +10,9 @@ use common::{
     TestResult, acquire, assert_expires, connect, held, holder, key, server_ms, storage_key, ttl,
 };
 use leasehold_core::{
-    AcquireOutcome, AcquireRequest, FencingToken, HandoverBackend, HandoverOutcome, LeaseBackend,
-    LeaseKey, ReadWriteBackend, ReleaseOutcome, ReleaseReport, RenewOutcome, RenewRequest,
+    AcquireOutcome, AcquireRequest, BackendError, FairBackend, FencingToken, HandoverBackend,
+    HandoverOutcome, LeaseBackend, LeaseKey, PermitBackend, ReadWriteBackend, ReleaseOutcome,
+    ReleaseReport, RenewOutcome, RenewRequest,
 };
 use leasehold_redis::{KeyLayout, RedisBackend};
 use leasehold_testkit::{RedisCluster, RedisServer};
@@ -590,6 +591,46 @@ async fn only_the_same_exclusive_lease_is_handed_over() -> TestResult {
         "0",
         "no share handed over"
     );
+    Ok(())
+}
+
+/// A minimum hold is refused, by name, on an acquisition that is not of
+/// an exclusive lease (a permit, a read or write share, a fair-queue
+/// grant), rather than granted without it; nothing is written.
+#[tokio::test]
+async fn a_minimum_hold_is_refused_where_it_cannot_apply() -> TestResult {
+    let server = RedisServer::start()?;
+    let backend = connect(&server).await;
+    let request = AcquireRequest::new(key("shared"), holder(), ttl("30s"))
+        .with_hold_at_least(Duration::from_secs(5))?;
+    let place = leasehold_core::PlaceTtl::new(Duration::from_secs(5))?;
+    let permits = leasehold_core::PermitLimit::new(2)?;
+    let refusals = [
+        (
+            "acquire_permit",
+            backend.try_acquire_permit(&request, permits).await.err(),
+        ),
+        (
+            "acquire_read",
+            backend.try_acquire_read(&request).await.err(),
+        ),
+        (
+            "acquire_write",
+            backend.try_acquire_write(&request).await.err(),
+        ),
+        (
+            "acquire_fair",
+            backend.try_acquire_fair(&request, place, None).await.err(),
+        ),
+    ];
+    for (op, refused) in refusals {
+        assert!(
+            matches!(&refused, Some(BackendError::Unsupported { op: o, reason, .. })
+                if *o == op && reason.contains("minimum hold")),
+            "{op}: {refused:?}"
+        );
+    }
+    assert_eq!(server.cli(&["DBSIZE"])?, "0", "nothing written");
     Ok(())
 }
 
