@@ -600,8 +600,9 @@ fn subscribers(sentinel: &RedisServer) -> Result<usize, leasehold_testkit::Testk
         .count())
 }
 
-/// The backend subscribes once on every sentinel of its URL, and its
-/// subscriptions end when the backend (its last clone) is dropped.
+/// The backend subscribes once on every sentinel of its URL, again when a
+/// sentinel drops the subscription, and its subscriptions end when the
+/// backend (its last clone) is dropped.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_backend_subscribes_on_every_sentinel_until_it_is_dropped() -> TestResult {
     let _serial = leasehold_testkit::serial().await;
@@ -628,6 +629,11 @@ async fn the_backend_subscribes_on_every_sentinel_until_it_is_dropped() -> TestR
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
     };
+    wait_for(1).await?;
+    // Each sentinel drops the subscription: the backend subscribes again.
+    for sentinel in set.sentinels() {
+        assert_eq!(sentinel.cli(&["CLIENT", "KILL", "TYPE", "pubsub"])?, "1");
+    }
     wait_for(1).await?;
     drop(backend);
     // The clone still works, on the same connection and subscriptions.
