@@ -12,7 +12,7 @@ use common::{
 use leasehold_core::{
     AcquireOutcome, AcquireRequest, BackendError, FairBackend, FencingToken, HandoverBackend,
     HandoverOutcome, LeaseBackend, LeaseKey, PermitBackend, ReadWriteBackend, ReleaseOutcome,
-    ReleaseReport, RenewOutcome, RenewRequest,
+    ReleaseReport, RenewOutcome, RenewRequest, WatchPolicy,
 };
 use leasehold_redis::{KeyLayout, RedisBackend};
 use leasehold_testkit::{RedisCluster, RedisServer};
@@ -631,6 +631,42 @@ async fn a_minimum_hold_is_refused_where_it_cannot_apply() -> TestResult {
         );
     }
     assert_eq!(server.cli(&["DBSIZE"])?, "0", "nothing written");
+    Ok(())
+}
+
+/// Each watch policy costs what it says, by the server's own counts: a
+/// counted watch asks how many processes listen (`PUBSUB NUMSUB`), an
+/// uncounted one does not; a watch of a channel still subscribed (watched,
+/// or lingering after its last watch) sends no `SUBSCRIBE`, unless it is to
+/// listen afresh (at the end of the subscribers' order).
+#[tokio::test]
+async fn each_watch_policy_costs_what_it_says() -> TestResult {
+    let server = RedisServer::start()?;
+    let backend = connect(&server).await;
+    let k = key("watched");
+    let counts = || -> Result<(u64, u64), Box<dyn std::error::Error>> {
+        Ok((
+            server.command_calls("pubsub|numsub")?,
+            server.command_calls("subscribe")?,
+        ))
+    };
+    assert_eq!(server.cli(&["CONFIG", "RESETSTAT"])?, "OK");
+    let uncounted = backend.watch_releases(&k, WatchPolicy::Uncounted).await?;
+    assert_eq!(counts()?, (0, 1), "uncounted: subscribed, not counted");
+    let counted = backend.watch_releases(&k, WatchPolicy::Counted).await?;
+    assert_eq!(counts()?, (1, 1), "counted: no second SUBSCRIBE");
+    // No one watches now: the channel lingers, subscribed, for a while.
+    drop((uncounted, counted));
+    let again = backend.watch_releases(&k, WatchPolicy::Counted).await?;
+    assert_eq!(
+        counts()?,
+        (2, 1),
+        "a lingering channel is watched again as it is"
+    );
+    drop(again);
+    let afresh = backend.watch_releases(&k, WatchPolicy::Afresh).await?;
+    assert_eq!(counts()?, (3, 2), "afresh: counted, and subscribed anew");
+    drop(afresh);
     Ok(())
 }
 
