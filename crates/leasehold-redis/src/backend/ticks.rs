@@ -275,3 +275,34 @@ fn scanned(reply: &Value, keys: &mut Vec<String>) -> Result<String, Failure> {
     }
     Ok(cursor)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A `SCAN` step gives its cursor, as a bulk or a status string, and
+    /// its keys; any other shape is refused.
+    #[test]
+    fn a_scan_step_gives_its_cursor_and_keys() {
+        let bulk = |text: &str| Value::BulkString(text.as_bytes().to_vec());
+        let mut keys = Vec::new();
+        let step = Value::Array(vec![bulk("17"), Value::Array(vec![bulk("a"), bulk("b")])]);
+        assert_eq!(scanned(&step, &mut keys).ok().as_deref(), Some("17"));
+        let last = Value::Array(vec![
+            Value::SimpleString("0".to_owned()),
+            Value::Array(vec![bulk("c")]),
+        ]);
+        assert_eq!(scanned(&last, &mut keys).ok().as_deref(), Some("0"));
+        assert_eq!(keys, ["a", "b", "c"]);
+        for bad in [
+            Value::Int(0),
+            Value::Array(vec![Value::Int(0), Value::Array(Vec::new())]),
+            Value::Array(vec![bulk("0")]),
+        ] {
+            assert!(
+                matches!(scanned(&bad, &mut keys), Err(Failure::Unexpected(_))),
+                "{bad:?}"
+            );
+        }
+    }
+}
