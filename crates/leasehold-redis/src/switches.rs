@@ -247,6 +247,26 @@ mod tests {
         );
     }
 
+    /// Only a message on [`CHANNEL`] names a new master.
+    #[test]
+    fn only_the_switch_channel_names_a_master() {
+        let message = |channel: &str| {
+            let bulk = |text: &str| Value::BulkString(text.as_bytes().to_vec());
+            Msg::from_owned_value(Value::Array(vec![
+                bulk("message"),
+                bulk(channel),
+                bulk("mymaster 127.0.0.1 6380 127.0.0.1 6381"),
+            ]))
+            .expect("a message")
+        };
+        assert_eq!(
+            switched_to(&message(CHANNEL), "mymaster"),
+            Some(("127.0.0.1".to_owned(), 6381))
+        );
+        assert_eq!(switched_to(&message("+sdown"), "mymaster"), None);
+        assert_eq!(switched_to(&message(CHANNEL), "other"), None);
+    }
+
     #[test]
     fn jitter_takes_off_at_most_a_quarter() {
         let delay = Duration::from_millis(400);
