@@ -444,6 +444,28 @@ impl Drop for Monitor {
     }
 }
 
+/// Acquires the free `keys` (three) at once, each for its own holder, and
+/// checks on `MONITOR` that the first went alone and the two others (four
+/// keys) in one call.
+async fn acquired_as_one_then_two(
+    backend: &RedisBackend,
+    monitor: &Monitor,
+    keys: &[LeaseKey],
+) -> TestResult {
+    let requests: Vec<AcquireRequest> = keys.iter().map(|k| request(k, holder())).collect();
+    let outcomes = tokio::time::timeout(
+        BOUND,
+        join_all(requests.iter().map(|r| backend.try_acquire(r))),
+    )
+    .await?;
+    for outcome in outcomes {
+        assert!(matches!(outcome?, AcquireOutcome::Acquired(_)));
+    }
+    // The first alone, then the two others (four keys) in one call.
+    assert_eq!(monitor.evalsha_key_counts(2)?, ["2", "4"]);
+    Ok(())
+}
+
 /// A lone acquisition goes out at once as a one-lease call; acquisitions
 /// that come while one is out go together, after it.
 #[tokio::test]
@@ -457,18 +479,7 @@ async fn a_lone_acquisition_is_sent_at_once_alone() -> TestResult {
     assert_eq!(monitor.evalsha_key_counts(1)?, ["2"]);
 
     let keys: Vec<LeaseKey> = (0..3).map(|i| key(&format!("together-{i}"))).collect();
-    let requests: Vec<AcquireRequest> = keys.iter().map(|k| request(k, holder())).collect();
-    let outcomes = tokio::time::timeout(
-        BOUND,
-        join_all(requests.iter().map(|r| backend.try_acquire(r))),
-    )
-    .await?;
-    for outcome in outcomes {
-        assert!(matches!(outcome?, AcquireOutcome::Acquired(_)));
-    }
-    // The first alone, then the two others (four keys) in one call.
-    assert_eq!(monitor.evalsha_key_counts(2)?, ["2", "4"]);
-    Ok(())
+    acquired_as_one_then_two(&backend, &monitor, &keys).await
 }
 
 /// Only a `CROSSSLOT` refusal turns batching by slot on: after another
@@ -491,18 +502,7 @@ async fn an_error_reply_other_than_crossslot_keeps_batches_across_slots() -> Tes
     let slots: std::collections::HashSet<Slot> =
         keys.iter().map(|k| Slot::for_key(storage_key(k))).collect();
     assert_eq!(slots.len(), 3, "three keys, three slots");
-    let requests: Vec<AcquireRequest> = keys.iter().map(|k| request(k, holder())).collect();
-    let outcomes = tokio::time::timeout(
-        BOUND,
-        join_all(requests.iter().map(|r| backend.try_acquire(r))),
-    )
-    .await?;
-    for outcome in outcomes {
-        assert!(matches!(outcome?, AcquireOutcome::Acquired(_)));
-    }
-    // The first alone, then the two others (four keys) in one call.
-    assert_eq!(monitor.evalsha_key_counts(2)?, ["2", "4"]);
-    Ok(())
+    acquired_as_one_then_two(&backend, &monitor, &keys).await
 }
 
 /// On a cluster, acquisitions in flight together are grouped per slot:

@@ -5,7 +5,9 @@ mod common;
 
 use std::time::Duration;
 
-use common::{TestResult, acquire, connect, holder, key, retry_transient, storage_key, ttl};
+use common::{
+    TestResult, acquire, connect, holder, key, retry_transient, retry_while, storage_key, ttl,
+};
 use leasehold_core::{
     AcquireRequest, BackendError, ChangeBackend, ChangeWatch, HandoverBackend, HandoverOutcome,
     LeaseBackend, LeaseChange, LeaseKey, RenewOutcome, RenewRequest, WatchPolicy,
@@ -223,21 +225,12 @@ async fn a_flush_and_a_lost_connection_report_every_lease() -> TestResult {
 /// `op` until it succeeds, for at most 5 s, after a restart of a server
 /// that then answers at once: a call may meet the connection the restart
 /// broke (unavailable), but none may time out.
-async fn after_the_restart<T, F, Fut>(mut op: F) -> Result<T, Box<dyn std::error::Error>>
+async fn after_the_restart<T, F, Fut>(op: F) -> Result<T, BackendError>
 where
     F: FnMut() -> Fut,
     Fut: std::future::Future<Output = Result<T, BackendError>>,
 {
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
-    loop {
-        match op().await {
-            Ok(value) => return Ok(value),
-            Err(BackendError::Unavailable { .. }) if tokio::time::Instant::now() < deadline => {
-                tokio::time::sleep(Duration::from_millis(50)).await;
-            }
-            Err(err) => return Err(format!("after the restart: {err:?}").into()),
-        }
-    }
+    retry_while(|e| matches!(e, BackendError::Unavailable { .. }), op).await
 }
 
 /// A read, or a grant, that is the first call after a reconnection turns

@@ -68,7 +68,20 @@ pub(crate) async fn held(
 
 /// Retries `op` while it fails with a transient error (a reconnection after
 /// a restart), for at most 5 s.
-pub(crate) async fn retry_transient<T, F, Fut>(mut op: F) -> Result<T, BackendError>
+pub(crate) async fn retry_transient<T, F, Fut>(op: F) -> Result<T, BackendError>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<T, BackendError>>,
+{
+    retry_while(BackendError::is_transient, op).await
+}
+
+/// `op` again every 50 ms while it fails with an error `again` takes, for
+/// at most 5 s; then its outcome, whatever it is.
+pub(crate) async fn retry_while<T, F, Fut>(
+    again: impl Fn(&BackendError) -> bool,
+    mut op: F,
+) -> Result<T, BackendError>
 where
     F: FnMut() -> Fut,
     Fut: std::future::Future<Output = Result<T, BackendError>>,
@@ -76,7 +89,7 @@ where
     let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
     loop {
         match op().await {
-            Err(e) if e.is_transient() && tokio::time::Instant::now() < deadline => {
+            Err(e) if again(&e) && tokio::time::Instant::now() < deadline => {
                 tokio::time::sleep(Duration::from_millis(50)).await;
             }
             other => return other,
