@@ -249,6 +249,28 @@ fn on_valkey(test: &str) -> Result<bool, Box<dyn std::error::Error>> {
     Ok(valkey)
 }
 
+/// Restarts `server` (empty: no persistence) and waits for the backend to
+/// report every lease changed, as after any lost connection; the reports
+/// before are drained.
+async fn restarted(server: &mut RedisServer, watch: &mut ChangeWatch) -> TestResult {
+    server.restart()?;
+    assert_eq!(next_change(watch).await?, LeaseChange::All);
+    while watch.try_next().is_some() {}
+    Ok(())
+}
+
+/// A SET of `k` on a side connection is reported, for `k` alone: the key
+/// is tracked on the backend's connection.
+async fn a_write_behind_is_reported(
+    server: &RedisServer,
+    watch: &mut ChangeWatch,
+    k: &LeaseKey,
+) -> TestResult {
+    assert_eq!(server.cli(&["SET", &storage_key(k), "x"])?, "OK");
+    only(&changes(watch).await?, k);
+    Ok(())
+}
+
 /// A read, or a grant, that is the first call after a reconnection turns
 /// tracking on for the new connection before it goes out, at once: the
 /// key it read or wrote is tracked, and a SET behind it is reported.
@@ -263,21 +285,14 @@ async fn a_read_or_a_grant_after_a_reconnection_is_tracked() -> TestResult {
     let (read, granted) = (key("read-after"), key("granted-after"));
     assert_eq!(backend.inspect(&read).await?, None);
 
-    server.restart()?;
-    assert_eq!(next_change(&mut watch).await?, LeaseChange::All);
-    while watch.try_next().is_some() {}
+    restarted(&mut server, &mut watch).await?;
     assert_eq!(after_the_restart(|| backend.inspect(&read)).await?, None);
-    assert_eq!(server.cli(&["SET", &storage_key(&read), "x"])?, "OK");
-    only(&changes(&mut watch).await?, &read);
+    a_write_behind_is_reported(&server, &mut watch, &read).await?;
 
-    server.restart()?;
-    assert_eq!(next_change(&mut watch).await?, LeaseChange::All);
-    while watch.try_next().is_some() {}
+    restarted(&mut server, &mut watch).await?;
     let me = holder();
     after_the_restart(|| acquire(&backend, &granted, me, ttl("30s"))).await?;
-    assert_eq!(server.cli(&["SET", &storage_key(&granted), "x"])?, "OK");
-    only(&changes(&mut watch).await?, &granted);
-    Ok(())
+    a_write_behind_is_reported(&server, &mut watch, &granted).await
 }
 
 /// A `CLIENT TRACKING` that could not be sent (the server down) is not a
@@ -304,9 +319,7 @@ async fn a_prelude_that_could_not_be_sent_leaves_tracking_on() -> TestResult {
     assert_eq!(after_the_restart(|| backend.inspect(&k)).await?, None);
     assert!(backend.tracks_lease_changes(), "tracking is still on");
     while watch.try_next().is_some() {}
-    assert_eq!(server.cli(&["SET", &storage_key(&k), "x"])?, "OK");
-    only(&changes(&mut watch).await?, &k);
-    Ok(())
+    a_write_behind_is_reported(&server, &mut watch, &k).await
 }
 
 #[tokio::test]
