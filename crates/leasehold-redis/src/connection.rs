@@ -168,14 +168,18 @@ impl Conn {
     }
 
     /// Behind Sentinel, looks the master up now if the last connection was
-    /// forgotten, so that the calls that follow go over one connection. A
-    /// failure is left to the next call, which tries again.
-    pub(crate) async fn resolve(&self) {
+    /// forgotten, so that the calls that follow go over one connection.
+    ///
+    /// # Errors
+    ///
+    /// The lookup's failure; the next call looks the master up again.
+    pub(crate) async fn resolve(&self) -> RedisResult<()> {
         if let Self::Sentinel(sentinel) = self
             && sentinel.cached().is_none()
         {
-            let _ = sentinel.current().await;
+            sentinel.current().await?;
         }
+        Ok(())
     }
 
     /// Runs one command on the server (or cluster node) that holds `key`.

@@ -233,22 +233,6 @@ where
     retry_while(|e| matches!(e, BackendError::Unavailable { .. }), op).await
 }
 
-/// Valkey here: the first read or grant after a restart can fail with a
-/// `Timeout` that no wait produced (the `CLIENT TRACKING` prelude still
-/// needed after its two tries, reported as the prelude's default failure).
-/// A fault found by the two tests below and not fixed yet; they hold on
-/// Redis, and skip on Valkey, saying so.
-fn on_valkey(test: &str) -> Result<bool, Box<dyn std::error::Error>> {
-    let valkey =
-        leasehold_testkit::ServerKind::from_env()? == leasehold_testkit::ServerKind::Valkey;
-    if valkey {
-        eprintln!(
-            "{test}: skipped on Valkey, where a false timeout after a restart is a known fault"
-        );
-    }
-    Ok(valkey)
-}
-
 /// Restarts `server` (empty: no persistence) and waits for the backend to
 /// report every lease changed, as after any lost connection; the reports
 /// before are drained.
@@ -276,9 +260,6 @@ async fn a_write_behind_is_reported(
 /// key it read or wrote is tracked, and a SET behind it is reported.
 #[tokio::test]
 async fn a_read_or_a_grant_after_a_reconnection_is_tracked() -> TestResult {
-    if on_valkey("a_read_or_a_grant_after_a_reconnection_is_tracked")? {
-        return Ok(());
-    }
     let mut server = RedisServer::start()?;
     let backend = connect(&server).await;
     let mut watch = backend.watch_changes().await?;
@@ -300,9 +281,6 @@ async fn a_read_or_a_grant_after_a_reconnection_is_tracked() -> TestResult {
 /// turns it on for the new connection and is tracked.
 #[tokio::test]
 async fn a_prelude_that_could_not_be_sent_leaves_tracking_on() -> TestResult {
-    if on_valkey("a_prelude_that_could_not_be_sent_leaves_tracking_on")? {
-        return Ok(());
-    }
     let mut server = RedisServer::start()?;
     let backend = connect(&server).await;
     let mut watch = backend.watch_changes().await?;

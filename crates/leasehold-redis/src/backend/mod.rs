@@ -39,6 +39,7 @@ mod changes;
 mod fair;
 mod handover;
 mod permits;
+mod prelude;
 mod rw;
 mod ticks;
 
@@ -481,21 +482,25 @@ impl RedisBackend {
     ///
     /// # Errors
     ///
-    /// The prelude's last failure when tracking is still not on for the
-    /// connection.
+    /// When tracking is still not on for the connection: the last try's
+    /// failure (the lookup's or the prelude's), or an unavailable
+    /// connection when the last try went through and a reconnection came
+    /// after it (see [`prelude::settle`]).
     async fn prepare_tracked_writes(&self, tracking: &Tracking) -> Result<(), Failure> {
         let limit = self.shared.op_timeout;
-        let mut failure = Failure::Timeout(limit);
-        for _ in 0..2 {
-            let _ = tokio::time::timeout(limit, self.shared.renew_conn.resolve()).await;
-            if let Err(f) = self.track_renewals(tracking).await {
-                failure = f;
-            }
-            if !tracking.needs_prelude() && !self.shared.renew_conn.needs_resolving() {
-                return Ok(());
-            }
-        }
-        Err(failure)
+        let conn = &self.shared.renew_conn;
+        prelude::settle(
+            prelude::TRIES,
+            || !tracking.needs_prelude() && !conn.needs_resolving(),
+            || async move {
+                match tokio::time::timeout(limit, conn.resolve()).await {
+                    Ok(Ok(())) => self.track_renewals(tracking).await,
+                    Ok(Err(error)) => Err(Failure::from_redis(error, limit)),
+                    Err(_) => Err(Failure::Timeout(limit)),
+                }
+            },
+        )
+        .await
     }
 
     /// Runs a renewal over the renewal connection and, if configured,
