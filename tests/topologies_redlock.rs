@@ -4,7 +4,10 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use leasehold::backend::{AcquireOutcome, AcquireRequest, BackendError, HolderId, LeaseBackend};
+use leasehold::backend::{
+    AcquireOutcome, AcquireRequest, BackendError, HolderId, LeaseBackend, RenewOutcome,
+    RenewRequest,
+};
 use leasehold::redis::{ConnectError, KeyLayout, RedisBackend, RedlockBackend};
 use leasehold::{LeaseError, LeaseKey, LeaseManager, LeaseOptions, ReleaseOutcome, Ttl};
 use leasehold_testkit::{RedisServer, independent_masters};
@@ -258,6 +261,30 @@ async fn bad_redlock_settings_are_refused_before_connecting() -> TestResult {
     Ok(())
 }
 
+/// A master's clients as the server lists them, the listing's own
+/// connection left out: how many there are, and how many track keys.
+struct Clients {
+    connected: usize,
+    tracking: usize,
+}
+
+fn tracking_clients(master: &RedisServer) -> Result<Clients, Box<dyn std::error::Error>> {
+    let list = master.cli(&["CLIENT", "LIST"])?;
+    let flags: Vec<&str> = list
+        .lines()
+        .filter(|line| !line.contains("cmd=client|list"))
+        .map(|line| {
+            line.split(' ')
+                .find_map(|field| field.strip_prefix("flags="))
+                .ok_or("a client without flags")
+        })
+        .collect::<Result<_, _>>()?;
+    Ok(Clients {
+        connected: flags.len(),
+        tracking: flags.iter().filter(|flags| flags.contains('t')).count(),
+    })
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn connecting_needs_a_majority_and_tolerates_a_minority_down() -> TestResult {
     let mut masters = independent_masters(3)?;
@@ -277,10 +304,26 @@ async fn connecting_needs_a_majority_and_tolerates_a_minority_down() -> TestResu
     ));
     masters[0].restart()?;
     // The master that was down at start is connected to on first use.
-    let AcquireOutcome::Acquired(_) = try_acquire(&backend, "everywhere").await? else {
+    let key = LeaseKey::new("everywhere")?;
+    let holder = HolderId::generate()?;
+    let ttl = Ttl::parse("5s")?;
+    let request = AcquireRequest::new(key.clone(), holder, ttl);
+    let AcquireOutcome::Acquired(_) = backend.try_acquire(&request).await? else {
         return Err("not acquired".into());
     };
     assert!(holds(&masters[0], "everywhere")?);
+    // A renewal goes through every master's renewal connection, the lazy
+    // one included. The servers' own client lists say which of them were
+    // asked to track keys: none on the late master, one on another.
+    let renewed = backend.renew(&RenewRequest::new(key, holder, ttl)).await?;
+    assert_eq!(renewed, RenewOutcome::Renewed);
+    let late = tracking_clients(&masters[0])?;
+    assert_eq!(
+        late.connected, 2,
+        "the late master's ops and renewal connections"
+    );
+    assert_eq!(late.tracking, 0, "a client tracks keys on the late master");
+    assert_eq!(tracking_clients(&masters[1])?.tracking, 1);
     masters[1].kill()?;
     masters[0].kill()?;
     let none = redlock(&masters).await;
