@@ -15,7 +15,7 @@ use leasehold_core::{
     ReleaseReport, RenewOutcome, RenewRequest, WatchPolicy,
 };
 use leasehold_redis::{KeyLayout, RedisBackend};
-use leasehold_testkit::{RedisCluster, RedisServer};
+use leasehold_testkit::{Proxy, ProxyMode, RedisCluster, RedisServer};
 use tokio::time::Instant;
 
 #[tokio::test]
@@ -667,6 +667,56 @@ async fn each_watch_policy_costs_what_it_says() -> TestResult {
     let afresh = backend.watch_releases(&k, WatchPolicy::Afresh).await?;
     assert_eq!(counts()?, (3, 2), "afresh: counted, and subscribed anew");
     drop(afresh);
+    Ok(())
+}
+
+/// A release sent while this backend's first `SUBSCRIBE` to the lease's
+/// channel is still on its way counts no subscriber as its own: the
+/// server has none of ours yet, so a waiter elsewhere that hears the
+/// notice makes it heard. Every chunk through the proxy is 500 ms late,
+/// so the release reaches the server 500 ms after it is sent, and the
+/// `SUBSCRIBE`, sent once `HELLO` is answered, after 1.5 s.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_release_while_our_subscribe_is_on_its_way_is_heard_elsewhere() -> TestResult {
+    const BOUND: Duration = Duration::from_secs(10);
+    let server = RedisServer::start()?;
+    let proxy = Proxy::start(server.addr()).await?;
+    let backend = RedisBackend::builder(proxy.url())
+        .op_timeout(Duration::from_secs(5))
+        .connect()
+        .await?;
+    let elsewhere = connect(&server).await;
+    let (k, me) = (key("on-its-way"), holder());
+    acquire(&backend, &k, me, ttl("30s")).await?;
+    let mut theirs = elsewhere.watch_releases(&k, WatchPolicy::Uncounted).await?;
+    let channel = KeyLayout::default().released(&k);
+    let subscribers = || -> Result<String, Box<dyn std::error::Error>> {
+        let reply = server.cli(&["PUBSUB", "NUMSUB", &channel])?;
+        Ok(reply.lines().nth(1).unwrap_or_default().to_owned())
+    };
+    assert_eq!(subscribers()?, "1");
+
+    let open = proxy.open_connections();
+    proxy.set_mode(ProxyMode::Delay(Duration::from_millis(500)));
+    let ours = tokio::spawn({
+        let (backend, k) = (backend.clone(), k.clone());
+        async move { backend.watch_releases(&k, WatchPolicy::Uncounted).await }
+    });
+    // Our watch has its channel once its connection is being made.
+    tokio::time::timeout(BOUND, async {
+        while proxy.open_connections() == open {
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+    })
+    .await?;
+    let released = tokio::time::timeout(BOUND, backend.release(&k, &me)).await??;
+    // The window was real: the server had no subscriber of ours when the
+    // release's reply came back.
+    assert_eq!(subscribers()?, "1", "our SUBSCRIBE came before the release");
+    assert_eq!(released, ReleaseReport::Released { heard: true });
+    tokio::time::timeout(BOUND, theirs.released()).await?;
+    tokio::time::timeout(BOUND, ours).await???;
+    assert_eq!(subscribers()?, "2");
     Ok(())
 }
 
