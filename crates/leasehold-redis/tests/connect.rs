@@ -6,7 +6,7 @@ mod common;
 use std::time::Duration;
 
 use leasehold_redis::{ConnectError, Missing, RedisBackend, RedlockBackend, Topology};
-use leasehold_testkit::{RedisCluster, RedisServer, SentinelSet, free_port};
+use leasehold_testkit::{Proxy, ProxyMode, RedisCluster, RedisServer, SentinelSet, free_port};
 use tokio::time::Instant;
 
 type TestResult = Result<(), Box<dyn std::error::Error>>;
@@ -310,5 +310,29 @@ async fn a_promoted_master_without_a_command_is_refused_by_name() -> TestResult 
     // No lease was written on the refused master.
     let exists = set.master().cli(&["EXISTS", &common::storage_key(&key)])?;
     assert_eq!(exists.trim(), "0");
+    Ok(())
+}
+
+/// A server that cannot answer the version probe in time is not accepted
+/// unchecked: every chunk through the proxy is 200 ms late, so the
+/// connection is made within its 5 s, but the probe's reply comes 400 ms
+/// after it was sent, past the 150 ms a call may take.
+#[tokio::test]
+async fn a_server_whose_version_probe_times_out_is_not_accepted_unchecked() -> TestResult {
+    let server = RedisServer::start()?;
+    let proxy = Proxy::start(server.addr()).await?;
+    proxy.set_mode(ProxyMode::Delay(Duration::from_millis(200)));
+    let connected = tokio::time::timeout(
+        Duration::from_secs(30),
+        RedisBackend::builder(proxy.url())
+            .connect_timeout(Duration::from_secs(5))
+            .op_timeout(Duration::from_millis(150))
+            .connect(),
+    )
+    .await?;
+    assert!(
+        matches!(&connected, Err(ConnectError::Connect { source, .. }) if source.is_timeout()),
+        "{connected:?}"
+    );
     Ok(())
 }
