@@ -652,3 +652,48 @@ async fn the_backend_subscribes_on_every_sentinel_until_it_is_dropped() -> TestR
     wait_for(0).await?;
     Ok(())
 }
+
+/// A manual failover (the old master alive, demoted to a replica) is
+/// announced by every sentinel, and the backend reports every lease
+/// changed once for it: each lease held is renewed on the promoted master
+/// at once (its ttl of 120 s would bring the next renewal only 40 s
+/// later), and once, not again for the connection that follows the
+/// announcement. The promoted master's own count of the renewals'
+/// `PEXPIREAT` is the witness; its statistics are reset before the
+/// failover, while no lease is written.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_manual_failover_renews_every_lease_once_on_the_promoted_master() -> TestResult {
+    let _serial = leasehold_testkit::serial().await;
+    const LEASES: u64 = 3;
+    let mut set = tokio::task::block_in_place(SentinelSet::start)?;
+    let backend = RedisBackend::connect(set.url()).await?;
+    assert!(backend.tracks_lease_changes());
+    let manager = LeaseManager::new(backend)?;
+    let options = LeaseOptions::builder().ttl(Ttl::parse("120s")?).build()?;
+    let mut held = Vec::new();
+    for i in 0..LEASES {
+        held.push(manager.acquire(format!("manual-{i}"), &options).await?);
+    }
+    let promoted_port = set.replica().port();
+    assert_eq!(set.replica().cli(&["CONFIG", "RESETSTAT"])?, "OK");
+    set.sentinels()[0].cli(&["SENTINEL", "FAILOVER", "mymaster"])?;
+    tokio::task::block_in_place(|| set.wait_for_failover())?;
+    assert_eq!(set.master().port(), promoted_port);
+    let renewals = || set.master().command_calls("pexpireat");
+    let until = tokio::time::Instant::now() + Duration::from_secs(10);
+    while renewals()? < LEASES {
+        assert!(
+            tokio::time::Instant::now() < until,
+            "the leases were not renewed on the promoted master within 10 s of the failover"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    // Nothing signals that no more renewals come: watched for 2 s, far
+    // longer than a second report would take to follow the first.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert_eq!(renewals()?, LEASES, "a lease was renewed more than once");
+    for lease in &held {
+        assert!(!lease.token().is_cancelled(), "a lease was reported lost");
+    }
+    Ok(())
+}
