@@ -697,3 +697,72 @@ async fn a_manual_failover_renews_every_lease_once_on_the_promoted_master() -> T
     }
     Ok(())
 }
+
+/// A promotion the backend hears no announcement of (sentinels that refuse
+/// the subscription) whose old master stays up (a manual failover: the
+/// sentinels demote it only some 8–10 s later, and until then every call
+/// to it succeeds) is still learned at once, by asking the sentinels which
+/// master they name every second: every lease is renewed on the promoted
+/// master within 3 s of the failover, so that none ages out there while
+/// its holder renews it on the old one. Witnesses, on the promoted master:
+/// the expiry of a lease of a 120 s ttl (its own schedule would renew it
+/// only 40 s after its acquisition), and a lease of a 6 s ttl, renewed at
+/// most 2 s before the failover, still there with its holder's value.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unannounced_promotion_renews_every_lease_at_once_on_the_new_master() -> TestResult {
+    let _serial = leasehold_testkit::serial().await;
+    let mut set = tokio::task::block_in_place(SentinelSet::start)?;
+    for sentinel in set.sentinels() {
+        assert_eq!(
+            sentinel.cli(&["ACL", "SETUSER", "default", "-subscribe"])?,
+            "OK"
+        );
+    }
+    let manager = LeaseManager::new(quick_backend(&set.url()).await?)?;
+    let short = LeaseOptions::builder().ttl(Ttl::parse("6s")?).build()?;
+    let long = LeaseOptions::builder().ttl(Ttl::parse("120s")?).build()?;
+    let short = manager.acquire("short", &short).await?;
+    let long = manager.acquire("long", &long).await?;
+    let layout = KeyLayout::default();
+    let (short_key, long_key) = (layout.lease(short.key()), layout.lease(long.key()));
+    let promoted_port = set.replica().port();
+    let written = held_on(&mut side_connection(set.master()).await?, &short_key)
+        .await?
+        .0
+        .ok_or("the 6 s lease is missing")?;
+    // Long enough that the long lease's expiry, unrenewed, is told apart.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    set.sentinels()[0].cli(&["SENTINEL", "FAILOVER", "mymaster"])?;
+    tokio::task::block_in_place(|| set.wait_for_failover())?;
+    assert_eq!(set.master().port(), promoted_port);
+    let old = set.replica().cli(&["ROLE"])?;
+    // Unrenewed, the long lease has at most 117 s left by now; renewed
+    // on the promoted master, 120 s less the time since.
+    let failed_over = tokio::time::Instant::now();
+    loop {
+        let left: u64 = set.master().cli(&["PTTL", &long_key])?.parse()?;
+        if left > 118_000 {
+            break;
+        }
+        assert!(
+            failed_over.elapsed() < Duration::from_secs(3),
+            "PTTL {left} ms of the 120 s lease on the promoted master 3 s after the failover \
+             (the old master's role then: {:?}): not renewed there",
+            old.lines().next()
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    println!(
+        "renewed {:?} after the failover; the old master's role then: {:?}",
+        failed_over.elapsed(),
+        old.lines().next()
+    );
+    let (there, _) = held_on(&mut side_connection(set.master()).await?, &short_key).await?;
+    assert_eq!(
+        there.as_deref(),
+        Some(written.as_str()),
+        "the 6 s lease on the promoted master"
+    );
+    assert!(!short.token().is_cancelled() && !long.token().is_cancelled());
+    Ok(())
+}

@@ -8,17 +8,26 @@
 //! backend forget its master connection and report every lease changed
 //! ([`SentinelConn::switched`]), as a reconnection does, so that the
 //! watchdog renews every held lease on the new master at once rather than
-//! at its next renewal retry. Without it, a promotion is learned only when
-//! a call to the old master fails and the sentinels are asked again; that
-//! remains the fallback whenever no subscription stands.
+//! at its next renewal retry.
 //!
-//! A sentinel that is down, refuses the subscription (an ACL without
-//! `+subscribe`) or stops answering pings is tried again with a jittered
-//! backoff from 100 ms, doubling up to 5 s; the first failure of each
-//! sentinel is logged as a warning, later ones at debug level. Nothing
-//! here fails a call of the backend. The tasks end when the backend (its
-//! last clone) is dropped.
+//! A message can be missed: while a subscription is being made again, or
+//! for as long as a sentinel refuses it (an ACL without `+subscribe`).
+//! A promotion whose old master stays up (a manual `SENTINEL FAILOVER`)
+//! makes no call fail until the sentinels demote the old master, some 8
+//! to 10 s later, while the leases on the promoted master age unrenewed.
+//! So each task also asks its sentinel which master it names, with the
+//! set's configuration epoch (`SENTINEL MASTER`): once after every
+//! subscription, and every second while none stands. An epoch higher
+//! than any seen is a promotion, handled as an announcement; a sentinel
+//! that has not switched yet names an older epoch and is not followed.
+//!
+//! A sentinel that is down, refuses the subscription or stops answering
+//! pings is tried again with a jittered backoff from 100 ms, doubling up
+//! to 5 s; the first failure of each sentinel is logged as a warning,
+//! later ones at debug level. Nothing here fails a call of the backend.
+//! The tasks end when the backend (its last clone) is dropped.
 
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Weak};
 use std::time::Duration;
 
@@ -39,6 +48,11 @@ const BACKOFF_MAX: Duration = Duration::from_secs(5);
 /// that vanished without closing the connection (a blackhole) is noticed
 /// within this plus the op timeout.
 const PING_EVERY: Duration = Duration::from_secs(5);
+/// How often a sentinel is asked which master it names while no
+/// subscription to it stands: a promotion whose old master stays up is
+/// then learned within this (and a sentinel's own reconfiguration), well
+/// before a lease of a few seconds' ttl ages out on the promoted master.
+const ASK_EVERY: Duration = Duration::from_secs(1);
 
 /// What the subscriptions need besides the backend's master connection.
 pub(crate) struct Watch {
@@ -61,23 +75,29 @@ pub(crate) fn spawn(conn: &Arc<SentinelConn>, watch: Watch) {
         return;
     };
     let watch = Arc::new(watch);
+    // The highest configuration epoch any sentinel named, shared by the
+    // tasks so that a sentinel behind the others is not followed.
+    let epoch = Arc::new(AtomicU64::new(0));
     for index in 0..watch.sentinels.len() {
         let weak = Arc::downgrade(conn);
         let mut stop = conn.stopped();
         let watch = Arc::clone(&watch);
+        let epoch = Arc::clone(&epoch);
         runtime.spawn(async move {
             tokio::select! {
                 // Ends (with an error) when the backend's sender is dropped.
                 _ = stop.changed() => {}
-                () = listen(weak, &watch, index) => {}
+                () = listen(weak, &watch, &epoch, index) => {}
             }
         });
     }
 }
 
 /// Subscribes to sentinel `index` and hands its announcements to the
-/// backend, subscribing again after every failure, until the backend is gone.
-async fn listen(conn: Weak<SentinelConn>, watch: &Watch, index: usize) {
+/// backend, subscribing again after every failure, until the backend is
+/// gone; asks it which master it names after each subscription and every
+/// [`ASK_EVERY`] while none stands.
+async fn listen(conn: Weak<SentinelConn>, watch: &Watch, epoch: &AtomicU64, index: usize) {
     let Some(info) = watch.sentinels.get(index) else {
         return;
     };
@@ -89,6 +109,8 @@ async fn listen(conn: Weak<SentinelConn>, watch: &Watch, index: usize) {
             Ok(pubsub) => {
                 delay = BACKOFF_FIRST;
                 debug!(sentinel, "subscribed to {CHANNEL}");
+                // A promotion announced while there was no subscription.
+                ask(info, watch, &conn, epoch, &sentinel).await;
                 let ended = read(pubsub, &conn, watch).await;
                 if conn.strong_count() == 0 {
                     return;
@@ -107,12 +129,113 @@ async fn listen(conn: Weak<SentinelConn>, watch: &Watch, index: usize) {
                 "no subscription to the sentinel's {CHANNEL}; trying again with backoff. Until one stands, a promotion is learned when a call to the old master fails"
             );
         }
-        tokio::time::sleep(jittered(delay)).await;
+        let again = tokio::time::Instant::now() + jittered(delay);
         delay = backoff_after(delay);
+        loop {
+            ask(info, watch, &conn, epoch, &sentinel).await;
+            if conn.strong_count() == 0 {
+                return;
+            }
+            let next = tokio::time::Instant::now() + ASK_EVERY;
+            if next >= again {
+                tokio::time::sleep_until(again).await;
+                break;
+            }
+            tokio::time::sleep_until(next).await;
+        }
         if conn.strong_count() == 0 {
             return;
         }
     }
+}
+
+/// Asks the sentinel which master of the set it names, and hands a
+/// promotion (an epoch higher than any seen) to the backend as an
+/// announcement. Best effort: a failure is logged at debug level.
+async fn ask(
+    info: &ConnectionInfo,
+    watch: &Watch,
+    conn: &Weak<SentinelConn>,
+    epoch: &AtomicU64,
+    sentinel: &str,
+) {
+    let named = async {
+        let client = Client::open(info.clone())?;
+        let mut connection = bounded(
+            watch.connect_timeout,
+            client.get_multiplexed_async_connection(),
+        )
+        .await?;
+        let reply: Value = bounded(
+            watch.op_timeout,
+            redis::cmd("SENTINEL")
+                .arg("MASTER")
+                .arg(&watch.master)
+                .query_async(&mut connection),
+        )
+        .await?;
+        Ok::<_, RedisError>(named_master(&reply))
+    };
+    match named.await {
+        Ok(Some((master, named_epoch))) => {
+            if let Some(conn) = conn.upgrade()
+                && newer(epoch, named_epoch)
+            {
+                debug!(
+                    sentinel,
+                    epoch = named_epoch,
+                    "the sentinel names a master of a newer epoch"
+                );
+                conn.switched(master);
+            }
+        }
+        Ok(None) => debug!(sentinel, "the sentinel named no master of the set"),
+        Err(err) => debug!(sentinel, error = %err, "could not ask the sentinel for the master"),
+    }
+}
+
+/// Whether `named` is higher than every epoch seen so far, which it
+/// then becomes.
+fn newer(seen: &AtomicU64, named: u64) -> bool {
+    seen.fetch_max(named, Ordering::AcqRel) < named
+}
+
+/// The master's address and configuration epoch in a `SENTINEL MASTER`
+/// reply (field-value pairs, flat in RESP2 or as a map in RESP3); `None`
+/// while the sentinel is failing the set over.
+fn named_master(reply: &Value) -> Option<(MasterAddr, u64)> {
+    let pairs: Vec<(&Value, &Value)> = match reply {
+        Value::Array(items) => items
+            .chunks_exact(2)
+            .map(|pair| (&pair[0], &pair[1]))
+            .collect(),
+        Value::Map(pairs) => pairs.iter().map(|(k, v)| (k, v)).collect(),
+        _ => return None,
+    };
+    let field = |name: &str| {
+        pairs.iter().find_map(|(key, value)| {
+            let text = |v: &Value| match v {
+                Value::BulkString(bytes) => std::str::from_utf8(bytes).ok().map(str::to_owned),
+                Value::SimpleString(text) => Some(text.clone()),
+                Value::Int(n) => Some(n.to_string()),
+                _ => None,
+            };
+            (text(key)?.as_str() == name).then(|| text(value)).flatten()
+        })
+    };
+    // The sentinel leading a failover raises the set's epoch when the
+    // replica takes the master's role, but names the new master only once
+    // it has finished: until then, the old address at the new epoch.
+    if field("flags")?
+        .split(',')
+        .any(|flag| flag == "failover_in_progress")
+    {
+        return None;
+    }
+    let host = field("ip")?;
+    let port = field("port")?.parse().ok()?;
+    let epoch = field("config-epoch")?.parse().ok()?;
+    Some(((host, port), epoch))
 }
 
 /// A subscription to [`CHANNEL`] on one sentinel, each step bounded.
@@ -265,6 +388,78 @@ mod tests {
         );
         assert_eq!(switched_to(&message("+sdown"), "mymaster"), None);
         assert_eq!(switched_to(&message(CHANNEL), "other"), None);
+    }
+
+    /// A `SENTINEL MASTER` reply names the master and its epoch, as
+    /// field-value pairs in RESP2 or as a map in RESP3.
+    #[test]
+    fn a_sentinel_master_reply_names_the_master_and_its_epoch() {
+        let bulk = |text: &str| Value::BulkString(text.as_bytes().to_vec());
+        let fields = [
+            ("name", "mymaster"),
+            ("ip", "127.0.0.1"),
+            ("port", "6381"),
+            ("flags", "master"),
+            ("config-epoch", "7"),
+        ];
+        let flat = Value::Array(
+            fields
+                .iter()
+                .flat_map(|(k, v)| [bulk(k), bulk(v)])
+                .collect(),
+        );
+        let named = Some((("127.0.0.1".to_owned(), 6381), 7));
+        assert_eq!(named_master(&flat), named);
+        let map = Value::Map(fields.iter().map(|(k, v)| (bulk(k), bulk(v))).collect());
+        assert_eq!(named_master(&map), named);
+        let without_epoch = Value::Array(
+            fields[..4]
+                .iter()
+                .flat_map(|(k, v)| [bulk(k), bulk(v)])
+                .collect(),
+        );
+        assert_eq!(named_master(&without_epoch), None);
+        let bad_port = Value::Array(vec![
+            bulk("ip"),
+            bulk("127.0.0.1"),
+            bulk("port"),
+            bulk("x"),
+            bulk("config-epoch"),
+            bulk("1"),
+        ]);
+        assert_eq!(named_master(&bad_port), None);
+        // A failover in progress: the new epoch, still the old address.
+        let failing_over = Value::Array(
+            fields
+                .iter()
+                .map(|&(k, v)| {
+                    (
+                        k,
+                        if k == "flags" {
+                            "master,failover_in_progress"
+                        } else {
+                            v
+                        },
+                    )
+                })
+                .flat_map(|(k, v)| [bulk(k), bulk(v)])
+                .collect(),
+        );
+        assert_eq!(named_master(&failing_over), None);
+        assert_eq!(named_master(&Value::Nil), None);
+    }
+
+    /// Only an epoch higher than every one seen is followed: a sentinel
+    /// that has not switched yet names an older one.
+    #[test]
+    fn only_a_newer_epoch_is_a_promotion() {
+        let seen = AtomicU64::new(0);
+        assert!(!newer(&seen, 0), "the epoch of a set never failed over");
+        assert!(newer(&seen, 2));
+        assert!(!newer(&seen, 2), "the same promotion again");
+        assert!(!newer(&seen, 1), "a sentinel behind the others");
+        assert_eq!(seen.load(Ordering::Relaxed), 2);
+        assert!(newer(&seen, 3));
     }
 
     #[test]
