@@ -27,6 +27,7 @@ use redis::{Cmd, ErrorKind, RedisError, ServerErrorKind, Value};
 use tracing::warn;
 
 use crate::error::{ConnectError, Missing};
+use crate::reply::Fields;
 
 /// The name and version a server reported at connect (`HELLO`).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -199,31 +200,11 @@ fn parse_version(version: &str) -> Option<(u32, u32)> {
 /// `server` and `version` from a `HELLO` reply: a map in RESP3, a flat
 /// list of names and values in RESP2.
 fn server_info(reply: &Value) -> Option<ServerInfo> {
-    let pairs: Vec<(&Value, &Value)> = match reply {
-        Value::Map(pairs) => pairs.iter().map(|(k, v)| (k, v)).collect(),
-        Value::Array(items) => items
-            .chunks_exact(2)
-            .map(|pair| (&pair[0], &pair[1]))
-            .collect(),
-        _ => return None,
-    };
-    let field = |name: &str| {
-        pairs
-            .iter()
-            .find_map(|(k, v)| (text(k)? == name).then(|| text(v)).flatten())
-    };
+    let fields = Fields::of(reply)?;
     Some(ServerInfo {
-        name: field("server")?,
-        version: field("version")?,
+        name: fields.get("server")?.to_owned(),
+        version: fields.get("version")?.to_owned(),
     })
-}
-
-fn text(value: &Value) -> Option<String> {
-    match value {
-        Value::BulkString(bytes) => String::from_utf8(bytes.clone()).ok(),
-        Value::SimpleString(s) | Value::VerbatimString { text: s, .. } => Some(s.clone()),
-        _ => None,
-    }
 }
 
 #[cfg(test)]

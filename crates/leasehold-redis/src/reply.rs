@@ -165,6 +165,37 @@ fn bytes(value: &Value) -> Option<&[u8]> {
     }
 }
 
+/// A reply of field-value pairs, as `HELLO` and `SENTINEL MASTER` send
+/// them: flat in RESP2, a map in RESP3.
+pub(crate) struct Fields<'a>(Vec<(&'a Value, &'a Value)>);
+
+impl<'a> Fields<'a> {
+    /// The pairs of `reply`; `None` when it is neither shape.
+    pub(crate) fn of(reply: &'a Value) -> Option<Self> {
+        match plain(reply) {
+            Value::Map(pairs) => Some(Fields(pairs.iter().map(|(k, v)| (k, v)).collect())),
+            Value::Array(items) => Some(Fields(
+                items
+                    .chunks_exact(2)
+                    .map(|pair| (&pair[0], &pair[1]))
+                    .collect(),
+            )),
+            _ => None,
+        }
+    }
+
+    /// The value of field `name`, when it is text.
+    pub(crate) fn get(&self, name: &str) -> Option<&'a str> {
+        let text = |value: &'a Value| match value {
+            Value::VerbatimString { text, .. } => Some(text.as_str()),
+            other => bytes(other).and_then(|b| std::str::from_utf8(b).ok()),
+        };
+        self.0
+            .iter()
+            .find_map(|&(k, v)| (text(k)? == name).then(|| text(v)).flatten())
+    }
+}
+
 /// Unwraps RESP3 attributes, which may decorate any reply.
 fn plain(value: &Value) -> &Value {
     match value {

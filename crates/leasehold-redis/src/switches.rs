@@ -37,6 +37,7 @@ use redis::{Client, ConnectionInfo, Msg, RedisError, RedisResult, Value};
 use tracing::{debug, warn};
 
 use crate::connection::{MasterAddr, SentinelConn};
+use crate::reply::Fields;
 
 /// The channel a sentinel announces a promotion on.
 pub(crate) const CHANNEL: &str = "+switch-master";
@@ -204,37 +205,20 @@ fn newer(seen: &AtomicU64, named: u64) -> bool {
 /// reply (field-value pairs, flat in RESP2 or as a map in RESP3); `None`
 /// while the sentinel is failing the set over.
 fn named_master(reply: &Value) -> Option<(MasterAddr, u64)> {
-    let pairs: Vec<(&Value, &Value)> = match reply {
-        Value::Array(items) => items
-            .chunks_exact(2)
-            .map(|pair| (&pair[0], &pair[1]))
-            .collect(),
-        Value::Map(pairs) => pairs.iter().map(|(k, v)| (k, v)).collect(),
-        _ => return None,
-    };
-    let field = |name: &str| {
-        pairs.iter().find_map(|(key, value)| {
-            let text = |v: &Value| match v {
-                Value::BulkString(bytes) => std::str::from_utf8(bytes).ok().map(str::to_owned),
-                Value::SimpleString(text) => Some(text.clone()),
-                Value::Int(n) => Some(n.to_string()),
-                _ => None,
-            };
-            (text(key)?.as_str() == name).then(|| text(value)).flatten()
-        })
-    };
+    let fields = Fields::of(reply)?;
     // The sentinel leading a failover raises the set's epoch when the
     // replica takes the master's role, but names the new master only once
     // it has finished: until then, the old address at the new epoch.
-    if field("flags")?
+    if fields
+        .get("flags")?
         .split(',')
         .any(|flag| flag == "failover_in_progress")
     {
         return None;
     }
-    let host = field("ip")?;
-    let port = field("port")?.parse().ok()?;
-    let epoch = field("config-epoch")?.parse().ok()?;
+    let host = fields.get("ip")?.to_owned();
+    let port = fields.get("port")?.parse().ok()?;
+    let epoch = fields.get("config-epoch")?.parse().ok()?;
     Some(((host, port), epoch))
 }
 
