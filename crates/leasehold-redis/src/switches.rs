@@ -32,7 +32,7 @@ use std::sync::{Arc, Weak};
 use std::time::Duration;
 
 use futures_util::StreamExt;
-use redis::aio::PubSub;
+use redis::aio::{MultiplexedConnection, PubSub};
 use redis::{Client, ConnectionInfo, Msg, RedisError, RedisResult, Value};
 use tracing::{debug, warn};
 
@@ -105,13 +105,17 @@ async fn listen(conn: Weak<SentinelConn>, watch: &Watch, epoch: &AtomicU64, inde
     let sentinel = info.addr().to_string();
     let mut warned = false;
     let mut delay = BACKOFF_FIRST;
+    let mut asking = None;
     loop {
         let failure = match subscribe(info, watch).await {
             Ok(pubsub) => {
                 delay = BACKOFF_FIRST;
                 debug!(sentinel, "subscribed to {CHANNEL}");
                 // A promotion announced while there was no subscription.
-                ask(info, watch, &conn, epoch, &sentinel).await;
+                ask(info, watch, &mut asking, &conn, epoch, &sentinel).await;
+                // No asks while the subscription stands: no idle
+                // connection kept for them.
+                asking = None;
                 let ended = read(pubsub, &conn, watch).await;
                 if conn.strong_count() == 0 {
                     return;
@@ -127,13 +131,13 @@ async fn listen(conn: Weak<SentinelConn>, watch: &Watch, epoch: &AtomicU64, inde
             warn!(
                 sentinel,
                 error = %failure,
-                "no subscription to the sentinel's {CHANNEL}; trying again with backoff. Until one stands, a promotion is learned when a call to the old master fails"
+                "no subscription to the sentinel's {CHANNEL}; trying again with backoff. Until one stands, the sentinel is asked every second which master it names"
             );
         }
         let again = tokio::time::Instant::now() + jittered(delay);
         delay = backoff_after(delay);
         loop {
-            ask(info, watch, &conn, epoch, &sentinel).await;
+            ask(info, watch, &mut asking, &conn, epoch, &sentinel).await;
             if conn.strong_count() == 0 {
                 return;
             }
@@ -150,34 +154,49 @@ async fn listen(conn: Weak<SentinelConn>, watch: &Watch, epoch: &AtomicU64, inde
     }
 }
 
-/// Asks the sentinel which master of the set it names, and hands a
-/// promotion (an epoch higher than any seen) to the backend as an
-/// announcement. Best effort: a failure is logged at debug level.
+/// Asks the sentinel which master of the set it names, over `asking` (made
+/// when there is none, dropped when it fails), and hands a promotion (an
+/// epoch higher than any seen) to the backend as an announcement. Best
+/// effort: a failure is logged at debug level.
 async fn ask(
     info: &ConnectionInfo,
     watch: &Watch,
+    asking: &mut Option<MultiplexedConnection>,
     conn: &Weak<SentinelConn>,
     epoch: &AtomicU64,
     sentinel: &str,
 ) {
     let named = async {
-        let client = Client::open(info.clone())?;
-        let mut connection = bounded(
-            watch.connect_timeout,
-            client.get_multiplexed_async_connection(),
-        )
-        .await?;
+        // One connection for the asks, kept while it works: the asks come
+        // every second while no subscription stands.
+        let connection = match asking {
+            Some(connection) => connection,
+            None => {
+                let client = Client::open(info.clone())?;
+                asking.insert(
+                    bounded(
+                        watch.connect_timeout,
+                        client.get_multiplexed_async_connection(),
+                    )
+                    .await?,
+                )
+            }
+        };
         let reply: Value = bounded(
             watch.op_timeout,
             redis::cmd("SENTINEL")
                 .arg("MASTER")
                 .arg(&watch.master)
-                .query_async(&mut connection),
+                .query_async(connection),
         )
         .await?;
         Ok::<_, RedisError>(named_master(&reply))
     };
-    match named.await {
+    let named = named.await;
+    if named.is_err() {
+        *asking = None;
+    }
+    match named {
         Ok(Some((master, named_epoch))) => {
             if let Some(conn) = conn.upgrade()
                 && newer(epoch, named_epoch)
