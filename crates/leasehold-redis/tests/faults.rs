@@ -337,8 +337,11 @@ async fn behind_sentinel_a_loading_master_makes_the_backend_ask_the_sentinels_ag
         Ok(master.cli(&["INFO", "persistence"])?.contains("loading:1"))
     };
     let url = master.url();
+    // Bounded, so that the join below is too: about 2 s expected.
     let reload = std::thread::spawn(move || -> redis::RedisResult<String> {
-        let mut conn = redis::Client::open(url)?.get_connection()?;
+        let mut conn =
+            redis::Client::open(url)?.get_connection_with_timeout(Duration::from_secs(5))?;
+        conn.set_read_timeout(Some(Duration::from_secs(30)))?;
         redis::cmd("DEBUG").arg("RELOAD").query(&mut conn)
     });
     let started = Instant::now();
